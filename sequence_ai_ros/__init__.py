@@ -1,0 +1,1 @@
+"""sequence_ai_ros."""

@@ -1,0 +1,72 @@
+"""All exceptions of sequence_ai_ros, under one base class.
+
+Errors are translated at the boundaries: the worker's servicer turns them into gRPC status codes and
+in-stream ``Error`` messages (:mod:`sequence_ai_ros.protocol`), the client turns those back into these
+classes, and the ROS node turns them into action results and service responses.
+"""
+
+from __future__ import annotations
+
+
+class SequenceAIError(Exception):
+    """Raised by sequence_ai_ros; the base of every error below."""
+
+
+class ConfigError(SequenceAIError, ValueError):
+    """Raised when a configuration value or parameter is invalid."""
+
+
+class ContractViolation(SequenceAIError, ValueError):
+    """Raised when data does not match the policy's contract (shape, dtype, camera, NaN, size)."""
+
+
+class ActionSpaceMismatch(ContractViolation):
+    """Raised when a chunk's action_space differs from the one the caller expects or commands."""
+
+
+class ProtocolVersionError(SequenceAIError):
+    """Raised when client and worker speak different protocol versions."""
+
+
+class UnknownDeployment(SequenceAIError, LookupError):
+    """Raised when the named deployment is not registered on the worker."""
+
+
+class Unauthenticated(SequenceAIError):
+    """Raised when a call lacks the worker's token, or carries a wrong one."""
+
+
+class PolicyException(SequenceAIError):
+    """Raised when the user's policy raised during load or inference; the message carries it."""
+
+
+class Overloaded(SequenceAIError):
+    """Raised when the worker refuses work because its queues are full."""
+
+
+class NotReady(SequenceAIError):
+    """Raised when the policy is still warming (or failed to load) and cannot serve yet."""
+
+
+class EpisodeStateError(SequenceAIError):
+    """Raised when an episode call comes in the wrong order (no start, a second start, ended)."""
+
+
+class ConnectionLost(SequenceAIError, ConnectionError):
+    """Raised when the worker cannot be reached, or the connection drops mid-run."""
+
+
+class DeploymentError(SequenceAIError):
+    """Raised when ``seq deploy`` rejects a policy (import, contract or dry-run failure)."""
+
+
+class MissingDependency(SequenceAIError, ImportError):
+    """Raised when an optional dependency is absent; the message says what to install."""
+
+
+class CaptureError(SequenceAIError):
+    """Raised when the capture store cannot write or read (quota, disk full, corruption)."""
+
+
+class ExportError(SequenceAIError):
+    """Raised when an export cannot be written (e.g. a non-empty --out without --force)."""

@@ -1,0 +1,161 @@
+"""Arrays and images on the wire: numpy <-> ``Tensor``/``Image`` messages, with no pickle.
+
+A ``Tensor`` carries shape, a numpy dtype string and raw little-endian C-order bytes, as openpi's
+msgpack_numpy does for the same reason: the schema lives in the message, and decoding runs no code.
+Images are JPEG/PNG (Pillow) or raw uint8 (H, W, C).
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+
+from sequence_ai_ros.exceptions import ContractViolation
+from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
+
+#: dtypes accepted on the wire; anything else is a contract violation.
+ALLOWED_DTYPES = frozenset({'float32', 'float64', 'uint8', 'int32', 'int64', 'bool'})
+ENCODINGS = ('jpeg', 'png', 'raw')
+
+
+def to_tensor(array: np.ndarray | list | tuple, dtype: str | None = None) -> pb.Tensor:
+    """Pack an array into a ``Tensor``.
+
+    :param array: any array-like; converted to ``dtype`` when given.
+    :param dtype: numpy dtype name, e.g. ``'float32'``.
+    :raises ContractViolation: for a dtype outside :data:`ALLOWED_DTYPES`.
+    """
+    arr = np.asarray(array, dtype=dtype)
+    name = arr.dtype.name
+    if name not in ALLOWED_DTYPES:
+        raise ContractViolation(f'dtype {name} cannot go on the wire; use one of {sorted(ALLOWED_DTYPES)}')
+    arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder('<'))
+    return pb.Tensor(shape=list(arr.shape), dtype=name, data=arr.tobytes())
+
+
+def from_tensor(tensor: pb.Tensor, *, what: str = 'tensor', dtype: str | None = None,
+                ndim: int | None = None, finite: bool = False) -> np.ndarray:
+    """Unpack a ``Tensor`` into a read-only numpy array, validating it.
+
+    :param what: a name for error messages (e.g. ``'state'``).
+    :param dtype: the required dtype name, if any.
+    :param ndim: the required number of dimensions, if any.
+    :param finite: require every value to be finite (no NaN or inf).
+    :raises ContractViolation: for an unknown dtype, a byte count that does not match the shape,
+        a wrong dtype or rank, or non-finite values when ``finite``.
+    """
+    if tensor.dtype not in ALLOWED_DTYPES:
+        raise ContractViolation(f'{what}: dtype {tensor.dtype!r} is not allowed')
+    if dtype is not None and tensor.dtype != dtype:
+        raise ContractViolation(f'{what}: dtype {tensor.dtype} but {dtype} is required')
+    shape = tuple(int(s) for s in tensor.shape)
+    if any(s < 0 for s in shape):
+        raise ContractViolation(f'{what}: negative dimension in shape {shape}')
+    if ndim is not None and len(shape) != ndim:
+        raise ContractViolation(f'{what}: shape {shape} has {len(shape)} dims, {ndim} required')
+    dt = np.dtype(tensor.dtype).newbyteorder('<')
+    expected = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    if len(tensor.data) != expected:
+        raise ContractViolation(f'{what}: {len(tensor.data)} bytes for shape {shape} {tensor.dtype} '
+                                f'({expected} expected)')
+    arr = np.frombuffer(tensor.data, dtype=dt).reshape(shape).astype(tensor.dtype, copy=False)
+    if finite and arr.dtype.kind == 'f' and not np.all(np.isfinite(arr)):
+        raise ContractViolation(f'{what}: non-finite values (NaN or inf)')
+    return arr
+
+
+def encode_image(key: str, image: np.ndarray | bytes, encoding: str = 'jpeg',
+                 quality: int = 90) -> pb.Image:
+    """Pack a camera frame into an ``Image``.
+
+    :param image: uint8 (H, W, 3) RGB or (H, W) mono array, or already-encoded JPEG/PNG bytes
+        (passed through untouched; width and height are read from the header).
+    :param encoding: ``jpeg``, ``png`` or ``raw`` for arrays; ignored for bytes.
+    :param quality: JPEG quality (1-95, Pillow's scale).
+    :raises ContractViolation: for a non-uint8 array, a bad shape, unknown encoding or unreadable bytes.
+    """
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        data = bytes(image)
+        width, height, channels, enc = probe_encoded(data)
+        return pb.Image(key=key, encoding=enc, width=width, height=height, channels=channels, data=data)
+    arr = np.asarray(image)
+    if arr.dtype != np.uint8:
+        raise ContractViolation(f'image {key!r}: dtype {arr.dtype}, uint8 required')
+    if arr.ndim == 2:
+        arr = arr[:, :, None]
+    if arr.ndim != 3 or arr.shape[2] not in (1, 3):
+        raise ContractViolation(f'image {key!r}: shape {arr.shape}, (H, W, 3) or (H, W) required')
+    height, width, channels = arr.shape
+    if encoding == 'raw':
+        data = np.ascontiguousarray(arr).tobytes()
+    elif encoding in ('jpeg', 'png'):
+        from PIL import Image as PILImage
+
+        pil = PILImage.fromarray(arr[:, :, 0] if channels == 1 else arr)
+        buf = io.BytesIO()
+        if encoding == 'jpeg':
+            pil.save(buf, format='JPEG', quality=quality)
+        else:
+            pil.save(buf, format='PNG', compress_level=1)
+        data = buf.getvalue()
+    else:
+        raise ContractViolation(f'image {key!r}: unknown encoding {encoding!r}; expected {ENCODINGS}')
+    return pb.Image(key=key, encoding=encoding, width=width, height=height, channels=channels, data=data)
+
+
+def probe_encoded(data: bytes) -> tuple[int, int, int, str]:
+    """Return (width, height, channels, encoding) of JPEG/PNG bytes without decoding pixels.
+
+    :raises ContractViolation: when the bytes are not a readable JPEG or PNG.
+    """
+    from PIL import Image as PILImage
+
+    try:
+        with PILImage.open(io.BytesIO(data)) as pil:
+            fmt = (pil.format or '').lower()
+            channels = len(pil.getbands())
+            size = pil.size
+    except Exception as exc:  # Pillow raises several types for bad headers
+        raise ContractViolation(f'encoded image unreadable: {exc}') from None
+    if fmt not in ('jpeg', 'png'):
+        raise ContractViolation(f'encoded image format {fmt!r}; jpeg or png required')
+    return size[0], size[1], channels, fmt
+
+
+def decode_image(image: pb.Image, *, max_pixels: int | None = None) -> np.ndarray:
+    """Unpack an ``Image`` into uint8 (H, W, C), validating what the header claims.
+
+    :param max_pixels: refuse images larger than this (width * height) before decoding.
+    :raises ContractViolation: for an unknown encoding, a size over ``max_pixels``, a truncated or
+        corrupt payload, or pixels that disagree with the declared width/height/channels.
+    """
+    what = f'image {image.key!r}'
+    if image.encoding not in ENCODINGS:
+        raise ContractViolation(f'{what}: unknown encoding {image.encoding!r}')
+    if max_pixels is not None and image.width * image.height > max_pixels:
+        raise ContractViolation(f'{what}: {image.width}x{image.height} exceeds {max_pixels} pixels')
+    if image.encoding == 'raw':
+        expected = image.width * image.height * image.channels
+        if image.channels not in (1, 3) or len(image.data) != expected:
+            raise ContractViolation(f'{what}: raw payload of {len(image.data)} bytes, expected {expected} '
+                                    f'for {image.width}x{image.height}x{image.channels}')
+        return np.frombuffer(image.data, np.uint8).reshape(image.height, image.width, image.channels)
+    from PIL import Image as PILImage
+
+    try:
+        with PILImage.open(io.BytesIO(image.data)) as pil:
+            if max_pixels is not None and pil.size[0] * pil.size[1] > max_pixels:
+                raise ContractViolation(f'{what}: {pil.size} exceeds {max_pixels} pixels')
+            pil.load()
+            arr = np.asarray(pil.convert('L' if image.channels == 1 else 'RGB'))
+    except ContractViolation:
+        raise
+    except Exception as exc:  # truncated or corrupt data: Pillow raises OSError and friends
+        raise ContractViolation(f'{what}: cannot decode {image.encoding}: {exc}') from None
+    if arr.ndim == 2:
+        arr = arr[:, :, None]
+    if (image.width and arr.shape[1] != image.width) or (image.height and arr.shape[0] != image.height):
+        raise ContractViolation(f'{what}: decoded {arr.shape[1]}x{arr.shape[0]} but header says '
+                                f'{image.width}x{image.height}')
+    return arr

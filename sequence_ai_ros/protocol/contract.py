@@ -1,0 +1,188 @@
+"""The policy's contract: what it needs as observation and what its action chunks mean.
+
+Both sides use these dataclasses; :func:`Contract.to_proto`/:func:`Contract.from_proto` carry them in
+the handshake. ``covers_seconds = chunk_length * dt``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+from sequence_ai_ros.exceptions import ContractViolation
+from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
+from sequence_ai_ros.protocol.spaces import ActionSpace
+
+PROTOCOL_VERSION = 'sequence_ai.v1'
+
+
+@dataclasses.dataclass(frozen=True)
+class CameraSpec:
+    """One camera the policy needs.
+
+    :param key: observation key, e.g. ``'cam_high'``.
+    :param width: expected width (px); 0 accepts any.
+    :param height: expected height (px); 0 accepts any.
+    :param encoding: wire encoding the robot should use: ``jpeg``, ``png`` or ``raw``.
+    """
+
+    key: str
+    width: int = 0
+    height: int = 0
+    encoding: str = 'jpeg'
+
+    def __post_init__(self) -> None:
+        if not self.key:
+            raise ContractViolation('camera key must not be empty')
+        if self.encoding not in ('jpeg', 'png', 'raw'):
+            raise ContractViolation(f'camera {self.key!r}: encoding {self.encoding!r} not jpeg|png|raw')
+        if self.width < 0 or self.height < 0:
+            raise ContractViolation(f'camera {self.key!r}: negative size')
+
+
+@dataclasses.dataclass(frozen=True)
+class ObservationContract:
+    """What an observation must hold.
+
+    :param cameras: the cameras, by key.
+    :param state_names: names of the (D,) float32 state vector, in order; their count is state_dim.
+    :param history: the robot sends the last N frames (N >= 1; 1 = only the current one),
+        sampled at the policy's dt.
+    :raises ContractViolation: for history < 1, duplicate camera keys or duplicate/empty state names.
+    """
+
+    cameras: tuple[CameraSpec, ...] = ()
+    state_names: tuple[str, ...] = ()
+    history: int = 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, 'cameras', tuple(self.cameras))
+        object.__setattr__(self, 'state_names', tuple(self.state_names))
+        if self.history < 1:
+            raise ContractViolation(f'history must be >= 1, got {self.history}')
+        keys = [c.key for c in self.cameras]
+        if len(set(keys)) != len(keys):
+            raise ContractViolation(f'duplicate camera keys {keys}')
+        if any(not n for n in self.state_names) or len(set(self.state_names)) != len(self.state_names):
+            raise ContractViolation('state_names must be unique and non-empty')
+
+    @property
+    def state_dim(self) -> int:
+        """Length D of the state vector."""
+        return len(self.state_names)
+
+    def camera(self, key: str) -> CameraSpec | None:
+        """Return the spec for ``key``, or None."""
+        return next((c for c in self.cameras if c.key == key), None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Contract:
+    """A policy's contract.
+
+    :param action_space: the meaning of each action vector.
+    :param action_names: names of the D action dimensions, in order.
+    :param dt: action period (s); 1/dt is the policy's control rate (Hz).
+    :param chunk_length: actions per chunk T (the action horizon).
+    :param observation: the observation contract.
+    :param streaming: stateful per episode (True) or stateless.
+    :param gripper: how the gripper channel is handled, in words.
+    :raises ContractViolation: for dt <= 0, chunk_length < 1, no action names, or duplicates.
+    """
+
+    action_space: ActionSpace
+    action_names: tuple[str, ...]
+    dt: float
+    chunk_length: int
+    observation: ObservationContract = dataclasses.field(default_factory=ObservationContract)
+    streaming: bool = False
+    gripper: str = ''
+    deployment: str = ''
+    version: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, 'action_space', ActionSpace.parse(self.action_space))
+        object.__setattr__(self, 'action_names', tuple(self.action_names))
+        if not (isinstance(self.dt, (int, float)) and math.isfinite(self.dt) and self.dt > 0):
+            raise ContractViolation(f'dt must be a positive number of seconds, got {self.dt!r}')
+        if int(self.chunk_length) < 1:
+            raise ContractViolation(f'chunk_length must be >= 1, got {self.chunk_length}')
+        if not self.action_names:
+            raise ContractViolation('action_names must name every action dimension')
+        if any(not n for n in self.action_names) or len(set(self.action_names)) != len(self.action_names):
+            raise ContractViolation('action_names must be unique and non-empty')
+
+    @property
+    def action_dim(self) -> int:
+        """Length D of each action."""
+        return len(self.action_names)
+
+    @property
+    def covers_seconds(self) -> float:
+        """Seconds one chunk covers: chunk_length * dt (s)."""
+        return self.chunk_length * self.dt
+
+    def max_message_bytes(self) -> int:
+        """The largest request the worker should accept, from the declared images.
+
+        Raw frames are the worst case: width * height * 3 per camera per history frame, plus 1 MiB
+        for state, chunk tail and framing. Cameras with size 0 count as 1920x1080.
+        """
+        per_frame = sum((c.width or 1920) * (c.height or 1080) * 3 for c in self.observation.cameras)
+        return per_frame * max(1, self.observation.history) + (1 << 20)
+
+    def to_proto(self, *, ready: bool = False, eta_seconds: float = 0.0) -> pb.Contract:
+        """Return the handshake's ``Contract`` message."""
+        obs = self.observation
+        return pb.Contract(
+            deployment=self.deployment, version=self.version,
+            action_space=self.action_space.to_proto(), gripper=self.gripper,
+            action_dim=self.action_dim, action_names=list(self.action_names), dt=self.dt,
+            chunk_length=self.chunk_length, covers_seconds=self.covers_seconds,
+            observation=pb.ObservationContract(
+                cameras=[pb.CameraSpec(key=c.key, width=c.width, height=c.height, encoding=c.encoding)
+                         for c in obs.cameras],
+                state_dim=obs.state_dim, state_names=list(obs.state_names), history=obs.history),
+            streaming=self.streaming, ready=ready, eta_seconds=eta_seconds,
+            max_message_bytes=self.max_message_bytes(), protocol_version=PROTOCOL_VERSION)
+
+    @classmethod
+    def from_proto(cls, msg: pb.Contract) -> Contract:
+        """Build a contract from the handshake's message.
+
+        :raises ContractViolation: when the message is inconsistent (e.g. action_dim vs names).
+        """
+        if msg.action_dim != len(msg.action_names):
+            raise ContractViolation(f'contract: action_dim {msg.action_dim} but '
+                                    f'{len(msg.action_names)} action names')
+        try:
+            space = ActionSpace.from_proto(msg.action_space)
+        except ValueError as exc:
+            raise ContractViolation(f'contract: {exc}') from None
+        o = msg.observation
+        return cls(
+            action_space=space, action_names=tuple(msg.action_names), dt=msg.dt,
+            chunk_length=msg.chunk_length,
+            observation=ObservationContract(
+                cameras=tuple(CameraSpec(c.key, c.width, c.height, c.encoding or 'jpeg') for c in o.cameras),
+                state_names=tuple(o.state_names), history=max(1, o.history)),
+            streaming=msg.streaming, gripper=msg.gripper, deployment=msg.deployment, version=msg.version)
+
+    def with_names(self, deployment: str, version: int) -> Contract:
+        """Return a copy stamped with the deployment's name and version."""
+        return dataclasses.replace(self, deployment=deployment, version=version)
+
+
+def check_names(given: Sequence[str], expected: Sequence[str], what: str) -> None:
+    """Check that ``given`` names equal ``expected``, in order.
+
+    :raises ContractViolation: naming the missing, extra or reordered entries.
+    """
+    if list(given) == list(expected):
+        return
+    missing = [n for n in expected if n not in given]
+    extra = [n for n in given if n not in expected]
+    detail = f'missing {missing}' if missing else ''
+    detail += (', ' if detail and extra else '') + (f'unexpected {extra}' if extra else '')
+    raise ContractViolation(f'{what} names differ from the contract: {detail or "order differs"}')

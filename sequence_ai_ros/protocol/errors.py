@@ -1,0 +1,72 @@
+"""Typed errors on the wire: ``ErrorCode`` <-> exception class <-> gRPC status code.
+
+The worker sends per-request errors in-stream (``EpisodeReply.error``) and aborts a call with the
+matching status for fatal ones; the client raises the same exception class either way.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from sequence_ai_ros import exceptions as exc
+from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
+
+_TABLE: tuple[tuple[int, type[exc.SequenceAIError], grpc.StatusCode], ...] = (
+    (pb.UNKNOWN_DEPLOYMENT, exc.UnknownDeployment, grpc.StatusCode.NOT_FOUND),
+    (pb.PROTOCOL_VERSION, exc.ProtocolVersionError, grpc.StatusCode.FAILED_PRECONDITION),
+    (pb.CONTRACT_VIOLATION, exc.ContractViolation, grpc.StatusCode.INVALID_ARGUMENT),
+    (pb.POLICY_EXCEPTION, exc.PolicyException, grpc.StatusCode.INTERNAL),
+    (pb.OVERLOADED, exc.Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (pb.UNAUTHENTICATED, exc.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (pb.NOT_READY, exc.NotReady, grpc.StatusCode.UNAVAILABLE),
+    (pb.EPISODE_STATE, exc.EpisodeStateError, grpc.StatusCode.FAILED_PRECONDITION),
+)
+
+
+def code_for(error: BaseException) -> int:
+    """Return the ``ErrorCode`` for an exception (POLICY_EXCEPTION for anything unknown)."""
+    for code, cls, _ in _TABLE:
+        if type(error) is cls:
+            return code
+    for code, cls, _ in _TABLE:
+        if isinstance(error, cls):
+            return code
+    return pb.POLICY_EXCEPTION
+
+
+def status_for(code: int) -> grpc.StatusCode:
+    """Return the gRPC status code that carries ``code`` when a call is aborted."""
+    return next((s for c, _, s in _TABLE if c == code), grpc.StatusCode.UNKNOWN)
+
+
+def to_error(error: BaseException, request_id: int = 0) -> pb.Error:
+    """Return the in-stream ``Error`` message for an exception."""
+    return pb.Error(code=code_for(error), message=str(error), request_id=request_id)
+
+
+def from_error(msg: pb.Error) -> exc.SequenceAIError:
+    """Return the exception instance an in-stream ``Error`` stands for."""
+    cls = next((c for code, c, _ in _TABLE if code == msg.code), exc.SequenceAIError)
+    return cls(msg.message)
+
+
+def from_rpc_error(error: grpc.RpcError) -> exc.SequenceAIError:
+    """Translate a failed call's status into the typed exception (ConnectionLost when unreachable)."""
+    status = error.code() if hasattr(error, 'code') else grpc.StatusCode.UNKNOWN
+    details = error.details() if hasattr(error, 'details') else str(error)
+    if status in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
+                  grpc.StatusCode.DEADLINE_EXCEEDED) and not (details or '').startswith('['):
+        return exc.ConnectionLost(f'worker unreachable: {status.name}: {details}')
+    # Aborts from the worker prefix details with "[ERROR_CODE] ".
+    if details and details.startswith('['):
+        name = details[1:details.find(']')]
+        number = pb.ErrorCode.Value(name) if name in pb.ErrorCode.keys() else 0
+        return from_error(pb.Error(code=number, message=details[details.find(']') + 2:]))
+    cls = next((c for _, c, s in _TABLE if s == status), exc.SequenceAIError)
+    return cls(f'{status.name}: {details}')
+
+
+def abort_details(error: BaseException) -> tuple[grpc.StatusCode, str]:
+    """Return (status, details) for ``context.abort`` so that :func:`from_rpc_error` recovers the type."""
+    code = code_for(error)
+    return status_for(code), f'[{pb.ErrorCode.Name(code)}] {error}'

@@ -1,0 +1,229 @@
+"""Observation <-> ``ObservationRequest`` and ``ActionChunk`` <-> numpy, for both sides of the wire.
+
+The robot packs with :func:`pack_observation`; the worker unpacks and validates against the contract
+with :func:`unpack_observation`, which raises :class:`ContractViolation` for anything malformed
+(wrong shape or dtype, unknown or missing camera, oversized or truncated image, NaN state).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from sequence_ai_ros.exceptions import ContractViolation
+from sequence_ai_ros.protocol import codec
+from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
+from sequence_ai_ros.protocol.contract import Contract, check_names
+from sequence_ai_ros.protocol.spaces import ActionSpace
+from sequence_ai_ros.protocol.types import Observation
+
+
+def pack_images(obs: Observation, contract: Contract) -> list[pb.Image]:
+    """Encode the observation's images in the contract's wire encodings.
+
+    Already-encoded JPEG/PNG bytes pass through untouched. Arrays are encoded as the contract's
+    CameraSpec asks (jpeg by default). Cameras the contract does not name are not sent.
+
+    :raises ContractViolation: when a camera the contract needs is missing, or an image is invalid.
+    """
+    out = []
+    for cam in contract.observation.cameras:
+        if cam.key not in obs.images:
+            raise ContractViolation(f'camera {cam.key!r} required by the contract is missing '
+                                    f'(observation has {sorted(obs.images)})')
+        out.append(codec.encode_image(cam.key, obs.images[cam.key], cam.encoding))
+    return out
+
+
+def pack_observation(obs: Observation, contract: Contract, *, episode_id: str, request_id: int,
+                     history: Sequence[Observation] = (), chunk_tail: np.ndarray | None = None,
+                     expected_delay_actions: int = 0,
+                     last_action: np.ndarray | None = None) -> pb.ObservationRequest:
+    """Build the request for one chunk.
+
+    :param obs: the current observation (its images may be arrays or encoded bytes).
+    :param history: earlier observations, oldest first (history N-1 of them at most), sampled at dt.
+    :param chunk_tail: float32 (K, D), the not-yet-executed actions of the current chunk.
+    :param expected_delay_actions: actions expected to execute before the new chunk can start.
+    :param last_action: float32 (D,), the last executed action.
+    :raises ContractViolation: when the state does not match the contract or a camera is missing.
+    """
+    names = contract.observation.state_names
+    if names:
+        if obs.state_names:
+            check_names(obs.state_names, names, 'state')
+        if obs.state.shape[0] != len(names):
+            raise ContractViolation(f'state has {obs.state.shape[0]} values, the contract names {len(names)}')
+    req = pb.ObservationRequest(
+        episode_id=episode_id, request_id=request_id, instruction=obs.instruction,
+        robot_time_s=obs.timestamp, state=codec.to_tensor(obs.state, 'float32'),
+        state_names=list(obs.state_names or names), images=pack_images(obs, contract),
+        params=obs.params, expected_delay_actions=int(expected_delay_actions))
+    for past in history:
+        req.history.append(pb.Frame(robot_time_s=past.timestamp, state=codec.to_tensor(past.state, 'float32'),
+                                    images=pack_images(past, contract)))
+    if chunk_tail is not None:
+        req.chunk_tail.CopyFrom(codec.to_tensor(np.asarray(chunk_tail, np.float32).reshape(-1, contract.action_dim)))
+    if last_action is not None:
+        req.last_action.CopyFrom(codec.to_tensor(last_action, 'float32'))
+    return req
+
+
+@dataclasses.dataclass
+class PolicyInput:
+    """A validated request as the worker's policy sees it.
+
+    :param observation: the current observation; images decoded to uint8 (H, W, C).
+    :param history: the last N observations, oldest first, ending with ``observation``
+        (length = the contract's history, or fewer at the start of an episode).
+    :param chunk_tail: float32 (K, D) not-yet-executed actions of the current chunk (K may be 0).
+    :param expected_delay_actions: actions expected to run before the new chunk starts.
+    :param last_action: float32 (D,) last executed action, or None before the first.
+    :param request_id: the request's id.
+    :param episode_id: the episode's id.
+    """
+
+    observation: Observation
+    history: list[Observation]
+    chunk_tail: np.ndarray
+    expected_delay_actions: int
+    last_action: np.ndarray | None
+    request_id: int
+    episode_id: str
+
+
+def _unpack_images(images: Sequence[pb.Image], contract: Contract, max_pixels: int | None,
+                   what: str) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    for img in images:
+        spec = contract.observation.camera(img.key)
+        if spec is None:
+            known = [c.key for c in contract.observation.cameras]
+            raise ContractViolation(f'{what}: unknown camera {img.key!r}; the contract names {known}')
+        if img.key in out:
+            raise ContractViolation(f'{what}: camera {img.key!r} sent twice')
+        if spec.width and spec.height and (img.width, img.height) != (spec.width, spec.height):
+            raise ContractViolation(f'{what}: camera {img.key!r} is {img.width}x{img.height}, '
+                                    f'the contract says {spec.width}x{spec.height}')
+        out[img.key] = codec.decode_image(img, max_pixels=max_pixels)
+    missing = [c.key for c in contract.observation.cameras if c.key not in out]
+    if missing:
+        raise ContractViolation(f'{what}: missing cameras {missing}')
+    return out
+
+
+def _unpack_state(tensor: pb.Tensor, contract: Contract, what: str) -> np.ndarray:
+    if not tensor.dtype:
+        raise ContractViolation(f'{what}: state is missing')
+    state = codec.from_tensor(tensor, what=f'{what} state', dtype='float32', ndim=1, finite=True)
+    dim = contract.observation.state_dim
+    if dim and state.shape[0] != dim:
+        raise ContractViolation(f'{what}: state has {state.shape[0]} values, the contract needs {dim}')
+    return state
+
+
+def unpack_observation(req: pb.ObservationRequest, contract: Contract, *,
+                       max_pixels: int | None = 3840 * 2160) -> PolicyInput:
+    """Validate a request against the contract and decode it for the policy.
+
+    :raises ContractViolation: for a wrong state shape/dtype, NaN, unknown/missing camera, an image
+        over ``max_pixels`` or not the contract's size, a truncated image, too much history, or a
+        chunk tail whose width is not the action dimension.
+    """
+    what = f'request {req.request_id}'
+    names = contract.observation.state_names
+    if names and req.state_names:
+        check_names(req.state_names, names, f'{what} state')
+    state = _unpack_state(req.state, contract, what)
+    images = _unpack_images(req.images, contract, max_pixels, what)
+    obs = Observation(state=state, state_names=tuple(req.state_names or names), images=images,
+                      instruction=req.instruction, timestamp=req.robot_time_s, params=dict(req.params))
+    want = contract.observation.history
+    if len(req.history) > want - 1:
+        raise ContractViolation(f'{what}: {len(req.history)} history frames, the contract allows {want - 1}')
+    history = []
+    for i, frame in enumerate(req.history):
+        fwhat = f'{what} history[{i}]'
+        history.append(Observation(
+            state=_unpack_state(frame.state, contract, fwhat), state_names=obs.state_names,
+            images=_unpack_images(frame.images, contract, max_pixels, fwhat),
+            instruction=req.instruction, timestamp=frame.robot_time_s))
+    history.append(obs)
+    d = contract.action_dim
+    tail = np.zeros((0, d), np.float32)
+    if req.chunk_tail.dtype:
+        tail = codec.from_tensor(req.chunk_tail, what=f'{what} chunk_tail', dtype='float32', ndim=2, finite=True)
+        if tail.shape[1] != d:
+            raise ContractViolation(f'{what}: chunk_tail has {tail.shape[1]} columns, action_dim is {d}')
+    last = None
+    if req.last_action.dtype:
+        last = codec.from_tensor(req.last_action, what=f'{what} last_action', dtype='float32', ndim=1,
+                                 finite=True)
+        if last.shape[0] != d:
+            raise ContractViolation(f'{what}: last_action has {last.shape[0]} values, action_dim is {d}')
+    return PolicyInput(observation=obs, history=history, chunk_tail=tail,
+                       expected_delay_actions=int(req.expected_delay_actions), last_action=last,
+                       request_id=req.request_id, episode_id=req.episode_id)
+
+
+def pack_chunk(actions: np.ndarray, contract: Contract, *, request_id: int, episode_id: str,
+               robot_time_s: float, done: bool = False, queue_wait_ms: float = 0.0,
+               inference_ms: float = 0.0) -> pb.ActionChunk:
+    """Build an ``ActionChunk`` from float32 (T, D) actions.
+
+    :raises ContractViolation: when actions are not (T, D) with D = action_dim and T >= 1, or not finite.
+    """
+    arr = np.asarray(actions, dtype=np.float32)
+    if arr.ndim != 2 or arr.shape[0] < 1 or arr.shape[1] != contract.action_dim:
+        raise ContractViolation(f'policy returned actions of shape {arr.shape}; (T, {contract.action_dim}) '
+                                'with T >= 1 is required')
+    if not np.all(np.isfinite(arr)):
+        raise ContractViolation('policy returned non-finite actions (NaN or inf)')
+    return pb.ActionChunk(
+        request_id=request_id, episode_id=episode_id, actions=codec.to_tensor(arr),
+        action_space=contract.action_space.to_proto(), dt=contract.dt,
+        covers_seconds=arr.shape[0] * contract.dt, done=done, robot_time_s=robot_time_s,
+        timings=pb.Timings(queue_wait_ms=queue_wait_ms, inference_ms=inference_ms))
+
+
+@dataclasses.dataclass(frozen=True)
+class Chunk:
+    """An action chunk as the client holds it.
+
+    :param actions: float32 (T, D).
+    :param action_space: the space of every row.
+    :param dt: action period (s).
+    :param request_id: the request it answers.
+    :param done: the policy marked the task complete.
+    :param inference_ms: the worker's inference time (ms), for diagnostics.
+    :param queue_wait_ms: the worker's queue wait (ms).
+    """
+
+    actions: np.ndarray
+    action_space: ActionSpace
+    dt: float
+    request_id: int
+    done: bool = False
+    inference_ms: float = 0.0
+    queue_wait_ms: float = 0.0
+
+    @property
+    def covers_seconds(self) -> float:
+        """T * dt (s)."""
+        return self.actions.shape[0] * self.dt
+
+
+def unpack_chunk(msg: pb.ActionChunk) -> Chunk:
+    """Decode a reply. Validation of dimension, space and finiteness is the client's (reason 'validate').
+
+    :raises ContractViolation: when the tensor is malformed (bytes vs shape) or the space is unspecified.
+    """
+    actions = codec.from_tensor(msg.actions, what='chunk actions', dtype='float32', ndim=2)
+    try:
+        space = ActionSpace.from_proto(msg.action_space)
+    except ValueError as exc:
+        raise ContractViolation(f'chunk {msg.request_id}: {exc}') from None
+    return Chunk(actions=actions, action_space=space, dt=msg.dt, request_id=msg.request_id, done=msg.done,
+                 inference_ms=msg.timings.inference_ms, queue_wait_ms=msg.timings.queue_wait_ms)

@@ -1,0 +1,72 @@
+"""Action spaces, as policies and controllers name them.
+
+``joint_velocity`` follows DROID (Khazatsky et al., 2024): joint velocities (rad/s) plus an absolute
+gripper position in the last channel.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ActionSpace(str, enum.Enum):
+    """The meaning of an action vector."""
+
+    JOINT_ABSOLUTE = 'joint_absolute'
+    JOINT_DELTA = 'joint_delta'
+    JOINT_VELOCITY = 'joint_velocity'
+    EE_ABSOLUTE = 'ee_absolute'
+    EE_DELTA = 'ee_delta'
+
+    @property
+    def is_absolute(self) -> bool:
+        """True for spaces whose actions are positions (interpolated, seam-smoothed)."""
+        return self in (ActionSpace.JOINT_ABSOLUTE, ActionSpace.EE_ABSOLUTE)
+
+    @property
+    def is_delta(self) -> bool:
+        """True for increments per action step (integrated by the client)."""
+        return self in (ActionSpace.JOINT_DELTA, ActionSpace.EE_DELTA)
+
+    @property
+    def is_joint(self) -> bool:
+        """True for joint-space actions."""
+        return self.value.startswith('joint_')
+
+    @classmethod
+    def parse(cls, value: str | ActionSpace) -> ActionSpace:
+        """Return the space named ``value``.
+
+        :raises ValueError: for an unknown name; the message lists the valid ones.
+        """
+        if isinstance(value, ActionSpace):
+            return value
+        try:
+            return cls(str(value).strip().lower())
+        except ValueError:
+            names = ', '.join(s.value for s in cls)
+            raise ValueError(f'unknown action_space {value!r}; expected one of {names}') from None
+
+    def to_proto(self) -> int:
+        """Return the ``sequence_ai.v1.ActionSpace`` enum number."""
+        return _TO_PROTO[self]
+
+    @classmethod
+    def from_proto(cls, number: int) -> ActionSpace:
+        """Return the space for a ``sequence_ai.v1.ActionSpace`` number.
+
+        :raises ValueError: for ACTION_SPACE_UNSPECIFIED or an unknown number.
+        """
+        for space, n in _TO_PROTO.items():
+            if n == number:
+                return space
+        raise ValueError(f'action_space {number} is unspecified or unknown')
+
+
+_TO_PROTO = {
+    ActionSpace.JOINT_ABSOLUTE: 1,
+    ActionSpace.JOINT_DELTA: 2,
+    ActionSpace.JOINT_VELOCITY: 3,
+    ActionSpace.EE_ABSOLUTE: 4,
+    ActionSpace.EE_DELTA: 5,
+}
