@@ -19,7 +19,7 @@ STAMP_BUILD := install/.stamp-build
 BUILD_INPUTS := package.xml setup.py setup.cfg msg/package.xml msg/CMakeLists.txt \
 	$(wildcard msg/msg/*.msg msg/srv/*.srv msg/action/*.action) sequence_ai_ros/protocol/sequence_ai.proto \
 	$(wildcard launch/*.py config/*.yaml)
-ENV := source $(VENV)/bin/activate && source install/local_setup.bash && export PYTHONPATH="$(CURDIR):$$PYTHONPATH"
+ENV := set +u && source $(VENV)/bin/activate && source install/local_setup.bash && export PYTHONPATH="$(CURDIR):$$PYTHONPATH"
 DATASET ?= ../shared/data/g1_pick_bottle_v21
 export DATASET
 

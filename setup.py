@@ -57,6 +57,7 @@ setup(
     name=PACKAGE,
     version='0.1.0',
     packages=find_packages(exclude=['test']),
+    py_modules=['sequence_ai'],
     package_data={PACKAGE: ['py.typed', 'protocol/*.proto', 'worker/templates/*/*']},
     include_package_data=True,
     data_files=data_files(),

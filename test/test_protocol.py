@@ -1,0 +1,159 @@
+"""Protocol round trips: arrays, images, contracts, observations and chunks, with typed errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sequence_ai_ros.exceptions import ContractViolation, UnknownDeployment
+from sequence_ai_ros.protocol import (
+    ActionSpace,
+    CameraSpec,
+    Contract,
+    Observation,
+    ObservationContract,
+    codec,
+    messages,
+)
+from sequence_ai_ros.protocol import errors as perrors
+from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
+
+
+@pytest.mark.parametrize('array', [
+    np.arange(26, dtype=np.float32),
+    np.random.default_rng(0).normal(size=(30, 26)).astype(np.float32),
+    np.zeros((0, 7), np.float32),
+    np.arange(12, dtype=np.uint8).reshape(2, 2, 3),
+    np.array([1, 2, 3], np.int64),
+])
+def test_tensor_round_trip(array):
+    back = codec.from_tensor(codec.to_tensor(array))
+    assert back.dtype == array.dtype and back.shape == array.shape
+    np.testing.assert_array_equal(back, array)
+
+
+def test_tensor_rejects_bad_payloads():
+    t = codec.to_tensor(np.ones((3, 2), np.float32))
+    t.data = t.data[:-1]
+    with pytest.raises(ContractViolation, match='bytes for shape'):
+        codec.from_tensor(t)
+    with pytest.raises(ContractViolation, match='not allowed'):
+        codec.from_tensor(pb.Tensor(shape=[1], dtype='object', data=b'x'))
+    with pytest.raises(ContractViolation, match='cannot go on the wire'):
+        codec.to_tensor(np.array(['a']))
+    nan = codec.to_tensor(np.array([1.0, np.nan], np.float32))
+    with pytest.raises(ContractViolation, match='non-finite'):
+        codec.from_tensor(nan, finite=True)
+
+
+@pytest.mark.parametrize('encoding', ['raw', 'png', 'jpeg'])
+def test_image_round_trip(encoding):
+    rng = np.random.default_rng(1)
+    img = np.repeat(np.repeat(rng.integers(0, 255, (6, 8, 3), dtype=np.uint8), 8, 0), 8, 1)
+    msg = codec.encode_image('cam', img, encoding)
+    assert (msg.width, msg.height, msg.channels) == (64, 48, 3)
+    back = codec.decode_image(msg)
+    assert back.shape == img.shape
+    tol = 0 if encoding != 'jpeg' else 40
+    assert np.abs(back.astype(int) - img.astype(int)).mean() <= tol
+
+
+def test_encoded_jpeg_passes_through_untouched():
+    img = np.full((32, 48, 3), 120, np.uint8)
+    jpeg = codec.encode_image('cam', img, 'jpeg').data
+    msg = codec.encode_image('cam', jpeg)
+    assert msg.data == jpeg and (msg.width, msg.height, msg.encoding) == (48, 32, 'jpeg')
+
+
+def test_truncated_and_oversized_images_are_contract_violations():
+    img = np.full((64, 64, 3), 7, np.uint8)
+    msg = codec.encode_image('cam', img, 'jpeg')
+    msg.data = msg.data[: len(msg.data) // 2]
+    with pytest.raises(ContractViolation, match='cannot decode'):
+        codec.decode_image(msg)
+    with pytest.raises(ContractViolation, match='exceeds'):
+        codec.decode_image(codec.encode_image('cam', img, 'png'), max_pixels=100)
+
+
+def _contract(history: int = 1) -> Contract:
+    return Contract(
+        action_space='joint_absolute', action_names=('a', 'b'), dt=0.1, chunk_length=5,
+        observation=ObservationContract(cameras=(CameraSpec('cam', 16, 12, 'png'),), state_names=('a', 'b'),
+                                        history=history))
+
+
+def test_contract_round_trip_and_validation():
+    c = _contract(history=3).with_names('demo', 2)
+    back = Contract.from_proto(c.to_proto(ready=True, eta_seconds=0.0))
+    assert back == c
+    assert back.covers_seconds == pytest.approx(0.5)
+    with pytest.raises(ContractViolation):
+        Contract(action_space='joint_absolute', action_names=('a',), dt=0, chunk_length=1)
+    with pytest.raises(ValueError, match='expected one of'):
+        Contract(action_space='cartesian', action_names=('a',), dt=0.1, chunk_length=1)
+
+
+def test_observation_request_round_trip_with_history_and_tail():
+    c = _contract(history=2)
+    img = np.full((12, 16, 3), 200, np.uint8)
+    past = Observation(state=[0.0, 1.0], state_names=('a', 'b'), images={'cam': img}, timestamp=1.0)
+    now = Observation(state=[0.5, 1.5], state_names=('a', 'b'), images={'cam': img}, timestamp=1.1,
+                      instruction='pick', params={'seed': 3})
+    tail = np.ones((2, 2), np.float32)
+    req = messages.pack_observation(now, c, episode_id='e', request_id=7, history=[past], chunk_tail=tail,
+                                    expected_delay_actions=1, last_action=np.zeros(2, np.float32))
+    inp = messages.unpack_observation(pb.ObservationRequest.FromString(req.SerializeToString()), c)
+    assert [h.timestamp for h in inp.history] == [1.0, 1.1]
+    np.testing.assert_array_equal(inp.observation.state, [0.5, 1.5])
+    assert inp.observation.images['cam'].shape == (12, 16, 3)
+    assert inp.observation.params == {'seed': '3'} and inp.request_id == 7
+    np.testing.assert_array_equal(inp.chunk_tail, tail)
+
+
+@pytest.mark.parametrize('mutate, match', [
+    (lambda r: r.state.CopyFrom(codec.to_tensor(np.zeros(3, np.float32))), 'state has 3 values'),
+    (lambda r: r.state.CopyFrom(codec.to_tensor(np.zeros(2, np.float64))), 'float32 is required'),
+    (lambda r: r.state.CopyFrom(codec.to_tensor(np.array([np.nan, 0], np.float32))), 'non-finite'),
+    (lambda r: r.images.append(codec.encode_image('other', np.zeros((12, 16, 3), np.uint8), 'png')),
+     'unknown camera'),
+    (lambda r: r.images.pop(), 'missing cameras'),
+])
+def test_malformed_requests_are_contract_violations(mutate, match):
+    c = _contract()
+    obs = Observation(state=[0.0, 1.0], images={'cam': np.zeros((12, 16, 3), np.uint8)})
+    req = messages.pack_observation(obs, c, episode_id='e', request_id=1)
+    mutate(req)
+    with pytest.raises(ContractViolation, match=match):
+        messages.unpack_observation(req, c)
+
+
+def test_chunk_round_trip_and_validation():
+    c = _contract()
+    actions = np.arange(10, dtype=np.float32).reshape(5, 2)
+    msg = messages.pack_chunk(actions, c, request_id=3, episode_id='e', robot_time_s=2.5, done=True)
+    chunk = messages.unpack_chunk(pb.ActionChunk.FromString(msg.SerializeToString()))
+    np.testing.assert_array_equal(chunk.actions, actions)
+    assert chunk.action_space is ActionSpace.JOINT_ABSOLUTE and chunk.done and chunk.covers_seconds == 0.5
+    with pytest.raises(ContractViolation, match=r'\(T, 2\)'):
+        messages.pack_chunk(np.zeros((5, 3)), c, request_id=1, episode_id='e', robot_time_s=0)
+    with pytest.raises(ContractViolation, match='non-finite'):
+        messages.pack_chunk(np.full((5, 2), np.inf), c, request_id=1, episode_id='e', robot_time_s=0)
+
+
+def test_errors_keep_their_type_across_the_wire():
+    err = perrors.to_error(UnknownDeployment('no deployment "x"'), request_id=4)
+    back = perrors.from_error(pb.Error.FromString(err.SerializeToString()))
+    assert isinstance(back, UnknownDeployment) and 'no deployment' in str(back)
+    status, details = perrors.abort_details(ContractViolation('bad shape'))
+    assert status.name == 'INVALID_ARGUMENT' and details.startswith('[CONTRACT_VIOLATION]')
+
+
+def test_observation_coerce_from_dict():
+    obs = Observation.coerce({'state': [1, 2], 'instruction': 'go'})
+    assert obs.state.dtype == np.float32 and obs.instruction == 'go'
+    with pytest.raises(ContractViolation, match='unknown keys'):
+        Observation.coerce({'state': [1], 'joints': [1]})
+    with pytest.raises(TypeError):
+        Observation.coerce([1, 2])
+    with pytest.raises(ContractViolation, match='empty name'):
+        Observation(state=[1.0], state_names=('',))
