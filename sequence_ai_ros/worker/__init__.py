@@ -1,1 +1,32 @@
-"""worker."""
+"""The policy worker: hosts a user's ``policy.py`` and streams action chunks to robots over gRPC.
+
+Layout (one concept per module):
+
+- :mod:`.server`: :func:`create_server` / :func:`serve_policy_file` -> :class:`WorkerServer` (port, stop,
+  health service, token interceptor, TLS, keepalive, housekeeping thread).
+- :mod:`.servicer`: the thin ``PolicyService`` servicer.  :mod:`.episode_stream`: one Episode stream.
+- :mod:`.runtime`: one deployment (warming, episodes, inference, usage).  :mod:`.scheduler`: its single
+  inference thread with per-episode round-robin (inference is serialized, not batched).
+- :mod:`.registry` and :mod:`.validate`: ``seq deploy`` (dry run) and the $SEQ_HOME registry.
+- :mod:`.usage`: metering.  :mod:`.capture_hook`: the bridge to :mod:`sequence_ai_ros.data.capture`.
+- :mod:`.commands`: the ``seq`` sub-commands init, deploy, serve, deployments, delete, usage, train.
+
+Threads, all named and owned: ``seq-grpc*`` (gRPC handlers, one per open stream), ``seq-episode-<id>``
+(reads one stream), ``seq-load-<name>`` (warming), ``seq-infer-<name>`` (inference and episode hooks),
+``seq-housekeeping`` (usage flush, capture retention). :meth:`WorkerServer.stop` stops them all.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ['WorkerServer', 'create_server', 'serve_policy_file']
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: `seq --help` and the templates must not pay for grpc at import.
+    if name in __all__:
+        from sequence_ai_ros.worker import server
+
+        return getattr(server, name)
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

@@ -1,0 +1,157 @@
+"""The policy authoring API: ``@seq.policy``, ``@seq.on_episode``, :class:`Episode` and :class:`Result`.
+
+A ``policy.py`` declares one class::
+
+    import sequence_ai_ros.policy as seq
+
+    @seq.policy(action_space='joint_absolute', action_names=['j0', 'j1'], dt=1 / 30, chunk_length=30,
+                observation=seq.ObservationContract(state_names=['j0', 'j1'], history=1))
+    class Hold:
+        def load(self) -> None: ...                      # optional warm step (not billed)
+        def infer(self, inp: seq.PolicyInput, episode: seq.Episode) -> np.ndarray: ...
+
+A policy whose contract depends on its config (``config.yaml`` beside policy.py, passed as constructor
+kwargs) adds a cheap classmethod ``configure_contract(cls, contract, config) -> seq.Contract``; the
+handshake answers with that contract before the constructor runs.
+
+The decorator validates the contract at import time, so ``seq deploy`` rejects a bad one before anything
+runs. ``frames_per_chunk`` is retired and rejected with a message naming its replacements.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from sequence_ai_ros.exceptions import ConfigError
+from sequence_ai_ros.protocol.contract import Contract, ObservationContract
+from sequence_ai_ros.protocol.spaces import ActionSpace
+
+#: attribute the decorator sets on the class (a :class:`PolicySpec`).
+SPEC_ATTR = '__seq_policy__'
+#: attribute ``@seq.on_episode`` sets on the hook function.
+HOOK_ATTR = '__seq_on_episode__'
+
+_RETIRED = {
+    'frames_per_chunk': ('frames_per_chunk is retired: use chunk_length=<actions per chunk> for the action '
+                         'horizon, or observation=seq.ObservationContract(history=N) to receive the last N frames'),
+}
+
+
+@dataclasses.dataclass
+class Episode:
+    """One episode as a policy sees it; the worker keeps one per ``x-episode-id``.
+
+    :param id: the episode id (from the robot's ``x-episode-id``).
+    :param instruction: the task in natural language, as given at EpisodeStart.
+    :param state: a dict the policy may use for per-episode state (a streaming policy's memory);
+        it belongs to this episode only, so one robot never resets another.
+    :param reason: why the episode ended (``completed``, ``disconnect``, ``idle_timeout``...), set before
+        the ``@seq.on_episode`` hook runs; None while running.
+    :param started: ``time.monotonic()`` at the start (s).
+    :param deployment: the deployment serving it.
+    """
+
+    id: str
+    instruction: str = ''
+    state: dict[str, Any] = dataclasses.field(default_factory=dict)
+    reason: str | None = None
+    started: float = dataclasses.field(default_factory=time.monotonic)
+    deployment: str = ''
+
+
+@dataclasses.dataclass
+class Result:
+    """What ``infer`` may return instead of a bare array.
+
+    :param actions: float32 (T, D) action chunk, T >= 1, D = the contract's action dimension.
+    :param done: True when the policy considers the task complete (sent as ``ActionChunk.done``).
+    """
+
+    actions: np.ndarray
+    done: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicySpec:
+    """What ``@seq.policy`` recorded about a class.
+
+    :param contract: the contract declared by the decorator (before per-deployment config).
+    :param hook: name of the ``@seq.on_episode`` method, or None.
+    :param config_file: optional YAML file (relative to policy.py) with constructor kwargs.
+    """
+
+    contract: Contract
+    hook: str | None = None
+    config_file: str | None = None
+
+
+def on_episode(func: Callable[[Any, Episode], None]) -> Callable[[Any, Episode], None]:
+    """Mark the method that runs exactly once when an episode ends (explicit end, disconnect, idle).
+
+    The method receives the ended :class:`Episode` (``episode.reason`` is set). A ``streaming=True``
+    policy must have one, to free the episode's state.
+    """
+    setattr(func, HOOK_ATTR, True)
+    return func
+
+
+def policy(*, action_space: str | ActionSpace, action_names: Sequence[str], dt: float, chunk_length: int,
+           observation: ObservationContract | None = None, streaming: bool = False, gripper: str = '',
+           config_file: str | None = None, **retired: Any) -> Callable[[type], type]:
+    """Declare a policy class and its contract.
+
+    :param action_space: ``joint_absolute``, ``joint_delta``, ``joint_velocity``, ``ee_absolute`` or
+        ``ee_delta``.
+    :param action_names: names of the D action dimensions, in order.
+    :param dt: action period (s).
+    :param chunk_length: actions per chunk T (the action horizon).
+    :param observation: cameras, state names and history N the robot must send.
+    :param streaming: True for a stateful policy (keeps per-episode state; needs ``@seq.on_episode``).
+    :param gripper: how the gripper channel is handled, in words.
+    :param config_file: YAML file (relative to the policy file) whose mapping is passed as constructor
+        kwargs; default ``config.yaml`` beside the policy file when it exists.
+    :raises ConfigError: for a retired or unknown argument (``frames_per_chunk`` names its replacement),
+        a class without ``infer``, or a streaming policy without an ``@seq.on_episode`` hook.
+    :raises ContractViolation: for an invalid contract (dt <= 0, duplicate names, ...).
+    """
+    for key in retired:
+        if key in _RETIRED:
+            raise ConfigError(_RETIRED[key])
+    if retired:
+        raise ConfigError(f'seq.policy: unknown arguments {sorted(retired)}; known: action_space, action_names, '
+                          'dt, chunk_length, observation, streaming, gripper, config_file')
+    try:
+        space = ActionSpace.parse(action_space)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    contract = Contract(action_space=space, action_names=tuple(action_names), dt=float(dt),
+                        chunk_length=int(chunk_length), observation=observation or ObservationContract(),
+                        streaming=bool(streaming), gripper=gripper)
+
+    def decorate(cls: type) -> type:
+        if not isinstance(cls, type):
+            raise ConfigError('@seq.policy decorates a class')
+        if not callable(getattr(cls, 'infer', None)):
+            raise ConfigError(f'{cls.__name__}: a policy needs an infer(self, inp, episode) method')
+        hooks = [name for name in dir(cls) if getattr(getattr(cls, name, None), HOOK_ATTR, False)]
+        if len(hooks) > 1:
+            raise ConfigError(f'{cls.__name__}: more than one @seq.on_episode hook: {hooks}')
+        if contract.streaming and not hooks:
+            raise ConfigError(f'{cls.__name__}: streaming=True needs a method decorated @seq.on_episode that '
+                              "frees the episode's state (it runs exactly once per episode end)")
+        setattr(cls, SPEC_ATTR, PolicySpec(contract=contract, hook=hooks[0] if hooks else None,
+                                           config_file=config_file))
+        return cls
+
+    return decorate
+
+
+def spec_of(cls: type) -> PolicySpec | None:
+    """Return the :class:`PolicySpec` of a ``@seq.policy`` class, or None for any other object."""
+    spec = getattr(cls, SPEC_ATTR, None)
+    return spec if isinstance(spec, PolicySpec) else None

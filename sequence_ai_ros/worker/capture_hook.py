@@ -1,0 +1,107 @@
+"""The worker's side of field-data capture: a guarded bridge to :mod:`sequence_ai_ros.data.capture`.
+
+The store decides per episode (``begin`` returns None when the episode is not sampled, capture is off or
+paused). Capture never breaks serving: any :class:`~sequence_ai_ros.exceptions.CaptureError` (or other
+store failure) is logged, capture of that episode stops (its partial data is aborted, so nothing half-written
+becomes visible) and the episode goes on. When the data module is absent, capture is simply off.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
+from sequence_ai_ros.protocol.contract import Contract
+
+LOG = logging.getLogger(__name__)
+
+
+def open_store(root: Path, deployment: str) -> Any | None:
+    """Return a ``CaptureStore`` for ``root`` (the deployment's capture directory), or None.
+
+    None when :mod:`sequence_ai_ros.data.capture` is not importable or the store cannot open (logged).
+    """
+    try:
+        from sequence_ai_ros.data.capture import CaptureStore
+    except ImportError as exc:
+        LOG.info('capture disabled: sequence_ai_ros.data.capture not importable (%s)', exc)
+        return None
+    try:
+        return CaptureStore(root=root, deployment=deployment, clock=time.time)
+    except Exception as exc:  # a broken store must not stop serving
+        LOG.error('capture disabled for %s: cannot open store at %s: %s', deployment, root, exc)
+        return None
+
+
+class EpisodeRecorder:
+    """Capture of one episode, or a no-op when the episode is not captured.
+
+    :param store: the deployment's CaptureStore, or None.
+    :param episode_id: the episode.
+    :param instruction: its instruction.
+    :param contract: the deployment's contract (stamped).
+    """
+
+    def __init__(self, store: Any | None, episode_id: str, instruction: str, contract: Contract) -> None:
+        self.episode_id = episode_id
+        self._lock = threading.Lock()  # the stream thread and the disconnect callback may race
+        self._ep = None
+        self.fps = 0.0
+        self.images = False
+        if store is None:
+            return
+        try:
+            self._ep = store.begin(episode_id, instruction, contract)
+            if self._ep is not None:
+                settings = store.settings
+                self.fps = float(settings.fps)
+                self.images = bool(settings.images)
+        except Exception as exc:
+            LOG.error('capture of episode %s not started: %s', episode_id, exc)
+            self._ep = None
+
+    @property
+    def active(self) -> bool:
+        """True while this episode is being captured."""
+        return self._ep is not None
+
+    def _guard(self, what: str, fn: Any, *args: Any) -> Any:
+        with self._lock:
+            return self._guarded(what, fn, *args)
+
+    def _guarded(self, what: str, fn: Any, *args: Any) -> Any:
+        if self._ep is None:
+            return None
+        try:
+            return fn(*args)
+        except Exception as exc:
+            LOG.error('capture of episode %s stopped (%s failed: %s); serving goes on', self.episode_id, what, exc)
+            ep, self._ep = self._ep, None
+            try:
+                ep.abort()
+            except Exception as abort_exc:
+                LOG.error('capture abort of %s failed: %s', self.episode_id, abort_exc)
+            return None
+
+    def add_request(self, req: pb.ObservationRequest, chunk: pb.ActionChunk | None, error: pb.Error | None) -> None:
+        """Record one request and its answer (a chunk or an error)."""
+        if self._ep is not None:
+            self._guard('add_request', lambda: self._ep and self._ep.add_request(req, chunk, error))
+
+    def add_telemetry(self, frames: list[pb.TelemetryFrame]) -> None:
+        """Record telemetry frames streamed by the robot."""
+        if self._ep is not None:
+            self._guard('add_telemetry', lambda: self._ep and self._ep.add_telemetry(list(frames)))
+
+    def commit(self, reason: str, stats: dict[str, Any]) -> bool:
+        """Commit the episode atomically; return True when it was stored."""
+        with self._lock:
+            if self._ep is None:
+                return False
+            stored = self._guarded('commit', self._ep.commit, reason, stats)
+            self._ep = None
+        return stored is not None

@@ -1,0 +1,199 @@
+"""The local deployment registry under $SEQ_HOME (default ``~/.local/share/sequence_ai``).
+
+``$SEQ_HOME/deployments.json`` maps each name to ``{name, version, path, sha256, deployed_at, action_space,
+action_dim, chunk_length, dt}``. It is written atomically (temp file + rename). ``seq deploy`` validates a
+policy (import, contract, dry run) before recording it; a redeploy bumps the version. Serving refuses a
+policy file whose hash changed since its deploy, so a version always names one content.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from sequence_ai_ros.exceptions import ConfigError, DeploymentError, UnknownDeployment
+from sequence_ai_ros.policy.loader import PolicyDefinition, file_sha256, load_policy_file
+from sequence_ai_ros.worker.usage import delete_usage
+
+REGISTRY_FILE = 'deployments.json'
+USAGE_FILE = 'usage.sqlite'
+_NAME = re.compile(r'^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$')
+
+
+def seq_home(path: str | Path | None = None) -> Path:
+    """Return $SEQ_HOME (or ``path``), default ``~/.local/share/sequence_ai``."""
+    if path is not None:
+        return Path(path).expanduser()
+    return Path(os.environ.get('SEQ_HOME') or '~/.local/share/sequence_ai').expanduser()
+
+
+def check_name(name: str) -> str:
+    """Return ``name`` if it is a valid deployment name.
+
+    :raises ConfigError: unless it is 1-64 characters of letters, digits, ``_ . -``, starting alphanumeric.
+    """
+    if not _NAME.match(name or ''):
+        raise ConfigError(f'deployment name {name!r}: use 1-64 letters, digits, "_", "." or "-", '
+                          'starting with a letter or digit')
+    return name
+
+
+@dataclasses.dataclass
+class DeploymentRecord:
+    """One registered deployment."""
+
+    name: str
+    version: int
+    path: str
+    sha256: str
+    deployed_at: float
+    action_space: str = ''
+    action_dim: int = 0
+    chunk_length: int = 0
+    dt: float = 0.0
+
+
+class Registry:
+    """The deployments of one $SEQ_HOME.
+
+    :param home: the $SEQ_HOME directory (created on first write).
+    """
+
+    def __init__(self, home: str | Path | None = None) -> None:
+        self.home = seq_home(home)
+
+    @property
+    def file(self) -> Path:
+        """Path of ``deployments.json``."""
+        return self.home / REGISTRY_FILE
+
+    @property
+    def usage_file(self) -> Path:
+        """Path of the usage database."""
+        return self.home / USAGE_FILE
+
+    def capture_dir(self, name: str) -> Path:
+        """Return ``$SEQ_HOME/capture/<name>``."""
+        return self.home / 'capture' / name
+
+    def _read(self) -> dict[str, dict[str, Any]]:
+        try:
+            data = json.loads(self.file.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f'registry {self.file} unreadable: {exc}') from None
+        if not isinstance(data, dict):
+            raise ConfigError(f'registry {self.file}: a JSON object is required')
+        return data
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Serialize read-modify-write of the registry between processes (``flock`` on a lock file)."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        with open(self.home / '.deployments.lock', 'w') as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _write(self, data: dict[str, dict[str, Any]]) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix='.deployments.', dir=self.home)
+        try:
+            with os.fdopen(fd, 'w') as f:
+                json.dump(data, f, indent=2, sort_keys=True)
+                f.write('\n')
+            os.replace(tmp, self.file)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def list(self) -> list[DeploymentRecord]:
+        """Return every deployment, by name."""
+        return [DeploymentRecord(**rec) for _, rec in sorted(self._read().items())]
+
+    def get(self, name: str) -> DeploymentRecord:
+        """Return one deployment.
+
+        :raises UnknownDeployment: when ``name`` is not registered (the message lists what is).
+        """
+        data = self._read()
+        if name not in data:
+            raise UnknownDeployment(f'no deployment {name!r} in {self.file}; deployed: {sorted(data) or "none"} '
+                                    f'(deploy with: seq deploy {name}/policy.py)')
+        return DeploymentRecord(**data[name])
+
+    def record(self, name: str, definition: PolicyDefinition) -> DeploymentRecord:
+        """Record a validated deployment; a redeploy bumps the version."""
+        c = definition.contract
+        with self._locked():
+            data = self._read()
+            prev = data.get(name)
+            rec = DeploymentRecord(name=name, version=(prev['version'] + 1) if prev else 1, path=str(definition.path),
+                                   sha256=definition.sha256, deployed_at=time.time(),
+                                   action_space=c.action_space.value, action_dim=c.action_dim,
+                                   chunk_length=c.chunk_length, dt=c.dt)
+            data[name] = dataclasses.asdict(rec)
+            self._write(data)
+        return rec
+
+    def delete(self, name: str) -> DeploymentRecord:
+        """Remove a deployment, its capture directory and its usage.
+
+        :raises UnknownDeployment: when ``name`` is not registered.
+        """
+        with self._locked():
+            rec = self.get(name)
+            data = self._read()
+            data.pop(name, None)
+            self._write(data)
+        shutil.rmtree(self.capture_dir(name), ignore_errors=True)
+        delete_usage(self.usage_file, name)
+        return rec
+
+    def load(self, name: str) -> tuple[DeploymentRecord, PolicyDefinition]:
+        """Import a registered deployment's policy for serving.
+
+        :raises UnknownDeployment: when not registered.
+        :raises DeploymentError: when the file is gone, changed since its deploy, or no longer imports.
+        """
+        rec = self.get(name)
+        path = Path(rec.path)
+        if not path.is_file():
+            raise DeploymentError(f'deployment {name!r}: {path} no longer exists; deploy again')
+        if file_sha256(path) != rec.sha256:
+            raise DeploymentError(f'deployment {name!r}: {path} changed since version {rec.version} was deployed; '
+                                  f'run `seq deploy {path}` again')
+        return rec, load_policy_file(path)
+
+
+def deploy(path: str | Path, name: str | None = None, home: str | Path | None = None,
+           dry: bool = True) -> tuple[DeploymentRecord, dict[str, float]]:
+    """Validate ``path`` and record it.
+
+    :param path: the policy file (``NAME/policy.py``).
+    :param name: deployment name; default the policy's directory name.
+    :param dry: run the dry inference (always on for ``seq deploy``).
+    :return: the record and the dry run's figures.
+    :raises DeploymentError: when the policy does not import, its contract is invalid or the dry run fails.
+    :raises ConfigError: for an invalid name.
+    """
+    from sequence_ai_ros.worker.validate import dry_run
+
+    path = Path(path).expanduser().resolve()
+    name = check_name(name or (path.parent.name if path.name == 'policy.py' else path.stem))
+    definition = load_policy_file(path)
+    figures = dry_run(definition) if dry else {}
+    return Registry(home).record(name, definition), figures

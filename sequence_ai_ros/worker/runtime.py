@@ -1,0 +1,289 @@
+"""One served deployment: its policy object, warming, episodes, inference and usage.
+
+Threads owned here:
+
+- ``seq-load-<name>``: constructs and warms the policy (``__init__`` then ``load()``) the first time a
+  client asks (handshake, Ready or an episode), without blocking the caller. Loading is not billed.
+- ``seq-infer-<name>``: the :class:`~sequence_ai_ros.worker.scheduler.InferenceScheduler`; every call into
+  the policy object after loading (``infer`` and the ``@seq.on_episode`` hook) runs there.
+
+Episodes are keyed by episode id: each has its own :class:`~sequence_ai_ros.policy.Episode` (with its
+``state`` dict), so one robot never resets another, and an episode ends exactly once (:meth:`ActiveEpisode.end`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sequence_ai_ros.exceptions import ContractViolation, EpisodeStateError, NotReady, PolicyException
+from sequence_ai_ros.policy.api import Episode, Result
+from sequence_ai_ros.policy.loader import PolicyDefinition
+from sequence_ai_ros.protocol import messages
+from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
+from sequence_ai_ros.protocol.contract import Contract
+from sequence_ai_ros.worker.capture_hook import EpisodeRecorder
+from sequence_ai_ros.worker.scheduler import InferenceScheduler
+from sequence_ai_ros.worker.usage import UsageMeter
+
+LOG = logging.getLogger(__name__)
+#: ETA (s) announced for a first load whose duration is unknown.
+DEFAULT_LOAD_ETA_S = 10.0
+#: Longest wait (s) for an episode-end hook before EpisodeEnded is sent anyway.
+HOOK_WAIT_S = 30.0
+
+
+def describe(exc: BaseException) -> str:
+    """Return ``'Type: message'`` for a policy's exception."""
+    return ''.join(traceback.format_exception_only(type(exc), exc)).strip()
+
+
+class ActiveEpisode:
+    """An episode in progress on one stream; :meth:`end` runs its hook and commits capture exactly once."""
+
+    def __init__(self, runtime: DeploymentRuntime, episode: Episode, recorder: EpisodeRecorder) -> None:
+        self.runtime = runtime
+        self.episode = episode
+        self.recorder = recorder
+        self.last_request_id = 0
+        self.requests = 0
+        self._lock = threading.Lock()
+        self._ended = False
+        self.captured = False
+
+    @property
+    def ended(self) -> bool:
+        """True once :meth:`end` has run."""
+        return self._ended
+
+    def end(self, reason: str, stats: dict[str, Any] | None = None, wait: bool = True) -> bool:
+        """End the episode: set ``episode.reason``, run the hook on the inference thread, commit capture.
+
+        Idempotent: only the first call does anything; later ones return False.
+
+        :param reason: ``completed``, ``disconnect``, ``idle_timeout``, ``shutdown``... (from EpisodeEnd).
+        :param stats: the robot's episode statistics, stored with the capture.
+        :param wait: wait (up to :data:`HOOK_WAIT_S`) for the hook, e.g. before answering EpisodeEnded.
+        :return: True for the call that ended it.
+        """
+        with self._lock:
+            if self._ended:
+                return False
+            self._ended = True
+        self.episode.reason = reason
+        rt = self.runtime
+        rt.forget(self.episode.id)
+        hook = rt.hook_callable()
+        if hook is not None:
+            future = rt.scheduler.control(lambda: self._run_hook(hook))
+            if wait:
+                try:
+                    future.result(timeout=HOOK_WAIT_S)
+                except Exception as exc:  # the hook's own failure is logged in _run_hook
+                    LOG.debug('hook wait for %s: %s', self.episode.id, exc)
+        self.captured = self.recorder.commit(reason, dict(stats or {}, requests=self.requests))
+        rt.usage.flush()
+        LOG.info('episode %s on %s ended: %s (%d requests)', self.episode.id, rt.name, reason, self.requests)
+        return True
+
+    def _run_hook(self, hook: Any) -> None:
+        try:
+            hook(self.episode)
+        except Exception as exc:
+            LOG.error('on_episode hook of %s raised for episode %s: %s', self.runtime.name, self.episode.id,
+                      describe(exc))
+
+
+class DeploymentRuntime:
+    """A deployment being served.
+
+    :param name: deployment name.
+    :param version: deployment version (from the registry; 0 when ad hoc).
+    :param definition: the imported policy file.
+    :param usage: its usage meter.
+    :param capture_store: its CaptureStore, or None when capture is off.
+    :param max_pending: bound of the inference queue (episodes waiting); beyond it requests get OVERLOADED.
+    :param eta_hint_s: expected load time (s) when known from a previous load.
+    """
+
+    def __init__(self, name: str, version: int, definition: PolicyDefinition, usage: UsageMeter,
+                 capture_store: Any | None = None, max_pending: int = 64, eta_hint_s: float | None = None) -> None:
+        self.name = name
+        self.version = version
+        self.definition = definition
+        self.contract: Contract = definition.contract.with_names(name, version)
+        self.max_message_bytes = self.contract.max_message_bytes()
+        self.usage = usage
+        self.capture_store = capture_store
+        self.scheduler = InferenceScheduler(name, max_pending=max_pending)
+        self._lock = threading.Lock()
+        self._state = 'cold'
+        self._message = ''
+        self._instance: Any = None
+        self._load_started = 0.0
+        self._eta_hint = eta_hint_s if eta_hint_s is not None else DEFAULT_LOAD_ETA_S
+        self._loader: threading.Thread | None = None
+        self._episodes: dict[str, ActiveEpisode] = {}
+        self.ready_event = threading.Event()
+        self.on_state_change: Any = None
+
+    # -- warming ------------------------------------------------------------------------------------------
+    def ensure_loading(self) -> None:
+        """Start loading in ``seq-load-<name>`` if the policy is cold; never blocks."""
+        with self._lock:
+            if self._state != 'cold':
+                return
+            self._state = 'warming'
+            self._load_started = time.monotonic()
+            self._loader = threading.Thread(target=self._load, name=f'seq-load-{self.name}', daemon=True)
+            self._loader.start()
+        self._notify()
+
+    def _load(self) -> None:
+        start = time.monotonic()
+        try:
+            instance = self.definition.instantiate()
+            load = getattr(instance, 'load', None)
+            if callable(load):
+                load()
+        except Exception as exc:
+            msg = f'policy {self.name!r} failed to load: {describe(exc)}'
+            LOG.error('%s\n%s', msg, traceback.format_exc())
+            with self._lock:
+                self._state, self._message = 'failed', msg
+        else:
+            with self._lock:
+                self._instance = instance
+                self._state, self._message = 'ready', ''
+            self.ready_event.set()
+            LOG.info('policy %s ready after %.2f s', self.name, time.monotonic() - start)
+        self.usage.add(warming_s=time.monotonic() - start)
+        self.usage.flush()
+        self._notify()
+
+    def _notify(self) -> None:
+        if self.on_state_change is not None:
+            self.on_state_change(self)
+
+    def readiness(self) -> tuple[bool, float, str, str]:
+        """Return (ready, eta_seconds, state, message); ``state`` is cold | warming | ready | failed."""
+        with self._lock:
+            state, message = self._state, self._message
+            elapsed = time.monotonic() - self._load_started if state == 'warming' else 0.0
+        eta = 0.0
+        if state == 'cold':
+            eta = self._eta_hint
+        elif state == 'warming':
+            eta = max(0.1, self._eta_hint - elapsed)
+        return state == 'ready', eta, state, message
+
+    def hook_callable(self) -> Any:
+        """Return the bound ``@seq.on_episode`` method, or None (no hook, or never loaded)."""
+        if self.definition.hook is None or self._instance is None:
+            return None
+        return getattr(self._instance, self.definition.hook)
+
+    # -- episodes -----------------------------------------------------------------------------------------
+    def start_episode(self, episode_id: str, instruction: str) -> ActiveEpisode:
+        """Register a new episode.
+
+        :raises EpisodeStateError: when an episode with this id is already running on this worker.
+        """
+        recorder = EpisodeRecorder(self.capture_store, episode_id, instruction, self.contract)
+        active = ActiveEpisode(self, Episode(id=episode_id, instruction=instruction, deployment=self.name),
+                               recorder)
+        with self._lock:
+            if episode_id in self._episodes:
+                recorder.commit('duplicate', {})
+                raise EpisodeStateError(f'episode {episode_id!r} is already running on {self.name!r}; '
+                                        'every robot needs its own episode id')
+            self._episodes[episode_id] = active
+        self.usage.add(episodes=1)
+        return active
+
+    def forget(self, episode_id: str) -> None:
+        """Drop an ended episode from the running set."""
+        with self._lock:
+            self._episodes.pop(episode_id, None)
+
+    def running_episodes(self) -> list[ActiveEpisode]:
+        """Return the episodes in progress."""
+        with self._lock:
+            return list(self._episodes.values())
+
+    # -- inference ----------------------------------------------------------------------------------------
+    def infer(self, active: ActiveEpisode, req: pb.ObservationRequest) -> pb.ActionChunk:
+        """Validate ``req``, run the policy on the inference thread, return the chunk.
+
+        Decoding and validation run in the caller's (stream) thread; only ``infer`` is serialized.
+
+        :raises ContractViolation: for a malformed request (the robot's fault).
+        :raises NotReady: while warming, or after a failed load.
+        :raises PolicyException: when the policy raises.
+        :raises ContractViolation: when the policy returns a chunk that breaks its contract (shape, NaN);
+            the robot ends the episode with 'validate'.
+        :raises Overloaded: when the inference queue is full.
+        """
+        ready, eta, state, message = self.readiness()
+        if not ready:
+            self.ensure_loading()
+            raise NotReady(message or f'policy {self.name!r} is {state}; ready in about {eta:.1f} s')
+        if req.ByteSize() > self.max_message_bytes:
+            raise ContractViolation(f'request {req.request_id}: {req.ByteSize()} bytes exceeds the contract\'s '
+                                    f'{self.max_message_bytes}')
+        inp = messages.unpack_observation(req, self.contract)
+        episode = active.episode
+        instance = self._instance
+        future = self.scheduler.submit(episode.id, lambda: self._call(instance, inp, episode))
+        while True:  # wait in slices, so a handler thread is freed when its robot has gone
+            try:
+                (out, inference_s), queue_wait_s = future.result(timeout=0.5)
+                break
+            except concurrent.futures.TimeoutError:
+                if active.ended:
+                    raise EpisodeStateError(f'episode {episode.id!r} ended while request {req.request_id} '
+                                            'waited for inference') from None
+        actions, done = (out.actions, out.done) if isinstance(out, Result) else (out, False)
+        try:
+            chunk = messages.pack_chunk(np.asarray(actions), self.contract, request_id=req.request_id,
+                                        episode_id=episode.id, robot_time_s=req.robot_time_s, done=bool(done),
+                                        queue_wait_ms=queue_wait_s * 1e3, inference_ms=inference_s * 1e3)
+        except (ContractViolation, TypeError, ValueError) as exc:
+            raise ContractViolation(f'policy {self.name!r} returned a malformed chunk: {exc}') from None
+        self.usage.add(requests=1)
+        return chunk
+
+    def _call(self, instance: Any, inp: messages.PolicyInput, episode: Episode) -> tuple[Any, float]:
+        if episode.reason is not None:
+            raise EpisodeStateError(f'episode {episode.id!r} already ended ({episode.reason})')
+        start = time.perf_counter()
+        try:
+            out = instance.infer(inp, episode)
+        except Exception as exc:
+            LOG.warning('policy %s raised on episode %s request %d: %s', self.name, episode.id, inp.request_id,
+                        describe(exc))
+            raise PolicyException(describe(exc)) from exc
+        finally:
+            self.usage.add(inference_s=time.perf_counter() - start)
+        return out, time.perf_counter() - start
+
+    def close(self, timeout: float = 5.0) -> None:
+        """End running episodes (reason ``shutdown``), stop the inference thread, flush usage."""
+        for active in self.running_episodes():
+            active.end('shutdown', wait=True)
+        self.scheduler.stop(timeout)
+        if self._loader is not None:
+            self._loader.join(timeout)
+        self.usage.flush()
+
+
+def capture_root(seq_home: Path, name: str) -> Path:
+    """Return ``$SEQ_HOME/capture/<name>``, the deployment's capture directory."""
+    return Path(seq_home) / 'capture' / name

@@ -1,0 +1,89 @@
+"""``seq deploy``'s dry run: construct, warm and call a policy once on a synthetic observation.
+
+The synthetic observation matches the contract exactly: a zero state of the contract's dimension with its
+names, a black frame per camera at the declared size (224x224 when the size is free) in the declared
+encoding, and ``history`` frames. It goes through the real wire path (``pack_observation`` then
+``unpack_observation``), so what the policy receives at deploy is what it will receive from a robot.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from typing import Any
+
+import numpy as np
+
+from sequence_ai_ros.exceptions import DeploymentError, MissingDependency
+from sequence_ai_ros.policy.api import Episode, Result
+from sequence_ai_ros.policy.loader import PolicyDefinition
+from sequence_ai_ros.protocol import messages
+from sequence_ai_ros.protocol.contract import Contract
+from sequence_ai_ros.protocol.types import Observation
+
+
+def synthetic_observation(contract: Contract, timestamp: float = 0.0) -> Observation:
+    """Return an observation that matches ``contract`` (zero state, black frames)."""
+    obs = contract.observation
+    images = {c.key: np.zeros((c.height or 224, c.width or 224, 3), np.uint8) for c in obs.cameras}
+    dim = obs.state_dim or contract.action_dim
+    return Observation(state=np.zeros(dim, np.float32), state_names=obs.state_names, images=images,
+                       instruction='seq deploy dry run', timestamp=timestamp)
+
+
+def synthetic_request(contract: Contract, episode_id: str = 'seq-deploy-dry-run', request_id: int = 1) -> Any:
+    """Return a ``pb.ObservationRequest`` built from :func:`synthetic_observation` (with history)."""
+    history = [synthetic_observation(contract, timestamp=-contract.dt * (k + 1))
+               for k in reversed(range(contract.observation.history - 1))]
+    return messages.pack_observation(synthetic_observation(contract), contract, episode_id=episode_id,
+                                     request_id=request_id, history=history)
+
+
+def _fail(what: str, exc: BaseException) -> DeploymentError:
+    if isinstance(exc, MissingDependency):
+        return DeploymentError(f'{what}: missing dependency: {exc}')
+    last = ''.join(traceback.format_exception_only(type(exc), exc)).strip()
+    return DeploymentError(f'{what}: {last}')
+
+
+def dry_run(definition: PolicyDefinition) -> dict[str, float]:
+    """Construct, load and call the policy once; check its chunk.
+
+    :return: ``{'load_s': ..., 'infer_s': ..., 'chunk_length': T}``.
+    :raises DeploymentError: naming the step that failed (construct, load, infer, chunk, on_episode),
+        with the missing dependency when that is the cause.
+    """
+    contract = definition.contract
+    start = time.monotonic()
+    try:
+        instance = definition.instantiate()
+    except Exception as exc:
+        raise _fail('constructing the policy failed', exc) from exc
+    load = getattr(instance, 'load', None)
+    try:
+        if callable(load):
+            load()
+    except Exception as exc:
+        raise _fail('load() failed', exc) from exc
+    load_s = time.monotonic() - start
+    inp = messages.unpack_observation(synthetic_request(contract), contract)
+    episode = Episode(id=inp.episode_id, instruction='seq deploy dry run', deployment='dry-run')
+    start = time.monotonic()
+    try:
+        out = instance.infer(inp, episode)
+    except Exception as exc:
+        raise _fail('dry inference failed', exc) from exc
+    infer_s = time.monotonic() - start
+    actions = out.actions if isinstance(out, Result) else out
+    try:
+        chunk = messages.pack_chunk(np.asarray(actions), contract, request_id=1, episode_id=episode.id,
+                                    robot_time_s=0.0)
+    except Exception as exc:
+        raise _fail('dry inference returned a bad chunk', exc) from exc
+    if definition.hook is not None:
+        episode.reason = 'completed'
+        try:
+            getattr(instance, definition.hook)(episode)
+        except Exception as exc:
+            raise _fail('the @seq.on_episode hook failed', exc) from exc
+    return {'load_s': load_s, 'infer_s': infer_s, 'chunk_length': float(chunk.actions.shape[0])}

@@ -1,0 +1,179 @@
+"""``seq deploy`` validation, the $SEQ_HOME registry, usage metering and the worker's ``seq`` commands."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import signal
+import textwrap
+
+import numpy as np
+import pytest
+from test_worker_support import POLICIES, Stream, channel, handshake, state_request, wait_ready
+
+from sequence_ai_ros.exceptions import ConfigError, DeploymentError, UnknownDeployment
+from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
+from sequence_ai_ros.worker import commands, create_server
+from sequence_ai_ros.worker.registry import Registry, deploy
+from sequence_ai_ros.worker.usage import read_usage
+
+HEADER = 'import numpy as np\nimport sequence_ai_ros.policy as seq\n'
+GOOD = HEADER + textwrap.dedent('''
+    @seq.policy(action_space='joint_delta', action_names=['x', 'y'], dt=0.05, chunk_length=4,
+                observation=seq.ObservationContract(cameras=[seq.CameraSpec('cam', 16, 8, 'jpeg')],
+                                                    state_names=['x', 'y'], history=2))
+    class P:
+        def __init__(self, scale=1.0):
+            self.scale = scale
+
+        def infer(self, inp, episode):
+            assert len(inp.history) == 2 and inp.observation.images['cam'].shape == (8, 16, 3)
+            return np.full((4, 2), self.scale, np.float32)
+''')
+
+
+def write(tmp_path, name: str, text: str, config: str | None = None):
+    d = tmp_path / name
+    d.mkdir()
+    (d / 'policy.py').write_text(text)
+    if config is not None:
+        (d / 'config.yaml').write_text(config)
+    return d / 'policy.py'
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = commands.main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_deploy_records_and_redeploy_bumps_the_version(tmp_path, seq_home):
+    path = write(tmp_path, 'good', GOOD, config='scale: 2.5\n')
+    rec, figures = deploy(path)
+    assert (rec.name, rec.version, rec.action_space, rec.action_dim, rec.chunk_length) == ('good', 1, 'joint_delta',
+                                                                                           2, 4)
+    assert figures['chunk_length'] == 4 and len(rec.sha256) == 64
+    assert deploy(path)[0].version == 2
+    assert [r.version for r in Registry().list()] == [2]
+    _, definition = Registry().load('good')
+    assert definition.config == {'scale': 2.5}
+
+
+@pytest.mark.parametrize(('name', 'text', 'config', 'message'), [
+    ('broken_import', HEADER + 'import definitely_not_a_module_xyz\n', None, "No module named 'definitely_not"),
+    ('syntax', HEADER + 'def (:\n', None, 'SyntaxError'),
+    ('no_class', HEADER + 'class P:\n    pass\n', None, 'no class decorated'),
+    ('bad_contract', GOOD.replace('dt=0.05', 'dt=0'), None, 'dt must be a positive'),
+    ('bad_space', GOOD.replace("'joint_delta'", "'joint_torque'"), None, 'unknown action_space'),
+    ('frames_per_chunk', GOOD.replace('chunk_length=4,', 'chunk_length=4, frames_per_chunk=4,'), None,
+     'frames_per_chunk is retired.*chunk_length.*history'),
+    ('streaming_no_hook', GOOD.replace('chunk_length=4,', 'chunk_length=4, streaming=True,'), None,
+     'streaming=True needs a method decorated @seq.on_episode'),
+    ('failing_dry_run', GOOD.replace('return np.full', 'raise RuntimeError("weights missing"); return np.full'),
+     None, 'dry inference failed: RuntimeError: weights missing'),
+    ('bad_chunk', GOOD.replace('(4, 2)', '(4, 3)'), None, r'bad chunk.*\(4, 3\)'),
+    ('nan_chunk', GOOD.replace('self.scale, np.float32', 'np.nan, np.float32'), None, 'non-finite'),
+    ('bad_config', GOOD, 'scale: 1\nunknown_kw: 3\n', "constructing the policy failed: TypeError.*unknown_kw"),
+    ('missing_dep', GOOD.replace('self.scale = scale', 'raise seq_missing()'), None, 'missing dependency: torch'),
+])
+def test_deploy_rejects_what_would_fail_at_serve_time(tmp_path, seq_home, name, text, config, message):
+    if name == 'missing_dep':
+        text = text.replace(HEADER, HEADER + 'from sequence_ai_ros.exceptions import MissingDependency\n'
+                            'def seq_missing():\n    return MissingDependency("torch is not installed")\n')
+    path = write(tmp_path, name, text, config)
+    with pytest.raises(DeploymentError, match=message):
+        deploy(path)
+    assert Registry().list() == []
+
+
+def test_serving_refuses_a_policy_changed_since_deploy(tmp_path, seq_home):
+    path = write(tmp_path, 'good', GOOD)
+    deploy(path)
+    path.write_text(GOOD.replace('self.scale, ', '2 * self.scale, '))
+    with pytest.raises(DeploymentError, match='changed since version 1'):
+        create_server(['good'])
+    with pytest.raises(UnknownDeployment, match='nope'):
+        create_server(['nope'])
+
+
+def test_usage_is_metered_and_persisted(tmp_path, seq_home):
+    deploy(POLICIES / 'fast.py', name='fast')
+    server = create_server(['fast'])
+    ch = channel(server.port)
+    stub = pb_grpc.PolicyServiceStub(ch)
+    handshake(stub, 'fast')
+    handshake(stub, 'fast')
+    assert wait_ready(stub, 'fast').ready
+    names = [f'j{i}' for i in range(26)]
+    for eid in ('u1', 'u2'):
+        s = Stream(stub, 'fast', eid)
+        s.start()
+        for rid in range(1, 6):
+            assert s.ask(state_request(rid, np.zeros(26), names)).HasField('chunk')
+        s.end()
+    ch.close()
+    server.stop()
+    u = read_usage(seq_home / 'usage.sqlite')['fast']
+    assert (u.sessions, u.episodes, u.requests) == (2, 2, 10)
+    assert u.inference_s > 0 and u.warming_s > 0
+    assert server.usage()['fast'].requests == 10
+
+
+def test_cli_deploy_deployments_usage_delete(tmp_path, seq_home, capsys):
+    path = write(tmp_path, 'good', GOOD)
+    code, out, _ = run(capsys, 'deploy', str(path))
+    assert code == 0 and 'deployed good version 1' in out and 'seq serve good' in out
+    code, out, _ = run(capsys, 'deploy', str(path))
+    assert 'version 2' in out
+    code, out, err = run(capsys, 'deploy', str(write(tmp_path, 'bad', GOOD.replace('dt=0.05', 'dt=-1'))))
+    assert code == 2 and 'dt must be a positive' in err
+    code, out, _ = run(capsys, 'deployments')
+    assert re.search(r'good\s+2\s+joint_delta\s+2\s+4', out) and 'bad' not in out
+    capture = seq_home / 'capture' / 'good'
+    capture.mkdir(parents=True)
+    (capture / 'blob').write_bytes(b'x' * 1000)
+    code, out, _ = run(capsys, 'usage')
+    assert code == 0 and re.search(r'^good\s', out, re.M)
+    if importlib.util.find_spec('sequence_ai_ros.data.capture') is not None:  # stored bytes come from the store
+        assert re.search(r'capture:good\s+(\d+) bytes', out) and int(re.search(r'capture:good\s+(\d+)', out)[1]) >= 1000
+    code, out, _ = run(capsys, 'delete', 'good')
+    assert code == 0 and not capture.exists() and Registry().list() == []
+    code, _, err = run(capsys, 'delete', 'good')
+    assert code == 2 and "no deployment 'good'" in err
+
+
+def test_cli_init_copies_a_template(tmp_path, capsys, monkeypatch):
+    code, out, _ = run(capsys, 'init', '--list')
+    templates = [line.split()[0] for line in out.splitlines() if line.strip()]
+    if not templates or templates[0] == 'no':
+        pytest.skip('no templates in sequence_ai_ros/worker/templates yet')
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run(capsys, 'init', templates[0], 'mine')
+    assert code == 0 and (tmp_path / 'mine' / 'policy.py').is_file()
+    code, _, err = run(capsys, 'init', templates[0], 'mine')
+    assert code == 2 and 'not empty' in err
+    code, _, err = run(capsys, 'init', 'no-such-template', 'x')
+    assert code == 2 and 'unknown template' in err
+
+
+def test_bad_names_are_refused(tmp_path, seq_home):
+    with pytest.raises(ConfigError, match='deployment name'):
+        deploy(write(tmp_path, 'good', GOOD), name='../evil')
+
+
+@pytest.mark.slow
+def test_seq_serve_process_prints_its_address_and_stops_on_sigterm(tmp_path, seq_home, processes):
+    deploy(POLICIES / 'fast.py', name='fast')
+    token = tmp_path / 'token'
+    token.write_text('tok\n')
+    proc = processes.python('import sys; from sequence_ai_ros.worker.commands import main; sys.exit(main())',
+                            'serve', 'fast', '--port', '0', '--token-file', str(token), '--idle-timeout', '5')
+    line = proc.stdout.readline()
+    match = re.match(r'serving fast on 127\.0\.0\.1:(\d+)', line)
+    assert match, (line, proc.stderr.read() if proc.poll() is not None else '')
+    with channel(int(match.group(1))) as ch:
+        assert handshake(pb_grpc.PolicyServiceStub(ch), 'fast',
+                         metadata=[('authorization', 'Bearer tok')]).action_dim == 26
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=15) == 0
+    assert 'stopping' in proc.stdout.read()
