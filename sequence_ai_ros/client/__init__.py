@@ -1,1 +1,25 @@
-"""client."""
+"""The robot-side client: a ROS-free chunk engine that drives a control loop from a remote policy.
+
+Public API (re-exported as ``sequence_ai_ros.connect`` and by the ``sequence_ai`` alias):
+:func:`connect` -> :class:`Policy` (``act``, ``run``, ``begin_episode``/``next_action``/``end_episode``,
+``interrupt``, ``label``, ``ready``, ``wait_until_ready``, ``stats``), :class:`RunOutcome`,
+:class:`Observation`, :class:`Action`, :class:`ActionSpace`.
+
+Modules, one concept each: :mod:`.policy` (the handle), :mod:`.engine` (one episode's timeline,
+prefetch, stale-action skip, underruns), :mod:`.resample` (reading a chunk at the caller's period;
+seam blending), :mod:`.latency` (round-trip window, prefetch lead), :mod:`.sampling` (history and
+telemetry on the policy's clocks), :mod:`.pacing` (absolute deadlines; the one-thread rule),
+:mod:`.session` (gRPC), :mod:`.outcome`.
+
+Threads: the caller's control thread runs act/run/next_action and never waits on the network. Per
+episode, ``seq-send-<id>`` packs and sends and ``seq-recv-<id>`` reads; both are owned by the
+episode's stream and joined (with a timeout) when the episode ends. All timing uses
+``time.monotonic()`` on the robot; nothing is compared across hosts.
+"""
+
+from sequence_ai_ros.client.outcome import REASONS, RunOutcome
+from sequence_ai_ros.client.policy import Policy, connect
+from sequence_ai_ros.protocol.spaces import ActionSpace
+from sequence_ai_ros.protocol.types import Action, Observation
+
+__all__ = ['REASONS', 'Action', 'ActionSpace', 'Observation', 'Policy', 'RunOutcome', 'connect']

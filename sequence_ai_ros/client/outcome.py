@@ -1,0 +1,53 @@
+"""RunOutcome: how an episode ended, and what it cost, as act()/run()/end_episode() report it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from sequence_ai_ros.exceptions import SequenceAIError
+
+#: Why an episode ends. ``error`` (a lost connection, a worker error) is raised by act()/run() after the
+#: hold fires; loops that call next_action() themselves read it from :meth:`Policy.episode_outcome`.
+REASONS = ('completed', 'until', 'timeout', 'interrupted', 'validate', 'error')
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOutcome:
+    """The result of one episode.
+
+    :param actions: actions executed, in chunk steps (a 50 Hz caller against dt=1/30 s executes 30 per s).
+    :param chunks: action chunks received and accepted.
+    :param elapsed_s: seconds from the episode's start to its end (robot monotonic clock).
+    :param reason: one of :data:`REASONS`.
+    :param underruns: dry spells (the buffer was empty after the first action; each fired hold once).
+    :param underrun_s: seconds the arm had no fresh command, summed over the dry spells.
+    :param max_seam_jump: the largest per-dimension step across a chunk boundary, in the action's units
+        (for delta and velocity spaces, in the chunk's own per-step units).
+    :param latency_p50_ms: median chunk round trip (ms), measured on the robot; 0 when unmeasured.
+    :param latency_p95_ms: 95th percentile chunk round trip (ms).
+    :param episode_id: the episode's id.
+    :param skipped: stale actions skipped at chunk switches, in chunk steps (counted, never estimated).
+    :param smooth_seam_ignored: True when smooth_seam > 0 was asked on a delta or velocity space (a no-op).
+    :param error: the typed exception behind reason ``validate`` or ``error``, else None.
+    """
+
+    actions: int
+    chunks: int
+    elapsed_s: float
+    reason: str
+    underruns: int = 0
+    underrun_s: float = 0.0
+    max_seam_jump: float = 0.0
+    latency_p50_ms: float = 0.0
+    latency_p95_ms: float = 0.0
+    episode_id: str = ''
+    skipped: int = 0
+    smooth_seam_ignored: bool = False
+    error: SequenceAIError | None = None
+
+    def __post_init__(self) -> None:
+        if self.reason not in REASONS:
+            raise ValueError(f'unknown reason {self.reason!r}; expected one of {REASONS}')
+
+    def __str__(self) -> str:
+        return f'RunOutcome({self.actions} actions over {self.chunks} chunks in {self.elapsed_s:.1f}s, {self.reason})'

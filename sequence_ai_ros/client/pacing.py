@@ -1,0 +1,82 @@
+"""Pacing with absolute deadlines, and the one-thread-per-handle rule.
+
+:class:`Pacer` sleeps until ``start + k * period`` (``time.monotonic()``), so a late call shortens the
+next wait instead of pushing every later deadline: drift does not accumulate. When a tick overruns by
+more than a whole period the schedule skips forward rather than bursting to catch up.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+
+class Pacer:
+    """Absolute-deadline pacing on the monotonic clock.
+
+    :param period_s: seconds between ticks (> 0).
+    :param wake: an Event that ends a wait early (interrupt, episode finished).
+    :raises ValueError: for a period that is not positive.
+    """
+
+    def __init__(self, period_s: float, wake: threading.Event | None = None) -> None:
+        if not period_s > 0:
+            raise ValueError(f'period must be > 0 s, got {period_s!r}')
+        self.period_s = float(period_s)
+        self._wake = wake
+        self._start = time.monotonic()
+        self._k = 0
+
+    def wait(self) -> float:
+        """Sleep until the next deadline (or ``wake``); return that deadline (monotonic s)."""
+        self._k += 1
+        deadline = self._start + self._k * self.period_s
+        now = time.monotonic()
+        if now - deadline > self.period_s:           # overran by more than a period: re-anchor
+            self._start, self._k = now, 0
+            return now
+        # Sleep coarse then spin the last ~1 ms: time.sleep/Event.wait overshoot by up to ~1 ms on Linux.
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return deadline
+            if self._wake is not None and self._wake.is_set():
+                return time.monotonic()
+            if left > 0.0015:
+                if self._wake is not None:
+                    self._wake.wait(left - 0.001)
+                else:
+                    time.sleep(left - 0.001)
+            else:
+                time.sleep(0)
+
+
+class ThreadGuard:
+    """Refuses a second thread on a handle while another thread is inside act/run/next_action.
+
+    :param what: the handle's name, for the message.
+    """
+
+    RULE = ('one Policy per control loop: a second thread entered act()/run()/next_action() on the same handle '
+            'while {owner!r} is inside it; call sequence_ai_ros.connect() once per control loop')
+
+    def __init__(self, what: str = 'Policy') -> None:
+        self._lock = threading.Lock()
+        self._owner: threading.Thread | None = None
+        self._depth = 0
+        self._what = what
+
+    def __enter__(self) -> ThreadGuard:
+        me = threading.current_thread()
+        with self._lock:
+            if self._owner is not None and self._owner is not me:
+                raise RuntimeError(f'{self._what}: ' + self.RULE.format(owner=self._owner.name))
+            self._owner = me
+            self._depth += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._depth -= 1
+            if self._depth == 0:
+                self._owner = None

@@ -1,0 +1,374 @@
+"""``connect()`` and :class:`Policy`: a remote policy driven by a local control loop.
+
+One :class:`Policy` per control loop (many robots, many ``connect()`` calls). ``act``/``run`` pace
+themselves at the chunk's dt with absolute deadlines; loops that pace themselves (the ROS node) use
+:meth:`Policy.begin_episode`, :meth:`Policy.next_action` (never blocks) and :meth:`Policy.end_episode`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from sequence_ai_ros.client.engine import EpisodeEngine, EpisodeSettings
+from sequence_ai_ros.client.latency import LatencyWindow
+from sequence_ai_ros.client.outcome import RunOutcome
+from sequence_ai_ros.client.pacing import Pacer, ThreadGuard
+from sequence_ai_ros.client.sampling import TelemetryBuffer
+from sequence_ai_ros.client.session import Connection, EpisodeStream, TlsLike, resolve_endpoint
+from sequence_ai_ros.exceptions import CaptureError, EpisodeStateError, NotReady
+from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
+from sequence_ai_ros.protocol.contract import Contract
+from sequence_ai_ros.protocol.spaces import ActionSpace
+from sequence_ai_ros.protocol.types import Action, Observation
+
+ObserveFn = Callable[[], Observation | Mapping[str, Any]]
+ActFn = Callable[[Action], Any]
+
+
+class _Episode:
+    """An open episode: its engine, its stream, its capture state."""
+
+    def __init__(self, engine: EpisodeEngine, stream: EpisodeStream) -> None:
+        self.engine, self.stream = engine, stream
+        self.telemetry: TelemetryBuffer | None = None
+        self.closed: RunOutcome | None = None
+
+
+class Policy:
+    """A connected remote policy (use :func:`connect`); a context manager that closes on exit.
+
+    :param model: the deployment name.
+    :param endpoint: ``host:port``; default $SEQ_ENDPOINT, then ``127.0.0.1:DEFAULT_PORT``.
+    :param token: the worker's token, or None.
+    :param tls: None for plaintext, True for system roots, a PEM path, or grpc ChannelCredentials.
+    :param timeout: seconds the handshake may take (the worker may still be starting) (s).
+    :param ready_timeout: default bound on :meth:`wait_until_ready` (s).
+    :raises ConnectionLost: when the worker cannot be reached within ``timeout``.
+    :raises UnknownDeployment, ProtocolVersionError, Unauthenticated: as the worker answers.
+    """
+
+    def __init__(self, model: str, *, endpoint: str | None = None, token: str | None = None, tls: TlsLike = None,
+                 timeout: float = 10.0, ready_timeout: float = 600.0, client_id: str = '') -> None:
+        self.model = model
+        self.endpoint = resolve_endpoint(endpoint)
+        self.client_id = client_id or f'sequence_ai_ros.client/{uuid.uuid4().hex[:8]}'
+        self.ready_timeout = ready_timeout
+        self._conn = Connection(self.endpoint, token, tls)
+        try:
+            reply = self._conn.handshake(model, self.client_id, timeout)
+            self.contract: Contract = Contract.from_proto(reply)
+        except BaseException:
+            self._conn.close()
+            raise
+        self._ready = reply.ready
+        self.latency = LatencyWindow()
+        self._guard = ThreadGuard(f'Policy({model!r})')
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._episode: _Episode | None = None
+        self._last_episode_id: str | None = None
+        self._closed = False
+
+    # -- connection -------------------------------------------------------------------------------
+
+    def __enter__(self) -> Policy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def ready(self) -> tuple[bool, float]:
+        """Return (ready, eta_seconds) without blocking (one Ready call, 2 s deadline); asking starts a cold worker.
+
+        :raises ConnectionLost: when the worker is unreachable.
+        """
+        reply = self._conn.ready(self.model, timeout=2.0)
+        self._ready = reply.ready
+        return reply.ready, reply.eta_seconds
+
+    def wait_until_ready(self, timeout: float | None = None) -> None:
+        """Start a cold worker if need be and block until it is up (not billed).
+
+        :param timeout: seconds to wait (s); None uses ``ready_timeout``.
+        :raises NotReady: when the load failed, or it is not ready within ``timeout``.
+        :raises ConnectionLost: when the worker is unreachable.
+        """
+        bound = self.ready_timeout if timeout is None else timeout
+        deadline = time.monotonic() + bound
+        while True:
+            reply = self._conn.ready(self.model, timeout=2.0)
+            if reply.ready:
+                self._ready = True
+                return
+            if reply.state == 'failed':
+                raise NotReady(f'{self.model}: the policy failed to load: {reply.message}')
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise NotReady(f'{self.model}: not ready after {bound:g} s '
+                               f'({reply.state}, eta {reply.eta_seconds:.1f} s)')
+            time.sleep(min(0.2, max(0.02, reply.eta_seconds / 4), left))
+
+    def close(self) -> None:
+        """End the open episode (reason 'interrupted' if it is still running) and close the channel; idempotent."""
+        if self._closed:
+            return
+        try:
+            self.end_episode('interrupted')
+        finally:
+            self._closed = True
+            self._conn.close()
+
+    def label(self, success: bool, notes: str = '', episode_id: str | None = None) -> bool:
+        """Label the last episode that act/run/begin_episode drove (or ``episode_id``) for capture.
+
+        :returns: True: the worker stored the label with the captured episode.
+        :raises CaptureError: with the worker's answer when it did not store it (unknown episode,
+            episode not captured, capture off); never a silent ok.
+        :raises EpisodeStateError: when there is no episode to label.
+        """
+        eid = episode_id or self._last_episode_id
+        if not eid:
+            raise EpisodeStateError('no episode to label: run one first or pass episode_id')
+        reply = self._conn.label(self.model, eid, success, notes, timeout=5.0)
+        if not reply.ok:
+            raise CaptureError(reply.message or f'the worker did not store the label of {eid}')
+        return True
+
+    # -- episodes for self-paced loops -------------------------------------------------------------
+
+    def begin_episode(self, instruction: str = '', episode_id: str | None = None, *, max_seconds: float | None = None,
+                      max_actions: float | None = None, prefetch: bool = True, smooth_seam: int = 0,
+                      expect_action_space: str | ActionSpace | None = None, control_period: float | None = None,
+                      _fixed_step: bool = False) -> str:
+        """Open an episode (one Episode stream) and return its id; the first next_action() requests a chunk.
+
+        :param instruction: the task, pinned for the episode.
+        :param episode_id: its id (default a new uuid4 hex).
+        :param max_seconds: finish with 'timeout' after this long (s).
+        :param max_actions: finish with 'completed' after this many chunk steps.
+        :param prefetch: request while playing (False: only when empty; the stall counts as an underrun).
+        :param smooth_seam: rows cross-faded at each seam (absolute spaces; a reported no-op otherwise).
+        :param expect_action_space: the space the caller commands; another one ends with 'validate'.
+        :param control_period: the caller's period (s), to resample delta/velocity chunks; None measures it.
+        :raises EpisodeStateError: when an episode is still running on this handle.
+        :raises ValueError: for a negative smooth_seam, a non-positive period or limit.
+        """
+        if self._closed:
+            raise EpisodeStateError('this Policy is closed')
+        for name, v in (('max_seconds', max_seconds), ('max_actions', max_actions), ('control_period', control_period)):
+            if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f'{name} must be a positive number, got {v!r}')
+        if int(smooth_seam) < 0:
+            raise ValueError(f'smooth_seam must be >= 0, got {smooth_seam}')
+        space = ActionSpace.parse(expect_action_space) if expect_action_space is not None else None
+        with self._lock:
+            if self._episode is not None:
+                if self._episode.engine.outcome() is None:
+                    raise EpisodeStateError(f'episode {self._episode.engine.episode_id!r} is still running; '
+                                            'end_episode() it first')
+                self._end_locked('completed')
+            eid = episode_id or uuid.uuid4().hex
+            settings = EpisodeSettings(instruction=instruction, max_seconds=max_seconds, max_actions=max_actions,
+                                       prefetch=prefetch, smooth_seam=int(smooth_seam), expect_action_space=space,
+                                       control_period=control_period, fixed_step=_fixed_step)
+            self._wake.clear()
+            holder: dict[str, Any] = {}
+            engine = EpisodeEngine(self.contract, settings, eid, self.latency,
+                                   send=lambda req: holder['stream'].send_request(req), wake=self._wake)
+            stream = EpisodeStream(self._conn, self.model, eid, instruction, self.contract, on_chunk=engine.on_chunk,
+                                   on_error=engine.fail, on_started=lambda m: self._on_started(episode, m),
+                                   client_id=self.client_id)
+            holder['stream'] = stream
+            episode = _Episode(engine, stream)
+            self._episode = episode
+            self._last_episode_id = eid
+            stream.start()
+            return eid
+
+    def next_action(self, observation: Observation | Mapping[str, Any], now: float | None = None) -> Action | None:
+        """Return the action for *now* on the chunk's own timeline; never blocks (I/O runs on seq-* threads).
+
+        :param observation: the current observation (or a dict that converts to one).
+        :param now: ``time.monotonic()`` of this tick (s); default the clock now.
+        :returns: the Action to command; ``hold=True`` on an underrun or after the episode finished
+            (repeat the last command, or the measured state before the first); None when there is
+            nothing to hold yet (e.g. an ee space before its first chunk).
+        :raises EpisodeStateError: without an open episode.
+        :raises RuntimeError: when another thread is inside act/run/next_action on this handle.
+        """
+        with self._guard:
+            return self._tick(Observation.coerce(observation), time.monotonic() if now is None else now)
+
+    def episode_outcome(self) -> RunOutcome | None:
+        """None while the episode runs; its RunOutcome once it finished (completed, timeout, validate, error...)."""
+        ep = self._episode
+        return ep.closed or ep.engine.outcome() if ep is not None else None
+
+    def stats(self) -> dict[str, Any]:
+        """Live numbers of the current (or last) episode: buffer_s, actions, chunks, underruns, latency..."""
+        ep = self._episode
+        return ep.engine.stats() if ep is not None else {}
+
+    def interrupt(self) -> None:
+        """Stop the running episode between actions (thread-safe); act/run fire hold and return 'interrupted'."""
+        ep = self._episode
+        if ep is not None:
+            ep.engine.finish('interrupted')
+        self._wake.set()
+
+    def end_episode(self, reason: str = 'completed') -> RunOutcome | None:
+        """End the open episode (idempotent): a finished one keeps its own reason; return its outcome."""
+        with self._lock:
+            return self._end_locked(reason)
+
+    # -- self-paced loops ----------------------------------------------------------------------------
+
+    def act(self, instruction: str, observe: ObserveFn, act: ActFn, *, max_seconds: float,
+            until: Callable[[], bool] | None = None, on_underrun: Callable[[], Any] | None = None,
+            episode_id: str | None = None, prefetch: bool = True, smooth_seam: int = 0,
+            expect_action_space: str | ActionSpace | None = None, control_period: float | None = None) -> RunOutcome:
+        """Drive the arm with ``instruction`` until the policy is done, ``until()``, timeout or interrupt.
+
+        :param observe: returns the current Observation (or a dict); its instruction is overwritten.
+        :param act: executes one Action.
+        :param max_seconds: required time limit (s), > 0.
+        :param until: checked between actions; True finishes with 'until'.
+        :param on_underrun: called once per dry spell, and on interrupt/validate/error (hold the arm).
+        :param control_period: pace at this period (s) with resampling, instead of the chunk's dt.
+        :returns: the outcome (reason completed, until, timeout, interrupted or validate).
+        :raises ValueError: for max_seconds <= 0.
+        :raises ConnectionLost, NotReady, SequenceAIError: after firing hold, when the worker is lost or
+            errs mid-run.
+        """
+        if not (isinstance(max_seconds, (int, float)) and max_seconds > 0):
+            raise ValueError(f'max_seconds must be > 0, got {max_seconds!r}')
+        return self._drive(observe, act, instruction=instruction, pin=True, max_seconds=max_seconds, max_actions=None,
+                           until=until, on_underrun=on_underrun, episode_id=episode_id, prefetch=prefetch,
+                           smooth_seam=smooth_seam, expect_action_space=expect_action_space,
+                           control_period=control_period)
+
+    def run(self, observe: ObserveFn, act: ActFn, *, max_actions: int = 250,
+            on_underrun: Callable[[], Any] | None = None, prefetch: bool = True, smooth_seam: int = 0,
+            instruction: str | None = None,
+            max_seconds: float | None = None, episode_id: str | None = None,
+            expect_action_space: str | ActionSpace | None = None, control_period: float | None = None) -> RunOutcome:
+        """Execute ``max_actions`` chunk steps (or until done, timeout or interrupt); return the RunOutcome.
+
+        Same parameters as :meth:`act`; ``instruction`` (optional) is pinned when given. The episode
+        ends when run() returns, even on an exception.
+
+        :raises ConnectionLost, NotReady, SequenceAIError: after firing hold, when the worker is lost or errs.
+        """
+        return self._drive(observe, act, instruction=instruction or '', pin=instruction is not None,
+                           max_seconds=max_seconds, max_actions=max_actions, until=None, on_underrun=on_underrun,
+                           episode_id=episode_id, prefetch=prefetch, smooth_seam=smooth_seam,
+                           expect_action_space=expect_action_space, control_period=control_period)
+
+    # -- internals ------------------------------------------------------------------------------------
+
+    def _drive(self, observe: ObserveFn, act: ActFn, *, instruction: str, pin: bool, max_seconds: float | None,
+               max_actions: float | None, until: Callable[[], bool] | None, on_underrun: Callable[[], Any] | None,
+               episode_id: str | None, prefetch: bool, smooth_seam: int,
+               expect_action_space: str | ActionSpace | None, control_period: float | None) -> RunOutcome:
+        with self._guard:
+            self.wait_until_ready()      # one Ready call when warm; waits out warming before the first action
+            period = control_period or self.contract.dt
+            self.begin_episode(instruction, episode_id, max_seconds=max_seconds, max_actions=max_actions,
+                               prefetch=prefetch, smooth_seam=smooth_seam, expect_action_space=expect_action_space,
+                               control_period=period, _fixed_step=True)
+            engine = self._episode.engine
+            holding = False
+            try:
+                pacer = Pacer(period, wake=self._wake)
+                while True:
+                    if until is not None and engine.outcome() is None and until():
+                        engine.finish('until')
+                    out = engine.check(time.monotonic())
+                    if out is not None:
+                        break
+                    obs = Observation.coerce(observe())
+                    if pin and obs.instruction != instruction:
+                        obs = dataclasses.replace(obs, instruction=instruction)   # the caller's object is untouched
+                    action = self._tick(obs, time.monotonic())
+                    if engine.outcome() is not None:
+                        break
+                    if action is None or action.hold:
+                        if not holding and engine.dry and on_underrun is not None:
+                            on_underrun()
+                        holding = holding or engine.dry
+                    else:
+                        holding = False
+                        act(action)
+                    pacer.wait()
+                # Hold first, then talk to the worker: the stop unwinds through on_underrun at once.
+                out = engine.outcome()
+                if out.reason in ('interrupted', 'validate', 'error') and not holding and on_underrun is not None:
+                    holding = True
+                    on_underrun()
+            finally:
+                out = self.end_episode('interrupted')
+            if out.reason == 'error' and out.error is not None:
+                raise out.error
+            return out
+
+    def _tick(self, obs: Observation, now: float) -> Action | None:
+        ep = self._episode
+        if ep is None or ep.closed is not None:
+            raise EpisodeStateError('no open episode: call begin_episode() first (act/run open their own)')
+        if ep.engine.settings.instruction and not obs.instruction:
+            obs = dataclasses.replace(obs, instruction=ep.engine.settings.instruction)
+        action = ep.engine.tick(obs, now)
+        tel = ep.telemetry
+        if tel is not None and ep.engine.outcome() is None:
+            batch = tel.add(obs, None if action is None else action.values, action is None or action.hold)
+            if batch:
+                ep.stream.send_telemetry(batch)
+        return action
+
+    def _on_started(self, episode: _Episode, msg: pb.EpisodeStarted) -> None:
+        if msg.capture and msg.capture_fps > 0:
+            episode.telemetry = TelemetryBuffer(msg.capture_fps, msg.capture_images)
+
+    def _end_locked(self, reason: str) -> RunOutcome | None:
+        ep = self._episode
+        if ep is None:
+            return None
+        if ep.closed is not None:
+            return ep.closed
+        out = ep.engine.finish(reason)
+        tel = ep.telemetry.flush() if ep.telemetry is not None else None
+        if tel and out.reason != 'error':
+            ep.stream.send_telemetry(tel)
+        end = None if out.reason == 'error' else pb.EpisodeEnd(
+            reason=out.reason, actions=out.actions, chunks=out.chunks, underruns=out.underruns,
+            underrun_s=out.underrun_s, max_seam_jump=out.max_seam_jump)
+        ep.stream.close(end)
+        ep.closed = out
+        return out
+
+
+def connect(model: str, *, endpoint: str | None = None, token: str | None = None, tls: TlsLike = None,
+            timeout: float = 10.0, ready_timeout: float = 600.0) -> Policy:
+    """Connect to the deployment ``model`` and return a :class:`Policy` (a context manager).
+
+    The handshake starts a cold worker warming without blocking on it; :meth:`Policy.wait_until_ready`
+    blocks, :meth:`Policy.ready` polls.
+
+    :param endpoint: ``host:port``; default $SEQ_ENDPOINT, then ``127.0.0.1:DEFAULT_PORT``.
+    :param token: the worker's token, or None.
+    :param tls: None for plaintext, True for system roots, a PEM path, or grpc ChannelCredentials.
+    :param timeout: bound on the handshake (s).
+    :param ready_timeout: default bound on wait_until_ready (s).
+    :raises ConnectionLost: when the worker cannot be reached within ``timeout``.
+    :raises UnknownDeployment, ProtocolVersionError, Unauthenticated: as the worker answers.
+    """
+    return Policy(model, endpoint=endpoint, token=token, tls=tls, timeout=timeout, ready_timeout=ready_timeout)
+
+
+__all__ = ['Policy', 'connect']

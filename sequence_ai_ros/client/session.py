@@ -1,0 +1,272 @@
+"""The gRPC side of the client: one channel per connect(), one Episode bidi stream per episode.
+
+Threads (named, owned by :class:`EpisodeStream`, stopped by :meth:`EpisodeStream.close` with timed joins):
+
+- ``seq-send-<episode>`` packs what the engine enqueued (observation requests with images encoded,
+  telemetry batches, EpisodeEnd) into protobuf messages; nothing is encoded on the control thread.
+- ``seq-recv-<episode>`` opens the call, reads replies (EpisodeStarted, ActionChunk, Error,
+  EpisodeEnded) and hands them to callbacks; a broken stream becomes a typed error there.
+
+gRPC's own request-consumer thread only pulls already-packed messages from a queue. Every unary call
+(Handshake, Ready, Label) carries a deadline; nothing waits forever.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+
+from sequence_ai_ros.client.engine import OutRequest
+from sequence_ai_ros.client.sampling import TelemetrySample
+from sequence_ai_ros.exceptions import ConnectionLost, SequenceAIError
+from sequence_ai_ros.protocol import (
+    AUTH_METADATA,
+    DEFAULT_PORT,
+    DEPLOYMENT_METADATA,
+    EPISODE_ID_METADATA,
+    codec,
+    errors,
+)
+from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
+from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
+from sequence_ai_ros.protocol.contract import Contract
+from sequence_ai_ros.protocol.messages import pack_observation
+
+LOG = logging.getLogger(__name__)
+_CLOSE = object()
+#: Largest message either way (bytes); the worker enforces the contract's own limit on requests.
+MAX_MESSAGE_BYTES = 64 << 20
+TlsLike = bool | str | Path | grpc.ChannelCredentials | None
+
+
+def resolve_endpoint(endpoint: str | None) -> str:
+    """Return ``endpoint``, else $SEQ_ENDPOINT, else ``127.0.0.1:DEFAULT_PORT``."""
+    return endpoint or os.environ.get('SEQ_ENDPOINT') or f'127.0.0.1:{DEFAULT_PORT}'
+
+
+def _credentials(tls: TlsLike) -> grpc.ChannelCredentials | None:
+    if tls is None or tls is False:
+        return None
+    if tls is True:
+        return grpc.ssl_channel_credentials()
+    if isinstance(tls, (str, Path)):
+        return grpc.ssl_channel_credentials(root_certificates=Path(tls).read_bytes())
+    return tls
+
+
+class Connection:
+    """One channel to a worker, with the token as call metadata.
+
+    :param endpoint: ``host:port``.
+    :param token: sent as ``authorization: Bearer <token>`` on every call, or None.
+    :param tls: None/False for plaintext, True for system roots, a PEM path, or ChannelCredentials.
+    """
+
+    def __init__(self, endpoint: str, token: str | None = None, tls: TlsLike = None) -> None:
+        self.endpoint = endpoint
+        self.token = token
+        options = [('grpc.max_send_message_length', MAX_MESSAGE_BYTES),
+                   ('grpc.max_receive_message_length', MAX_MESSAGE_BYTES)]
+        creds = _credentials(tls)
+        self.channel = (grpc.secure_channel(endpoint, creds, options=options) if creds is not None
+                        else grpc.insecure_channel(endpoint, options=options))
+        self.stub = pb_grpc.PolicyServiceStub(self.channel)
+        self.metadata: tuple[tuple[str, str], ...] = ((AUTH_METADATA, f'Bearer {token}'),) if token else ()
+
+    def _unary(self, method: Callable, request: object, timeout: float, wait_for_ready: bool = False) -> object:
+        try:
+            return method(request, timeout=timeout, metadata=self.metadata, wait_for_ready=wait_for_ready)
+        except grpc.RpcError as exc:
+            raise errors.from_rpc_error(exc) from None
+
+    def handshake(self, deployment: str, client_id: str, timeout: float) -> pb.Contract:
+        """Send the handshake (which starts a cold worker warming) and return its contract message.
+
+        :raises ConnectionLost: when the worker is unreachable within ``timeout`` (s).
+        :raises UnknownDeployment, ProtocolVersionError, Unauthenticated: as the worker answers.
+        """
+        from sequence_ai_ros.protocol.contract import PROTOCOL_VERSION
+
+        req = pb.HandshakeRequest(deployment=deployment, protocol_version=PROTOCOL_VERSION,
+                                  token=self.token or '', client_id=client_id)
+        return self._unary(self.stub.Handshake, req, timeout, wait_for_ready=True).contract
+
+    def ready(self, deployment: str, timeout: float) -> pb.ReadyReply:
+        """Return the worker's ReadyReply (ready, eta_seconds, state, message); never blocks past ``timeout``."""
+        return self._unary(self.stub.Ready, pb.ReadyRequest(deployment=deployment), timeout)
+
+    def label(self, deployment: str, episode_id: str, success: bool, notes: str, timeout: float) -> pb.LabelReply:
+        """Label an episode; return the worker's reply."""
+        req = pb.LabelRequest(deployment=deployment, episode_id=episode_id, success=success, notes=notes)
+        return self._unary(self.stub.Label, req, timeout)
+
+    def close(self) -> None:
+        """Close the channel (idempotent)."""
+        self.channel.close()
+
+
+def _pack_telemetry(frames: list[TelemetrySample], contract: Contract) -> pb.Telemetry:
+    out = pb.Telemetry()
+    for f in frames:
+        frame = pb.TelemetryFrame(robot_time_s=f.robot_time_s, state=codec.to_tensor(f.state, 'float32'),
+                                  hold=f.hold)
+        if f.action is not None:
+            frame.action.CopyFrom(codec.to_tensor(f.action, 'float32'))
+        if f.images:
+            for cam in contract.observation.cameras:
+                if cam.key in f.images:
+                    frame.images.append(codec.encode_image(cam.key, f.images[cam.key], 'jpeg'))
+        out.frames.append(frame)
+    return out
+
+
+class EpisodeStream:
+    """One Episode call: EpisodeStart, requests, telemetry and EpisodeEnd out; replies to callbacks.
+
+    :param conn: the connection.
+    :param deployment: sent as ``x-deployment``.
+    :param episode_id: sent as ``x-episode-id`` and in EpisodeStart.
+    :param instruction: EpisodeStart's instruction.
+    :param contract: for packing observations.
+    :param on_chunk: called on ``seq-recv`` with each ActionChunk.
+    :param on_error: called once with the typed error when the stream fails (not after :meth:`close`).
+    :param on_started: called with EpisodeStarted (capture flags).
+    """
+
+    def __init__(self, conn: Connection, deployment: str, episode_id: str, instruction: str, contract: Contract,
+                 on_chunk: Callable[[pb.ActionChunk], None], on_error: Callable[[SequenceAIError], None],
+                 on_started: Callable[[pb.EpisodeStarted], None], client_id: str = '') -> None:
+        self.conn, self.deployment, self.episode_id, self.contract = conn, deployment, episode_id, contract
+        self._start = pb.EpisodeStart(episode_id=episode_id, instruction=instruction, client_id=client_id)
+        self._on_chunk, self._on_error, self._on_started = on_chunk, on_error, on_started
+        self._outbox: queue.Queue = queue.Queue(maxsize=256)
+        self._wire: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self._closing = threading.Event()
+        self.ended = threading.Event()
+        self.captured = False
+        self._call_lock = threading.Lock()
+        self._call: grpc.Future | None = None
+        self.dropped_telemetry = 0
+        tag = episode_id[:24]
+        self._sender = threading.Thread(target=self._send_loop, name=f'seq-send-{tag}', daemon=True)
+        self._reader = threading.Thread(target=self._read_loop, name=f'seq-recv-{tag}', daemon=True)
+
+    def start(self) -> None:
+        """Start both threads; the call is opened on ``seq-recv``."""
+        self._sender.start()
+        self._reader.start()
+
+    # -- control side (never blocks) ---------------------------------------------------------------
+
+    def send_request(self, req: OutRequest) -> None:
+        """Enqueue an observation request for packing and sending."""
+        try:
+            self._outbox.put_nowait(req)
+        except queue.Full:
+            self._fail(ConnectionLost('send queue full: the worker stopped reading'))
+
+    def send_telemetry(self, frames: list[TelemetrySample]) -> None:
+        """Enqueue a telemetry batch; dropped (and counted) if the queue is full."""
+        try:
+            self._outbox.put_nowait(frames)
+        except queue.Full:
+            self.dropped_telemetry += len(frames)
+
+    def close(self, end: pb.EpisodeEnd | None, timeout: float = 2.0) -> bool:
+        """Send EpisodeEnd (when given), wait up to ``timeout`` for EpisodeEnded, then stop and join.
+
+        :returns: True when the worker confirmed the end.
+        """
+        self._closing.set()
+        if end is not None and not self._stop.is_set():
+            try:
+                self._outbox.put(end, timeout=timeout)
+            except queue.Full:
+                pass
+            self.ended.wait(timeout)
+        self._stop.set()
+        self._wire.put(_CLOSE)
+        with self._call_lock:
+            if self._call is not None and not self.ended.is_set():
+                self._call.cancel()
+        for thread in (self._sender, self._reader):
+            if thread.is_alive() and thread is not threading.current_thread():
+                thread.join(timeout)
+        return self.ended.is_set()
+
+    # -- threads ----------------------------------------------------------------------------------
+
+    def _fail(self, error: SequenceAIError) -> None:
+        if not self._closing.is_set() and not self._stop.is_set():
+            self._stop.set()
+            self._on_error(error)
+
+    def _send_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                item = self._outbox.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            try:
+                if isinstance(item, OutRequest):
+                    msg = pb.EpisodeRequest(observation=pack_observation(
+                        item.obs, self.contract, episode_id=self.episode_id, request_id=item.request_id,
+                        history=item.history, chunk_tail=item.chunk_tail,
+                        expected_delay_actions=item.expected_delay_actions, last_action=item.last_action))
+                elif isinstance(item, pb.EpisodeEnd):
+                    msg = pb.EpisodeRequest(end=item)
+                else:
+                    msg = pb.EpisodeRequest(telemetry=_pack_telemetry(item, self.contract))
+            except SequenceAIError as exc:
+                self._fail(exc)
+                return
+            self._wire.put(msg)
+            if msg.HasField('end'):
+                self._wire.put(_CLOSE)
+                return
+
+    def _requests(self):  # noqa: ANN202 - consumed by gRPC's request thread
+        yield pb.EpisodeRequest(start=self._start)
+        while True:
+            try:
+                msg = self._wire.get(timeout=0.1)
+            except queue.Empty:
+                if self._stop.is_set():
+                    return
+                continue
+            if msg is _CLOSE:
+                return
+            yield msg
+
+    def _read_loop(self) -> None:
+        md = (*self.conn.metadata, (EPISODE_ID_METADATA, self.episode_id), (DEPLOYMENT_METADATA, self.deployment))
+        with self._call_lock:
+            if self._stop.is_set():
+                return
+            self._call = self.conn.stub.Episode(self._requests(), metadata=md)
+        try:
+            for reply in self._call:
+                kind = reply.WhichOneof('kind')
+                if kind == 'chunk':
+                    self._on_chunk(reply.chunk)
+                elif kind == 'started':
+                    self._on_started(reply.started)
+                elif kind == 'error':
+                    self._fail(errors.from_error(reply.error))
+                elif kind == 'ended':
+                    self.captured = reply.ended.captured
+                    self.ended.set()
+            if not self.ended.is_set():
+                self._fail(ConnectionLost(f'the worker closed episode {self.episode_id!r} without EpisodeEnded'))
+        except grpc.RpcError as exc:
+            self._fail(errors.from_rpc_error(exc))
+        except Exception as exc:  # a bug in a callback must not kill the episode silently
+            LOG.exception('episode %s: reader failed', self.episode_id)
+            self._fail(ConnectionLost(f'episode reader failed: {type(exc).__name__}: {exc}'))

@@ -1,0 +1,305 @@
+"""The client's chunk engine on pure logic: timeline, stale-row skip, resampling, seams, validation, limits.
+
+Chunks are real ``sequence_ai.v1.ActionChunk`` messages (built with the protocol's own ``pack_chunk``);
+time is the engine's clock, stepped by the test, so every number here is exact.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from sequence_ai_ros.client.engine import EpisodeEngine, EpisodeSettings, OutRequest
+from sequence_ai_ros.client.latency import LatencyWindow, percentile
+from sequence_ai_ros.client.outcome import RunOutcome
+from sequence_ai_ros.client.pacing import Pacer, ThreadGuard
+from sequence_ai_ros.client.resample import blend_seam, position_mask, sample
+from sequence_ai_ros.client.sampling import GridSampler, History
+from sequence_ai_ros.exceptions import ActionSpaceMismatch, ContractViolation
+from sequence_ai_ros.protocol import codec
+from sequence_ai_ros.protocol.contract import Contract, ObservationContract
+from sequence_ai_ros.protocol.messages import pack_chunk
+from sequence_ai_ros.protocol.spaces import ActionSpace
+from sequence_ai_ros.protocol.types import Observation
+
+NAMES = ('a', 'b')
+
+
+class Rig:
+    """An engine on a manual clock that records what it would send."""
+
+    def __init__(self, space: str = 'joint_absolute', dt: float = 0.1, t: int = 10, history: int = 1,
+                 **settings) -> None:
+        self.contract = Contract(action_space=space, action_names=NAMES, dt=dt, chunk_length=t,
+                                 observation=ObservationContract(state_names=NAMES, history=history))
+        self.now = 0.0
+        self.sent: list[OutRequest] = []
+        settings.setdefault('control_period', dt)
+        settings.setdefault('fixed_step', True)
+        self.latency = LatencyWindow()
+        self.engine = EpisodeEngine(self.contract, EpisodeSettings(**settings), 'ep', self.latency,
+                                    send=self.sent.append, clock=lambda: self.now)
+        self.executed: list = []
+
+    def obs(self, state=(0.0, 0.0)) -> Observation:
+        return Observation(state=np.asarray(state, np.float32), state_names=NAMES, timestamp=self.now)
+
+    def tick(self, state=(0.0, 0.0), step: float | None = None):
+        action = self.engine.tick(self.obs(state), self.now)
+        if action is not None and not action.hold:
+            self.executed.append(action)
+        self.now += self.contract.dt if step is None else step
+        return action
+
+    def reply(self, rows, space: str | None = None, request: OutRequest | None = None, done: bool = False):
+        req = request or self.sent[-1]
+        msg = pack_chunk(np.asarray(rows, np.float32), self.contract, request_id=req.request_id, episode_id='ep',
+                         robot_time_s=req.obs.timestamp, done=done)
+        if space is not None:
+            msg.action_space = ActionSpace.parse(space).to_proto()
+        self.engine.on_chunk(msg)
+
+
+def ramp(start: float, t: int = 10) -> np.ndarray:
+    return np.stack([start + np.arange(t), np.zeros(t)], axis=1).astype(np.float32)
+
+
+def test_cold_start_executes_row_zero_and_skips_nothing():
+    rig = Rig()
+    first = rig.tick()
+    assert first.hold and np.array_equal(first.values, [0, 0])     # holds the measured state, never zeros-by-default
+    assert len(rig.sent) == 1 and rig.sent[0].chunk_tail is None and rig.sent[0].expected_delay_actions == 0
+    for _ in range(20):                                             # a 2 s cold start: nothing executes
+        assert rig.tick().hold
+    rig.reply(ramp(100))
+    action = rig.tick()
+    assert not action.hold and action.index == 0 and action.values[0] == 100
+    assert rig.engine.stats()['skipped'] == 0
+    assert rig.engine.stats()['underruns'] == 0                      # waiting for the first chunk is no underrun
+
+
+def test_stale_rows_are_skipped_by_counting_executed_actions():
+    rig = Rig(t=10)
+    rig.tick()
+    rig.reply(ramp(0))
+    while len(rig.sent) < 2:                                         # rows execute until prefetch fires
+        rig.tick()
+    assert len(rig.executed) < 10                                    # before the chunk ran dry
+    req = rig.sent[1]
+    sent_at_row = int(req.chunk_tail[0, 0])                          # tail starts at the row being executed then
+    rig.tick()
+    rig.tick()                                                       # two more actions execute meanwhile
+    rig.reply(ramp(1000), request=req)
+    action = rig.tick()
+    executed_since = rig.executed[-2].values[0] - sent_at_row + 1
+    assert action.values[0] == 1000 + executed_since                 # chunk[0] aligned with the observation
+    assert rig.engine.stats()['skipped'] == executed_since
+
+
+def test_prefetch_lead_comes_from_warm_round_trips_not_the_cold_one():
+    window = LatencyWindow(window=10)
+    window.add(5.0)                                                  # cold spike
+    assert window.quantile(95) == 5.0 and window.lead_s(0.01) == pytest.approx(7.52)   # only until a warm one
+    window.add(0.10)
+    assert window.lead_s(0.01) == pytest.approx(1.5 * 0.10 + 0.02)   # few samples: the largest, with a margin
+    for s in (0.12, 0.11, 0.13, 0.12, 0.10, 0.11, 0.12, 0.11, 0.10, 0.11):
+        window.add(s)
+    assert window.quantile(95) == pytest.approx(0.13)
+    assert window.lead_s(0.01) == pytest.approx(0.15)
+    assert len(window.samples()) == 10 and window.samples()[0] == 0.12   # sliding: 0.10 dropped
+    assert percentile([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 95) == 10 and percentile([], 50) == 0
+
+
+def test_prefetch_false_requests_only_when_empty_and_counts_the_stall():
+    rig = Rig(t=5, prefetch=False)
+    rig.tick()
+    rig.reply(ramp(0, 5))
+    for _ in range(5):
+        assert not rig.tick().hold
+    assert len(rig.sent) == 1                                        # nothing requested while playing
+    stall = rig.tick()
+    assert stall.hold and np.array_equal(stall.values, rig.executed[-1].values)   # hold repeats the last command
+    assert len(rig.sent) == 2 and rig.engine.stats()['underruns'] == 1
+    rig.tick()
+    rig.reply(ramp(10, 5))
+    assert rig.tick().values[0] == 10                                # nothing executed while waiting: no skip
+    out = rig.engine.finish('completed', now=rig.now)
+    assert out.underruns == 1 and out.underrun_s == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize('case', ['space', 'nan', 'dim'])
+def test_bad_chunk_ends_with_validate_before_any_of_its_actions(case):
+    rig = Rig(expect_action_space=ActionSpace.JOINT_ABSOLUTE)
+    rig.tick()
+    rig.reply(ramp(0))
+    while len(rig.sent) < 2:
+        rig.tick()
+    rid = rig.sent[-1].request_id
+    if case == 'space':
+        rig.reply(ramp(50), space='joint_delta')
+        error = ActionSpaceMismatch
+    else:
+        rows = ramp(50) if case == 'nan' else np.zeros((10, 3), np.float32)
+        if case == 'nan':
+            rows[3, 1] = np.nan
+        msg = pack_chunk(np.zeros((10, 2), np.float32), rig.contract, request_id=rid, episode_id='ep',
+                         robot_time_s=0.0)
+        msg.actions.CopyFrom(codec.to_tensor(rows))
+        rig.engine.on_chunk(msg)
+        error = ContractViolation
+    held = rig.tick()
+    assert held.hold and held.values[0] < 50                          # nothing of the bad chunk ran
+    out = rig.engine.outcome()
+    assert out.reason == 'validate' and isinstance(out.error, error)
+
+
+def test_absolute_interpolated_at_a_faster_caller_rate():
+    rig = Rig(dt=1 / 30, t=30, control_period=0.02, fixed_step=False)
+    rig.tick(step=0.02)
+    rig.now = 1.0
+    rig.reply(ramp(0, 30))
+    t0 = rig.now
+    values = []
+    for _ in range(25):                                               # 0.5 s at 50 Hz
+        values.append(rig.tick(step=0.02).values[0])
+    expected = [(k * 0.02) * 30 for k in range(25)]                   # the recorded speed: 30 rows per second
+    np.testing.assert_allclose(values, expected, atol=1e-4)
+    assert rig.now - t0 == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize('space', ['joint_delta', 'joint_velocity'])
+def test_rates_rescaled_to_the_caller_period_keep_the_recorded_motion(space):
+    rig = Rig(space=space, dt=1 / 30, t=30, control_period=0.02, fixed_step=False, max_actions=30)
+    rig.tick(state=(1.0, 2.0), step=0.02)
+    rows = np.stack([np.linspace(0.01, 0.3, 30), np.full(30, 0.5)], axis=1).astype(np.float32)
+    rig.reply(rows)
+    actions = []
+    while rig.engine.outcome() is None:
+        a = rig.tick(state=(1.0, 2.0), step=0.02)
+        if not a.hold:
+            actions.append(a)
+    if space == 'joint_delta':
+        total = sum(a.delta.astype(np.float64) for a in actions)
+        np.testing.assert_allclose(total, rows.astype(np.float64).sum(axis=0), rtol=1e-5)
+        np.testing.assert_allclose(actions[-1].values, np.array([1.0, 2.0]) + total, rtol=1e-5)   # integrated
+        assert np.allclose(actions[0].values, [1.0, 2.0] + actions[0].delta)        # the first onto the state
+    else:
+        moved = sum(a.values[0] * 0.02 for a in actions)                            # rad/s * s
+        assert moved == pytest.approx(float(rows[:, 0].sum()) / 30, rel=1e-4)
+        assert all(a.values[1] == pytest.approx(0.5) for a in actions)              # gripper stays a position
+    assert rig.engine.outcome().actions == 30
+
+
+def test_sample_is_row_exact_at_integer_steps():
+    rows = np.random.default_rng(0).normal(size=(8, 3)).astype(np.float32)
+    for space in ActionSpace:
+        for i in range(8):
+            assert sample(rows, space, float(i), 1.0).tobytes() == rows[i].tobytes()
+    assert position_mask(ActionSpace.JOINT_VELOCITY, 3).tolist() == [False, False, True]
+    assert position_mask(ActionSpace.EE_DELTA, 7).tolist() == [False] * 6 + [True]
+
+
+def test_seam_blend_is_linear_and_never_touches_the_first_chunk_or_delta_chunks():
+    old = np.zeros((10, 1), np.float32)
+    new = np.full((10, 1), 9.0, np.float32)
+    out = blend_seam(new, 2.0, old, 5.0, 8)
+    np.testing.assert_allclose(out[2:10, 0], [9 * (k + 1) / 9 for k in range(8)], rtol=1e-6)
+    assert np.array_equal(out[:2], new[:2]) and np.array_equal(new, np.full((10, 1), 9.0))   # a copy
+
+    def seams(space, smooth):
+        rig = Rig(space=space, t=10, smooth_seam=smooth)
+        rig.tick()
+        rig.reply(ramp(0) if space == 'joint_absolute' else np.full((10, 2), 0.1, np.float32))
+        first = rig.tick()
+        while len(rig.sent) < 2:
+            rig.tick()
+        rig.reply(ramp(50) if space == 'joint_absolute' else np.full((10, 2), 0.7, np.float32))
+        for _ in range(6):
+            rig.tick()
+        return first, rig.engine.finish('completed'), [a.delta if a.delta is not None else a.values
+                                                       for a in rig.executed]
+
+    first, plain, _ = seams('joint_absolute', 0)
+    first_s, smooth, _ = seams('joint_absolute', 4)
+    assert first.values[0] == first_s.values[0] == 0                 # the first chunk is never blended
+    assert smooth.max_seam_jump < plain.max_seam_jump / 3
+    _, d0, rows0 = seams('joint_delta', 0)
+    _, d4, rows4 = seams('joint_delta', 4)
+    assert [r.tobytes() for r in rows0] == [r.tobytes() for r in rows4]
+    assert d4.smooth_seam_ignored and not d0.smooth_seam_ignored and d4.max_seam_jump == d0.max_seam_jump
+
+
+def test_limits_done_flag_and_outcome_string():
+    rig = Rig(t=5, max_actions=7)
+    answered = 0
+    for _ in range(100):
+        if rig.engine.check(rig.now) is not None:
+            break
+        rig.tick()
+        if len(rig.sent) > answered:
+            answered += 1
+            rig.reply(ramp(10 * answered, 5))
+    out = rig.engine.outcome()
+    assert (out.reason, out.actions) == ('completed', 7) and len(rig.executed) == 7
+    assert len(rig.sent) == 2                                          # no request beyond max_actions
+    rig2 = Rig(t=5)
+    rig2.tick()
+    rig2.reply(ramp(0, 5), done=True)
+    for _ in range(100):
+        if rig2.engine.check(rig2.now) is not None:
+            break
+        rig2.tick()
+    assert rig2.engine.outcome().reason == 'completed' and len(rig2.executed) == 5 and len(rig2.sent) == 1
+    rig3 = Rig(max_seconds=0.35)
+    for _ in range(100):
+        if rig3.engine.check(rig3.now) is not None:
+            break
+        rig3.tick()
+    assert rig3.engine.outcome().reason == 'timeout'
+    assert str(RunOutcome(250, 32, 16.84, 'completed')) == 'RunOutcome(250 actions over 32 chunks in 16.8s, completed)'
+    with pytest.raises(ValueError):
+        RunOutcome(1, 1, 1.0, 'finished')
+
+
+def test_history_is_sampled_on_the_policy_dt_grid():
+    hist = History(3, dt=1 / 30)
+    sent = [hist.push(Observation(state=np.zeros(1), timestamp=k * 0.02)) for k in range(10)]
+    assert sent[0] == [] and len(sent[-1]) == 2
+    times = [o.timestamp for o in sent[-1]]
+    assert times == sorted(times) and times[-1] < 9 * 0.02
+    grid = GridSampler(1 / 30)
+    kept = [k for k in range(50) if grid.due(k * 0.02)]
+    assert len(kept) == 30                                            # 30 Hz on average from a 50 Hz caller
+
+
+def test_pacer_deadlines_are_absolute_and_guard_names_the_rule():
+    pacer = Pacer(0.01)
+    time.sleep(0.015)
+    d1 = pacer.wait()
+    d2 = pacer.wait()
+    assert d2 - d1 == pytest.approx(0.01, abs=1e-9)                   # lateness does not shift later deadlines
+    guard = ThreadGuard('Policy(x)')
+    inside, release, errors = threading.Event(), threading.Event(), []
+
+    def hold():
+        with guard:
+            inside.set()
+            release.wait(5)
+
+    t = threading.Thread(target=hold, name='owner')
+    t.start()
+    inside.wait(5)
+    try:
+        with pytest.raises(RuntimeError, match='one Policy per control loop'):
+            with guard:
+                pass
+    finally:
+        release.set()
+        t.join(5)
+    with guard:                                                       # free again once the owner left
+        with guard:                                                   # re-entrant for the owner
+            errors.append(1)
+    assert errors == [1]

@@ -1,0 +1,313 @@
+"""The client against a real worker on loopback: prefetch, cold start, reasons, interrupt, threads, history.
+
+The worker serves ``test/policies/client_latency.py`` (a latency drawn from a configured distribution).
+Its rows are ``[frame + i, request]`` for an observation at ``frame``; the robot below reports in
+``frame`` how many actions it executed, so ``action.values[0] == index of that action`` checks that stale
+rows are skipped by counting, on every action of every run.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sequence_ai_ros.client import Observation, connect
+from sequence_ai_ros.exceptions import (
+    CaptureError,
+    ConnectionLost,
+    EpisodeStateError,
+    Unauthenticated,
+    UnknownDeployment,
+)
+from sequence_ai_ros.worker import serve_policy_file
+
+LATENCY_POLICY = Path(__file__).parent / 'policies' / 'client_latency.py'
+
+
+class Robot:
+    """A robot that executes every action it is given and counts them."""
+
+    def __init__(self) -> None:
+        self.actions: list = []
+        self.holds: list[float] = []
+        self.act_times: list[float] = []
+
+    def observe(self) -> Observation:
+        return Observation(state=np.array([len(self.actions), 0], np.float32), state_names=('frame', 'request'))
+
+    def act(self, action) -> None:
+        self.actions.append(action)
+        self.act_times.append(time.monotonic())
+
+    def hold(self) -> None:
+        self.holds.append(time.monotonic())
+
+    def misaligned(self) -> list[int]:
+        return [k for k, a in enumerate(self.actions) if a.values[0] != k]
+
+
+@pytest.fixture
+def serve():
+    servers = []
+
+    def start(**kwargs):
+        server = serve_policy_file(LATENCY_POLICY, deployment='lat', host='127.0.0.1', port=0, **kwargs)
+        servers.append(server)
+        return f'127.0.0.1:{server.port}'
+
+    yield start
+    for server in servers:
+        server.stop(grace=0.5)
+
+
+@pytest.mark.slow
+def test_prefetch_keeps_the_buffer_full_and_closed_loop_underruns_every_chunk(serve):
+    dt, t = 0.01, 100                                         # covers 1 s: a loaded machine's ~50 ms stalls stay small
+    covers = dt * t
+    mean = 0.35 * covers                                      # <= 40 % of covers_seconds, +-20 % jitter
+    endpoint = serve(mean_s=mean, jitter=0.2, dt=dt, chunk_length=t, seed=1)
+    results = {}
+    with connect('lat', endpoint=endpoint) as policy:
+        policy.wait_until_ready(timeout=30)
+        for prefetch in (True, False):
+            robot = Robot()
+            out = policy.run(robot.observe, robot.act, max_actions=500, prefetch=prefetch, on_underrun=robot.hold)
+            results[prefetch] = out
+            assert out.reason == 'completed' and out.actions == 500 == len(robot.actions)
+            assert robot.misaligned() == []
+            assert len(robot.holds) == out.underruns
+    on, off = results[True], results[False]
+    print(f'\nmean latency {mean * 1e3:.0f} ms = 0.35 covers_seconds (+-20 %), 500 actions:'
+          f'\n  prefetch on : {on}  underruns={on.underruns} underrun_s={on.underrun_s:.3f} '
+          f'p50={on.latency_p50_ms:.0f} ms p95={on.latency_p95_ms:.0f} ms skipped={on.skipped}'
+          f'\n  prefetch off: {off}  underruns={off.underruns} underrun_s={off.underrun_s:.3f}')
+    assert on.underruns == 0 and on.underrun_s == 0.0
+    assert off.underruns >= off.chunks - 1 and off.underruns >= 4   # one stall per chunk after the first
+    assert off.underrun_s >= 0.8 * off.underruns * mean
+
+
+def test_cold_start_runs_chunk_row_zero_and_a_cold_spike_does_not_inflate_prefetch(serve):
+    endpoint = serve(mean_s=0.02, jitter=0.2, first_s=0.8, dt=0.01, chunk_length=25)
+    robot = Robot()
+    with connect('lat', endpoint=endpoint) as policy:
+        out = policy.run(robot.observe, robot.act, max_actions=300)
+        stats = policy.stats()
+    first = robot.actions[0]
+    assert first.index == 0 and first.values.tolist() == [0.0, 1.0]  # chunk[0] of request 1, nothing skipped
+    assert robot.misaligned() == []
+    assert out.latency_p95_ms >= 800                                 # the spike is in the episode's numbers...
+    assert stats['latency_p95_ms'] < 200                             # ...but not in the prefetch window
+    assert stats['prefetch_lead_s'] < 0.2
+    # An inflated lead (0.8 s > covers 0.25 s) would re-request at every arrival: ~2 actions per chunk.
+    assert out.chunks <= 300 / 10, out
+
+
+def test_reasons_completed_until_timeout_validate_and_act_arguments(serve):
+    endpoint = serve(mean_s=0.005, dt=0.01, chunk_length=20, done_after=3)
+    with connect('lat', endpoint=endpoint) as policy:
+        robot = Robot()
+        done = policy.act('pick', robot.observe, robot.act, max_seconds=10)
+        assert done.reason == 'completed' and robot.misaligned() == []
+        assert done.actions == len(robot.actions) and done.chunks == 3
+        robot = Robot()
+        out = policy.run(robot.observe, robot.act, max_actions=30)
+        assert out.reason == 'completed' and out.actions == 30
+        robot = Robot()
+        until = policy.act('pick', robot.observe, robot.act, max_seconds=10, until=lambda: len(robot.actions) >= 7)
+        assert until.reason == 'until' and len(robot.actions) == 7
+        robot = Robot()
+        bad = policy.run(robot.observe, robot.act, max_actions=30, expect_action_space='joint_delta',
+                         on_underrun=robot.hold)
+        assert bad.reason == 'validate' and robot.actions == [] and len(robot.holds) == 1
+        assert 'joint_absolute' in str(bad.error)
+        with pytest.raises(TypeError):
+            policy.act('pick', robot.observe, robot.act)             # max_seconds is required
+        with pytest.raises(ValueError):
+            policy.act('pick', robot.observe, robot.act, max_seconds=0)
+        with pytest.raises(CaptureError, match='captur'):             # capture is off: a clear answer, not ok
+            policy.label(True)
+    endpoint = serve(mean_s=0.005, dt=0.01, chunk_length=20)
+    with connect('lat', endpoint=endpoint) as policy:
+        robot = Robot()
+        out = policy.act('pick', robot.observe, robot.act, max_seconds=0.3)
+        assert out.reason == 'timeout' and 0.3 <= out.elapsed_s < 1.0 and robot.misaligned() == []
+        with pytest.raises(EpisodeStateError):
+            policy.next_action(robot.observe())                      # no episode open
+
+
+def test_act_pins_the_instruction_and_history_is_sent_at_dt(serve):
+    endpoint = serve(mean_s=0.003, dt=0.01, chunk_length=10, history=3)
+    robot = Robot()
+    with connect('lat', endpoint=endpoint) as policy:
+        assert policy.contract.observation.history == 3
+        out = policy.run(robot.observe, robot.act, max_actions=60, instruction='stack the cups')
+    assert out.reason == 'completed'
+    # Column 1 is how many frames the policy received: 1 at the start, then the full history of 3.
+    counts = [int(a.values[1]) for a in robot.actions]
+    assert counts[0] == 1 and counts[-1] == 3
+
+
+def test_interrupt_from_another_thread_stops_within_one_period(serve):
+    dt = 0.05
+    endpoint = serve(mean_s=0.005, dt=dt, chunk_length=20)
+    robot = Robot()
+    with connect('lat', endpoint=endpoint) as policy:
+        stamp = {}
+
+        def stop():
+            time.sleep(0.6)
+            stamp['t'] = time.monotonic()
+            policy.interrupt()
+
+        thread = threading.Thread(target=stop, name='test-interrupter')
+        thread.start()
+        out = policy.run(robot.observe, robot.act, max_actions=1000, on_underrun=robot.hold)
+        thread.join(5)
+    assert out.reason == 'interrupted' and out.actions >= 5
+    assert len(robot.holds) == 1 and robot.holds[0] - stamp['t'] < dt   # hold fired within one period
+    assert sum(1 for t in robot.act_times if t > stamp['t']) == 0      # no action after the stop
+
+
+def test_two_threads_on_one_handle_raise_and_two_handles_both_work(serve):
+    endpoint = serve(mean_s=0.005, dt=0.01, chunk_length=20)
+    with connect('lat', endpoint=endpoint) as policy:
+        robot = Robot()
+        errors: list[BaseException] = []
+        inside = threading.Event()
+
+        def act(action):
+            inside.set()
+            robot.act(action)
+
+        runner = threading.Thread(target=lambda: policy.run(robot.observe, act, max_actions=150),
+                                  name='test-loop-1')
+        runner.start()
+        assert inside.wait(10)
+        with pytest.raises(RuntimeError, match='one Policy per control loop'):
+            policy.run(Robot().observe, Robot().act, max_actions=5)
+        with pytest.raises(RuntimeError, match='one Policy per control loop'):
+            policy.next_action(robot.observe())
+        runner.join(10)
+        assert len(robot.actions) == 150 and not errors
+
+    robots = [Robot(), Robot()]
+    outcomes: dict[int, object] = {}
+
+    def loop(i):
+        with connect('lat', endpoint=endpoint) as p:
+            outcomes[i] = p.run(robots[i].observe, robots[i].act, max_actions=120)
+
+    threads = [threading.Thread(target=loop, args=(i,), name=f'test-robot-{i}') for i in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(20)
+    assert [outcomes[i].reason for i in range(2)] == ['completed', 'completed']
+    assert all(r.misaligned() == [] and len(r.actions) == 120 for r in robots)
+
+
+def test_next_action_at_50hz_plays_a_30hz_policy_at_its_recorded_speed(serve):
+    endpoint = serve(mean_s=0.01, dt=1 / 30, chunk_length=30)
+    with connect('lat', endpoint=endpoint) as policy:
+        policy.wait_until_ready(timeout=30)
+        policy.begin_episode('pick', max_seconds=5.0, control_period=0.02)
+        commanded = 0.0
+        first = policy.next_action(Observation(state=np.array([3.0, 0.0], np.float32)))
+        assert first.hold and first.values.tolist() == [3.0, 0.0]     # holds the measured state, not zeros
+        start = time.monotonic()
+        ticks = []
+        while time.monotonic() - start < 1.5:
+            t = time.monotonic()
+            a = policy.next_action(Observation(state=np.array([commanded, 0.0], np.float32), timestamp=t), now=t)
+            if not a.hold:
+                commanded = float(a.values[0])
+                ticks.append((t, commanded))
+            time.sleep(max(0.0, 0.02 - (time.monotonic() - t)))
+        stats = policy.stats()
+        out = policy.end_episode('interrupted')
+        assert policy.end_episode() is out                               # idempotent
+    times, values = np.array(ticks).T
+    slope = np.polyfit(times, values, 1)[0]
+    assert slope == pytest.approx(30.0, rel=0.1)                        # 30 rows per second on a 50 Hz loop
+    steps = np.diff(values)
+    # The reported state lags the command by one tick, so a seam may repeat a tick (step 0); it never
+    # goes back and never jumps ahead.
+    assert steps.min() > -1e-3 and steps.max() < 2.5
+    assert stats['chunks'] >= 2 and out.reason == 'interrupted' and out.actions >= 30
+
+
+def test_captured_episode_gets_telemetry_at_capture_fps_and_a_label(serve, tmp_path):
+    from sequence_ai_ros.data.capture import CaptureStore
+    from sequence_ai_ros.data.capture_settings import CaptureSettings, save_settings
+
+    save_settings(tmp_path / 'lat', CaptureSettings(rate=1.0, enabled=True, fps=20))
+    endpoint = serve(mean_s=0.003, dt=0.01, chunk_length=20, capture_root=tmp_path)
+    robot = Robot()
+    with connect('lat', endpoint=endpoint) as policy:
+        out = policy.run(robot.observe, robot.act, max_actions=150, instruction='wipe')
+        assert policy.label(True, notes='clean') is True              # stored with the captured episode
+    [episode] = CaptureStore(tmp_path / 'lat', deployment='lat').episodes()
+    frames = [f for _, f in episode.telemetry()]
+    assert episode.episode_id == out.episode_id and episode.instruction == 'wipe'
+    assert episode.label['success'] is True and episode.stats['actions'] == 150
+    assert abs(len(frames) - 20 * out.elapsed_s) <= 3                 # streamed at capture_fps
+    executed = [f for f in frames if not f.hold]
+    assert executed and all(len(f.action.shape) == 1 for f in executed)
+
+
+def test_connect_endpoint_token_and_typed_errors(serve, monkeypatch):
+    endpoint = serve(mean_s=0.0, dt=0.01, chunk_length=10, token='s3cret')
+    monkeypatch.setenv('SEQ_ENDPOINT', endpoint)
+    with connect('lat', token='s3cret') as policy:                  # endpoint from $SEQ_ENDPOINT
+        assert policy.endpoint == endpoint and policy.contract.chunk_length == 10
+        assert policy.ready() == (True, 0.0)
+        robot = Robot()
+        assert policy.run(robot.observe, robot.act, max_actions=12).actions == 12
+    with pytest.raises(Unauthenticated):
+        connect('lat', token='wrong')
+    with pytest.raises(UnknownDeployment):
+        connect('nope', token='s3cret')
+    start = time.monotonic()
+    with pytest.raises(ConnectionLost):
+        connect('lat', endpoint='127.0.0.1:9', timeout=0.5)         # nothing listens: bounded, typed
+    assert time.monotonic() - start < 5
+
+
+def test_run_at_a_caller_period_resamples_and_counts_chunk_steps(serve):
+    endpoint = serve(mean_s=0.005, dt=1 / 30, chunk_length=30)
+    commanded: list[float] = []
+
+    def observe() -> Observation:
+        return Observation(state=np.array([commanded[-1] if commanded else 0.0, 0.0], np.float32))
+
+    with connect('lat', endpoint=endpoint) as policy:
+        out = policy.run(observe, lambda a: commanded.append(float(a.values[0])), max_actions=60,
+                         control_period=0.02)
+    assert out.reason == 'completed' and out.actions == 60
+    assert len(commanded) == 100                                       # 60 chunk steps at 0.6 steps per call
+    steps = np.diff(commanded)
+    assert steps.min() > -1e-3 and steps.max() < 0.6 + 1e-3           # interpolated: 0.6 rows per 20 ms call
+    assert out.elapsed_s >= 99 * 0.02                                  # paced at the caller's period
+
+
+def test_tls_with_a_root_certificate(serve, tmp_path):
+    import shutil
+    import subprocess
+
+    if shutil.which('openssl') is None:
+        pytest.skip('openssl CLI not found (needed to make a self-signed certificate)')
+    cert, key = tmp_path / 'cert.pem', tmp_path / 'key.pem'
+    subprocess.run(['openssl', 'req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-days', '1', '-subj', '/CN=localhost',
+                    '-addext', 'subjectAltName=DNS:localhost', '-keyout', str(key), '-out', str(cert)],
+                   check=True, capture_output=True, timeout=60)
+    endpoint = serve(mean_s=0.0, dt=0.01, chunk_length=10, tls=(cert, key))
+    port = endpoint.rsplit(':', 1)[1]
+    with connect('lat', endpoint=f'localhost:{port}', tls=cert) as policy:   # a PEM path as root certificate
+        robot = Robot()
+        assert policy.run(robot.observe, robot.act, max_actions=15).actions == 15
+    with pytest.raises(ConnectionLost):
+        connect('lat', endpoint=f'localhost:{port}', timeout=1.0)            # plaintext to a TLS worker
