@@ -1,0 +1,201 @@
+"""Benchmark: LeRobot export throughput (frames/s) for one 640x480 camera, and capture's write cost.
+
+An episode of real G1 camera frames (../shared/data/g1_pick_bottle_v21, JPEG-encoded as a robot sends
+them; a synthetic moving gradient when the dataset is absent) is captured into a real store, then
+exported end to end (JPEG decode, parquet, stats, video encode; after a small untimed warm-up export) with:
+
+- ``h264``: libx264 at the ``ultrafast`` preset, g=2, crf=30 (target >= 200 frames/s);
+- ``av1``: libsvtav1 at LeRobot's settings (g=2, crf=30, yuv420p; its default preset).
+
+It also times ``EpisodeCapture.add_request`` + ``add_telemetry`` with images (the capture work the worker
+does per request; p50/p99 in ms), and capture's overhead on chunk latency through a real worker (gRPC on
+127.0.0.1): a hold policy with one 224x224 JPEG camera, 300 sequential requests per episode (each followed
+by one telemetry frame), round trip p50/p99 with capture off vs on (images kept). Bounded: about 30 s.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sequence_ai_ros.data.capture import CaptureStore
+from sequence_ai_ros.data.capture_settings import CaptureSettings, save_settings
+from sequence_ai_ros.data.export_lerobot import export_lerobot
+from sequence_ai_ros.protocol import codec
+from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
+from sequence_ai_ros.protocol.contract import CameraSpec, Contract, ObservationContract
+
+DATASET = Path(os.environ.get('DATASET', Path(__file__).resolve().parents[3] / 'shared/data/g1_pick_bottle_v21'))
+FRAMES = {'h264': 300, 'av1': 120}
+
+
+def _jpegs(n: int) -> tuple[list[bytes], str]:
+    try:
+        from sequence_ai_ros.data.lerobot_reader import LeRobotDataset
+
+        ds = LeRobotDataset(DATASET)
+        frames = list(ds.frames(0, 'cam_high', 0, n))
+        source = f'G1 episode 0 ({DATASET.name})'
+    except Exception:  # noqa: BLE001  (no dataset: synthetic frames)
+        y, x = np.mgrid[0:480, 0:640]
+        frames = [np.stack([(x + 4 * i) % 256, (y + 2 * i) % 256, (x + y + i) % 256], -1).astype(np.uint8)
+                  for i in range(n)]
+        source = 'synthetic gradient'
+    while len(frames) < n:
+        frames += frames[:n - len(frames)]
+    return [codec.encode_image('cam', f).data for f in frames[:n]], source
+
+
+def _capture(root: Path, jpegs: list[bytes]) -> tuple[CaptureStore, list[float]]:
+    save_settings(root, CaptureSettings(rate=1.0, enabled=True, images=True, fps=30))
+    store = CaptureStore(root, 'bench')
+    names = tuple(f'j{i}' for i in range(7))
+    contract = Contract('joint_absolute', names, 1 / 30, 30,
+                        ObservationContract((CameraSpec('cam', 640, 480, 'jpeg'),), names))
+    ep = store.begin('bench-episode', 'bench', contract)
+    costs = []
+    for i, data in enumerate(jpegs):
+        img = pb.Image(key='cam', encoding='jpeg', width=640, height=480, channels=3, data=data)
+        state = codec.to_tensor(np.full(7, i, np.float32))
+        t = time.perf_counter()
+        ep.add_request(pb.ObservationRequest(episode_id='bench-episode', request_id=i + 1, state=state, images=[img]),
+                       pb.ActionChunk(request_id=i + 1, actions=codec.to_tensor(np.zeros((30, 7), np.float32))))
+        ep.add_telemetry([pb.TelemetryFrame(robot_time_s=i / 30, state=state, action=state, images=[img])])
+        costs.append((time.perf_counter() - t) * 1e3)
+    ep.commit('completed', {})
+    return store, costs
+
+
+HOLD_POLICY = """
+import numpy as np
+import sequence_ai_ros.policy as seq
+
+NAMES = [f'j{i}' for i in range(7)]
+
+
+@seq.policy(action_space='joint_absolute', action_names=NAMES, dt=1 / 30, chunk_length=30,
+            observation=seq.ObservationContract(cameras=[seq.CameraSpec('cam', 224, 224, 'jpeg')], state_names=NAMES))
+class Hold:
+    def infer(self, inp, episode):
+        return np.repeat(inp.observation.state[None, :], 30, axis=0).astype(np.float32)
+"""
+
+
+def _latency(port: int, episode_id: str, n: int, jpeg: bytes) -> list[float]:
+    """Round trips (ms) of n sequential requests on one Episode stream (a telemetry frame after each)."""
+    import grpc
+
+    from sequence_ai_ros.protocol import PROTOCOL_VERSION
+    from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
+
+    out: queue.Queue = queue.Queue()
+
+    def requests():
+        while (item := out.get()) is not None:
+            yield item
+
+    with grpc.insecure_channel(f'127.0.0.1:{port}') as ch:
+        stub = pb_grpc.PolicyServiceStub(ch)
+        stub.Handshake(pb.HandshakeRequest(deployment='hold', protocol_version=PROTOCOL_VERSION), timeout=10)
+        deadline = time.monotonic() + 30
+        while not stub.Ready(pb.ReadyRequest(deployment='hold'), timeout=5).ready and time.monotonic() < deadline:
+            time.sleep(0.05)
+        replies = stub.Episode(requests(), metadata=[('x-episode-id', episode_id), ('x-deployment', 'hold')])
+        out.put(pb.EpisodeRequest(start=pb.EpisodeStart(episode_id=episode_id, instruction='bench')))
+        next(replies)
+        img = pb.Image(key='cam', encoding='jpeg', width=224, height=224, channels=3, data=jpeg)
+        names = [f'j{i}' for i in range(7)]
+        costs = []
+        for i in range(n):
+            state = codec.to_tensor(np.full(7, i % 10, np.float32))
+            req = pb.ObservationRequest(episode_id=episode_id, request_id=i + 1, state=state, state_names=names,
+                                        images=[img], robot_time_s=time.monotonic())
+            t = time.perf_counter()
+            out.put(pb.EpisodeRequest(observation=req))
+            reply = next(replies)
+            costs.append((time.perf_counter() - t) * 1e3)
+            if not reply.HasField('chunk'):
+                raise RuntimeError(f'request {i + 1}: {reply}')
+            out.put(pb.EpisodeRequest(telemetry=pb.Telemetry(frames=[pb.TelemetryFrame(
+                robot_time_s=time.monotonic(), state=state, action=state, images=[img])])))
+        out.put(pb.EpisodeRequest(end=pb.EpisodeEnd(reason='completed')))
+        next(replies)
+        out.put(None)
+    return costs
+
+
+def capture_overhead(tmp: Path, n: int = 300) -> dict[str, Any]:
+    """Chunk round trip p50/p99 (ms) through a real worker with capture off, then on (with images)."""
+    from sequence_ai_ros.worker import serve_policy_file
+
+    policy = tmp / 'hold' / 'policy.py'
+    policy.parent.mkdir()
+    policy.write_text(HOLD_POLICY)
+    y, x = np.mgrid[0:224, 0:224]
+    jpeg = codec.encode_image('cam', np.stack([x % 256, y % 256, (x + y) % 256], -1).astype(np.uint8)).data
+    root = tmp / 'capture-overhead'
+    out: dict[str, Any] = {}
+    for mode in ('off', 'on'):
+        save_settings(root / 'hold', CaptureSettings(rate=1.0 if mode == 'on' else 0.0, enabled=mode == 'on',
+                                                     images=True, fps=30))
+        with serve_policy_file(policy, 'hold', capture_root=root) as server:
+            _latency(server.port, f'warm-{mode}', 20, jpeg)
+            costs = _latency(server.port, f'bench-{mode}', n, jpeg)
+        out[mode] = {'p50_ms': round(float(np.percentile(costs, 50)), 3),
+                     'p99_ms': round(float(np.percentile(costs, 99)), 3)}
+    kept = CaptureStore(root / 'hold', 'hold').episodes()
+    out['captured_episodes'] = len(kept)
+    return out
+
+
+def main() -> dict[str, Any]:
+    """Run the export benchmark; print a table and return the figures."""
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix='bench-export-') as tmp:
+        jpegs, source = _jpegs(max(FRAMES.values()))
+        print(f'frames: {source}, 640x480, JPEG q90 as captured')
+        warm, _ = _capture(Path(tmp) / 'capture-warm', jpegs[:4])  # imports and first-use costs, not timed
+        for vcodec in FRAMES:
+            export_lerobot(warm, Path(tmp) / f'warm-{vcodec}', images=True, vcodec=vcodec, progress=False)
+        for vcodec, n in FRAMES.items():
+            store, costs = _capture(Path(tmp) / f'capture-{vcodec}', jpegs[:n])
+            t = time.perf_counter()
+            res = export_lerobot(store, Path(tmp) / f'export-{vcodec}', images=True, vcodec=vcodec, progress=False)
+            dt = time.perf_counter() - t
+            fps = res['frames'] / dt
+            results[vcodec] = {'frames': res['frames'], 'seconds': round(dt, 3), 'frames_per_s': round(fps, 1)}
+            if vcodec == 'h264':
+                results['h264']['target_frames_per_s'] = 200
+                results['capture_write_ms'] = {'p50': round(float(np.percentile(costs, 50)), 3),
+                                               'p99': round(float(np.percentile(costs, 99)), 3)}
+        try:
+            results['capture_latency'] = capture_overhead(Path(tmp))
+        except Exception as exc:  # noqa: BLE001  (reported; the export figures stand on their own)
+            results['capture_latency'] = {'error': f'{type(exc).__name__}: {exc}'}
+    print(f'{"export":<28}{"frames":>8}{"s":>9}{"frames/s":>11}')
+    print(f'{"h264 (libx264 ultrafast)":<28}{results["h264"]["frames"]:>8}{results["h264"]["seconds"]:>9.2f}'
+          f'{results["h264"]["frames_per_s"]:>11.1f}   target >= 200')
+    print(f'{"av1 (libsvtav1, LeRobot)":<28}{results["av1"]["frames"]:>8}{results["av1"]["seconds"]:>9.2f}'
+          f'{results["av1"]["frames_per_s"]:>11.1f}')
+    w = results['capture_write_ms']
+    print(f'capture write per request (request + chunk + telemetry frame, with a JPEG): '
+          f'p50 {w["p50"]:.3f} ms, p99 {w["p99"]:.3f} ms')
+    lat = results['capture_latency']
+    if 'error' in lat:
+        print(f'capture overhead on chunk latency: not measured ({lat["error"]})')
+    else:
+        print(f'chunk round trip through the worker (224x224 JPEG camera, images kept when on): '
+              f'capture off p50 {lat["off"]["p50_ms"]:.2f} / p99 {lat["off"]["p99_ms"]:.2f} ms, '
+              f'on p50 {lat["on"]["p50_ms"]:.2f} / p99 {lat["on"]["p99_ms"]:.2f} ms '
+              f'({lat["captured_episodes"]} episodes captured)')
+    return results
+
+
+if __name__ == '__main__':
+    main()

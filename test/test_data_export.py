@@ -1,0 +1,204 @@
+"""Exports of real captured G1 episodes: LeRobot v2.1 (checked against the LeRobot-written reference) and JSONL."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from test_data_support import FakeClock, feed_g1, make_store
+
+from sequence_ai_ros.cli import main as seq_main
+from sequence_ai_ros.data.capture import CaptureStore, capture_root
+from sequence_ai_ros.data.export_jsonl import export_jsonl
+from sequence_ai_ros.data.export_lerobot import export_lerobot
+from sequence_ai_ros.data.lerobot_reader import LeRobotDataset
+from sequence_ai_ros.data.verify_export import verify_export
+from sequence_ai_ros.exceptions import ExportError
+from sequence_ai_ros.protocol import codec
+
+
+@pytest.fixture
+def g1(g1_dataset: Path) -> LeRobotDataset:
+    return LeRobotDataset(g1_dataset)
+
+
+@pytest.fixture
+def store(tmp_path: Path, g1: LeRobotDataset) -> CaptureStore:
+    """Three captured G1 episodes with images at 15 fps: success, failure, unlabelled (another task)."""
+    clock = FakeClock(1_800_000_000.0)
+    s = make_store(tmp_path / 'capture' / 'g1', clock=clock, images=True, fps=15)
+    feed_g1(s, 'ep-a', g1, k=0, frames=20, clock=clock)
+    feed_g1(s, 'ep-b', g1, k=1, frames=12, clock=clock, commit='interrupted')
+    feed_g1(s, 'ep-c', g1, k=2, frames=8, clock=clock, instruction='Put the bottle back.', commit='timeout')
+    s.label('ep-a', True, 'bottle lifted')
+    s.label('ep-b', False, 'missed')
+    return s
+
+
+def _rows(out: Path, k: int):
+    return pq.read_table(out / f'data/chunk-000/episode_{k:06d}.parquet').to_pydict()
+
+
+def test_lerobot_export_matches_the_reference_layout_and_data(tmp_path: Path, store: CaptureStore,
+                                                               g1: LeRobotDataset, g1_dataset: Path) -> None:
+    out = tmp_path / 'export'
+    res = export_lerobot(store, out, images=True, progress=False)  # AV1 (libsvtav1), LeRobot's settings
+    assert (res['episodes'], res['frames'], res['videos'], res['fps']) == (3, 40, 3, 15)
+    report = verify_export(out, reference=g1_dataset)  # decodes every frame, compares with LeRobot's output
+    assert report['decoded_frames'] == 40
+    info = json.loads((out / 'meta/info.json').read_text())
+    assert info['codebase_version'] == 'v2.1' and info['fps'] == 15
+    assert info['features']['observation.state']['names'] == [list(g1.state_names)]
+    assert info['features']['action']['names'] == [list(g1.action_names)]
+    cam = info['features']['observation.images.cam_high']
+    assert cam['shape'] == [480, 640, 3] and cam['info']['video.codec'] == 'av1'
+    assert cam['info']['video.pix_fmt'] == 'yuv420p' and cam['info']['video.fps'] == 15
+    assert info['features']['next.success'] == {'dtype': 'bool', 'shape': [1], 'names': None}
+    tasks = [json.loads(line) for line in (out / 'meta/tasks.jsonl').read_text().splitlines()]
+    assert tasks == [{'task_index': 0, 'task': g1.task(0)}, {'task_index': 1, 'task': 'Put the bottle back.'}]
+    eps = [json.loads(line) for line in (out / 'meta/episodes.jsonl').read_text().splitlines()]
+    assert [e.get('success') for e in eps] == [True, False, None]
+    assert [(e['length'], e['reason']) for e in eps] == [(20, 'completed'), (12, 'interrupted'), (8, 'timeout')]
+    a, b, c = _rows(out, 0), _rows(out, 1), _rows(out, 2)
+    assert a['next.success'] == [False] * 19 + [True]
+    assert not any(b['next.success']) and not any(c['next.success'])
+    assert c['task_index'] == [1] * 8 and b['index'][0] == 20 and c['index'][-1] == 39
+    np.testing.assert_array_equal(np.array(a['observation.state'], np.float32), g1.episode(0).state[:20])
+    np.testing.assert_array_equal(np.array(a['action'][1:], np.float32), g1.episode(0).action[1:20])
+    np.testing.assert_array_equal(np.array(a['action'][0], np.float32), g1.episode(0).state[0])  # hold: measured
+    np.testing.assert_allclose(a['timestamp'], np.arange(20) / 15, atol=1e-6)
+    stats = [json.loads(line) for line in (out / 'meta/episodes_stats.jsonl').read_text().splitlines()]
+    img = stats[0]['stats']['observation.images.cam_high']
+    assert np.asarray(img['mean']).shape == (3, 1, 1) and img['count'] == [20]
+    assert 0.0 <= np.min(img['min']) and np.max(img['max']) <= 1.0
+    state = stats[0]['stats']['observation.state']
+    np.testing.assert_allclose(state['mean'], g1.episode(0).state[:20].mean(axis=0), rtol=1e-6)
+    assert stats[0]['stats']['next.success']['max'] == [True]
+    # the videos hold the captured frames, in order (frame-accurate decode)
+    src = [codec.decode_image(codec.encode_image('cam_high', f)) for f in g1.frames(0, 'cam_high', 0, 20)]
+    got = list(LeRobotDataset(out).frames(0, 'cam_high'))
+    assert len(got) == 20
+    errors = [[np.abs(g.astype(int) - s.astype(int)).mean() for s in src] for g in got]
+    assert all(row[i] <= min(row) + 1e-9 for i, row in enumerate(errors)), errors  # the recording repeats frames
+    assert max(row[i] for i, row in enumerate(errors)) < 8.0
+
+
+def test_h264_labelled_only_and_time_window(tmp_path: Path, store: CaptureStore, g1_dataset: Path) -> None:
+    out = tmp_path / 'h264'
+    res = export_lerobot(store, out, images=True, vcodec='h264', labelled_only=True, progress=False)
+    assert res['episodes'] == 2 and res['frames'] == 32
+    verify_export(out, reference=g1_dataset)
+    info = json.loads((out / 'meta/info.json').read_text())
+    assert info['features']['observation.images.cam_high']['info']['video.codec'] == 'h264'
+    started = {e.episode_id: e.started_at for e in store.episodes()}
+    res = export_lerobot(store, tmp_path / 'window', since=started['ep-b'], until=started['ep-c'], progress=False)
+    assert res['episodes'] == 1 and res['videos'] == 0  # without --images: no videos
+    eps = [json.loads(line) for line in (tmp_path / 'window/meta/episodes.jsonl').read_text().splitlines()]
+    assert [e['episode_id'] for e in eps] == ['ep-b']
+    verify_export(tmp_path / 'window', reference=g1_dataset)
+
+
+def test_out_is_never_overwritten_without_force(tmp_path: Path, store: CaptureStore) -> None:
+    out = tmp_path / 'out'
+    out.mkdir()
+    (out / 'notes.txt').write_text('mine')
+    with pytest.raises(ExportError, match='not empty'):
+        export_lerobot(store, out, progress=False)
+    with pytest.raises(ExportError, match='not an earlier export'):
+        export_lerobot(store, out, force=True, progress=False)
+    assert (out / 'notes.txt').read_text() == 'mine'
+    first = tmp_path / 'first'
+    export_lerobot(store, first, labelled_only=True, progress=False)
+    with pytest.raises(ExportError, match='--force'):
+        export_jsonl(store, first, progress=False)
+    assert json.loads((first / 'meta/info.json').read_text())['total_episodes'] == 2  # untouched
+    export_lerobot(store, first, force=True, progress=False)
+    assert json.loads((first / 'meta/info.json').read_text())['total_episodes'] == 3
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith('.')]  # no staging left behind
+
+
+def test_jsonl_export_has_every_request_and_episode(tmp_path: Path, store: CaptureStore) -> None:
+    res = export_jsonl(store, tmp_path / 'j', progress=False)
+    assert (res['episodes'], res['requests'], res['frames']) == (3, 4 + 3 + 2, 40)
+    reqs = [json.loads(line) for line in (tmp_path / 'j/requests.jsonl').read_text().splitlines()]
+    first = reqs[0]
+    assert first['episode_id'] == 'ep-a' and first['request_id'] == 1 and first['params'] == {'seed': '0'}
+    assert len(first['observation']['state']) == 26 and first['observation']['images'][0]['width'] == 640
+    assert 'data_b64' not in first['observation']['images'][0]  # no pixels unless --images
+    assert np.asarray(first['chunk']['actions']).shape == (30, 26)
+    assert first['chunk']['action_space'] == 'joint_absolute'
+    assert first['timings']['inference_ms'] == 3.5 and first['error'] is None
+    eps = [json.loads(line) for line in (tmp_path / 'j/episodes.jsonl').read_text().splitlines()]
+    assert [(e['episode_id'], e['reason'], e['label']) for e in eps] == [
+        ('ep-a', 'completed', {'success': True, 'notes': 'bottle lifted'}),
+        ('ep-b', 'interrupted', {'success': False, 'notes': 'missed'}), ('ep-c', 'timeout', None)]
+    assert eps[0]['stats'] == {'actions': 20, 'chunks': 4, 'underruns': 0}
+    tel = [json.loads(line) for line in (tmp_path / 'j/telemetry.jsonl').read_text().splitlines()]
+    assert tel[0]['action'] is None and tel[0]['hold'] is True and len(tel[1]['action']) == 26
+    export_jsonl(store, tmp_path / 'ji', images=True, labelled_only=True, progress=False)
+    with_px = json.loads((tmp_path / 'ji/requests.jsonl').read_text().splitlines()[0])
+    assert with_px['observation']['images'][0]['data_b64'].startswith('/9j/')  # base64 of a JPEG
+
+
+def test_mixed_contracts_or_missing_images_are_refused(tmp_path: Path, g1: LeRobotDataset) -> None:
+    s = make_store(tmp_path / 'c', images=False)
+    feed_g1(s, 'no-px', g1, frames=5, images=False)
+    with pytest.raises(ExportError, match='without images'):
+        export_lerobot(s, tmp_path / 'o', images=True, progress=False)
+    ep = s.begin('other', 'x', None)  # no contract: different names
+    ep.commit('completed', {})
+    with pytest.raises(ExportError, match='different contract'):
+        export_lerobot(s, tmp_path / 'o2', progress=False)
+    assert not (tmp_path / 'o2').exists()
+
+
+def test_verify_export_catches_a_broken_export(tmp_path: Path, store: CaptureStore, g1_dataset: Path) -> None:
+    out = tmp_path / 'e'
+    export_lerobot(store, out, images=True, vcodec='h264', progress=False)
+    video = out / 'videos/chunk-000/observation.images.cam_high/episode_000001.mp4'
+    video.unlink()
+    with pytest.raises(ExportError, match='episode_000001.mp4'):
+        verify_export(out)
+    table = pq.read_table(out / 'data/chunk-000/episode_000000.parquet')
+    pq.write_table(table.replace_schema_metadata({}), out / 'data/chunk-000/episode_000000.parquet')
+    with pytest.raises(ExportError, match='parquet schema differs'):
+        verify_export(out, decode_videos=False)
+    info = json.loads((out / 'meta/info.json').read_text())
+    info['features']['observation.state']['names'] = list(info['features']['observation.state']['names'][0])
+    (out / 'meta/info.json').write_text(json.dumps(info))
+    with pytest.raises(ExportError, match='names laid out'):
+        verify_export(out, reference=g1_dataset, decode_videos=False)
+
+
+def test_cli_capture_settings_show_and_export(tmp_path: Path, seq_home: Path, g1: LeRobotDataset,
+                                              capsys: pytest.CaptureFixture) -> None:
+    assert seq_main(['policy', 'capture', 'g1', '--rate', '0.5', '--images', '--retention-days', '3',
+                     '--fps', '10']) == 0
+    settings = json.loads((seq_home / 'capture/g1/settings.json').read_text())
+    assert settings == {'rate': 0.5, 'images': True, 'retention_days': 3.0, 'fps': 10.0, 'enabled': True,
+                        'quota_bytes': None}
+    assert 'capturing' in capsys.readouterr().out
+    assert seq_main(['policy', 'capture', 'g1', '--rate', '1']) == 0
+    store = CaptureStore(capture_root(seq_home, 'g1'), 'g1')
+    feed_g1(store, 'cli-1', g1, frames=6)
+    store.label('cli-1', True)
+    capsys.readouterr()
+    assert seq_main(['policy', 'capture', 'g1']) == 0
+    shown = capsys.readouterr().out
+    assert '1 episodes (1 labelled, 0 unlabelled), 6 frames' in shown and 'rate 1, images on, fps 10' in shown
+    assert seq_main(['policy', 'capture', 'g1', '--off']) == 0
+    assert json.loads((seq_home / 'capture/g1/settings.json').read_text())['enabled'] is False
+    assert 'off' in capsys.readouterr().out
+    out = tmp_path / 'cli-export'
+    assert seq_main(['policy', 'data', 'export', 'g1', '--out', str(out), '--format', 'lerobot', '--images',
+                     '--vcodec', 'h264', '--labelled-only']) == 0
+    assert 'exported g1 (lerobot)' in capsys.readouterr().out
+    verify_export(out)
+    assert seq_main(['policy', 'data', 'export', 'g1', '--out', str(out), '--format', 'jsonl']) == 2
+    assert '--force' in capsys.readouterr().err
+    assert seq_main(['policy', 'data', 'export', 'g1', '--out', str(out), '--format', 'jsonl', '--force',
+                     '--since', '2000-01-01']) == 0
+    assert (out / 'requests.jsonl').exists() and not (out / 'meta').exists()
