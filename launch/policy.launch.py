@@ -1,0 +1,61 @@
+"""Launch the policy node on a robot with a full ROS 2 install (launch + launch_ros).
+
+    ros2 launch sequence_ai_ros policy.launch.py model:=g1 endpoint:=gpu-box:50551 \
+        params_file:=$(ros2 pkg prefix sequence_ai_ros)/share/sequence_ai_ros/config/g1.yaml \
+        namespace:=robot1 use_sim_time:=false
+
+Parameters come from config/policy_node.yaml (the commented defaults), then ``params_file`` (the robot's
+config, e.g. config/g1.yaml or config/wx200.yaml), then ``model`` and ``endpoint`` when they are given.
+The YAML files are read here and passed as parameter dicts, so a ``namespace`` does not break the
+``policy_node:`` key the files use. Written to the standard launch / launch_ros API (Humble, Jazzy, Kilted).
+"""
+
+import yaml
+from launch import LaunchDescription
+from launch.actions import DeclareLaunchArgument, OpaqueFunction
+from launch.substitutions import LaunchConfiguration
+from launch_ros.actions import Node
+from launch_ros.substitutions import FindPackageShare
+
+PACKAGE = 'sequence_ai_ros'
+NODE_NAME = 'policy_node'
+
+
+def _node_parameters(path):
+    """Return the ``ros__parameters`` of ``policy_node`` (or ``/**``) in a params file."""
+    with open(path) as f:
+        data = yaml.safe_load(f) or {}
+    out = {}
+    for key in ('/**', NODE_NAME, '/' + NODE_NAME):
+        out.update((data.get(key) or {}).get('ros__parameters', {}))
+    return out
+
+
+def _launch_node(context):
+    share = FindPackageShare(PACKAGE).perform(context)
+    defaults = f'{share}/config/policy_node.yaml'
+    params = _node_parameters(defaults)
+    params_file = LaunchConfiguration('params_file').perform(context)
+    if params_file:
+        params.update(_node_parameters(params_file))
+    given = {'model': LaunchConfiguration('model').perform(context),
+             'endpoint': LaunchConfiguration('endpoint').perform(context)}
+    params.update({k: v for k, v in given.items() if v})
+    params['use_sim_time'] = LaunchConfiguration('use_sim_time').perform(context).lower() in ('true', '1')
+    return [Node(package=PACKAGE, executable='policy_node', name=NODE_NAME,
+                 namespace=LaunchConfiguration('namespace'), parameters=[params], output='screen',
+                 emulate_tty=True)]
+
+
+def generate_launch_description():
+    return LaunchDescription([
+        DeclareLaunchArgument('model', default_value='', description='deployment name on the worker'),
+        DeclareLaunchArgument('endpoint', default_value='',
+                              description='worker host:port (default: the params files, then 127.0.0.1:50551)'),
+        DeclareLaunchArgument('params_file', default_value='',
+                              description="the robot's params file (e.g. config/g1.yaml), over policy_node.yaml"),
+        DeclareLaunchArgument('namespace', default_value='', description='namespace of the node'),
+        DeclareLaunchArgument('use_sim_time', default_value='false',
+                              description='use /clock (a bag player with --clock publishes it)'),
+        OpaqueFunction(function=_launch_node),
+    ])

@@ -1,0 +1,54 @@
+"""Replay a rosbag into the policy node against a local worker: worker, node and bag player.
+
+    seq data to-rosbag ../shared/data/g1_pick_bottle_v21 --episode 5 --out /tmp/g1_ep5
+    ros2 launch sequence_ai_ros replay.launch.py bag:=/tmp/g1_ep5 policy:=my_policy/policy.py model:=my_policy \
+        params_file:=$(ros2 pkg prefix sequence_ai_ros)/share/sequence_ai_ros/config/g1.yaml
+
+Starts ``seq serve <policy> --port <port>`` (ExecuteProcess: the worker is no ROS node), the policy node
+(policy.launch.py with ``endpoint:=127.0.0.1:<port>``) and ``bag_player <bag> --rate <rate>`` (with
+``--clock`` when use_sim_time is true). Send the node a goal to run an episode:
+``ros2 action send_goal /policy_node/act sequence_ai_msgs/action/Act "{instruction: 'pick', max_seconds: 10}"``.
+"""
+
+from launch import LaunchDescription
+from launch.actions import DeclareLaunchArgument, ExecuteProcess, IncludeLaunchDescription, OpaqueFunction
+from launch.launch_description_sources import PythonLaunchDescriptionSource
+from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
+from launch_ros.actions import Node
+from launch_ros.substitutions import FindPackageShare
+
+PACKAGE = 'sequence_ai_ros'
+
+
+def _player(context):
+    args = [LaunchConfiguration('bag').perform(context), '--rate', LaunchConfiguration('rate').perform(context),
+            '--wait-subscribers', '10']
+    if LaunchConfiguration('use_sim_time').perform(context).lower() in ('true', '1'):
+        args.append('--clock')
+    if LaunchConfiguration('loop').perform(context).lower() in ('true', '1'):
+        args.append('--loop')
+    return [Node(package=PACKAGE, executable='bag_player', name='bag_player', arguments=args, output='screen')]
+
+
+def generate_launch_description():
+    port = LaunchConfiguration('port')
+    return LaunchDescription([
+        DeclareLaunchArgument('bag', description='rosbag2 directory to replay (e.g. from seq data to-rosbag)'),
+        DeclareLaunchArgument('policy', description='a registered deployment name, or a policy.py to serve'),
+        DeclareLaunchArgument('model', description='the deployment name the node asks for'),
+        DeclareLaunchArgument('port', default_value='50551', description='worker port on 127.0.0.1'),
+        DeclareLaunchArgument('params_file', default_value='', description="the robot's params file"),
+        DeclareLaunchArgument('namespace', default_value='', description='namespace of the node'),
+        DeclareLaunchArgument('use_sim_time', default_value='false', description='player publishes /clock'),
+        DeclareLaunchArgument('rate', default_value='1.0', description='playback speed factor'),
+        DeclareLaunchArgument('loop', default_value='false', description='replay the bag in a loop'),
+        ExecuteProcess(cmd=['seq', 'serve', LaunchConfiguration('policy'), '--port', port], output='screen'),
+        IncludeLaunchDescription(
+            PythonLaunchDescriptionSource(PathJoinSubstitution([FindPackageShare(PACKAGE), 'launch',
+                                                                'policy.launch.py'])),
+            launch_arguments={'model': LaunchConfiguration('model'), 'endpoint': ['127.0.0.1:', port],
+                              'params_file': LaunchConfiguration('params_file'),
+                              'namespace': LaunchConfiguration('namespace'),
+                              'use_sim_time': LaunchConfiguration('use_sim_time')}.items()),
+        OpaqueFunction(function=_player),
+    ])

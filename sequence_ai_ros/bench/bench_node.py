@@ -1,0 +1,228 @@
+"""Policy node tick jitter at 50 Hz under camera load (``make bench``; bounded to about 40 s).
+
+Set-up, all real and on loopback: a camera process publishes two 640x480 rgb8 sensor_msgs/Image at
+30 Hz (this module with ``--publish-cameras``); the node (``python -m sequence_ai_ros.node.main``, own
+process) subscribes to both, observes joint states published here at 100 Hz, and drives an episode
+against a real worker serving the ``hold`` template, commanding through the ``joint_state`` interface
+so every command carries the node's stamp. Reported, over the steady part of the episode:
+
+- p50/p99/max of |dt - 20 ms| from the command stamps (stamped in the node, at publish time) and from
+  the receive times at a subscriber in this process;
+- the command rate (commands / duration), the node's own jitter figures from /diagnostics;
+- the node process's CPU% (psutil, over the window; 100% = one core) and RSS (MB).
+
+Targets from issue 5: p99 <= 5 ms now (goal <= 2 ms); RSS <= 200 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+RATE_HZ = 50.0
+CAMERA_TOPICS = ('/bench/cam0/image_raw', '/bench/cam1/image_raw')
+JOINTS = tuple(f'joint{i}' for i in range(7))
+EPISODE_S = 20.0
+WARMUP_S = 3.0
+
+
+def publish_cameras(seconds: float, topics: tuple[str, ...] = CAMERA_TOPICS, width: int = 640, height: int = 480,
+                    rate_hz: float = 30.0) -> int:
+    """Publish rgb8 Images on ``topics`` at ``rate_hz`` for ``seconds`` (s); return frames published."""
+    import rclpy
+    from rclpy.executors import SingleThreadedExecutor
+    from rclpy.qos import qos_profile_sensor_data
+    from sensor_msgs.msg import Image
+
+    context = rclpy.context.Context()
+    rclpy.init(context=context)
+    node = rclpy.create_node('bench_cameras', context=context)
+    pubs = [node.create_publisher(Image, t, qos_profile_sensor_data) for t in topics]
+    msg = Image(height=height, width=width, encoding='rgb8', step=width * 3)
+    msg.data = np.random.default_rng(0).integers(0, 255, (height, width, 3), np.uint8).tobytes()
+    count = 0
+
+    def tick() -> None:
+        nonlocal count
+        msg.header.stamp = node.get_clock().now().to_msg()
+        for p in pubs:
+            p.publish(msg)
+            count += 1
+
+    node.create_timer(1.0 / rate_hz, tick)
+    executor = SingleThreadedExecutor(context=context)
+    executor.add_node(node)
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline and context.ok():
+            executor.spin_once(timeout_sec=0.1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        executor.shutdown()
+        node.destroy_node()
+        rclpy.try_shutdown(context=context)
+    return count
+
+
+def _stats_ms(times: np.ndarray, period: float) -> dict[str, float]:
+    err = np.abs(np.diff(times) - period) * 1e3
+    return {'p50_ms': float(np.percentile(err, 50)), 'p99_ms': float(np.percentile(err, 99)),
+            'max_ms': float(err.max())}
+
+
+def _write_params(path: Path, port: int) -> None:
+    import yaml
+
+    params = {'model': 'bench', 'endpoint': f'127.0.0.1:{port}', 'control_rate_hz': RATE_HZ,
+              'joints': {'topic': '/bench/joint_states', 'names': list(JOINTS)},
+              'camera_names': ['cam0', 'cam1'],
+              'cameras': {f'cam{i}': {'topic': t, 'type': 'image'} for i, t in enumerate(CAMERA_TOPICS)},
+              'command': {'interface': 'joint_state', 'topic': '/bench/command'},
+              'diagnostics_rate_hz': 2.0}
+    path.write_text(yaml.safe_dump({'policy_node': {'ros__parameters': params}}))
+
+
+def _spin_until(executor: Any, predicate: Any, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        executor.spin_once(timeout_sec=0.05)
+        if predicate():
+            return True
+    return False
+
+
+def _isolate() -> None:
+    """Keep the bench's DDS traffic on this host and off other sessions' domain (children inherit it)."""
+    os.environ.setdefault('ROS_AUTOMATIC_DISCOVERY_RANGE', 'LOCALHOST')
+    os.environ.setdefault('ROS_LOCALHOST_ONLY', '1')
+    if 'ROS_DOMAIN_ID' not in os.environ:
+        os.environ['ROS_DOMAIN_ID'] = str(101 + os.getpid() % 100)
+
+
+def main() -> dict[str, Any]:
+    """Run the benchmark; print a table and return the figures."""
+    import psutil
+    import rclpy
+    from diagnostic_msgs.msg import DiagnosticArray
+    from rclpy.action import ActionClient
+    from rclpy.executors import SingleThreadedExecutor
+    from sensor_msgs.msg import JointState
+    from sequence_ai_msgs.action import Act
+
+    from sequence_ai_ros.worker import serve_policy_file
+
+    _isolate()
+    hold = Path(__file__).resolve().parent.parent / 'worker' / 'templates' / 'hold' / 'policy.py'
+    procs: list[subprocess.Popen] = []
+    context = rclpy.context.Context()
+    rclpy.init(context=context)
+    node = rclpy.create_node('bench_probe', context=context)
+    executor = SingleThreadedExecutor(context=context)
+    executor.add_node(node)
+    stamps: list[float] = []
+    received: list[float] = []
+    diags: list[Any] = []
+
+    def on_command(msg: JointState) -> None:
+        received.append(time.monotonic())
+        stamps.append(msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9)
+
+    node.create_subscription(JointState, '/bench/command', on_command, 100)
+    node.create_subscription(DiagnosticArray, '/diagnostics', diags.append, 10)
+    joint_pub = node.create_publisher(JointState, '/bench/joint_states', 10)
+    node.create_timer(0.01, lambda: joint_pub.publish(JointState(name=list(JOINTS), position=[0.1] * len(JOINTS))))
+    act = ActionClient(node, Act, '/policy_node/act')
+    try:
+        with tempfile.TemporaryDirectory() as tmp, \
+                serve_policy_file(hold, 'bench', joint_names=list(JOINTS)) as server:
+            params = Path(tmp) / 'params.yaml'
+            _write_params(params, server.port)
+            cams = subprocess.Popen([sys.executable, '-m', 'sequence_ai_ros.bench.bench_node', '--publish-cameras',
+                                     '--seconds', str(EPISODE_S + 20)])
+            procs.append(cams)
+            log = open(Path(tmp) / 'node.log', 'w')  # noqa: SIM115  (closed with the directory's process)
+            node_proc = subprocess.Popen([sys.executable, '-m', 'sequence_ai_ros.node.main', '--ros-args',
+                                          '--params-file', str(params)], stdout=log, stderr=subprocess.STDOUT)
+            procs.append(node_proc)
+            if not act.wait_for_server(timeout_sec=20):
+                raise RuntimeError('the node did not come up: ' + (Path(tmp) / 'node.log').read_text()[-2000:])
+            ps = psutil.Process(node_proc.pid)
+            goal_future = act.send_goal_async(Act.Goal(instruction='hold', max_seconds=EPISODE_S))
+            if not _spin_until(executor, goal_future.done, 30) or not goal_future.result().accepted:
+                raise RuntimeError('goal not accepted')
+            result_future = goal_future.result().get_result_async()
+            _spin_until(executor, lambda: len(received) > 0, 15)
+            t0 = time.monotonic()
+            _spin_until(executor, lambda: time.monotonic() - t0 > WARMUP_S, WARMUP_S + 1)
+            ps.cpu_percent(None)
+            n0 = len(received)
+            _spin_until(executor, result_future.done, EPISODE_S + 15)
+            cpu = ps.cpu_percent(None)
+            rss_mb = ps.memory_info().rss / 2 ** 20
+            window = slice(n0, max(n0, len(received) - 5))
+            result = result_future.result().result if result_future.done() else None
+            if len(received) < 2:
+                raise RuntimeError(f'no commands received (result {result}); node output: '
+                                   + (Path(tmp) / 'node.log').read_text()[-2000:])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        act.destroy()
+        executor.shutdown()
+        node.destroy_node()
+        rclpy.try_shutdown(context=context)
+    rcv, stm = np.array(received[window]), np.array(stamps[window])
+    period = 1.0 / RATE_HZ
+    node_diag: dict[str, str] = {}
+    for arr in diags[-1:]:
+        for st in arr.status:
+            if st.name.endswith(': control'):
+                node_diag = {kv.key: kv.value for kv in st.values}
+    out = {
+        'rate_hz': float((len(rcv) - 1) / (rcv[-1] - rcv[0])) if len(rcv) > 1 else 0.0,
+        'commands': int(len(rcv)),
+        'stamped_in_node': _stats_ms(stm, period) if len(stm) > 2 else {},
+        'at_subscriber': _stats_ms(rcv, period) if len(rcv) > 2 else {},
+        'node_reported_p50_ms': float(node_diag.get('tick_jitter_p50_ms', 'nan')),
+        'node_reported_p99_ms': float(node_diag.get('tick_jitter_p99_ms', 'nan')),
+        'node_cpu_percent': float(cpu), 'node_rss_mb': float(rss_mb),
+        'underruns': int(result.underruns) if result is not None else -1,
+        'cores': os.cpu_count(),
+    }
+    print(f"node tick at {RATE_HZ:g} Hz, two 640x480 rgb8 cameras at 30 Hz: {out['commands']} commands, "
+          f"{out['rate_hz']:.2f} Hz")
+    print(f"{'':24}{'p50 ms':>8}{'p99 ms':>8}{'max ms':>8}")
+    for name in ('stamped_in_node', 'at_subscriber'):
+        s = out[name]
+        if s:
+            print(f"{name:24}{s['p50_ms']:8.2f}{s['p99_ms']:8.2f}{s['max_ms']:8.2f}")
+    print(f"node CPU {out['node_cpu_percent']:.0f}% of one core, RSS {out['node_rss_mb']:.0f} MB "
+          f"(targets: p99 <= 5 ms, goal 2 ms; RSS <= 200 MB)")
+    return out
+
+
+if __name__ == '__main__':
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--publish-cameras', action='store_true', help='only publish the two camera streams')
+    parser.add_argument('--seconds', type=float, default=30.0)
+    parser.add_argument('--topics', nargs='+', default=list(CAMERA_TOPICS))
+    args = parser.parse_args()
+    if args.publish_cameras:
+        publish_cameras(args.seconds, tuple(args.topics))
+    else:
+        main()

@@ -1,0 +1,386 @@
+"""Episodes on the robot side, ROS-free: one at a time, ticked by the control thread.
+
+The runner is the node's only user of the client engine (:mod:`sequence_ai_ros.client`), which holds
+all chunk logic. Threads and what they may call:
+
+- the control thread (:class:`.tick.TickThread`) calls :meth:`Runner.tick`, which calls only the
+  client's non-blocking ``next_action``/``episode_outcome`` and takes the runner's lock only for
+  attribute swaps (never across I/O);
+- the session thread (:meth:`Runner.session_step`, ``seq-session``) does the blocking gRPC calls:
+  connect, ``ready()``, and ``end_episode`` for episodes that must end;
+- service and action callbacks call :meth:`start` (``begin_episode``), :meth:`interrupt`,
+  :meth:`request_end`, :meth:`wait` and :meth:`label`.
+
+Hold semantics: nothing is published before the first episode; before an episode's first action the
+hold is the measured state; afterwards, and after the episode ends, it is the last command
+(``on_underrun='hold'``) or nothing (``'stop'``). Velocity holds are zeros, never positions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from sequence_ai_ros.exceptions import (
+    ConfigError,
+    ConnectionLost,
+    ContractViolation,
+    EpisodeStateError,
+    NotReady,
+    SequenceAIError,
+)
+from sequence_ai_ros.node.commands import CommandInterface
+from sequence_ai_ros.node.config import NodeConfig
+from sequence_ai_ros.node.observation import ObservationAssembler, Snapshot
+from sequence_ai_ros.node.safety import SafetyFilter
+from sequence_ai_ros.protocol.contract import Contract, check_names
+
+
+@dataclasses.dataclass
+class EpisodeRun:
+    """One episode as the node tracks it.
+
+    :param id: episode id.  :param instruction: the pinned task.  :param max_seconds: limit (s).
+    :param started: ``time.monotonic()`` at begin (s).
+    """
+
+    id: str
+    instruction: str
+    max_seconds: float
+    started: float
+    end_reason: str = ''          # set when the node (not the client) ends it
+    message: str = ''
+    stopped: bool = False         # the control thread no longer asks the client for actions
+    stale_since: float | None = None
+    sent: int = 0                 # commands published in this episode
+    outcome: Any = None           # the client's RunOutcome once ended
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """How an episode ended, as the node reports it (Act result, EndEpisode response)."""
+
+    episode_id: str
+    reason: str
+    message: str = ''
+    actions: int = 0
+    chunks: int = 0
+    underruns: int = 0
+    underrun_s: float = 0.0
+    max_seam_jump: float = 0.0
+
+
+class Runner:
+    """Run episodes against a worker for one node.
+
+    :param cfg: the node configuration.
+    :param commands: the command interface (its ``bind`` checks contracts).
+    :param safety: the safety filter.
+    :param assembler: observation assembly.
+    :param connect: ``connect(model, endpoint, token)`` returning a client ``Policy``; defaults to
+        :func:`sequence_ai_ros.client.connect`.
+    :param on_contract: called with the contract once connected (the node configures camera converters).
+    :param log: ``log(level, message)``.
+    """
+
+    def __init__(self, cfg: NodeConfig, commands: CommandInterface, safety: SafetyFilter,
+                 assembler: ObservationAssembler, *, connect: Callable[..., Any] | None = None,
+                 on_contract: Callable[[Contract], None] | None = None,
+                 log: Callable[[str, str], None] | None = None) -> None:
+        self.cfg = cfg
+        self.commands = commands
+        self.safety = safety
+        self.assembler = assembler
+        self._connect = connect
+        self._on_contract = on_contract
+        self._log = log or (lambda level, msg: None)
+        self.on_underrun = cfg.on_underrun
+        self.policy: Any = None
+        self.contract: Contract | None = None
+        self.connection = 'connecting'
+        self.connection_error = ''
+        self.ready = False
+        self.ready_eta_s = 0.0
+        self.episode: EpisodeRun | None = None
+        self.last_episode_id = ''
+        self.last_result: Result | None = None
+        self.last_command: np.ndarray | None = None   # command order, float64
+        self.last_snapshot: Snapshot | None = None
+        self.holding = False
+        self.underrun_ticks = 0
+        self._lock = threading.Lock()
+        self._starting = False
+        self._next_ready_poll = 0.0
+        self._next_connect = 0.0
+        names = list(cfg.joints.names)
+        cmd = cfg.command_joint_names
+        self._measured_index = (np.array([names.index(n) for n in cmd], np.intp)
+                                if cmd and all(n in names for n in cmd) else None)
+
+    # -- session thread ------------------------------------------------------------------------------
+    def session_step(self, now: float) -> None:
+        """Do the blocking work due at ``now`` (s, monotonic): connect, poll readiness, end episodes."""
+        ep = self.episode
+        if ep is not None and not ep.done.is_set():
+            if ep.end_reason or ep.stopped:
+                self._end(ep, ep.end_reason or 'completed')
+            elif now - ep.started > ep.max_seconds + 2.0:   # backstop behind the client's own limit
+                ep.end_reason, ep.message = 'timeout', f'max_seconds {ep.max_seconds} s reached'
+                self._end(ep, 'timeout')
+        if self.policy is None:
+            if now >= self._next_connect:
+                self._try_connect()
+                self._next_connect = now + 1.0
+        elif now >= self._next_ready_poll:
+            self._next_ready_poll = now + 1.0
+            try:
+                self.ready, self.ready_eta_s = self.policy.ready()
+                self.connection, self.connection_error = ('ready' if self.ready else 'warming'), ''
+            except SequenceAIError as exc:
+                self.ready, self.connection, self.connection_error = False, 'disconnected', str(exc)
+
+    def _try_connect(self) -> None:
+        cfg = self.cfg
+        if not cfg.model:
+            self.connection, self.connection_error = 'unconfigured', 'parameter model is empty'
+            return
+        try:
+            connect = self._connect
+            if connect is None:
+                from sequence_ai_ros.client import connect
+            policy = connect(cfg.model, endpoint=cfg.endpoint, token=cfg.token or None,
+                             timeout=cfg.connect_timeout_s)
+            contract = policy.contract
+        except (SequenceAIError, OSError) as exc:
+            self.connection, self.connection_error = 'disconnected', str(exc)
+            return
+        self.contract = contract
+        self.assembler.required_cameras = tuple(c.key for c in contract.observation.cameras)
+        if self._on_contract is not None:
+            self._on_contract(contract)
+        self.policy = policy
+        self.connection, self.connection_error = 'connected', ''
+        self._log('info', f'connected to {cfg.model} at {cfg.endpoint}: {contract.action_space.value}, '
+                          f'{contract.action_dim} dims, dt {contract.dt:.4f} s')
+
+    def _end(self, ep: EpisodeRun, reason: str) -> None:
+        outcome = None
+        ep.stopped = True   # first: the control thread stops asking the client for actions
+        try:
+            outcome = self.policy.end_episode(reason=reason)
+        except SequenceAIError as exc:
+            ep.message = ep.message or str(exc)
+            ep.end_reason = ep.end_reason or 'error'
+        ep.stopped = True
+        ep.outcome = outcome
+        final = ep.end_reason or (outcome.reason if outcome is not None else reason)
+        if outcome is not None and outcome.error is not None and not ep.message:
+            ep.message = str(outcome.error)
+        self.last_result = Result(
+            ep.id, final, ep.message, *(() if outcome is None else (
+                outcome.actions, outcome.chunks, outcome.underruns, outcome.underrun_s, outcome.max_seam_jump)))
+        self._log('info', f'episode {ep.id} ended: {final} {ep.message}'.strip())
+        ep.done.set()
+
+    # -- services ------------------------------------------------------------------------------------
+    def validate(self, contract: Contract) -> None:
+        """Check that this node can feed and command the policy.
+
+        :raises ContractViolation: (or ActionSpaceMismatch) naming what differs: a camera the policy
+            needs that no ``cameras.<name>.key`` provides, state names that are not ``joints.names``,
+            or an action space / joint set the command interface cannot take.
+        """
+        keys = [c.key for c in self.cfg.cameras]
+        for cam in contract.observation.cameras:
+            if cam.key not in keys:
+                raise ContractViolation(
+                    f'the policy needs camera {cam.key!r} but no camera topic is configured for it '
+                    f'(configured keys: {keys or "none"}); add it to camera_names and cameras.<name>.key')
+        names = contract.observation.state_names
+        if names:
+            check_names(self.cfg.joints.names, names, 'joints.names vs policy state')
+        elif contract.observation.state_dim and contract.observation.state_dim != len(self.cfg.joints.names):
+            raise ContractViolation(f'policy state has {contract.observation.state_dim} values, joints.names '
+                                    f'has {len(self.cfg.joints.names)}')
+        self.commands.bind(contract)
+
+    def start(self, instruction: str, max_seconds: float, *, max_actions: int = 0, smooth_seam: int = 0,
+              prefetch: bool = True, episode_id: str = '') -> str:
+        """Begin an episode (blocking gRPC; call from a service thread); return its id.
+
+        :raises EpisodeStateError: when an episode is running.
+        :raises ConfigError: for max_seconds <= 0.
+        :raises NotReady: (or ConnectionLost) when the worker is not connected.
+        :raises ContractViolation: when :meth:`validate` refuses (reason 'validate').
+        """
+        if not (max_seconds > 0):
+            raise ConfigError(f'max_seconds must be > 0, got {max_seconds}')
+        with self._lock:
+            running = self.episode
+            if self._starting or (running is not None and not running.done.is_set()):
+                busy = 'an episode is starting' if self._starting else f'episode {running.id} is running'
+                raise EpisodeStateError(f'{busy}; one episode at a time per node')
+            policy, contract = self.policy, self.contract
+            if policy is None or contract is None:
+                raise ConnectionLost(f'not connected to {self.cfg.model!r} at {self.cfg.endpoint}: '
+                                     f'{self.connection_error or self.connection}')
+            self._starting = True
+        try:
+            self.validate(contract)
+            eid = policy.begin_episode(
+                instruction, episode_id or f'ep-{uuid.uuid4().hex[:12]}', max_seconds=max_seconds,
+                max_actions=max_actions or None, prefetch=prefetch, smooth_seam=smooth_seam,
+                expect_action_space=contract.action_space, control_period=self.cfg.period_s)
+        except ValueError as exc:
+            if isinstance(exc, SequenceAIError):
+                raise
+            raise ConfigError(str(exc)) from None   # e.g. a negative smooth_seam, refused by the client
+        finally:
+            with self._lock:
+                self._starting = False
+        ep = EpisodeRun(str(eid), instruction, max_seconds, time.monotonic())
+        with self._lock:
+            self._starting = False
+            self.episode = ep
+            self.last_episode_id = ep.id
+            self.holding = False
+        return ep.id
+
+    def interrupt(self) -> str:
+        """Stop the running episode between two actions (thread-safe); return its id ('' if none).
+
+        The next tick publishes the hold; the session thread ends the episode with 'interrupted'.
+        """
+        ep = self.episode
+        if ep is None or ep.done.is_set():
+            return ''
+        ep.stopped = True
+        ep.end_reason = ep.end_reason or 'interrupted'
+        try:
+            self.policy.interrupt()
+        except SequenceAIError as exc:  # the hold has already fired; the end path reports the rest
+            self._log('warn', f'interrupt: {exc}')
+        return ep.id
+
+    def request_end(self, reason: str = 'completed', message: str = '') -> str:
+        """Ask the session thread to end the running episode with ``reason``; return its id ('' if none)."""
+        ep = self.episode
+        if ep is None or ep.done.is_set():
+            return ''
+        if not ep.end_reason:
+            ep.end_reason, ep.message = reason, message
+        ep.stopped = True
+        return ep.id
+
+    def wait(self, episode_id: str, timeout: float) -> Result | None:
+        """Wait up to ``timeout`` s for the episode to end; return its result or None."""
+        ep = self.episode
+        if ep is None or ep.id != episode_id:
+            last = self.last_result
+            return last if last is not None and last.episode_id == episode_id else None
+        if ep.done.wait(timeout):
+            return self.last_result
+        return None
+
+    def label(self, success: bool, notes: str = '', episode_id: str = '') -> tuple[str, bool]:
+        """Store a label for an episode on the worker (blocking RPC).
+
+        :returns: (episode id, True) once the worker stored the label.
+        :raises EpisodeStateError: when no episode was run and none is named.
+        :raises SequenceAIError: what the worker answers when it does not store it (CaptureError with its
+            message: unknown episode, not captured, capture off) or a connection error.
+        """
+        eid = episode_id or self.last_episode_id
+        if not eid:
+            raise EpisodeStateError('no episode to label: none has run on this node and none was named')
+        if self.policy is None:
+            raise NotReady(f'not connected to {self.cfg.model!r}')
+        return eid, bool(self.policy.label(success, notes=notes, episode_id=eid))
+
+    def close(self) -> None:
+        """End any running episode and close the client (blocking; call at shutdown)."""
+        ep = self.episode
+        if ep is not None and not ep.done.is_set() and self.policy is not None:
+            ep.end_reason = ep.end_reason or 'interrupted'
+            ep.stopped = True
+            self._end(ep, ep.end_reason)
+        if self.policy is not None:
+            try:
+                self.policy.close()
+            except SequenceAIError as exc:
+                self._log('warn', f'close: {exc}')
+
+    # -- control thread --------------------------------------------------------------------------------
+    def _measured(self, snap: Snapshot) -> np.ndarray | None:
+        commands = self.commands
+        if snap.state is None or self._measured_index is None or not (commands.is_joint and commands.is_position):
+            return None
+        return snap.state.astype(np.float64)[self._measured_index]
+
+    def _hold(self, snap: Snapshot) -> np.ndarray | None:
+        self.holding = True
+        if self.on_underrun == 'stop':
+            return None
+        if self.last_command is not None:
+            return self.commands.hold_values(self.last_command)
+        measured = self._measured(snap)
+        if measured is not None:
+            return measured
+        if self.commands.is_joint and not self.commands.is_position and self._measured_index is not None:
+            return np.zeros(len(self._measured_index))   # a joint velocity hold before any command: stand still
+        return None
+
+    def tick(self, now: float) -> np.ndarray | None:
+        """Return the command to publish at ``now`` (command order, float64), or None to publish nothing.
+
+        Never blocks: reads the latest observation and the client's buffer.
+        """
+        ep = self.episode
+        snap = self.assembler.snapshot(now, ep.instruction if ep is not None else '')
+        self.last_snapshot = snap
+        if ep is None:
+            return None if self.last_command is None else self._hold(snap)
+        if ep.stopped or ep.done.is_set():
+            return self._hold(snap)
+        if snap.observation is None:
+            if ep.stale_since is None:
+                ep.stale_since = now
+                self._log('warn', f'observation invalid, holding: {"; ".join(snap.problems)}')
+            elif now - ep.stale_since > self.cfg.stale_grace_s:
+                self.request_end('error', f'observation invalid for over {self.cfg.stale_grace_s} s: '
+                                          f'{"; ".join(snap.problems)}')
+            return self._hold(snap)
+        if ep.stale_since is not None:
+            self._log('info', 'observation valid again; resuming')
+            ep.stale_since = None
+        policy = self.policy
+        try:
+            action = policy.next_action(snap.observation, now=now)
+        except EpisodeStateError:   # the session thread ended the episode between our checks
+            ep.stopped = True
+            return self._hold(snap)
+        if policy.episode_outcome() is not None:
+            ep.stopped = True
+            return self._hold(snap)
+        if action is None:
+            return self._hold(snap)
+        if action.hold:
+            self.underrun_ticks += 1
+            return self._hold(snap)
+        values = self.commands.order(action.values)
+        last = self.last_command if self.last_command is not None else self._measured(snap)
+        checked = self.safety.check(values, last)
+        if checked.values is None:
+            self.request_end('validate', f'safety: {checked.stop}')
+            return self._hold(snap)
+        self.holding = False
+        self.last_command = checked.values
+        ep.sent += 1
+        return checked.values

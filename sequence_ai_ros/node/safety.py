@@ -1,0 +1,107 @@
+"""Safety on every command: non-finite values, per-joint position limits, per-tick step limits.
+
+Limits apply to position commands (joint positions, integrated joint deltas, and nothing else: rates
+and end-effector poses pass unchanged except for the finiteness check). ``clamp`` clamps and counts
+every clamped value; ``stop`` refuses the command, and the node ends the run with reason 'validate'.
+A non-finite action always stops the run with 'validate'. The step limit is measured from the last
+command published, or from the measured state for the first command of an episode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+
+from sequence_ai_ros.node.config import SafetyConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Checked:
+    """The outcome of :meth:`SafetyFilter.check`.
+
+    :param values: float64 (D,) the command to publish (clamped), or None when the run must stop.
+    :param clamped: number of values clamped in this command.
+    :param stop: why the run must stop ('' when it need not).
+    """
+
+    values: np.ndarray | None
+    clamped: int = 0
+    stop: str = ''
+
+
+class SafetyFilter:
+    """Apply :class:`SafetyConfig` to commands, counting clamps per joint (thread-safe counters).
+
+    :param cfg: limits and the violation policy.
+    :param names: commanded joint names, in command order.
+    :param positions: True when commands are positions (limits apply).
+    """
+
+    def __init__(self, cfg: SafetyConfig, names: Sequence[str], positions: bool = True) -> None:
+        self.cfg = cfg
+        self.names = tuple(names)
+        self.positions = positions
+        n = len(self.names)
+        self.lower = np.array(cfg.lower_limits, np.float64) if cfg.lower_limits else None
+        self.upper = np.array(cfg.upper_limits, np.float64) if cfg.upper_limits else None
+        step = cfg.max_step
+        self.max_step = np.full(n, step[0]) if len(step) == 1 else (np.array(step, np.float64) if step else None)
+        self._lock = threading.Lock()
+        self._limit_clamps = np.zeros(n, np.int64)
+        self._step_clamps = np.zeros(n, np.int64)
+
+    @property
+    def clamps(self) -> int:
+        """Total values clamped since start (limits and steps)."""
+        with self._lock:
+            return int(self._limit_clamps.sum() + self._step_clamps.sum())
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """Return clamp counts per joint that was ever clamped: {name: {'limit': n, 'step': n}}."""
+        with self._lock:
+            rows = zip(self.names, self._limit_clamps, self._step_clamps, strict=True)
+            return {name: {'limit': int(lim), 'step': int(st)} for name, lim, st in rows if lim or st}
+
+    def check(self, values: np.ndarray, last: np.ndarray | None) -> Checked:
+        """Check one command.
+
+        :param values: float64 (D,) in command order.
+        :param last: the previous command (or measured state) in command order, or None.
+        """
+        v = np.asarray(values, np.float64)
+        if not np.all(np.isfinite(v)):
+            bad = [self.names[i] if i < len(self.names) else str(i) for i in np.flatnonzero(~np.isfinite(v))]
+            return Checked(None, stop=f'non-finite action values for {bad}')
+        if not self.positions or v.shape[0] != len(self.names):
+            return Checked(v)
+        out = v
+        limit_hit = np.zeros(v.shape[0], bool)
+        if self.lower is not None:
+            limit_hit |= out < self.lower
+        if self.upper is not None:
+            limit_hit |= out > self.upper
+        if limit_hit.any():
+            if self.cfg.on_violation == 'stop':
+                names = [self.names[i] for i in np.flatnonzero(limit_hit)]
+                return Checked(None, stop=f'position limit exceeded for {names}')
+            lo = self.lower if self.lower is not None else -np.inf
+            hi = self.upper if self.upper is not None else np.inf
+            out = np.clip(out, lo, hi)
+        step_hit = np.zeros(v.shape[0], bool)
+        if self.max_step is not None and last is not None and np.shape(last) == out.shape:
+            delta = out - last
+            step_hit = np.abs(delta) > self.max_step
+            if step_hit.any():
+                if self.cfg.on_violation == 'stop':
+                    names = [self.names[i] for i in np.flatnonzero(step_hit)]
+                    return Checked(None, stop=f'step limit exceeded for {names}')
+                out = last + np.clip(delta, -self.max_step, self.max_step)
+        n = int(limit_hit.sum() + step_hit.sum())
+        if n:
+            with self._lock:
+                self._limit_clamps += limit_hit
+                self._step_clamps += step_hit
+        return Checked(out, clamped=n)

@@ -1,0 +1,144 @@
+"""Static checks of launch/*.launch.py (``launch`` cannot be installed here) and of config/*.yaml.
+
+The launch files are parsed with ``ast``: every executable they start is a console script of setup.py
+(or a declared ROS executable), every parameter file they name exists in config/, every
+LaunchConfiguration they read is declared, and every argument an included launch file receives is
+declared there. Every config file is loaded into a real node: it names only declared parameters, with
+valid values.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+LAUNCH = sorted((REPO / 'launch').glob('*.launch.py'))
+CONFIGS = sorted((REPO / 'config').glob('*.yaml'))
+
+
+def _console_scripts() -> set[str]:
+    tree = ast.parse((REPO / 'setup.py').read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values, strict=True):
+                if isinstance(key, ast.Constant) and key.value == 'console_scripts':
+                    return {ast.literal_eval(e).split('=')[0].strip() for e in value.elts}
+    raise AssertionError('setup.py declares no console_scripts')
+
+
+def _calls(tree: ast.AST, name: str) -> list[ast.Call]:
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+            and getattr(n.func, 'id', getattr(n.func, 'attr', None)) == name]
+
+
+def _kw(call: ast.Call, name: str) -> ast.AST | None:
+    return next((k.value for k in call.keywords if k.arg == name), None)
+
+
+def _strings(tree: ast.AST) -> list[str]:
+    return [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+
+
+def _declared(tree: ast.AST) -> set[str]:
+    return {c.args[0].value for c in _calls(tree, 'DeclareLaunchArgument')}
+
+
+def test_launch_files_exist_and_define_a_description():
+    names = {p.name for p in LAUNCH}
+    assert {'policy.launch.py', 'replay.launch.py'} <= names
+    for path in LAUNCH:
+        tree = ast.parse(path.read_text(), filename=str(path))
+        assert any(isinstance(n, ast.FunctionDef) and n.name == 'generate_launch_description' for n in tree.body)
+
+
+def test_policy_launch_declares_the_issue_arguments():
+    tree = ast.parse((REPO / 'launch' / 'policy.launch.py').read_text())
+    assert {'model', 'endpoint', 'params_file', 'namespace', 'use_sim_time'} <= _declared(tree)
+
+
+@pytest.mark.parametrize('path', LAUNCH, ids=lambda p: p.name)
+def test_every_executable_exists(path):
+    tree = ast.parse(path.read_text())
+    scripts = _console_scripts()
+    started = 0
+    for call in _calls(tree, 'Node'):
+        exe = _kw(call, 'executable')
+        assert isinstance(exe, ast.Constant), f'{path.name}: Node executable must be a literal'
+        assert exe.value in scripts, f'{path.name}: executable {exe.value!r} is not a console script of setup.py'
+        pkg = _kw(call, 'package')
+        assert pkg is not None
+        started += 1
+    for call in _calls(tree, 'ExecuteProcess'):
+        cmd = _kw(call, 'cmd')
+        first = cmd.elts[0]
+        assert isinstance(first, ast.Constant) and first.value in scripts, f'{path.name}: {ast.dump(first)}'
+        started += 1
+    assert started or _calls(tree, 'IncludeLaunchDescription')
+
+
+@pytest.mark.parametrize('path', LAUNCH, ids=lambda p: p.name)
+def test_every_file_named_exists(path):
+    tree = ast.parse(path.read_text())
+    named = set()
+    for s in _strings(tree):
+        named.update(re.findall(r'(?:config/)?[\w.]+\.yaml|[\w]+\.launch\.py', s))
+    for call in _calls(tree, 'PathJoinSubstitution'):
+        parts = [e.value for e in call.args[0].elts if isinstance(e, ast.Constant)]
+        if parts and parts[-1].endswith(('.yaml', '.py')):
+            named.add('/'.join(parts[-2:]))
+    assert named, f'{path.name} names no file'
+    for name in named:
+        candidates = [REPO / name, REPO / 'config' / name, REPO / 'launch' / name]
+        assert any(c.is_file() for c in candidates), f'{path.name} names {name}, which is not in the package'
+
+
+@pytest.mark.parametrize('path', LAUNCH, ids=lambda p: p.name)
+def test_every_launch_configuration_is_declared(path):
+    tree = ast.parse(path.read_text())
+    declared = _declared(tree)
+    used = {c.args[0].value for c in _calls(tree, 'LaunchConfiguration')}
+    assert used <= declared, f'{path.name}: used but not declared: {sorted(used - declared)}'
+    assert declared <= used, f'{path.name}: declared but never used: {sorted(declared - used)}'
+    for call in _calls(tree, 'IncludeLaunchDescription'):
+        included = [s for s in _strings(call) if s.endswith('.launch.py')]
+        assert included, f'{path.name}: include of an unnamed file'
+        child = _declared(ast.parse((REPO / 'launch' / included[0]).read_text()))
+        args = _kw(call, 'launch_arguments')
+        keys = {k.value for k in args.func.value.keys} if args is not None else set()
+        assert keys <= child, f'{path.name} passes {sorted(keys - child)} that {included[0]} does not declare'
+
+
+@pytest.mark.parametrize('path', CONFIGS, ids=lambda p: p.name)
+def test_config_names_only_declared_parameters(path, rclpy_context):
+    import rclpy
+    from rclpy.parameter import Parameter
+
+    from sequence_ai_ros.node.parameters import declare_and_read
+
+    params = yaml.safe_load(path.read_text())['policy_node']['ros__parameters']
+    flat: dict[str, object] = {}
+
+    def walk(prefix: str, value: object) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f'{prefix}{k}.', v)
+        else:
+            flat[prefix[:-1]] = value
+    walk('', params)
+    node = rclpy.create_node('config_check', context=rclpy_context,
+                             parameter_overrides=[Parameter(k, value=v) for k, v in flat.items()])
+    try:
+        cfg = declare_and_read(node)
+        undeclared = [k for k in flat if not node.has_parameter(k)]
+        assert not undeclared, f'{path.name} names undeclared parameters {undeclared}'
+    finally:
+        node.destroy_node()
+    if path.name == 'g1.yaml':
+        assert len(cfg.joints.names) == 26 and [c.key for c in cfg.cameras] == ['cam_high']
+    if path.name == 'wx200.yaml':
+        assert len(cfg.joints.names) == 8 and not cfg.cameras

@@ -1,0 +1,275 @@
+"""The policy node with a real worker: episodes, interrupt, cancel, label, clamps, refusals, dry run.
+
+Every test runs the node in its own process (real rclpy over DDS), a real gRPC worker on 127.0.0.1
+port 0 serving ``test/policies/node_ramp.py``, and a probe node in the test process.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from std_msgs.msg import Float64MultiArray
+from test_node_support import RAMP, Probe, node_log, node_params, spawn_node, spawn_worker, wait_for
+
+from sequence_ai_ros.data.capture import CaptureStore
+from sequence_ai_ros.data.capture_settings import CaptureSettings, save_settings
+from sequence_ai_ros.worker import serve_policy_file
+
+pytestmark = [pytest.mark.ros, pytest.mark.slow]
+
+NAMES = ['j0', 'j1', 'j2', 'j3']
+TICK = 0.02
+
+
+def _params(tmp_path, port, **extra):
+    base = {'model': 'ramp', 'endpoint': f'127.0.0.1:{port}', 'joints.names': NAMES,
+            'command.controller': 'arm', 'status_rate_hz': 10.0, 'diagnostics_rate_hz': 5.0}
+    base.update(extra)
+    return node_params(tmp_path, **base)
+
+
+@pytest.fixture
+def probe(rclpy_context):
+    p = Probe(rclpy_context, Float64MultiArray, '/arm/commands')
+    yield p
+    p.close()
+
+
+def test_interrupt_cancel_and_label(tmp_path, processes, probe):
+    capture = tmp_path / 'capture'
+    save_settings(capture / 'ramp', CaptureSettings(rate=1.0, enabled=True))
+    with serve_policy_file(RAMP, 'ramp', capture_root=capture, names=NAMES, step=0.002) as server:
+        proc = spawn_node(processes, tmp_path / 'node.log', _params(tmp_path, server.port))
+        probe.publish_joints(NAMES)
+        assert probe.wait_connected(), node_log(proc)
+        assert not probe.commands, 'the node published before the first goal'
+
+        # ~/interrupt mid-run: commands stop changing within one tick; the hold is republished.
+        handle = probe.send_goal(instruction='reach', max_seconds=20.0)
+        assert handle.accepted
+        assert wait_for(lambda: len(probe.values()) > 40, 10), node_log(proc)
+        moving = probe.values()[-20:]
+        assert any(not np.allclose(a[1], b[1]) for a, b in zip(moving, moving[1:], strict=False)), \
+            'the ramp policy should move the commands'
+        fb = probe.feedback[-1].feedback
+        assert fb.episode_id and fb.actions_sent > 0 and fb.chunks >= 1 and fb.elapsed_s > 0 and fb.buffer_s > 0
+        resp = probe.call('interrupt')
+        t_int = time.monotonic()
+        assert resp.success, resp.message
+        result = probe.result(handle)
+        assert result.reason == 'interrupted', result
+        time.sleep(0.3)
+        after = probe.values(since=t_int + 2 * TICK)
+        assert len(after) >= 8, 'hold is republished after the interrupt'
+        assert all(np.array_equal(v, after[0][1]) for _, v in after), 'commands changed after the interrupt'
+        eid = result.episode_id
+
+        # A second goal while one runs is rejected; cancelling a goal is an interrupt.
+        handle = probe.send_goal(instruction='reach again', max_seconds=20.0)
+        assert handle.accepted
+        assert wait_for(lambda: probe.status and probe.status[-1].state == 'running', 10), node_log(proc)
+        second = probe.send_goal(instruction='other', max_seconds=5.0)
+        assert not second.accepted
+        busy = probe.call('start_episode', instruction='x', max_seconds=1.0)
+        assert not busy.accepted and 'running' in busy.message
+        t_cancel = time.monotonic()
+        cancel = handle.cancel_goal_async()
+        assert wait_for(cancel.done, 5)
+        result = probe.result(handle)
+        assert result.reason == 'interrupted'
+        time.sleep(0.3)
+        after = probe.values(since=t_cancel + 0.1)
+        assert after and all(np.array_equal(v, after[0][1]) for _, v in after)
+
+        # ~/label after the run stores the label with the captured episode on the worker.
+        resp = probe.call('label', success=True, notes='cup placed', episode_id=eid)
+        assert resp.ok, resp.message
+        resp = probe.call('label', success=False, notes='dropped')     # empty id: the last episode
+        assert resp.ok, resp.message
+    store = CaptureStore(capture / 'ramp', deployment='ramp')
+    labels = {ep.episode_id: ep.label for ep in store.episodes()}
+    assert labels[eid]['success'] is True and labels[eid]['notes'] == 'cup placed'
+    assert labels[result.episode_id]['success'] is False
+
+
+def test_clamps_are_counted_and_visible_in_diagnostics(tmp_path, processes, probe):
+    lower, upper = [-1.0] * 4, [1.0, 1.0, 0.45, 1.0]
+    with serve_policy_file(RAMP, 'ramp', names=NAMES, step=0.01, offset=0.5) as server:
+        params = _params(tmp_path, server.port, **{'safety.lower_limits': lower, 'safety.upper_limits': upper,
+                                                   'safety.max_step': [0.05]})
+        proc = spawn_node(processes, tmp_path / 'node.log', params)
+        probe.publish_joints(NAMES)     # measured state 0.1 .. 0.4
+        assert probe.wait_connected(), node_log(proc)
+        handle = probe.send_goal(instruction='reach', max_seconds=1.5)
+        result = probe.result(handle)
+        assert result.reason == 'timeout', result
+        values = np.array([v for _, v in probe.values()])
+        assert len(values) > 30, node_log(proc)
+        assert np.all(values <= np.array(upper) + 1e-9) and np.all(values >= np.array(lower) - 1e-9)
+        steps = np.abs(np.diff(np.vstack([np.linspace(0.1, 0.4, 4), values]), axis=0))
+        assert steps.max() <= 0.05 + 1e-9, 'a per-tick step exceeded max_step'
+        clamps = wait_for(lambda: int(probe.diag_value('control', 'clamps') or 0), 5)
+        assert clamps and clamps > 0
+        assert int(probe.diag_value('control', 'clamps.j2.limit') or 0) > 0   # j2 hits its 0.45 upper limit
+        assert int(probe.diag_value('control', 'clamps.j0.step') or 0) > 0    # the 0.5 jump is rate-limited
+        assert probe.status[-1].clamps == clamps or probe.status[-1].clamps >= clamps
+
+
+def test_non_finite_chunk_ends_with_validate_and_holds(tmp_path, processes, probe):
+    with serve_policy_file(RAMP, 'ramp', names=NAMES, step=0.001, chunk_length=10, nan_after=3) as server:
+        proc = spawn_node(processes, tmp_path / 'node.log', _params(tmp_path, server.port))
+        probe.publish_joints(NAMES)
+        assert probe.wait_connected(), node_log(proc)
+        result = probe.result(probe.send_goal(instruction='reach', max_seconds=10.0))
+        # The worker refuses the NaN chunk before it is sent (a contract violation: the client ends with
+        # 'validate'); a NaN that got through would be refused by the node's safety filter (test_node_units).
+        assert result.reason == 'validate', result
+        assert 'non-finite' in result.message or 'NaN' in result.message, result.message
+        time.sleep(0.2)
+        values = probe.values()
+        assert values and all(np.all(np.isfinite(v)) for _, v in values)
+        tail = probe.values(since=time.monotonic() - 0.15)
+        assert tail and all(np.array_equal(v, tail[0][1]) for _, v in tail), 'the arm holds after validate'
+
+
+@pytest.mark.parametrize('case', ['action_space', 'camera'])
+def test_refused_before_any_command(tmp_path, processes, probe, case):
+    kwargs = {'action_space': 'joint_velocity'} if case == 'action_space' else {'camera': 'cam_high'}
+    with serve_policy_file(RAMP, 'ramp', names=NAMES, **kwargs) as server:
+        proc = spawn_node(processes, tmp_path / 'node.log', _params(tmp_path, server.port))
+        probe.publish_joints(NAMES)
+        assert probe.wait_connected(), node_log(proc)
+        result = probe.result(probe.send_goal(instruction='reach', max_seconds=5.0))
+        assert result.reason == 'validate', result
+        if case == 'action_space':
+            assert 'joint_velocity' in result.message and 'forward_command' in result.message, result.message
+        else:
+            assert "needs camera 'cam_high'" in result.message and 'no camera topic' in result.message
+        resp = probe.call('start_episode', instruction='reach', max_seconds=5.0)
+        assert not resp.accepted and resp.message.startswith('validate:'), resp.message
+        time.sleep(0.3)
+        assert not probe.commands, 'a refused episode published commands'
+
+
+def test_dry_run_publishes_nothing_to_the_controller(tmp_path, processes, rclpy_context):
+    probe = Probe(rclpy_context, Float64MultiArray, '/policy_node/would_command')
+    spy: list = []
+    probe.node.create_subscription(Float64MultiArray, '/arm/commands', spy.append, 10)
+    try:
+        with serve_policy_file(RAMP, 'ramp', names=NAMES, step=0.001) as server:
+            proc = spawn_node(processes, tmp_path / 'node.log', _params(tmp_path, server.port, enabled=False))
+            probe.publish_joints(NAMES)
+            assert probe.wait_connected(), node_log(proc)
+            result = probe.result(probe.send_goal(instruction='reach', max_seconds=1.0))
+            assert result.reason == 'timeout'
+            assert len(probe.values()) > 20, 'dry run shows what would be commanded on ~/would_command'
+            assert not spy, 'dry run published to the controller'
+    finally:
+        probe.close()
+
+
+def test_hold_before_the_first_action_is_the_measured_state_and_shutdown_leaves_a_hold(tmp_path, processes, probe):
+    measured = np.linspace(0.1, 0.4, 4)
+    with serve_policy_file(RAMP, 'ramp', names=NAMES, step=0.002, first_latency_s=0.6) as server:
+        proc = spawn_node(processes, tmp_path / 'node.log', _params(tmp_path, server.port))
+        probe.publish_joints(NAMES)
+        assert probe.wait_connected(), node_log(proc)
+        handle = probe.send_goal(instruction='reach', max_seconds=20.0)
+        assert handle.accepted
+        assert wait_for(lambda: len(probe.values()) > 60, 10), node_log(proc)
+        values = [v for _, v in probe.values()]
+        assert np.allclose(values[0], measured) and np.allclose(values[10], measured), \
+            'before the first action the hold is the measured state'
+        assert not np.allclose(values[-1], measured), 'the ramp should have moved the arm by now'
+        proc.terminate()                                       # SIGTERM mid-run: the node leaves a hold
+        assert proc.wait(timeout=15) == 0, node_log(proc)
+        time.sleep(0.2)
+        last = [v for _, v in probe.values()][-2:]
+        assert np.array_equal(last[0], last[1]), 'the last command is not a hold'
+
+
+def test_worker_killed_mid_run_holds_and_reports_error(tmp_path, processes, probe):
+    port = spawn_worker(processes, RAMP, 'ramp', names=NAMES, step=0.002)
+    worker = processes.procs[-1]
+    proc = spawn_node(processes, tmp_path / 'node.log', _params(tmp_path, port))
+    probe.publish_joints(NAMES)
+    assert probe.wait_connected(), node_log(proc)
+    handle = probe.send_goal(instruction='reach', max_seconds=20.0)
+    assert wait_for(lambda: len(probe.values()) > 30, 10), node_log(proc)
+    worker.kill()                                              # kill -9: the connection drops mid-run
+    result = probe.result(handle, timeout=20)
+    assert result.reason == 'error', result
+    t_end = time.monotonic()
+    time.sleep(0.3)
+    after = probe.values(since=t_end)
+    assert len(after) > 5 and all(np.array_equal(v, after[0][1]) for _, v in after), 'the arm holds'
+    assert np.all(np.isfinite(after[0][1])) and not np.allclose(after[0][1], 0.0), 'never zeros'
+    assert wait_for(lambda: probe.diag_value('connection', 'state') == 'disconnected', 5)
+
+
+def test_bad_parameter_exits_with_a_clear_message(tmp_path, processes):
+    proc = spawn_node(processes, tmp_path / 'node.log', _params(tmp_path, 1, **{'command.interface': 'effort'}))
+    assert proc.wait(timeout=30) == 2
+    assert 'command.interface' in node_log(proc) and 'effort' in node_log(proc)
+
+
+def test_joint_delta_is_integrated_from_the_measured_state(tmp_path, processes, probe):
+    measured = np.linspace(0.1, 0.4, 4)
+    with serve_policy_file(RAMP, 'ramp', names=NAMES, action_space='joint_delta', step=0.003) as server:
+        proc = spawn_node(processes, tmp_path / 'node.log', _params(tmp_path, server.port))
+        probe.publish_joints(NAMES)
+        assert probe.wait_connected(), node_log(proc)
+        result = probe.result(probe.send_goal(instruction='drift', max_seconds=1.5))
+        assert result.reason == 'timeout', result
+    values = np.array([v for _, v in probe.values()])
+    moving = values[np.any(np.abs(values - measured) > 1e-9, axis=1)]
+    assert len(moving) > 30, node_log(proc)
+    first = moving[0] - measured
+    assert np.all(first > 0) and np.all(first <= 0.003 + 1e-6), 'the first delta starts from the measured state'
+    steps = np.diff(moving[:40], axis=0)
+    assert np.all(steps >= -1e-9), 'integrated positions go one way for a constant positive delta'
+    total = moving[-1] - measured
+    assert np.allclose(total, total[0], atol=1e-6) and total[0] > 0.03    # all joints integrate alike
+
+
+def test_on_underrun_stop_publishes_nothing_when_holding(tmp_path, processes, probe):
+    with serve_policy_file(RAMP, 'ramp', names=NAMES, step=0.002) as server:
+        proc = spawn_node(processes, tmp_path / 'node.log', _params(tmp_path, server.port, on_underrun='stop'))
+        probe.publish_joints(NAMES)
+        assert probe.wait_connected(), node_log(proc)
+        handle = probe.send_goal(instruction='reach', max_seconds=20.0)
+        assert wait_for(lambda: len(probe.values()) > 20, 10), node_log(proc)
+        assert probe.call('interrupt').success
+        t_int = time.monotonic()
+        assert probe.result(handle).reason == 'interrupted'
+        time.sleep(0.4)
+        assert not probe.values(since=t_int + 0.05), 'stop must publish nothing while holding'
+
+
+def test_ee_absolute_through_the_pose_interface(tmp_path, rclpy_context, processes):
+    from geometry_msgs.msg import PoseStamped
+
+    probe = Probe(rclpy_context, PoseStamped, '/ee/target_pose')
+    try:
+        with serve_policy_file(RAMP, 'ramp', names=NAMES, action_space='ee_absolute', step=0.01,
+                               first_latency_s=0.4) as server:
+            params = _params(tmp_path, server.port, **{'command.interface': 'pose', 'command.topic': '/ee/target_pose',
+                                                       'command.frame_id': 'tool_base'})
+            proc = spawn_node(processes, tmp_path / 'node.log', params)
+            probe.publish_joints(NAMES)
+            assert probe.wait_connected(), node_log(proc)
+            t_goal = time.monotonic()
+            result = probe.result(probe.send_goal(instruction='reach', max_seconds=1.5))
+            assert result.reason == 'timeout', (result, node_log(proc))
+            msgs = [(t, m) for t, m in probe.commands]
+    finally:
+        probe.close()
+    assert msgs, node_log(proc)
+    # No measured pose exists: nothing is published until the first action (0.4 s of inference).
+    assert msgs[0][0] - t_goal > 0.3
+    first, last = msgs[0][1], msgs[-1][1]
+    assert first.header.frame_id == 'tool_base'
+    assert last.pose.position.x > first.pose.position.x > 0      # the ramp moves x (index 0) ...
+    assert last.pose.orientation.w > first.pose.orientation.w > 0  # ... and qw (index 6)

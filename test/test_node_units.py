@@ -1,0 +1,246 @@
+"""The node's parts on real messages.
+
+Image conversion, joint mapping, observation ages, safety, command messages, configuration and ROS
+parameters (a real rclpy node, no executor needed).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import threading
+import time
+
+import numpy as np
+import pytest
+from PIL import Image as PILImage
+from sensor_msgs.msg import CompressedImage, Image, JointState
+
+from sequence_ai_ros.exceptions import ActionSpaceMismatch, ConfigError, ContractViolation
+from sequence_ai_ros.node.commands import CommandInterface
+from sequence_ai_ros.node.config import CommandConfig, JointsConfig, NodeConfig, SafetyConfig
+from sequence_ai_ros.node.images import ImageConverter, compressed_format, image_to_array
+from sequence_ai_ros.node.observation import JointMapper, ObservationAssembler
+from sequence_ai_ros.node.safety import SafetyFilter
+from sequence_ai_ros.node.tick import TickThread
+from sequence_ai_ros.protocol.contract import CameraSpec, Contract, ObservationContract
+
+RGB = np.arange(4 * 5 * 3, dtype=np.uint8).reshape(4, 5, 3)
+
+
+def _image(arr: np.ndarray, encoding: str, pad: int = 0) -> Image:
+    h, w = arr.shape[:2]
+    c = 1 if arr.ndim == 2 else arr.shape[2]
+    rows = arr.reshape(h, w * c)
+    data = np.hstack([rows, np.full((h, pad), 255, np.uint8)]) if pad else rows
+    return Image(height=h, width=w, encoding=encoding, step=w * c + pad, data=data.tobytes())
+
+
+def _encoded(arr: np.ndarray, fmt: str) -> bytes:
+    buf = io.BytesIO()
+    PILImage.fromarray(arr).save(buf, format=fmt)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize('encoding,make', [
+    ('rgb8', lambda a: a),
+    ('bgr8', lambda a: a[:, :, ::-1]),
+    ('rgba8', lambda a: np.dstack([a, np.full(a.shape[:2], 9, np.uint8)])),
+    ('bgra8', lambda a: np.dstack([a[:, :, ::-1], np.full(a.shape[:2], 9, np.uint8)])),
+])
+@pytest.mark.parametrize('pad', [0, 3])
+def test_raw_encodings_become_rgb(encoding, make, pad):
+    out = image_to_array(_image(np.ascontiguousarray(make(RGB)), encoding, pad))
+    assert out.dtype == np.uint8 and out.shape == (4, 5, 3)
+    assert np.array_equal(out, RGB)
+
+
+def test_mono8_and_bad_images():
+    mono = RGB[:, :, 0].copy()
+    assert np.array_equal(image_to_array(_image(mono, 'mono8')), mono)
+    with pytest.raises(ContractViolation, match='16UC1'):
+        image_to_array(Image(height=2, width=2, encoding='16UC1', step=4, data=bytes(8)))
+    with pytest.raises(ContractViolation, match='bytes'):
+        image_to_array(Image(height=4, width=5, encoding='rgb8', step=15, data=bytes(10)))
+
+
+def test_jpeg_passes_through_when_the_contract_size_matches_else_decodes():
+    arr = np.full((48, 64, 3), 120, np.uint8)
+    jpeg = _encoded(arr, 'JPEG')
+    msg = CompressedImage(format='rgb8; jpeg compressed bgr8', data=jpeg)
+    conv = ImageConverter(CameraSpec('cam', 64, 48, 'jpeg'))
+    out = conv.from_compressed(msg)
+    assert out == jpeg and conv.passthrough == 1 and conv.decoded == 0          # the very same bytes
+    conv.spec = CameraSpec('cam', 32, 24, 'jpeg')
+    out = conv.from_compressed(msg)
+    assert isinstance(out, np.ndarray) and out.shape == (24, 32, 3) and conv.decoded == 1
+    png = ImageConverter(CameraSpec('cam', 0, 0, 'jpeg')).from_compressed(
+        CompressedImage(format='png', data=_encoded(arr, 'PNG')))
+    assert np.array_equal(png, arr)
+    assert compressed_format('jpeg') == 'jpeg' and compressed_format('png') == 'png'
+    with pytest.raises(ContractViolation, match='only jpeg and png'):
+        compressed_format('theora')
+    with pytest.raises(ContractViolation, match='cannot be decoded'):
+        ImageConverter(CameraSpec('cam', 0, 0, 'png')).from_compressed(CompressedImage(format='png', data=b'xx'))
+    raw = ImageConverter(CameraSpec('cam', 10, 8, 'jpeg')).from_image(_image(RGB, 'rgb8'))
+    assert raw.shape == (8, 10, 3)
+
+
+def test_joints_are_mapped_by_name_never_by_position():
+    mapper = JointMapper(['c', 'a'])
+    msg = JointState(name=['a', 'b', 'c'], position=[1.0, 2.0, 3.0])
+    assert mapper.map(msg).tolist() == [3.0, 1.0]
+    with pytest.raises(ContractViolation, match=r"lacks joints \['c'\]"):
+        mapper.map(JointState(name=['a', 'b'], position=[1.0, 2.0]))
+    with pytest.raises(ContractViolation, match='empty name field'):
+        mapper.map(JointState(name=[], position=[1.0, 2.0, 3.0]))
+    with pytest.raises(ContractViolation, match='3 names but 2 positions'):
+        mapper.map(JointState(name=['a', 'b', 'c'], position=[1.0, 2.0]))
+    with pytest.raises(ContractViolation, match='non-finite'):
+        mapper.map(JointState(name=['a', 'b', 'c'], position=[1.0, 2.0, math.nan]))
+
+
+def test_observation_ages_name_each_stale_or_missing_source():
+    asm = ObservationAssembler(['a'], 0.5, {'cam': 0.2}, joints_source='/joint_states',
+                               camera_sources={'cam': '/cam/image'})
+    snap = asm.snapshot(10.0)
+    assert snap.observation is None and any('/joint_states: no message' in p for p in snap.problems)
+    asm.put_joints(JointState(name=['a'], position=[0.5]), received=10.0)
+    asm.put_image('cam', lambda: RGB, received=10.0)
+    snap = asm.snapshot(10.1, instruction='pick')
+    assert snap.observation is not None and snap.observation.instruction == 'pick'
+    assert snap.observation.state.tolist() == [0.5] and snap.observation.images['cam'] is RGB
+    snap = asm.snapshot(10.3)
+    assert snap.observation is None and snap.problems == ['/cam/image (cam): stale (0.300 s > max_age 0.2 s)']
+    assert snap.state.tolist() == [0.5] and snap.ages['/joint_states'] == pytest.approx(0.3)
+    asm.required_cameras = ()                       # a camera the contract does not need never blocks
+    assert asm.snapshot(10.3).observation is not None
+    asm.put_joints(JointState(name=['b'], position=[0.5]), received=10.3)
+    assert "lacks joints ['a']" in asm.snapshot(10.31).problems[0]
+
+
+def test_safety_clamps_and_counts_or_stops():
+    cfg = SafetyConfig(lower_limits=(-1.0, -1.0), upper_limits=(1.0, 0.5), max_step=(0.1,))
+    f = SafetyFilter(cfg, ['a', 'b'])
+    out = f.check(np.array([2.0, 0.3]), last=np.array([0.95, 0.3]))
+    assert out.values.tolist() == [1.0, 0.3] and out.clamped == 1
+    out = f.check(np.array([0.0, 0.3]), last=np.array([0.95, 0.3]))
+    assert out.values.tolist() == pytest.approx([0.85, 0.3]) and out.clamped == 1
+    assert f.clamps == 2 and f.counts() == {'a': {'limit': 1, 'step': 1}}
+    assert 'non-finite' in f.check(np.array([math.nan, 0.0]), last=None).stop
+    stop = SafetyFilter(SafetyConfig(upper_limits=(1.0, 1.0), lower_limits=(-1.0, -1.0), on_violation='stop'),
+                        ['a', 'b'])
+    out = stop.check(np.array([0.0, 1.5]), last=None)
+    assert out.values is None and "['b']" in out.stop and stop.clamps == 0
+    rates = SafetyFilter(cfg, ['a', 'b'], positions=False)
+    assert rates.check(np.array([5.0, 5.0]), last=None).values.tolist() == [5.0, 5.0]
+
+
+def _contract(space: str, names=('a', 'b')) -> Contract:
+    return Contract(action_space=space, action_names=names, dt=0.1, chunk_length=2,
+                    observation=ObservationContract(state_names=('a', 'b')))
+
+
+def test_command_interfaces_agree_with_action_spaces():
+    fwd = CommandInterface(CommandConfig(controller='arm'), ('b', 'a'), 0.02)
+    fwd.bind(_contract('joint_absolute'))
+    assert fwd.topic == '/arm/commands' and fwd.order(np.array([1.0, 2.0])).tolist() == [2.0, 1.0]
+    fwd.bind(_contract('joint_delta'))
+    with pytest.raises(ActionSpaceMismatch, match='joint_velocity cannot be commanded through forward_command'):
+        fwd.bind(_contract('joint_velocity'))
+    with pytest.raises(ActionSpaceMismatch, match=r"missing from the policy \['b'\]"):
+        fwd.bind(_contract('joint_absolute', ('a', 'c')))
+    vel = CommandInterface(CommandConfig(controller='arm', kind='velocity'), ('a', 'b'), 0.02)
+    vel.bind(_contract('joint_velocity'))
+    assert vel.hold_values(np.array([0.3, 0.4])).tolist() == [0.0, 0.0]      # a velocity hold stops
+    traj = CommandInterface(CommandConfig(interface='joint_trajectory', controller='arm'), ('a', 'b'), 0.02)
+    with pytest.raises(ActionSpaceMismatch):
+        traj.bind(_contract('ee_absolute', tuple('xyzabcd')))
+    traj.bind(_contract('joint_absolute'))
+    msg, _ = traj.build(np.array([1.0, 2.0]), JointState().header.stamp)
+    assert traj.topic == '/arm/joint_trajectory' and msg.joint_names == ['a', 'b']
+    assert list(msg.points[0].positions) == [1.0, 2.0] and msg.points[0].time_from_start.nanosec == 20_000_000
+
+
+def test_pose_and_twist_layouts():
+    stamp = JointState().header.stamp
+    pose = CommandInterface(CommandConfig(interface='pose', topic='/ee/pose', frame_id='base', gripper_topic='/g'),
+                            (), 0.02)
+    pose.bind(_contract('ee_absolute', tuple('xyzabcdg')))
+    msg, grip = pose.build(np.array([1, 2, 3, 0, 0, 0.6, 0.8, 0.25], float), stamp)
+    assert (msg.pose.position.x, msg.pose.position.z, msg.pose.orientation.z, msg.pose.orientation.w) == \
+        (1.0, 3.0, 0.6, 0.8)
+    assert msg.header.frame_id == 'base' and list(grip.data) == [0.25]
+    twist = CommandInterface(CommandConfig(interface='twist', topic='/ee/twist'), (), 0.02)
+    with pytest.raises(ActionSpaceMismatch, match='gripper_topic'):
+        twist.bind(_contract('ee_delta', tuple('xyzabcg')))
+    twist.bind(_contract('ee_delta', tuple('xyzabc')))
+    msg, grip = twist.build(np.array([0.01, 0, 0, 0, 0, 0.05]), stamp)
+    assert msg.twist.linear.x == pytest.approx(0.1) and msg.twist.angular.z == pytest.approx(0.5) and grip is None
+    with pytest.raises(ActionSpaceMismatch):
+        twist.bind(_contract('ee_absolute', tuple('xyzabcd')))
+
+
+def test_config_errors_name_the_parameter():
+    with pytest.raises(ConfigError, match='command.interface'):
+        CommandConfig(interface='effort')
+    with pytest.raises(ConfigError, match='command.topic'):
+        CommandConfig(interface='pose')
+    with pytest.raises(ConfigError, match='joints.names'):
+        JointsConfig(names=('a', 'a'))
+    with pytest.raises(ConfigError, match='safety.lower_limits: 1 values for 2'):
+        NodeConfig(joints=JointsConfig(names=('a', 'b')), safety=SafetyConfig(lower_limits=(0.0,)))
+    with pytest.raises(ConfigError, match='control_rate_hz'):
+        NodeConfig(control_rate_hz=0)
+    with pytest.raises(ConfigError, match='lower limit above upper'):
+        SafetyConfig(lower_limits=(1.0,), upper_limits=(0.0,))
+
+
+def test_parameters_are_declared_with_descriptors(rclpy_context):
+    import rclpy
+    from rclpy.parameter import Parameter
+
+    from sequence_ai_ros.node.parameters import declare_and_read
+
+    node = rclpy.create_node('params_probe', context=rclpy_context, parameter_overrides=[
+        Parameter('joints.names', value=['x', 'y']), Parameter('camera_names', value=['front']),
+        Parameter('cameras.front.topic', value='/front/image'), Parameter('safety.max_step', value=[0.1])])
+    try:
+        cfg = declare_and_read(node)
+        assert cfg.joints.names == ('x', 'y') and cfg.cameras[0].key == 'front' and cfg.safety.max_step == (0.1,)
+        assert cfg.command_joint_names == ('x', 'y') and cfg.control_rate_hz == 50.0
+        desc = node.describe_parameter('control_rate_hz')
+        assert desc.read_only and desc.floating_point_range[0].to_value == 1000.0 and desc.description
+        assert not node.describe_parameter('enabled').read_only
+        result = node.set_parameters([Parameter('control_rate_hz', value=10.0)])[0]
+        assert not result.successful                        # read_only: a change needs a restart
+    finally:
+        node.destroy_node()
+    bad = rclpy.create_node('params_bad', context=rclpy_context,
+                            parameter_overrides=[Parameter('command.interface', value='effort')])
+    try:
+        with pytest.raises(ConfigError, match='command.interface'):
+            declare_and_read(bad)
+    finally:
+        bad.destroy_node()
+
+
+def test_tick_thread_calls_with_monotonic_times_and_survives_errors():
+    seen: list[float] = []
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def fn(now: float) -> None:
+        seen.append(now)
+        if len(seen) == 3:
+            raise RuntimeError('bad tick')
+        if len(seen) >= 6:
+            done.set()
+
+    tick = TickThread(0.005, fn, on_error=errors.append, name='test-tick')
+    tick.start()
+    assert done.wait(5.0)
+    tick.stop()
+    assert not tick.alive and tick._thread.name == 'test-tick'
+    assert all(b > a for a, b in zip(seen, seen[1:], strict=False)) and len(errors) == 1
+    assert tick.jitter_ms()[0] >= 0.0 and time.monotonic() >= seen[-1]
