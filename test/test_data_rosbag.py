@@ -79,7 +79,7 @@ def test_to_rosbag_cli_joints_only_and_refusals(tmp_path: Path, g1_dataset: Path
 SUBSCRIBER = r'''
 import json, sys, time
 import rclpy
-from rclpy.qos import qos_profile_sensor_data
+from rclpy.qos import QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import JointState
 topic, window, expected = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
 rclpy.init()
@@ -87,7 +87,7 @@ node = rclpy.create_node('replay_probe')
 got = []
 node.create_subscription(JointState, topic, lambda m: got.append((time.monotonic(), list(m.name), m.position[0],
                                                                   m.header.stamp.sec + m.header.stamp.nanosec * 1e-9)),
-                         qos_profile_sensor_data)
+                         QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE))  # count every message
 print('ready', flush=True)
 deadline = time.monotonic() + window
 while time.monotonic() < deadline and len(got) < expected:
@@ -122,7 +122,7 @@ def test_player_replays_widowx_bag_at_recorded_timing_into_another_process(wx200
     assert counts == {'/replay/joint_states': len(slice_)} and len(slice_) > 150
     out, err = sub.communicate(timeout=30)
     res = json.loads(out.strip().splitlines()[-1])
-    assert res['n'] == len(slice_), err
+    assert res['n'] == len(slice_), (err, res['stamps'][:1], slice_[0][0], res['stamps'][-1:], slice_[-1][0])
     assert res['names'] == ['waist', 'shoulder', 'elbow', 'wrist_angle', 'wrist_rotate', 'gripper',
                             'left_finger', 'right_finger']
     recv = np.array(res['recv'])

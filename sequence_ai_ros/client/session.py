@@ -112,16 +112,21 @@ class Connection:
 
 
 def _pack_telemetry(frames: list[TelemetrySample], contract: Contract) -> pb.Telemetry:
+    """Pack telemetry frames; images as JPEG (encoded bytes pass through), the contract's cameras first.
+
+    Every camera the robot observed goes, not only those the policy uses: a dataset captured for
+    fine-tuning keeps the robot's cameras even when the current policy ignores them.
+    """
     out = pb.Telemetry()
+    order = [c.key for c in contract.observation.cameras]
     for f in frames:
         frame = pb.TelemetryFrame(robot_time_s=f.robot_time_s, state=codec.to_tensor(f.state, 'float32'),
                                   hold=f.hold)
         if f.action is not None:
             frame.action.CopyFrom(codec.to_tensor(f.action, 'float32'))
-        if f.images:
-            for cam in contract.observation.cameras:
-                if cam.key in f.images:
-                    frame.images.append(codec.encode_image(cam.key, f.images[cam.key], 'jpeg'))
+        for key in order + sorted(k for k in f.images if k not in order):
+            if key in f.images:
+                frame.images.append(codec.encode_image(key, f.images[key], 'jpeg'))
         out.frames.append(frame)
     return out
 

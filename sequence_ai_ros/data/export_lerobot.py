@@ -40,6 +40,7 @@ from sequence_ai_ros.data.video import VCODECS, VideoWriter, video_info
 from sequence_ai_ros.exceptions import CaptureError, ContractViolation, ExportError, MissingDependency
 from sequence_ai_ros.protocol import codec
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
+from sequence_ai_ros.protocol.contract import Contract
 
 CODEBASE_VERSION = 'v2.1'
 CHUNKS_SIZE = 1000
@@ -96,6 +97,18 @@ def arrow_schema(features: dict[str, dict[str, Any]]) -> Any:
             fields.append(pa.field(key, pa.list_(item, spec['length'])))
     meta = {'huggingface': json.dumps({'info': {'features': hf_features(features)}})}
     return pa.schema(fields, metadata=meta)
+
+
+def _camera_keys(contract: Contract, episode: CapturedEpisode) -> list[str]:
+    """The cameras to export: the contract's, then any other camera the robot streamed in telemetry.
+
+    A policy may ignore a camera (the ``ridge`` default uses none) while the robot still has it; the
+    dataset keeps it, since the next policy trained on the data may need it.
+    """
+    keys = [c.key for c in contract.observation.cameras]
+    for _, frame in episode.telemetry():
+        keys += [im.key for im in frame.images if im.key not in keys]
+    return keys
 
 
 class _Episode:
@@ -169,7 +182,7 @@ def export_lerobot(store: CaptureStore, out: str | Path, *, since: float | None 
     contract = ref.contract
     state_names = list(contract.observation.state_names)
     action_names = list(contract.action_names)
-    camera_keys = [c.key for c in contract.observation.cameras] if images else []
+    camera_keys = _camera_keys(contract, ref) if images else []
     fps = ref.fps
     for e in chosen:
         c = e.contract

@@ -42,6 +42,11 @@ def message_class(msgtype: str) -> Any:
                           f'install its ROS package to play this topic') from None
 
 
+
+#: Seconds given to the subscriber side of discovery once this side sees a subscription (s).
+MATCH_SETTLE_S = 0.3
+
+
 class BagPlayer:
     """Publish a bag's messages at their recorded timing.
 
@@ -108,6 +113,9 @@ class BagPlayer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and not self._stop.is_set():
             if all(p.get_subscription_count() >= minimum for p in self._publishers.values()):
+                # Discovery is per side: the subscription may not have matched this publisher yet, and what
+                # is published before it has would not reach it.
+                self._stop.wait(MATCH_SETTLE_S)
                 return True
             time.sleep(0.02)
         return False
@@ -152,11 +160,21 @@ class BagPlayer:
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
+    def _flush(self, timeout: float) -> None:
+        """Let reliable subscribers acknowledge the last messages before the publishers go away."""
+        from rclpy.duration import Duration
+
+        for pub in list(self._publishers.values()) + ([self._clock_pub] if self._clock_pub is not None else []):
+            wait = getattr(pub, 'wait_for_all_acked', None)   # rclpy >= Humble
+            if wait is not None:
+                wait(Duration(nanoseconds=int(timeout * 1e9)))
+
     def stop(self, timeout: float = 5.0) -> None:
         """Stop playback (the background thread joins within ``timeout`` s) and destroy the node."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        self._flush(min(timeout, 1.0))
         self.node.destroy_node()
         self._reader.close()
 
@@ -196,9 +214,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         player = BagPlayer(args.bag, rate=args.rate, loop=args.loop, clock=args.clock,
                            remap=_parse_remap(args.remap), topics=args.topics, start_s=args.start,
                            duration_s=args.duration, context=context)
-        print(f'playing {args.bag} at rate {args.rate:g}: {", ".join(player.topics)}', flush=True)
         if args.wait_subscribers > 0:
             player.wait_for_subscribers(args.wait_subscribers)
+        print(f'playing {args.bag} at rate {args.rate:g}: {", ".join(player.topics)}', flush=True)
         try:
             counts = player.run()
         finally:

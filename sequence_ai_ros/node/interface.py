@@ -125,7 +125,9 @@ class PolicyInterface(Node):
     def _result(r: Result) -> Act.Result:
         return Act.Result(reason=r.reason, episode_id=r.episode_id, actions=r.actions, chunks=r.chunks,
                           underruns=r.underruns, underrun_s=float(r.underrun_s),
-                          max_seam_jump=float(r.max_seam_jump), message=r.message)
+                          max_seam_jump=float(r.max_seam_jump), elapsed_s=float(r.elapsed_s),
+                          latency_p50_ms=float(r.latency_p50_ms), latency_p95_ms=float(r.latency_p95_ms),
+                          commands_sent=int(r.commands_sent), message=r.message)
 
     # -- services ------------------------------------------------------------------------------------
     def _start(self, req: StartEpisode.Request, resp: StartEpisode.Response) -> StartEpisode.Response:

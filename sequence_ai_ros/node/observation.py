@@ -152,7 +152,11 @@ class ObservationAssembler:
         return now - sample.received
 
     def snapshot(self, now: float, instruction: str = '') -> Snapshot:
-        """Assemble the observation at ``now`` (``time.monotonic()``, s)."""
+        """Assemble the observation at ``now`` (``time.monotonic()``, s).
+
+        Joints and the cameras the contract needs must be fresh, or the observation is invalid (the
+        problems name each source). Other configured cameras are added while fresh, for capture only.
+        """
         problems: list[str] = []
         ages: dict[str, float] = {}
         joints = self._joints
@@ -170,6 +174,9 @@ class ObservationAssembler:
             source = self.camera_sources[key]
             ages[source] = age = self._age(sample, now)
             if key not in self.required_cameras:
+                # a camera the policy does not use still goes to capture (telemetry) while it is fresh
+                if sample is not None and not sample.error and age <= max_age:
+                    images[key] = sample.value
                 continue
             if sample is None:
                 problems.append(f'{source} ({key}): no image received yet')

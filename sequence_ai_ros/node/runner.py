@@ -75,6 +75,10 @@ class Result:
     underruns: int = 0
     underrun_s: float = 0.0
     max_seam_jump: float = 0.0
+    elapsed_s: float = 0.0
+    latency_p50_ms: float = 0.0
+    latency_p95_ms: float = 0.0
+    commands_sent: int = 0
 
 
 class Runner:
@@ -185,7 +189,8 @@ class Runner:
             ep.message = str(outcome.error)
         self.last_result = Result(
             ep.id, final, ep.message, *(() if outcome is None else (
-                outcome.actions, outcome.chunks, outcome.underruns, outcome.underrun_s, outcome.max_seam_jump)))
+                outcome.actions, outcome.chunks, outcome.underruns, outcome.underrun_s, outcome.max_seam_jump,
+                outcome.elapsed_s, outcome.latency_p50_ms, outcome.latency_p95_ms)), commands_sent=ep.sent)
         self._log('info', f'episode {ep.id} ended: {final} {ep.message}'.strip())
         ep.done.set()
 

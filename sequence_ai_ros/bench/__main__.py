@@ -1,0 +1,47 @@
+"""Run the benchmarks: ``python -m sequence_ai_ros.bench [worker client node export]``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+BENCHES = ('worker', 'client', 'node', 'export')
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the named benchmarks (all by default); return 1 if any of them failed to run."""
+    parser = argparse.ArgumentParser(prog='python -m sequence_ai_ros.bench')
+    parser.add_argument('names', nargs='*', metavar='NAME', help=f'any of {", ".join(BENCHES)} (default: all)')
+    parser.add_argument('--out', type=Path, default=Path('out/bench.json'))
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.names) - set(BENCHES))
+    if unknown:
+        parser.error(f'unknown benchmarks {unknown}; choose from {BENCHES}')
+    machine = {'cores': os.cpu_count(), 'python': platform.python_version(), 'machine': platform.machine(),
+               'date': time.strftime('%Y-%m-%d %H:%M:%S')}
+    print(f"benchmarks on {machine['cores']} cores, Python {machine['python']} ({machine['machine']})", flush=True)
+    results: dict = {'machine': machine}
+    failed = False
+    for name in args.names or BENCHES:
+        print(f'\n== {name} ==', flush=True)
+        try:
+            module = importlib.import_module(f'sequence_ai_ros.bench.bench_{name}')
+            results[name] = module.main()
+        except Exception as exc:  # report and go on: one broken bench must not hide the others
+            failed = True
+            results[name] = {'error': f'{type(exc).__name__}: {exc}'}
+            print(f'{name}: FAILED: {exc}', file=sys.stderr, flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2, default=str))
+    print(f'\nwrote {args.out}')
+    return 1 if failed else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,219 @@
+"""The main job, end to end on real robot data (``make demo``).
+
+Steps, each through the same command a user would type:
+
+1. the real G1 dataset (LeRobot v2.1) from ``--dataset``;
+2. ``seq train ridge`` on the training episodes, then ``seq deploy``;
+3. ``seq policy capture --rate 1.0 --images`` and ``seq serve`` on 127.0.0.1 (a free port);
+4. ``seq data to-rosbag`` of the held-out episode;
+5. ``policy_node`` with the G1 config (26 joints, cam_high, forward_command, 50 Hz);
+6. the bag replayed at real time (``bag_player``);
+7. one ``~/act`` goal for the episode's length; 8. ``~/label``;
+9. ``seq policy data export --format lerobot`` into ``out/export``, re-read by the project's reader;
+10. a summary, printed and written to ``out/summary.json``.
+
+Without a dataset, the same loop runs on the ``hold`` template with a synthetic robot publisher, and the
+summary says so. All children run in their own process groups and are stopped on any exit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from sequence_ai_ros.demo.processes import Processes
+
+REPO_CONFIG = Path(__file__).resolve().parents[2] / 'config'
+CONTROL_RATE_HZ = 50.0
+
+
+@dataclass
+class DemoArgs:
+    """What ``make demo`` runs on.
+
+    :param dataset: LeRobot v2.1 directory, or None for the synthetic fallback.
+    :param out: output directory (summary.json, export/, logs/).
+    :param train_episodes: episodes ``seq train`` learns from.
+    :param episode: the held-out episode that is replayed.
+    :param max_seconds: cap on the replayed duration (s); None = the whole episode.
+    """
+
+    dataset: Path | None
+    out: Path
+    train_episodes: str = '0-4'
+    episode: int = 5
+    max_seconds: float | None = None
+
+
+def _seq(*args: str) -> list[str]:
+    return [sys.executable, '-m', 'sequence_ai_ros.cli', *args]
+
+
+def _node_params(args: DemoArgs, base: str, model: str, endpoint: str, path: Path, cameras: bool) -> Path:
+    """Write the node's params file: the robot config plus model, endpoint and demo settings."""
+    doc = yaml.safe_load((REPO_CONFIG / base).read_text())
+    params = doc['policy_node']['ros__parameters']
+    params.update(model=model, endpoint=endpoint, control_rate_hz=CONTROL_RATE_HZ)
+    if not cameras:
+        params['camera_names'] = []
+        params.pop('cameras', None)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def run(args: DemoArgs) -> dict:
+    """Run the whole loop; return the summary (also written to ``out/summary.json``).
+
+    :raises RuntimeError: when any step fails (the message names the step and its log).
+    """
+    import numpy as np
+
+    out = args.out.resolve()
+    logs = out / 'logs'
+    logs.mkdir(parents=True, exist_ok=True)
+    home = out / 'seq_home'   # the demo's own registry and capture store, fresh each run
+    if home.exists():
+        shutil.rmtree(home)
+    env = dict(os.environ, SEQ_HOME=str(home), PYTHONUNBUFFERED='1')
+    procs = Processes(logs, env)
+    synthetic = args.dataset is None
+    summary: dict = {'synthetic': synthetic, 'dataset': None if synthetic else str(args.dataset)}
+    steps: list[tuple[str, float]] = []
+    t_start = time.monotonic()
+
+    def step(name: str) -> None:
+        steps.append((name, time.monotonic() - t_start))
+        print(f'[{time.monotonic() - t_start:6.1f}s] {name}', flush=True)
+
+    try:
+        if synthetic:
+            step('no dataset: deploying the hold template with a synthetic robot')
+            policy_dir = out / 'hold_g1'
+            if not (policy_dir / 'policy.py').exists():
+                procs.run('init', _seq('init', 'hold', str(policy_dir)), 60)
+            model = 'hold_g1'
+            duration = args.max_seconds or 10.0
+            instruction = 'hold position (synthetic robot)'
+        else:
+            from sequence_ai_ros.data.lerobot_reader import LeRobotDataset
+
+            ds = LeRobotDataset(args.dataset)
+            duration = ds.length(args.episode) / ds.fps
+            if args.max_seconds:
+                duration = min(duration, args.max_seconds)
+            instruction = ds.task(args.episode)
+            step(f'training ridge on episodes {args.train_episodes} of {args.dataset}')
+            policy_dir = out / 'ridge_g1'
+            procs.run('train', _seq('train', 'ridge', '--dataset', str(args.dataset), '--episodes',
+                                    args.train_episodes, '--eval-episodes', str(args.episode),
+                                    '--out', str(policy_dir), '--force'), 300)
+            summary['action_error'] = json.loads((policy_dir / 'metrics.json').read_text())['errors']
+            model = 'ridge_g1'
+        step(f'seq deploy {policy_dir}/policy.py')
+        procs.run('deploy', _seq('deploy', str(policy_dir / 'policy.py'), '--name', model), 120)
+        procs.run('capture', _seq('policy', 'capture', model, '--rate', '1.0', '--images'), 60)
+
+        step('seq serve on 127.0.0.1')
+        server = procs.start('serve', _seq('serve', model, '--port', '0', '--warm'))
+        endpoint = server.wait_for(r'serving \S+ on (\S+:\d+)', 120).group(1)
+
+        bag = out / f'episode_{args.episode}_bag'
+        if not synthetic:
+            step(f'seq data to-rosbag episode {args.episode}')
+            if bag.exists():
+                shutil.rmtree(bag)
+            procs.run('to_rosbag', _seq('data', 'to-rosbag', str(args.dataset), '--episode', str(args.episode),
+                                        '--out', str(bag)), 300)
+
+        step('policy_node with the G1 config (forward_command, 50 Hz)')
+        params = _node_params(args, 'g1.yaml', model, endpoint, out / 'policy_node.yaml', cameras=not synthetic)
+        procs.start('policy_node', [sys.executable, '-m', 'sequence_ai_ros.node.main', '--ros-args',
+                                           '--params-file', str(params)])
+        g1 = yaml.safe_load((REPO_CONFIG / 'g1.yaml').read_text())['policy_node']['ros__parameters']
+        joint_names = g1['joints']['names']
+        command_topic = f"/{g1['command']['controller']}/commands"
+
+        import rclpy
+
+        from sequence_ai_ros.demo.ros_side import Operator
+
+        context = rclpy.context.Context()
+        rclpy.init(context=context)
+        operator = Operator('policy_node', command_topic, context)
+        try:
+            operator.wait_ready(60)
+            if synthetic:
+                procs.start('robot', [sys.executable, '-m', 'sequence_ai_ros.demo.synthetic', '--names',
+                                      *joint_names]).wait_for('publishing', 30)
+            else:
+                step('replaying the bag at real time')
+                player = procs.start('bag_player', [sys.executable, '-m', 'sequence_ai_ros.data.player', str(bag),
+                                                    '--wait-subscribers', '30', '--duration', f'{duration:.2f}'])
+                player.wait_for(r'^playing ', 60)
+            played_from = time.monotonic()
+            time.sleep(1.0)  # the first joint_states and frames arrive; the node holds until they do
+            # the goal ends with the bag (a stale source after it would end the episode with 'error')
+            duration = max(1.0, duration - (time.monotonic() - played_from) - 0.5)
+            step(f'Act goal: "{instruction}" for {duration:.1f}s')
+            result = operator.run_goal(instruction, max_seconds=duration)
+            step(f'Act result: {result.reason} ({result.message})' if result.message else
+                 f'Act result: {result.reason}')
+            success = result.reason in ('completed', 'timeout')
+            label = operator.label(success, notes='make demo: replayed episode ' + str(args.episode))
+            if not label.ok:
+                raise RuntimeError(f'~/label failed: {label.message}')
+            step('labelled the episode via ~/label')
+            commands = operator.commands
+        finally:
+            operator.close()
+            rclpy.try_shutdown(context=context)
+        procs.close()
+
+        step('seq policy data export --format lerobot')
+        export = out / 'export'
+        procs.run('export', _seq('policy', 'data', 'export', model, '--out', str(export), '--format', 'lerobot',
+                                 '--images', '--force'), 600)
+        from sequence_ai_ros.data.verify_export import verify_export
+
+        reference = args.dataset if not synthetic else None
+        check = verify_export(export, reference=reference)
+        step(f'export re-read: {check}')
+
+        vals = np.asarray(commands.values) if commands.values else np.zeros((0, 0))
+        elapsed = float(result.elapsed_s)
+        summary.update({
+            'run_outcome': f'RunOutcome({result.actions} actions over {result.chunks} chunks in {elapsed:.1f}s, '
+                           f'{result.reason})',
+            'reason': result.reason,
+            'message': result.message,
+            'episode_id': result.episode_id,
+            'actions': int(result.actions),
+            'chunks': int(result.chunks),
+            'elapsed_s': elapsed,
+            'underruns': int(result.underruns),
+            'underrun_s': float(result.underrun_s),
+            'max_seam_jump': float(result.max_seam_jump),
+            'latency_p50_ms': float(result.latency_p50_ms),
+            'latency_p95_ms': float(result.latency_p95_ms),
+            'commands_published': int(result.commands_sent),
+            'commands_received': len(commands.times),
+            'command_rate_hz': commands.rate_hz(),
+            'tick_jitter_p99_ms': commands.jitter_p99_ms(1.0 / CONTROL_RATE_HZ),
+            'zero_commands': int(np.sum(np.all(vals == 0.0, axis=1))) if vals.size else 0,
+            'label_ok': bool(label.ok),
+            'export': str(export),
+            'export_reread': check,
+            'total_s': time.monotonic() - t_start,
+        })
+        (out / 'summary.json').write_text(json.dumps(summary, indent=2, default=str) + '\n')
+        return summary
+    finally:
+        procs.close()
+

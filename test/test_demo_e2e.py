@@ -1,0 +1,40 @@
+"""The main job end to end (``make demo``) on a slice of the real G1 episode, asserting the summary.
+
+Same pipeline as ``make demo``: seq train -> seq deploy -> seq serve (capture 1.0, images) -> seq data
+to-rosbag -> policy_node (G1 config, forward_command, 50 Hz) -> bag replay -> Act goal -> ~/label ->
+export LeRobot v2.1 -> re-read with the project's reader against the reference schema.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.ros, pytest.mark.slow]
+
+
+def test_demo_pipeline_on_real_g1_data(g1_dataset: Path, tmp_path: Path) -> None:
+    out = tmp_path / 'out'
+    done = subprocess.run([sys.executable, '-m', 'sequence_ai_ros.demo', '--dataset', str(g1_dataset),
+                           '--out', str(out), '--max-seconds', '6'], capture_output=True, text=True, timeout=420)
+    print(done.stdout[-4000:])
+    assert done.returncode == 0, done.stderr[-4000:]
+    s = json.loads((out / 'summary.json').read_text())
+    assert s['synthetic'] is False
+    assert s['reason'] in ('completed', 'timeout')
+    assert s['underruns'] == 0, s
+    assert s['commands_published'] > 150, s
+    assert abs(s['command_rate_hz'] - 50.0) <= 0.5, s['command_rate_hz']
+    assert s['zero_commands'] == 0
+    err = s['action_error']
+    assert err['ridge'] < err['hold_state'] and err['ridge'] < err['mean_action'], err
+    assert s['label_ok'] is True
+    reread = s['export_reread']
+    assert reread['episodes'] == 1 and reread['frames'] > 0
+    assert reread['reference'] == str(g1_dataset)
+    assert (out / 'export' / 'meta' / 'info.json').exists()
+    assert 'RunOutcome(' in done.stdout and 'underruns' in done.stdout

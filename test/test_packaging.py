@@ -1,0 +1,84 @@
+"""Packaging checks: rosdep keys, pinned requirements, entry points, the sequence_ai alias, the Makefile.
+
+The system-ROS branch of the Makefile cannot run here (no ROS distro is installed), so it is checked
+statically: ``make -n`` prints what it would run.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import os
+import re
+import subprocess
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_package_xml_declares_every_runtime_dependency():
+    root = ET.parse(REPO / 'package.xml').getroot()
+    assert root.get('format') == '3'
+    deps = {e.text for e in root.iter('exec_depend')}
+    needed = {'rclpy', 'sensor_msgs', 'std_msgs', 'std_srvs', 'trajectory_msgs', 'geometry_msgs', 'diagnostic_msgs',
+              'action_msgs', 'sequence_ai_msgs', 'python3-grpcio', 'python3-protobuf', 'python3-numpy',
+              'python3-yaml'}
+    assert needed <= deps, needed - deps
+    assert root.find('export/build_type').text == 'ament_python'
+    msg = ET.parse(REPO / 'msg' / 'package.xml').getroot()
+    assert msg.find('name').text == 'sequence_ai_msgs'
+    assert msg.find('member_of_group').text == 'rosidl_interface_packages'
+
+
+def test_requirements_are_pinned():
+    for name in ('requirements.txt', 'requirements-dev.txt'):
+        for line in (REPO / name).read_text().splitlines():
+            line = line.split('#')[0].strip()
+            if line and not line.startswith('-r'):
+                assert re.fullmatch(r'[A-Za-z0-9_.\-]+==[0-9][0-9A-Za-z.\-]*', line), f'{name}: {line!r} is not pinned'
+
+
+def test_console_scripts_point_at_real_main_functions():
+    tree = ast.parse((REPO / 'setup.py').read_text())
+    scripts = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+               and re.fullmatch(r'\w+ = [\w.]+:\w+', n.value)]
+    assert {s.split(' = ')[0] for s in scripts} >= {'policy_node', 'seq', 'bag_player'}
+    for script in scripts:
+        module, func = script.split(' = ')[1].split(':')
+        assert callable(getattr(importlib.import_module(module), func)), script
+
+
+def test_sequence_ai_alias_exposes_the_client_api():
+    import sequence_ai
+    import sequence_ai_ros.client
+
+    assert sequence_ai.connect is sequence_ai_ros.client.connect
+    assert sequence_ai.RunOutcome is sequence_ai_ros.client.RunOutcome
+    assert {'connect', 'Observation', 'Action'} <= set(sequence_ai.__all__)
+
+
+def _dry_run(target: str, **env: str) -> str:
+    environ = {k: v for k, v in os.environ.items() if k != 'ROS_DISTRO'}
+    environ.update(env)
+    done = subprocess.run(['make', '-n', '-B', target], cwd=REPO, env=environ, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_makefile_uses_a_sourced_ros_distro_instead_of_the_wheels():
+    system = _dry_run('setup', ROS_DISTRO='humble')
+    assert '--system-site-packages' in system
+    assert 'requirements-dev.txt' not in system and '-r requirements.txt' in system
+    wheels = _dry_run('setup')
+    assert '-r requirements-dev.txt' in wheels and '--system-site-packages' not in wheels
+    assert '/opt/python/cp311-cp311' in wheels   # the CMake path rewrite of the wheels (pitfall 1)
+    build = _dry_run('build', ROS_DISTRO='jazzy')
+    assert '--base-paths msg .' in build and 'AMENT_PREFIX_PATH' not in build
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    ci = (REPO / '.ci' / 'run').read_text()
+    assert re.search(r'^make test$', ci, re.M)
+    assert 'make test' in (REPO / 'README.md').read_text()
