@@ -74,10 +74,17 @@ demo: $(STAMP_BUILD)
 bench: $(STAMP_BUILD)
 	$(ENV) && python -m sequence_ai_ros.bench
 
-check-export:
+# LeRobot's own v2.1 loader in its own venv (lerobot 0.3.3 pulls torch with CUDA wheels, ~6 GB): never
+# in the ROS venv, never in `make test`. It checks the export `make demo` wrote (EXPORT=... for another).
+EXPORT ?= out/export
+.venv-lerobot/.stamp:
 	$(PYTHON) -m venv .venv-lerobot
 	.venv-lerobot/bin/pip install -q lerobot==0.3.3
-	.venv-lerobot/bin/python test/check_export_lerobot.py out/export
+	touch $@
+
+check-export: .venv-lerobot/.stamp
+	@test -f "$(EXPORT)/meta/info.json" || { echo "no export at $(EXPORT): run make demo first (or EXPORT=DIR)"; exit 2; }
+	.venv-lerobot/bin/python test/check_export_lerobot.py "$(EXPORT)"
 
 clean:
 	rm -rf build install log $(VENV) .venv-lerobot
