@@ -19,7 +19,10 @@ STAMP_BUILD := install/.stamp-build
 BUILD_INPUTS := package.xml setup.py setup.cfg msg/package.xml msg/CMakeLists.txt \
 	$(wildcard msg/msg/*.msg msg/srv/*.srv msg/action/*.action) sequence_ai_ros/protocol/sequence_ai.proto \
 	$(wildcard launch/*.py config/*.yaml)
-ENV := set +u && source $(VENV)/bin/activate && source install/local_setup.bash && export PYTHONPATH="$(CURDIR):$$PYTHONPATH"
+# The dev shell: the venv, both colcon packages, and the console scripts (seq, policy_node, bag_player),
+# which colcon installs where `ros2 run` looks (lib/sequence_ai_ros), put first on PATH (coreutils has a seq).
+ENV := set +u && source $(VENV)/bin/activate && source install/local_setup.bash && \
+	export PYTHONPATH="$(CURDIR):$$PYTHONPATH" PATH="$(CURDIR)/install/sequence_ai_ros/lib/sequence_ai_ros:$$PATH"
 DATASET ?= ../shared/data/g1_pick_bottle_v21
 export DATASET
 
@@ -66,7 +69,7 @@ lint: $(STAMP_VENV)
 
 test: $(STAMP_BUILD)
 	$(VENV)/bin/ruff check .
-	$(ENV) && python -m pytest test
+	$(ENV) && python -m pytest test -rs
 
 demo: $(STAMP_BUILD)
 	$(ENV) && python -m sequence_ai_ros.demo --dataset "$(DATASET)" --out out

@@ -23,7 +23,9 @@ os.environ['ROS_DOMAIN_ID'] = os.environ.get('SEQ_TEST_DOMAIN_ID') or str(random
 os.environ.setdefault('RCUTILS_LOGGING_BUFFERED_STREAM', '1')
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED_DATA = (REPO.parent / 'shared' / 'data').resolve()
+#: The real robot data: ../shared/data beside the repository, or $SEQ_DATA_DIR (the folder holding
+#: g1_pick_bottle_v21/ and wx200_joint_states/). Tests that need it skip, saying where they looked.
+SHARED_DATA = Path(os.environ.get('SEQ_DATA_DIR') or REPO.parent / 'shared' / 'data').resolve()
 G1_DATASET = SHARED_DATA / 'g1_pick_bottle_v21'
 WX200_BAG = SHARED_DATA / 'wx200_joint_states' / 'rosbag2'
 
@@ -46,7 +48,7 @@ def seq_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def g1_dataset() -> Path:
     """The real G1 LeRobot v2.1 dataset in ../shared/data (skips when absent)."""
     if not (G1_DATASET / 'meta' / 'info.json').exists():
-        pytest.skip(f'real G1 dataset not found at {G1_DATASET}')
+        pytest.skip(f'real G1 dataset not found at {G1_DATASET} (set SEQ_DATA_DIR)')
     return G1_DATASET
 
 
@@ -54,7 +56,7 @@ def g1_dataset() -> Path:
 def wx200_bag() -> Path:
     """The real WidowX-200 joint-state rosbag2 in ../shared/data (skips when absent)."""
     if not (WX200_BAG / 'metadata.yaml').exists():
-        pytest.skip(f'real WidowX-200 bag not found at {WX200_BAG}')
+        pytest.skip(f'real WidowX-200 bag not found at {WX200_BAG} (set SEQ_DATA_DIR)')
     return WX200_BAG
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -20,6 +21,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--episode', type=int, default=5, help='held-out episode to replay')
     parser.add_argument('--max-seconds', type=float, default=None, help='replay at most this long (s)')
     args = parser.parse_args(argv)
+
+    def stop(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    # kill, timeout and a CI cancel send SIGTERM/SIGHUP: unwind as for Ctrl-C, so every child is stopped
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop)
     dataset: Path | None = args.dataset
     if not (dataset / 'meta' / 'info.json').exists():
         print(f'No LeRobot v2.1 dataset at {dataset}. Point the demo at one with\n'

@@ -20,8 +20,9 @@ def format_summary(s: dict[str, Any]) -> str:
              'boundary, rad or hand units)',
              f"chunk latency        p50 {_f(s['latency_p50_ms'], '.1f')} ms, p95 {_f(s['latency_p95_ms'], '.1f')} ms"
              '  (round trip robot -> worker -> robot, one clock)',
-             f"commands published   {s['commands_published']} by the node; {s['commands_received']} received at "
-             f"{_f(s['command_rate_hz'], '.2f')} Hz  (commands / duration at a subscriber; target 50 Hz)",
+             f"commands published   {s['commands_published']} from policy actions; {s['commands_received']} received "
+             f"(holds included) at {_f(s['command_rate_hz'], '.2f')} Hz  (commands / duration at a subscriber; "
+             'target 50 Hz)',
              f"tick jitter p99      {_f(s['tick_jitter_p99_ms'], '.2f')} ms  (|dt - 20 ms| between commands at a "
              'subscriber)',
              f"zero commands        {s['zero_commands']}  (commands that were all zeros; must be 0)"]
