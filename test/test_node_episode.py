@@ -215,6 +215,20 @@ def test_bad_parameter_exits_with_a_clear_message(tmp_path, processes):
     assert 'command.interface' in node_log(proc) and 'effort' in node_log(proc)
 
 
+@pytest.mark.parametrize('extra, names', [
+    ({'safety.lower_limits': [float('nan')] * 4, 'safety.upper_limits': [0.5] * 4}, 'safety.lower_limits'),
+    ({'safety.upper_limits': [0.5, 0.5, float('inf'), 0.5]}, 'safety.upper_limits'),
+    ({'joints.names': []}, 'joints.names'),
+    ({'control_rate_hz': float('nan')}, 'control_rate_hz'),
+], ids=['nan_limit', 'inf_limit', 'no_joints', 'nan_rate'])
+def test_unsafe_or_unusable_parameters_are_refused_at_start_up(tmp_path, processes, extra, names):
+    """A NaN limit once made the node publish NaN positions; now it, like the rest, exits 2 at start-up."""
+    proc = spawn_node(processes, tmp_path / 'node.log', _params(tmp_path, 1, **extra))
+    assert proc.wait(timeout=30) == 2, node_log(proc)
+    log = node_log(proc)
+    assert f'policy_node: parameter {names}:' in log and 'Traceback' not in log, log
+
+
 def test_joint_delta_is_integrated_from_the_measured_state(tmp_path, processes, probe):
     measured = np.linspace(0.1, 0.4, 4)
     with serve_policy_file(RAMP, 'ramp', names=NAMES, action_space='joint_delta', step=0.003) as server:

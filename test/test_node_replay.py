@@ -48,6 +48,26 @@ def g1_bag(tmp_path_factory):
     return out, info
 
 
+def _bag_states(bag, names, topic='/joint_states'):
+    """Every JointState of ``bag`` on ``topic``, as float32 (N, D) rows in the order of ``names``.
+
+    Read from the bag itself: a probe subscription could miss a message under load and fail the test falsely.
+    """
+    from rosbags.rosbag2 import Reader
+    from rosbags.typesys import Stores, get_typestore
+
+    store = get_typestore(Stores.ROS2_HUMBLE)
+    rows = []
+    with Reader(bag) as reader:
+        conns = [c for c in reader.connections if c.topic == topic]
+        for conn, _, raw in reader.messages(connections=conns):
+            msg = store.deserialize_cdr(raw, conn.msgtype)
+            by_name = dict(zip(msg.name, msg.position, strict=True))
+            rows.append([by_name[n] for n in names])
+    assert rows, f'no {topic} messages in {bag}'
+    return np.array(rows, np.float32)
+
+
 def _rate(times):
     return (len(times) - 1) / (times[-1] - times[0])
 
@@ -68,14 +88,11 @@ def _play(processes, bag, *args):
 
 
 def test_g1_replay_commands_at_50hz_in_config_order(g1_bag, tmp_path, processes, rclpy_context):
-    from sensor_msgs.msg import JointState
-
     bag, info = g1_bag
     duration = info['duration_s']
     names = _config_names(G1_CONFIG)
+    recorded = _bag_states(bag, names)
     probe = Probe(rclpy_context, Float64MultiArray, '/g1_position_controller/commands')
-    states: list = []
-    probe.node.create_subscription(JointState, '/joint_states', states.append, 100)
     try:
         port = spawn_worker(processes, RAMP, 'g1', names=names, camera='cam_high', camera_size=[640, 480])
         params = node_params(tmp_path, model='g1', endpoint=f'127.0.0.1:{port}', diagnostics_rate_hz=2.0,
@@ -105,8 +122,10 @@ def test_g1_replay_commands_at_50hz_in_config_order(g1_bag, tmp_path, processes,
     assert 49.5 <= node_rate <= 50.5, node_rate
     # The policy holds its first observation: the first command is a recorded state in config order.
     first = values[0][1]
-    recorded = np.array([[dict(zip(m.name, m.position, strict=True))[n] for n in names] for m in states])
-    assert np.min(np.abs(recorded - first).max(axis=1)) < 1e-5, 'the command is not a state in config order'
+    nearest = np.abs(recorded - first).max(axis=1)
+    assert nearest.min() < 1e-5, (f'the first command is not a recorded state in config order: nearest is row '
+                                  f'{nearest.argmin()} of {len(recorded)}, max |diff| {nearest.min():.4f}; '
+                                  f'first {np.round(first, 4).tolist()}', node_log(proc))
     passthrough = int(probe.diag_value('observation', 'jpeg_passthrough.cam_high') or 0)
     decoded = int(probe.diag_value('observation', 'decoded.cam_high') or 0)
     assert passthrough > 100 and decoded == 0, (passthrough, decoded)

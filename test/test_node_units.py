@@ -100,6 +100,23 @@ def test_joints_are_mapped_by_name_never_by_position():
         mapper.map(JointState(name=['a', 'b', 'c'], position=[1.0, 2.0, math.nan]))
 
 
+def test_a_joint_named_twice_is_refused_never_mapped_last_wins():
+    mapper = JointMapper(['j0', 'j1'])
+    dup = JointState(name=['j0', 'j0', 'j1'], position=[9.0, 0.1, 0.2])
+    with pytest.raises(ContractViolation, match=r"names joints \['j0'\] more than once"):
+        mapper.map(dup)
+    with pytest.raises(ContractViolation, match=r"\['x'\] more than once"):   # even a joint not observed
+        mapper.map(JointState(name=['j0', 'x', 'j1', 'x'], position=[0.0, 1.0, 2.0, 3.0]))
+    assert mapper.map(JointState(name=['j1', 'j0'], position=[0.2, 0.1])).tolist() == pytest.approx([0.1, 0.2])
+    with pytest.raises(ContractViolation, match='more than once'):      # the cached mapping is not reused
+        mapper.map(JointState(name=['j1', 'j0', 'j0'], position=[0.2, 0.1, 9.0]))
+    asm = ObservationAssembler(['j0', 'j1'], 0.5, {}, joints_source='/joint_states')
+    asm.put_joints(dup, received=1.0)
+    snap = asm.snapshot(1.01)
+    assert snap.observation is None and snap.state is None
+    assert snap.problems and snap.problems[0].startswith("/joint_states: joint_states names joints ['j0']")
+
+
 def test_observation_ages_name_each_stale_or_missing_source():
     asm = ObservationAssembler(['a'], 0.5, {'cam': 0.2}, joints_source='/joint_states',
                                camera_sources={'cam': '/cam/image'})
@@ -134,6 +151,40 @@ def test_safety_clamps_and_counts_or_stops():
     assert out.values is None and "['b']" in out.stop and stop.clamps == 0
     rates = SafetyFilter(cfg, ['a', 'b'], positions=False)
     assert rates.check(np.array([5.0, 5.0]), last=None).values.tolist() == [5.0, 5.0]
+
+
+@pytest.mark.parametrize('field, values', [
+    ('lower_limits', (math.nan, -1.0)), ('upper_limits', (1.0, math.inf)), ('lower_limits', (-math.inf, -1.0)),
+    ('max_step', (math.nan,)), ('max_step', (math.inf,)), ('max_step', (0.1, math.nan))])
+def test_safety_config_refuses_non_finite_limits(field, values):
+    kwargs = {'lower_limits': (-1.0, -1.0), 'upper_limits': (1.0, 1.0), field: values}
+    with pytest.raises(ConfigError, match=f'parameter safety.{field}: non-finite'):
+        SafetyConfig(**kwargs)
+
+
+def test_safety_config_refuses_mismatched_or_crossed_limits():
+    with pytest.raises(ConfigError, match='safety.lower_limits: 2 values but safety.upper_limits has 4'):
+        SafetyConfig(lower_limits=(-1.0, -1.0), upper_limits=(1.0,) * 4)
+    with pytest.raises(ConfigError, match=r'safety.lower_limits: lower limit above upper limit for joints \[1\]'):
+        SafetyConfig(lower_limits=(-1.0, 2.0), upper_limits=(1.0, 1.0))
+    with pytest.raises(ConfigError, match='safety.upper_limits: 3 values for 2 commanded joints'):
+        NodeConfig(joints=JointsConfig(names=('a', 'b')), safety=SafetyConfig(upper_limits=(1.0,) * 3))
+    with pytest.raises(ConfigError, match='safety.max_step: every value must be > 0'):
+        SafetyConfig(max_step=(0.0,))
+
+
+def test_safety_filter_never_returns_a_non_finite_command():
+    cfg = SafetyConfig(lower_limits=(-1.0, -1.0), upper_limits=(1.0, 1.0), max_step=(0.1,))
+    f = SafetyFilter(cfg, ['a', 'b'])
+    out = f.check(np.array([0.5, 0.5]), last=np.array([0.45, math.nan]))  # a NaN reference for the step limit
+    assert out.values is None and "reference for the step limit for ['b']" in out.stop
+    f.lower = np.array([math.nan, -1.0])      # a bound that got past the config (np.clip would give NaN)
+    out = f.check(np.array([-2.0, 0.0]), last=None)
+    assert out.values is None and "['a']" in out.stop
+    assert f.clamps == 0, 'a refused command is not counted as clamped'
+    f.lower = np.array([-1.0, -1.0])
+    out = f.check(np.array([-2.0, 0.0]), last=None)
+    assert out.values.tolist() == [-1.0, 0.0] and out.clamped == 1
 
 
 def _contract(space: str, names=('a', 'b')) -> Contract:
@@ -223,6 +274,37 @@ def test_parameters_are_declared_with_descriptors(rclpy_context):
             declare_and_read(bad)
     finally:
         bad.destroy_node()
+
+
+def test_empty_joint_names_cannot_run():
+    assert NodeConfig().joints.names == ()   # a template without joints is a valid configuration...
+    with pytest.raises(ConfigError, match='parameter joints.names: empty'):
+        NodeConfig().check_runnable()       # ...but the node cannot run on it
+    NodeConfig(joints=JointsConfig(names=('a',))).check_runnable()
+
+
+@pytest.mark.parametrize('name, value, match', [
+    ('control_rate_hz', 0.0, r'must be within \[1.0, 1000.0\]'),
+    ('control_rate_hz', math.nan, r'must be within \[1.0, 1000.0\]'),
+    ('control_rate_hz', 1e6, r'must be within \[1.0, 1000.0\]'),
+    ('control_rate_hz', 50, '.*INTEGER'),
+    ('joints.max_age_s', -1.0, r'must be within \[0.001, 3600.0\]'),
+    ('stale_grace_s', math.nan, r'must be within \[0.01, 3600.0\]'),
+    ('qos.depth', 0, r'must be within \[1, 1000\]'),
+    ('safety.upper_limits', [1.0, math.nan], 'non-finite values at indices \\[1\\]')])
+def test_out_of_range_parameters_are_config_errors_naming_the_parameter(rclpy_context, name, value, match):
+    import rclpy
+    from rclpy.parameter import Parameter
+
+    from sequence_ai_ros.node.parameters import declare_and_read
+
+    node = rclpy.create_node('params_range', context=rclpy_context, parameter_overrides=[
+        Parameter('joints.names', value=['a', 'b']), Parameter(name, value=value)])
+    try:
+        with pytest.raises(ConfigError, match=f'parameter {name}: {match}'):
+            declare_and_read(node)
+    finally:
+        node.destroy_node()
 
 
 def test_tick_thread_calls_with_monotonic_times_and_survives_errors():

@@ -30,6 +30,13 @@ def _check_positive(name: str, value: float) -> None:
         raise ConfigError(f'parameter {name}: must be a positive number, got {value!r}')
 
 
+def _check_finite(name: str, values: tuple[float, ...]) -> None:
+    bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
+    if bad:
+        raise ConfigError(f'parameter {name}: non-finite values at indices {bad} ({[values[i] for i in bad]}); '
+                          'every limit must be a finite number (use a large finite value for an unlimited joint)')
+
+
 @dataclasses.dataclass(frozen=True)
 class QosConfig:
     """QoS of the observation subscriptions.
@@ -145,6 +152,9 @@ class SafetyConfig:
     :param upper_limits: per commanded joint; empty = no limit.
     :param max_step: largest change per tick, per joint or one value for all; empty = no limit.
     :param on_violation: ``clamp`` (clamp and count) or ``stop`` (end the run with 'validate').
+    :raises ConfigError: naming the parameter, for a non-finite limit or step (NaN or inf: a NaN bound
+        would turn every clamped command into NaN), lower and upper limits of different lengths, a lower
+        limit above its upper limit, or a step <= 0.
     """
 
     lower_limits: tuple[float, ...] = ()
@@ -154,16 +164,23 @@ class SafetyConfig:
 
     def __post_init__(self) -> None:
         for name in ('lower_limits', 'upper_limits', 'max_step'):
-            object.__setattr__(self, name, tuple(float(v) for v in getattr(self, name)))
+            try:
+                values = tuple(float(v) for v in getattr(self, name))
+            except (TypeError, ValueError):
+                raise ConfigError(f'parameter safety.{name}: must be a list of numbers, '
+                                  f'got {getattr(self, name)!r}') from None
+            object.__setattr__(self, name, values)
+            _check_finite(f'safety.{name}', values)
         _check_choice('safety.on_violation', self.on_violation, ON_VIOLATION)
         if self.lower_limits and self.upper_limits:
             if len(self.lower_limits) != len(self.upper_limits):
-                raise ConfigError('safety.lower_limits and safety.upper_limits differ in length')
+                raise ConfigError(f'parameter safety.lower_limits: {len(self.lower_limits)} values but '
+                                  f'safety.upper_limits has {len(self.upper_limits)}')
             bad = [i for i, (lo, hi) in enumerate(zip(self.lower_limits, self.upper_limits, strict=True)) if lo > hi]
             if bad:
-                raise ConfigError(f'safety: lower limit above upper limit for joints {bad}')
-        if any(s <= 0 or math.isnan(s) for s in self.max_step):
-            raise ConfigError('parameter safety.max_step: every value must be > 0')
+                raise ConfigError(f'parameter safety.lower_limits: lower limit above upper limit for joints {bad}')
+        if any(s <= 0 for s in self.max_step):
+            raise ConfigError(f'parameter safety.max_step: every value must be > 0, got {list(self.max_step)}')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,6 +236,16 @@ class NodeConfig:
                 raise ConfigError(f'safety.{name}: {len(limits)} values for {n} commanded joints')
         if len(self.safety.max_step) not in (0, 1, n):
             raise ConfigError(f'safety.max_step: {len(self.safety.max_step)} values; give 1 or {n}')
+
+    def check_runnable(self) -> None:
+        """Check what the running node needs beyond a valid configuration (a template may lack it).
+
+        :raises ConfigError: when ``joints.names`` is empty: observations are built from the named joints,
+            so the node cannot run without them.
+        """
+        if not self.joints.names:
+            raise ConfigError('parameter joints.names: empty; list the observed joints (in the order of the '
+                              "policy's state vector): the node cannot build observations without joints")
 
     @property
     def period_s(self) -> float:

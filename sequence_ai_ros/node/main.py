@@ -15,6 +15,7 @@ import threading
 from collections.abc import Sequence
 
 import rclpy
+from rclpy.exceptions import ParameterException
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor, SingleThreadedExecutor
 
 from sequence_ai_ros.exceptions import ConfigError
@@ -36,7 +37,10 @@ def _init(args: Sequence[str] | None) -> rclpy.context.Context:
 
 
 def main(args: Sequence[str] | None = None) -> int:
-    """Run the policy node until SIGINT/SIGTERM; return the exit code (2 for a bad parameter)."""
+    """Run the policy node until SIGINT/SIGTERM; return the exit code.
+
+    :returns: 0 after a clean shutdown; 2 for a bad parameter (the message, on stderr, names it).
+    """
     from sequence_ai_ros.node.interface import PolicyInterface
     from sequence_ai_ros.node.wiring import PolicyNode
 
@@ -51,7 +55,7 @@ def main(args: Sequence[str] | None = None) -> int:
         signal.signal(sig, on_signal)
     try:
         node = PolicyNode(context=context)
-    except ConfigError as exc:
+    except (ConfigError, ParameterException) as exc:   # rclpy's own refusals are converted; this is a backstop
         print(f'policy_node: {exc}', file=sys.stderr)
         rclpy.try_shutdown(context=context)
         return 2

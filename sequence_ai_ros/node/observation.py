@@ -8,8 +8,8 @@ receive time (``time.monotonic()``) by default, because replayed bags carry reco
 ``stamp_source='header'`` measures against the header stamp on the node's clock instead.
 
 Joints are mapped by name (:class:`JointMapper`): the configured names, a subset of the message's, in
-the configured order. A missing joint or a message without names is an error, never a silent
-positional mapping.
+the configured order. A missing joint, a message without names or with a name given twice is an
+error, never a silent positional (or last-wins) mapping.
 """
 
 from __future__ import annotations
@@ -57,6 +57,11 @@ class JointMapper:
             if not msg_names or any(not n for n in msg_names):
                 raise ContractViolation('joint_states message has an empty name field; joints are mapped by '
                                         'name and are never mapped by position')
+            if len(set(msg_names)) != len(msg_names):
+                seen: set[str] = set()
+                dups = sorted({n for n in msg_names if n in seen or seen.add(n)})
+                raise ContractViolation(f'joint_states names joints {dups} more than once (message names '
+                                        f'{list(msg_names)}); a duplicated joint has no unambiguous position')
             lookup = {n: i for i, n in enumerate(msg_names)}
             missing = [n for n in self.names if n not in lookup]
             if missing:
@@ -69,8 +74,8 @@ class JointMapper:
     def map(self, msg: Any) -> np.ndarray:
         """Return float32 (D,) positions in the configured order (rad or m, as published).
 
-        :raises ContractViolation: for an empty name field, a missing joint, too few positions, or
-            non-finite values.
+        :raises ContractViolation: for an empty name field, a joint named twice, a missing joint, too few
+            positions, or non-finite values.
         """
         msg_names = tuple(msg.name)
         index = self._indices(msg_names)

@@ -11,9 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor
+from rclpy.exceptions import InvalidParameterValueException, ParameterException
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 
+from sequence_ai_ros.exceptions import ConfigError
 from sequence_ai_ros.node.config import (
     CameraConfig,
     CommandConfig,
@@ -32,22 +34,36 @@ _TYPES = {
 def _declare(node: Node, name: str, default: Any, description: str, *, read_only: bool = True,
              float_range: tuple[float, float] | None = None, int_range: tuple[int, int] | None = None,
              array: type | None = None) -> Any:
-    """Declare one parameter and return its value (``default`` when an array is left unset)."""
+    """Declare one parameter and return its value (``default`` when an array is left unset).
+
+    :raises ConfigError: naming the parameter when rclpy refuses the given value (out of the declared
+        range, NaN, or of the wrong type, e.g. an integer for a double).
+    """
     desc = ParameterDescriptor(description=description, read_only=read_only)
+    bounds = float_range or int_range
     if float_range is not None:
         desc.floating_point_range = [FloatingPointRange(from_value=float(float_range[0]),
                                                         to_value=float(float_range[1]))]
     if int_range is not None:
         desc.integer_range = [IntegerRange(from_value=int_range[0], to_value=int_range[1])]
     value = _TYPES[array] if array is not None else default
-    param = node.declare_parameter(name, value, desc)
+    try:
+        param = node.declare_parameter(name, value, desc)
+    except ParameterException as exc:
+        detail = exc.args[0] if exc.args else str(exc)
+        if isinstance(exc, InvalidParameterValueException) and bounds is not None:
+            detail = f'must be within [{bounds[0]}, {bounds[1]}] ({detail})'
+        elif "'INTEGER', expecting type 'DOUBLE'" in detail:
+            detail += ' (write a double with a decimal point, e.g. 50.0)'
+        raise ConfigError(f'parameter {name}: {detail}') from None
     return default if param.value is None else param.value
 
 
 def declare_and_read(node: Node) -> NodeConfig:
     """Declare all parameters on ``node`` and return them as a validated :class:`NodeConfig`.
 
-    :raises ConfigError: when a value is invalid; the message names the parameter.
+    :raises ConfigError: when a value is invalid (refused by its descriptor or by :class:`NodeConfig`);
+        the message names the parameter.
     """
     d = NodeConfig()
     top = dict(

@@ -4,7 +4,10 @@ Limits apply to position commands (joint positions, integrated joint deltas, and
 and end-effector poses pass unchanged except for the finiteness check). ``clamp`` clamps and counts
 every clamped value; ``stop`` refuses the command, and the node ends the run with reason 'validate'.
 A non-finite action always stops the run with 'validate'. The step limit is measured from the last
-command published, or from the measured state for the first command of an episode.
+command published, or from the measured state for the first command of an episode. The command that
+comes out is checked for finiteness again (defence in depth: :class:`SafetyConfig` already refuses
+non-finite limits, but a NaN bound or a NaN ``last`` would make ``np.clip`` return NaN), so a
+non-finite command is never returned for publishing.
 """
 
 from __future__ import annotations
@@ -70,6 +73,9 @@ class SafetyFilter:
 
         :param values: float64 (D,) in command order.
         :param last: the previous command (or measured state) in command order, or None.
+        :returns: the command to publish (always finite), or ``values=None`` with ``stop`` saying why
+            the run must end ('validate'): a non-finite action, a violation under ``on_violation='stop'``,
+            or a command that is non-finite after the limits.
         """
         v = np.asarray(values, np.float64)
         if not np.all(np.isfinite(v)):
@@ -79,10 +85,11 @@ class SafetyFilter:
             return Checked(v)
         out = v
         limit_hit = np.zeros(v.shape[0], bool)
+        # written as "not within" so that a NaN bound counts as a violation instead of passing silently
         if self.lower is not None:
-            limit_hit |= out < self.lower
+            limit_hit |= ~(out >= self.lower)
         if self.upper is not None:
-            limit_hit |= out > self.upper
+            limit_hit |= ~(out <= self.upper)
         if limit_hit.any():
             if self.cfg.on_violation == 'stop':
                 names = [self.names[i] for i in np.flatnonzero(limit_hit)]
@@ -92,6 +99,9 @@ class SafetyFilter:
             out = np.clip(out, lo, hi)
         step_hit = np.zeros(v.shape[0], bool)
         if self.max_step is not None and last is not None and np.shape(last) == out.shape:
+            if not np.all(np.isfinite(last)):   # the step limit cannot be checked against NaN: refuse
+                bad = [self.names[i] for i in np.flatnonzero(~np.isfinite(last))]
+                return Checked(None, stop=f'non-finite reference for the step limit for {bad}')
             delta = out - last
             step_hit = np.abs(delta) > self.max_step
             if step_hit.any():
@@ -99,6 +109,9 @@ class SafetyFilter:
                     names = [self.names[i] for i in np.flatnonzero(step_hit)]
                     return Checked(None, stop=f'step limit exceeded for {names}')
                 out = last + np.clip(delta, -self.max_step, self.max_step)
+        if not np.all(np.isfinite(out)):
+            bad = [self.names[i] for i in np.flatnonzero(~np.isfinite(out))]
+            return Checked(None, stop=f'non-finite command after the safety limits for {bad}')
         n = int(limit_hit.sum() + step_hit.sum())
         if n:
             with self._lock:

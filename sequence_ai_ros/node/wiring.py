@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.clock import Clock, ClockType
 from rclpy.node import Node
@@ -50,13 +51,14 @@ class PolicyNode(Node):
 
     :param connect: passed to :class:`.runner.Runner` (default: :func:`sequence_ai_ros.client.connect`).
     :param kwargs: passed to :class:`rclpy.node.Node` (``context``, ``cli_args``, ``parameter_overrides``...).
-    :raises ConfigError: when a parameter is invalid.
+    :raises ConfigError: when a parameter is invalid, or ``joints.names`` is empty.
     """
 
     def __init__(self, node_name: str = 'policy_node', *, connect: Callable[..., Any] | None = None,
                  **kwargs: Any) -> None:
         super().__init__(node_name, **kwargs)
         cfg = self.cfg = declare_and_read(self)
+        cfg.check_runnable()
         self.enabled = cfg.enabled
         self.commands = CommandInterface(cfg.command, cfg.command_joint_names, cfg.period_s)
         self.safety = SafetyFilter(cfg.safety, cfg.command_joint_names, self.commands.is_position)
@@ -157,6 +159,11 @@ class PolicyNode(Node):
             self._publish(values)
 
     def _publish(self, values: Any) -> None:
+        if not np.all(np.isfinite(values)):
+            # The last gate (the safety filter already refuses non-finite commands): never publish NaN/inf;
+            # the run ends with 'validate' and the controller keeps its last finite command.
+            self.runner.request_end('validate', 'a non-finite command reached the publisher; not published')
+            return
         msg, gripper = self.commands.build(values, self.get_clock().now().to_msg())
         if not self.enabled:
             self._dry_pub.publish(msg)
