@@ -12,13 +12,19 @@ import time
 import numpy as np
 import pytest
 
-from sequence_ai_ros.client.engine import EpisodeEngine, EpisodeSettings, OutRequest
+from sequence_ai_ros.client.engine import (
+    CHUNK_TIMEOUT_MIN_S,
+    EpisodeEngine,
+    EpisodeSettings,
+    OutRequest,
+    chunk_timeout_s,
+)
 from sequence_ai_ros.client.latency import LatencyWindow, percentile
 from sequence_ai_ros.client.outcome import RunOutcome
 from sequence_ai_ros.client.pacing import Pacer, ThreadGuard
 from sequence_ai_ros.client.resample import blend_seam, position_mask, sample
 from sequence_ai_ros.client.sampling import GridSampler, History
-from sequence_ai_ros.exceptions import ActionSpaceMismatch, ContractViolation
+from sequence_ai_ros.exceptions import ActionSpaceMismatch, ContractViolation, PolicyException
 from sequence_ai_ros.protocol import codec
 from sequence_ai_ros.protocol.contract import Contract, ObservationContract
 from sequence_ai_ros.protocol.messages import pack_chunk
@@ -262,6 +268,37 @@ def test_limits_done_flag_and_outcome_string():
     assert str(RunOutcome(250, 32, 16.84, 'completed')) == 'RunOutcome(250 actions over 32 chunks in 16.8s, completed)'
     with pytest.raises(ValueError):
         RunOutcome(1, 1, 1.0, 'finished')
+
+
+def test_an_unanswered_request_ends_the_episode_with_error_at_the_chunk_timeout():
+    rig = Rig(t=10, chunk_timeout=0.55)                              # dt 0.1 s: covers 1 s
+    rig.tick()
+    rig.reply(ramp(0))
+    while len(rig.sent) < 2:                                         # play until the prefetch goes out
+        rig.tick()
+    sent_at = rig.now - rig.contract.dt
+    for _ in range(5):                                               # 0.5 s unanswered: still within the bound
+        rig.tick()
+        assert rig.engine.outcome() is None
+    while rig.engine.outcome() is None and rig.now < 5:
+        rig.tick()                                                   # the chunk ran dry; the policy hangs
+    out = rig.engine.outcome()
+    assert out.reason == 'error' and isinstance(out.error, PolicyException)
+    assert 'no action chunk for request 2 within 0.55 s' in str(out.error)
+    assert 0.55 < rig.now - sent_at <= 0.55 + 2 * rig.contract.dt      # ended at the first tick past the bound
+    assert rig.tick().hold                                           # and holds from then on
+    rig.reply(ramp(1000))                                            # a late chunk changes nothing
+    assert rig.engine.outcome() is out and rig.tick().hold
+    # The default bound: max(10 s, 10 * covers_seconds), so a slow but live policy is never cut off.
+    assert chunk_timeout_s(rig.contract) == CHUNK_TIMEOUT_MIN_S == 10.0
+    slow = Contract(action_space='joint_absolute', action_names=NAMES, dt=0.05, chunk_length=40)
+    assert chunk_timeout_s(slow) == pytest.approx(20.0) and chunk_timeout_s(slow, 0.3) == 0.3
+    answered = Rig(t=10, chunk_timeout=0.55)
+    for _ in range(60):                                              # every request answered at once: no error
+        answered.tick()
+        if answered.sent and answered.engine.stats()['in_flight']:
+            answered.reply(ramp(len(answered.executed)))
+    assert answered.engine.outcome() is None
 
 
 def test_history_is_sampled_on_the_policy_dt_grid():

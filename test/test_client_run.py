@@ -94,16 +94,18 @@ def test_cold_start_runs_chunk_row_zero_and_a_cold_spike_does_not_inflate_prefet
     endpoint = serve(mean_s=0.02, jitter=0.2, first_s=0.8, dt=0.01, chunk_length=25)
     robot = Robot()
     with connect('lat', endpoint=endpoint) as policy:
-        out = policy.run(robot.observe, robot.act, max_actions=300)
+        out = policy.run(robot.observe, robot.act, max_actions=150)
         stats = policy.stats()
     first = robot.actions[0]
     assert first.index == 0 and first.values.tolist() == [0.0, 1.0]  # chunk[0] of request 1, nothing skipped
     assert robot.misaligned() == []
+    # An inflated lead (0.8 s > covers 0.25 s) would re-request at every arrival: ~2 actions per chunk (75
+    # chunks); a healthy one uses most of each 25-action chunk. With fewer than 20 round trips the
+    # nearest-rank p95 is their maximum, the cold one.
+    assert out.chunks <= 19, out
     assert out.latency_p95_ms >= 800                                 # the spike is in the episode's numbers...
     assert stats['latency_p95_ms'] < 200                             # ...but not in the prefetch window
     assert stats['prefetch_lead_s'] < 0.2
-    # An inflated lead (0.8 s > covers 0.25 s) would re-request at every arrival: ~2 actions per chunk.
-    assert out.chunks <= 300 / 10, out
 
 
 def test_reasons_completed_until_timeout_validate_and_act_arguments(serve):
@@ -234,9 +236,10 @@ def test_next_action_at_50hz_plays_a_30hz_policy_at_its_recorded_speed(serve):
     slope = np.polyfit(times, values, 1)[0]
     assert slope == pytest.approx(30.0, rel=0.1)                        # 30 rows per second on a 50 Hz loop
     steps = np.diff(values)
-    # The reported state lags the command by one tick, so a seam may repeat a tick (step 0); it never
-    # goes back and never jumps ahead.
-    assert steps.min() > -1e-3 and steps.max() < 2.5
+    # The reported state lags the command by one tick, so a seam may repeat a tick (step 0). At a seam the
+    # new chunk's timeline meets the old one within a hundredth of a row (fractional positions of a 50 Hz
+    # caller on a 30 Hz chunk); it never goes back by more, and never jumps ahead.
+    assert steps.min() > -0.02 and steps.max() < 2.5
     assert stats['chunks'] >= 2 and out.reason == 'interrupted' and out.actions >= 30
 
 

@@ -9,7 +9,11 @@ Modules, one concept each: :mod:`.policy` (the handle), :mod:`.engine` (one epis
 prefetch, stale-action skip, underruns), :mod:`.resample` (reading a chunk at the caller's period;
 seam blending), :mod:`.latency` (round-trip window, prefetch lead), :mod:`.sampling` (history and
 telemetry on the policy's clocks), :mod:`.pacing` (absolute deadlines; the one-thread rule),
-:mod:`.session` (gRPC), :mod:`.outcome`.
+:mod:`.session` (gRPC), :mod:`.outcome`, :mod:`.checks` (arguments and observations at the edge).
+
+Failures: a bad observation is a ContractViolation (act/run: hold, reason 'validate'); the caller's own
+code raising holds once, tells the worker 'error' and re-raises; a lost, erring or silent worker (no chunk
+within the no-chunk deadline, ``chunk_timeout``) holds, then raises a typed error.
 
 Threads: the caller's control thread runs act/run/next_action and never waits on the network. Per
 episode, ``seq-send-<id>`` packs and sends and ``seq-recv-<id>`` reads; both are owned by the

@@ -26,7 +26,7 @@ from sequence_ai_ros.client import resample
 from sequence_ai_ros.client.latency import LatencyWindow, percentile
 from sequence_ai_ros.client.outcome import RunOutcome
 from sequence_ai_ros.client.sampling import History
-from sequence_ai_ros.exceptions import ActionSpaceMismatch, ContractViolation, SequenceAIError
+from sequence_ai_ros.exceptions import ActionSpaceMismatch, ContractViolation, PolicyException, SequenceAIError
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import Contract
 from sequence_ai_ros.protocol.messages import unpack_chunk
@@ -38,6 +38,12 @@ _EPS = 1e-9
 #: robot's own process (GC, a loaded core) between two ticks must not eat the whole measured margin. With
 #: a 0 ms policy the measured lead alone is ~2 ticks; the floor costs only more, earlier requests.
 MIN_LEAD_FRACTION = 0.25
+#: The no-chunk deadline: a request unanswered for longer than
+#: ``max(CHUNK_TIMEOUT_MIN_S, CHUNK_TIMEOUT_COVERS * covers_seconds)`` (s) ends the episode with reason
+#: 'error' and a :class:`~sequence_ai_ros.exceptions.PolicyException` (a hung inference must not leave
+#: the arm in one endless underrun). Overridden per episode by ``chunk_timeout``.
+CHUNK_TIMEOUT_MIN_S = 10.0
+CHUNK_TIMEOUT_COVERS = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +59,8 @@ class EpisodeSettings:
     :param control_period: the caller's period (s); None measures it from the ticks.
     :param fixed_step: advance exactly ``control_period`` per emitted action (act/run pacing) instead of
         by the clock (next_action).
+    :param chunk_timeout: seconds a request may stay unanswered before the episode ends with 'error' (s);
+        None: ``max(CHUNK_TIMEOUT_MIN_S, CHUNK_TIMEOUT_COVERS * covers_seconds)``.
     """
 
     instruction: str = ''
@@ -63,6 +71,14 @@ class EpisodeSettings:
     expect_action_space: ActionSpace | None = None
     control_period: float | None = None
     fixed_step: bool = False
+    chunk_timeout: float | None = None
+
+
+def chunk_timeout_s(contract: Contract, chunk_timeout: float | None = None) -> float:
+    """The no-chunk deadline (s): ``chunk_timeout`` when given, else the default from the contract."""
+    if chunk_timeout is not None:
+        return float(chunk_timeout)
+    return max(CHUNK_TIMEOUT_MIN_S, CHUNK_TIMEOUT_COVERS * contract.covers_seconds)
 
 
 @dataclasses.dataclass
@@ -120,6 +136,7 @@ class EpisodeEngine:
         self._history = History(contract.observation.history, contract.dt)
         self._started = clock()
         self._period = settings.control_period or contract.dt
+        self.chunk_timeout = chunk_timeout_s(contract, settings.chunk_timeout)
         self._last_tick: float | None = None
         self.executed = 0.0
         self._live: _Live | None = None
@@ -312,6 +329,11 @@ class EpisodeEngine:
             self.finish('completed', now=now)
         elif live is not None and live.done and live.pos >= live.length - _EPS:
             self.finish('completed', now=now)
+        elif self._in_flight is not None and self._clock() - self._in_flight[1] > self.chunk_timeout:
+            rid, sent, _ = self._in_flight
+            self.finish('error', PolicyException(
+                f'no action chunk for request {rid} within {self.chunk_timeout:g} s '
+                f'(waited {self._clock() - sent:.1f} s): the policy is not answering (hung inference?)'), now=now)
 
     def _validate(self, actions: np.ndarray, space: ActionSpace) -> None:
         if space is not self._space:

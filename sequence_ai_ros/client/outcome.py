@@ -6,8 +6,10 @@ import dataclasses
 
 from sequence_ai_ros.exceptions import SequenceAIError
 
-#: Why an episode ends. ``error`` (a lost connection, a worker error) is raised by act()/run() after the
-#: hold fires; loops that call next_action() themselves read it from :meth:`Policy.episode_outcome`.
+#: Why an episode ends. ``error`` (a lost connection, a worker error, no chunk within the no-chunk deadline)
+#: is raised by act()/run() after the hold fires; loops that call next_action() themselves read it from
+#: :meth:`Policy.episode_outcome`. ``error`` is also the reason the worker is told when the caller's own
+#: code (observe, act, until, on_underrun) raised; act()/run() then re-raise the caller's exception.
 REASONS = ('completed', 'until', 'timeout', 'interrupted', 'validate', 'error')
 
 
@@ -28,7 +30,8 @@ class RunOutcome:
     :param episode_id: the episode's id.
     :param skipped: stale actions skipped at chunk switches, in chunk steps (counted, never estimated).
     :param smooth_seam_ignored: True when smooth_seam > 0 was asked on a delta or velocity space (a no-op).
-    :param error: the typed exception behind reason ``validate`` or ``error``, else None.
+    :param error: the typed exception behind reason ``validate`` or ``error``; None otherwise, and for an
+        ``error`` that the caller's own code raised (that exception propagates from act()/run()).
     """
 
     actions: int

@@ -8,25 +8,27 @@ themselves at the chunk's dt with absolute deadlines; loops that pace themselves
 from __future__ import annotations
 
 import dataclasses
-import math
+import logging
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from sequence_ai_ros.client import checks
 from sequence_ai_ros.client.engine import EpisodeEngine, EpisodeSettings
 from sequence_ai_ros.client.latency import LatencyWindow
 from sequence_ai_ros.client.outcome import RunOutcome
 from sequence_ai_ros.client.pacing import Pacer, ThreadGuard
 from sequence_ai_ros.client.sampling import TelemetryBuffer
 from sequence_ai_ros.client.session import Connection, EpisodeStream, TlsLike, resolve_endpoint
-from sequence_ai_ros.exceptions import CaptureError, EpisodeStateError, NotReady
+from sequence_ai_ros.exceptions import CaptureError, ContractViolation, EpisodeStateError, NotReady
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import Contract
 from sequence_ai_ros.protocol.spaces import ActionSpace
 from sequence_ai_ros.protocol.types import Action, Observation
 
+LOG = logging.getLogger(__name__)
 ObserveFn = Callable[[], Observation | Mapping[str, Any]]
 ActFn = Callable[[Action], Any]
 
@@ -145,7 +147,7 @@ class Policy:
     def begin_episode(self, instruction: str = '', episode_id: str | None = None, *, max_seconds: float | None = None,
                       max_actions: float | None = None, prefetch: bool = True, smooth_seam: int = 0,
                       expect_action_space: str | ActionSpace | None = None, control_period: float | None = None,
-                      _fixed_step: bool = False) -> str:
+                      chunk_timeout: float | None = None, _fixed_step: bool = False) -> str:
         """Open an episode (one Episode stream) and return its id; the first next_action() requests a chunk.
 
         :param instruction: the task, pinned for the episode.
@@ -156,14 +158,17 @@ class Policy:
         :param smooth_seam: rows cross-faded at each seam (absolute spaces; a reported no-op otherwise).
         :param expect_action_space: the space the caller commands; another one ends with 'validate'.
         :param control_period: the caller's period (s), to resample delta/velocity chunks; None measures it.
+        :param chunk_timeout: the no-chunk deadline (s): a request unanswered this long ends the episode
+            with reason 'error' and a PolicyException; None: ``max(10 s, 10 * covers_seconds)``
+            (:data:`~sequence_ai_ros.client.engine.CHUNK_TIMEOUT_MIN_S`, ``CHUNK_TIMEOUT_COVERS``).
         :raises EpisodeStateError: when an episode is still running on this handle.
-        :raises ValueError: for a negative smooth_seam, a non-positive period or limit.
+        :raises TypeError: for a bool or a non-number as a limit, period or chunk_timeout.
+        :raises ValueError: for a negative smooth_seam, a non-finite or non-positive period, limit or chunk_timeout.
         """
         if self._closed:
             raise EpisodeStateError('this Policy is closed')
-        for name, v in (('max_seconds', max_seconds), ('max_actions', max_actions), ('control_period', control_period)):
-            if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-                raise ValueError(f'{name} must be a positive number, got {v!r}')
+        _check_limits(max_seconds=max_seconds, max_actions=max_actions, control_period=control_period,
+                      chunk_timeout=chunk_timeout)
         if int(smooth_seam) < 0:
             raise ValueError(f'smooth_seam must be >= 0, got {smooth_seam}')
         space = ActionSpace.parse(expect_action_space) if expect_action_space is not None else None
@@ -176,7 +181,8 @@ class Policy:
             eid = episode_id or uuid.uuid4().hex
             settings = EpisodeSettings(instruction=instruction, max_seconds=max_seconds, max_actions=max_actions,
                                        prefetch=prefetch, smooth_seam=int(smooth_seam), expect_action_space=space,
-                                       control_period=control_period, fixed_step=_fixed_step)
+                                       control_period=control_period, fixed_step=_fixed_step,
+                                       chunk_timeout=chunk_timeout)
             self._wake.clear()
             holder: dict[str, Any] = {}
             engine = EpisodeEngine(self.contract, settings, eid, self.latency,
@@ -199,11 +205,21 @@ class Policy:
         :returns: the Action to command; ``hold=True`` on an underrun or after the episode finished
             (repeat the last command, or the measured state before the first); None when there is
             nothing to hold yet (e.g. an ee space before its first chunk).
+        :raises ContractViolation: for a bad observation (not an Observation or dict, a state that is not a
+            finite (D,) vector of the contract's size and names...); the open episode ends with reason
+            'validate' and the caller holds the arm.
         :raises EpisodeStateError: without an open episode.
         :raises RuntimeError: when another thread is inside act/run/next_action on this handle.
         """
         with self._guard:
-            return self._tick(Observation.coerce(observation), time.monotonic() if now is None else now)
+            ep = self._episode
+            try:
+                obs = checks.observation(observation, self.contract)
+            except ContractViolation as exc:
+                if ep is not None and ep.closed is None:
+                    ep.engine.finish('validate', exc)
+                raise
+            return self._tick(obs, time.monotonic() if now is None else now)
 
     def episode_outcome(self) -> RunOutcome | None:
         """None while the episode runs; its RunOutcome once it finished (completed, timeout, validate, error...)."""
@@ -232,58 +248,80 @@ class Policy:
     def act(self, instruction: str, observe: ObserveFn, act: ActFn, *, max_seconds: float,
             until: Callable[[], bool] | None = None, on_underrun: Callable[[], Any] | None = None,
             episode_id: str | None = None, prefetch: bool = True, smooth_seam: int = 0,
-            expect_action_space: str | ActionSpace | None = None, control_period: float | None = None) -> RunOutcome:
+            expect_action_space: str | ActionSpace | None = None, control_period: float | None = None,
+            chunk_timeout: float | None = None) -> RunOutcome:
         """Drive the arm with ``instruction`` until the policy is done, ``until()``, timeout or interrupt.
+
+        Failures, decided once for act() and run():
+
+        - a bad observation (``observe()`` returns None, a non-numeric, 2-d or non-finite state, empty
+          names, a state whose size or names differ from the contract...) is a ContractViolation: hold
+          fires, the episode ends with 'validate' and the outcome (``.error`` the violation) is returned;
+        - the caller's own code raising (``observe``, ``act``, ``until``, ``on_underrun``): hold fires
+          once (unless the arm already holds), the worker's episode ends with reason 'error'
+          ('interrupted' for KeyboardInterrupt/SystemExit), and the caller's exception propagates unchanged;
+        - the worker lost, erring, or not answering within ``chunk_timeout``: hold fires, then the typed
+          error is raised.
 
         :param observe: returns the current Observation (or a dict); its instruction is overwritten.
         :param act: executes one Action.
-        :param max_seconds: required time limit (s), > 0.
+        :param max_seconds: required time limit (s), > 0 and finite.
         :param until: checked between actions; True finishes with 'until'.
         :param on_underrun: called once per dry spell, and on interrupt/validate/error (hold the arm).
         :param control_period: pace at this period (s) with resampling, instead of the chunk's dt.
+        :param chunk_timeout: the no-chunk deadline (s); see :meth:`begin_episode`.
         :returns: the outcome (reason completed, until, timeout, interrupted or validate).
-        :raises ValueError: for max_seconds <= 0.
-        :raises ConnectionLost, NotReady, SequenceAIError: after firing hold, when the worker is lost or
-            errs mid-run.
+        :raises TypeError: for a missing max_seconds, or a bool or non-number as a limit or period.
+        :raises ValueError: for a non-finite or non-positive max_seconds, control_period or chunk_timeout.
+        :raises ConnectionLost, NotReady, PolicyException, SequenceAIError: after firing hold, when the worker
+            is lost, errs, or does not answer within ``chunk_timeout``.
         """
-        if not (isinstance(max_seconds, (int, float)) and max_seconds > 0):
-            raise ValueError(f'max_seconds must be > 0, got {max_seconds!r}')
+        checks.positive('max_seconds', max_seconds, required=True)
         return self._drive(observe, act, instruction=instruction, pin=True, max_seconds=max_seconds, max_actions=None,
                            until=until, on_underrun=on_underrun, episode_id=episode_id, prefetch=prefetch,
                            smooth_seam=smooth_seam, expect_action_space=expect_action_space,
-                           control_period=control_period)
+                           control_period=control_period, chunk_timeout=chunk_timeout)
 
     def run(self, observe: ObserveFn, act: ActFn, *, max_actions: int = 250,
             on_underrun: Callable[[], Any] | None = None, prefetch: bool = True, smooth_seam: int = 0,
             instruction: str | None = None,
             max_seconds: float | None = None, episode_id: str | None = None,
-            expect_action_space: str | ActionSpace | None = None, control_period: float | None = None) -> RunOutcome:
+            expect_action_space: str | ActionSpace | None = None, control_period: float | None = None,
+            chunk_timeout: float | None = None) -> RunOutcome:
         """Execute ``max_actions`` chunk steps (or until done, timeout or interrupt); return the RunOutcome.
 
-        Same parameters as :meth:`act`; ``instruction`` (optional) is pinned when given. The episode
-        ends when run() returns, even on an exception.
+        Same parameters and failure rules as :meth:`act`; ``instruction`` (optional) is pinned when given.
+        The episode ends when run() returns, even on an exception.
 
-        :raises ConnectionLost, NotReady, SequenceAIError: after firing hold, when the worker is lost or errs.
+        :raises TypeError: for a bool or non-number as a limit or period.
+        :raises ValueError: for a non-finite or non-positive limit, period or chunk_timeout.
+        :raises ConnectionLost, NotReady, PolicyException, SequenceAIError: after firing hold, when the worker
+            is lost, errs, or does not answer within ``chunk_timeout``.
         """
         return self._drive(observe, act, instruction=instruction or '', pin=instruction is not None,
                            max_seconds=max_seconds, max_actions=max_actions, until=None, on_underrun=on_underrun,
                            episode_id=episode_id, prefetch=prefetch, smooth_seam=smooth_seam,
-                           expect_action_space=expect_action_space, control_period=control_period)
+                           expect_action_space=expect_action_space, control_period=control_period,
+                           chunk_timeout=chunk_timeout)
 
     # -- internals ------------------------------------------------------------------------------------
 
     def _drive(self, observe: ObserveFn, act: ActFn, *, instruction: str, pin: bool, max_seconds: float | None,
                max_actions: float | None, until: Callable[[], bool] | None, on_underrun: Callable[[], Any] | None,
                episode_id: str | None, prefetch: bool, smooth_seam: int,
-               expect_action_space: str | ActionSpace | None, control_period: float | None) -> RunOutcome:
+               expect_action_space: str | ActionSpace | None, control_period: float | None,
+               chunk_timeout: float | None) -> RunOutcome:
+        _check_limits(max_seconds=max_seconds, max_actions=max_actions, control_period=control_period,
+                      chunk_timeout=chunk_timeout)
         with self._guard:
             self.wait_until_ready()      # one Ready call when warm; waits out warming before the first action
-            period = control_period or self.contract.dt
+            period = self.contract.dt if control_period is None else control_period
             self.begin_episode(instruction, episode_id, max_seconds=max_seconds, max_actions=max_actions,
                                prefetch=prefetch, smooth_seam=smooth_seam, expect_action_space=expect_action_space,
-                               control_period=period, _fixed_step=True)
+                               control_period=period, chunk_timeout=chunk_timeout, _fixed_step=True)
             engine = self._episode.engine
-            holding = False
+            holding = False              # set before on_underrun is called, so a raising hold is not repeated
+            end_reason = 'interrupted'
             try:
                 pacer = Pacer(period, wake=self._wake)
                 while True:
@@ -292,27 +330,46 @@ class Policy:
                     out = engine.check(time.monotonic())
                     if out is not None:
                         break
-                    obs = Observation.coerce(observe())
+                    raw = observe()
+                    try:
+                        obs = checks.observation(raw, self.contract)
+                    except ContractViolation as exc:
+                        engine.finish('validate', exc)
+                        break
                     if pin and obs.instruction != instruction:
                         obs = dataclasses.replace(obs, instruction=instruction)   # the caller's object is untouched
                     action = self._tick(obs, time.monotonic())
                     if engine.outcome() is not None:
                         break
                     if action is None or action.hold:
-                        if not holding and engine.dry and on_underrun is not None:
-                            on_underrun()
-                        holding = holding or engine.dry
+                        if not holding and engine.dry:
+                            holding = True
+                            if on_underrun is not None:
+                                on_underrun()
                     else:
                         holding = False
                         act(action)
                     pacer.wait()
                 # Hold first, then talk to the worker: the stop unwinds through on_underrun at once.
                 out = engine.outcome()
-                if out.reason in ('interrupted', 'validate', 'error') and not holding and on_underrun is not None:
+                if out.reason in ('interrupted', 'validate', 'error') and not holding:
                     holding = True
-                    on_underrun()
+                    if on_underrun is not None:
+                        on_underrun()
+            except BaseException as exc:
+                # The caller's code (or ours) raised: hold the arm, flag the episode, never swallow the error.
+                end_reason = 'error' if isinstance(exc, Exception) else 'interrupted'
+                if not holding:
+                    holding = True
+                    if on_underrun is not None:
+                        try:
+                            on_underrun()
+                        except Exception:
+                            LOG.exception('episode %s: on_underrun() raised while holding after an error',
+                                          engine.episode_id)
+                raise
             finally:
-                out = self.end_episode('interrupted')
+                out = self.end_episode(end_reason)
             if out.reason == 'error' and out.error is not None:
                 raise out.error
             return out
@@ -342,15 +399,25 @@ class Policy:
         if ep.closed is not None:
             return ep.closed
         out = ep.engine.finish(reason)
+        # The worker hears how it ended, 'error' included (the caller's code raised, or no chunk came within
+        # chunk_timeout), so captured data is flagged; a stream that already failed sends nothing (close()).
         tel = ep.telemetry.flush() if ep.telemetry is not None else None
-        if tel and out.reason != 'error':
+        if tel:
             ep.stream.send_telemetry(tel)
-        end = None if out.reason == 'error' else pb.EpisodeEnd(
-            reason=out.reason, actions=out.actions, chunks=out.chunks, underruns=out.underruns,
-            underrun_s=out.underrun_s, max_seam_jump=out.max_seam_jump)
-        ep.stream.close(end)
+        ep.stream.close(pb.EpisodeEnd(reason=out.reason, actions=out.actions, chunks=out.chunks,
+                                      underruns=out.underruns, underrun_s=out.underrun_s,
+                                      max_seam_jump=out.max_seam_jump))
         ep.closed = out
         return out
+
+
+def _check_limits(**limits: float | None) -> None:
+    """Check optional limits and periods by name (None, or a finite real number > 0).
+
+    :raises TypeError: for a bool or a non-number. :raises ValueError: for a non-finite or non-positive number.
+    """
+    for name, value in limits.items():
+        checks.positive(name, value)
 
 
 def connect(model: str, *, endpoint: str | None = None, token: str | None = None, tls: TlsLike = None,

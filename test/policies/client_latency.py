@@ -11,7 +11,8 @@ Config (constructor kwargs):
   mean (0.2 = +-20 %); ``first_s``: latency of the first request instead (a cold spike), default none;
 - ``dt`` (s) and ``chunk_length`` T, default 0.01 and 25; ``action_space``, default joint_absolute;
 - ``done_after``: mark the chunk answering this request id ``done`` (0: never); ``seed``;
-- ``history``: the contract's history N; when > 1 the second column holds ``len(inp.history)`` instead.
+- ``history``: the contract's history N; when > 1 the second column holds ``len(inp.history)`` instead;
+- ``stall_at``: the request id whose inference hangs for ``stall_s`` seconds (a hung policy), 0: never.
 """
 
 import dataclasses
@@ -32,12 +33,13 @@ class Latency:
 
     def __init__(self, mean_s: float = 0.0, jitter: float = 0.0, first_s: float | None = None, dt: float = 0.01,
                  chunk_length: int = 25, action_space: str = 'joint_absolute', done_after: int = 0,
-                 seed: int = 0, history: int = 1) -> None:
+                 seed: int = 0, history: int = 1, stall_at: int = 0, stall_s: float = 0.0) -> None:
         self.mean_s, self.jitter, self.first_s = float(mean_s), float(jitter), first_s
         self.chunk_length, self.done_after = int(chunk_length), int(done_after)
         self.rng = random.Random(seed)
         self.calls = 0
         self.history = int(history)
+        self.stall_at, self.stall_s = int(stall_at), float(stall_s)
 
     @classmethod
     def configure_contract(cls, contract: seq.Contract, config: dict) -> seq.Contract:
@@ -53,6 +55,8 @@ class Latency:
             delay = float(self.first_s)
         else:
             delay = self.mean_s * (1.0 + self.jitter * self.rng.uniform(-1.0, 1.0))
+        if self.stall_at and inp.request_id == self.stall_at:
+            delay = self.stall_s
         if delay > 0:
             time.sleep(delay)
         frame = float(inp.observation.state[0])
