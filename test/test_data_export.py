@@ -175,21 +175,21 @@ def test_verify_export_catches_a_broken_export(tmp_path: Path, store: CaptureSto
 
 def test_cli_capture_settings_show_and_export(tmp_path: Path, seq_home: Path, g1: LeRobotDataset,
                                               capsys: pytest.CaptureFixture) -> None:
-    assert seq_main(['policy', 'capture', 'g1', '--rate', '0.5', '--images', '--retention-days', '3',
+    assert seq_main(['policy', 'capture', 'g1', '--force', '--rate', '0.5', '--images', '--retention-days', '3',
                      '--fps', '10']) == 0
     settings = json.loads((seq_home / 'capture/g1/settings.json').read_text())
     assert settings == {'rate': 0.5, 'images': True, 'retention_days': 3.0, 'fps': 10.0, 'enabled': True,
                         'quota_bytes': None}
     assert 'capturing' in capsys.readouterr().out
-    assert seq_main(['policy', 'capture', 'g1', '--rate', '1']) == 0
+    assert seq_main(['policy', 'capture', 'g1', '--force', '--rate', '1']) == 0
     store = CaptureStore(capture_root(seq_home, 'g1'), 'g1')
     feed_g1(store, 'cli-1', g1, frames=6)
     store.label('cli-1', True)
     capsys.readouterr()
-    assert seq_main(['policy', 'capture', 'g1']) == 0
+    assert seq_main(['policy', 'capture', 'g1', '--force']) == 0
     shown = capsys.readouterr().out
     assert '1 episodes (1 labelled, 0 unlabelled), 6 frames' in shown and 'rate 1, images on, fps 10' in shown
-    assert seq_main(['policy', 'capture', 'g1', '--off']) == 0
+    assert seq_main(['policy', 'capture', 'g1', '--force', '--off']) == 0
     assert json.loads((seq_home / 'capture/g1/settings.json').read_text())['enabled'] is False
     assert 'off' in capsys.readouterr().out
     out = tmp_path / 'cli-export'

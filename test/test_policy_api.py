@@ -54,6 +54,9 @@ def test_streaming_needs_a_hook_and_classes_need_infer():
     ({'chunk_length': 0}, ContractViolation, 'chunk_length'),
     ({'action_names': ['a', 'a']}, ContractViolation, 'unique'),
     ({'action_space': 'torque'}, ConfigError, 'unknown action_space'),
+    ({'chunk_length': 2.7}, ContractViolation, 'integer number of actions'),
+    ({'chunk_length': 20_000}, ContractViolation, r'1\.\.10000'),
+    ({'action_names': 'abc'}, ContractViolation, 'not the single string'),
 ])
 def test_invalid_contracts_fail_at_declaration(kwargs, error, message):
     args = dict(action_space='joint_absolute', action_names=NAMES, dt=0.1, chunk_length=8) | kwargs

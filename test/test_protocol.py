@@ -157,3 +157,102 @@ def test_observation_coerce_from_dict():
         Observation.coerce([1, 2])
     with pytest.raises(ContractViolation, match='empty name'):
         Observation(state=[1.0], state_names=('',))
+
+
+def _horizon_contract(chunk_length: int = 4, dim: int = 2) -> Contract:
+    return Contract(ActionSpace.JOINT_ABSOLUTE, [f'j{i}' for i in range(dim)], 0.1, chunk_length)
+
+
+def test_chunks_longer_than_the_horizon_or_the_transport_limit_are_refused():
+    c = _horizon_contract(chunk_length=4)
+    pack = dict(request_id=1, episode_id='e', robot_time_s=0.0)
+    with pytest.raises(ContractViolation, match='chunk_length 4'):
+        messages.pack_chunk(np.zeros((5, 2), np.float32), c, **pack)
+    assert messages.pack_chunk(np.zeros((3, 2), np.float32), c, **pack).actions.shape == [3, 2]
+    assert messages.pack_chunk(np.zeros((4, 2), np.float32), c, **pack).actions.shape == [4, 2]
+    wide = _horizon_contract(chunk_length=100, dim=1000)  # 100 x 1000 float32 = 400 kB
+    with pytest.raises(ContractViolation, match='transport limit is 262144 bytes'):
+        messages.pack_chunk(np.zeros((100, 1000), np.float32), wide, max_bytes=256 << 10, **pack)
+    assert messages.pack_chunk(np.zeros((100, 1000), np.float32), wide, **pack).ByteSize() > 400_000
+    assert messages.MAX_CHUNK_BYTES == 64 << 20
+
+
+@pytest.mark.parametrize('kwargs, match', [
+    ({'chunk_length': 2.7}, 'integer number of actions'),
+    ({'chunk_length': 30.0}, 'integer number of actions'),
+    ({'chunk_length': True}, 'integer number of actions'),
+    ({'chunk_length': 10_001}, r'1\.\.10000'),
+    ({'chunk_length': 0}, r'1\.\.10000'),
+    ({'action_names': 'xyz'}, 'not the single string'),
+])
+def test_contract_refuses_non_integer_absurd_horizons_and_string_names(kwargs, match):
+    args = dict(action_space='joint_absolute', action_names=['x', 'y', 'z'], dt=0.1, chunk_length=4) | kwargs
+    with pytest.raises(ContractViolation, match=match):
+        Contract(**args)
+    assert Contract(**dict(args, chunk_length=np.int64(10_000), action_names=('x', 'y', 'z'))).chunk_length == 10_000
+
+
+def test_observation_contract_refuses_state_names_given_as_a_string():
+    with pytest.raises(ContractViolation, match='not the single string'):
+        ObservationContract(state_names='abc')
+
+
+def _png(mode: str, size=(4, 3)) -> bytes:
+    import io
+
+    from PIL import Image as PILImage
+
+    buf = io.BytesIO()
+    PILImage.new(mode, size).save(buf, format='PNG')
+    return buf.getvalue()
+
+
+def test_zero_size_images_are_contract_violations():
+    for w, h in ((0, 0), (0, 2), (2, 0)):
+        raw = pb.Image(key='cam', encoding='raw', width=w, height=h, channels=3, data=b'')
+        with pytest.raises(ContractViolation, match='width and height must be >= 1'):
+            codec.decode_image(raw)
+    jpeg = codec.encode_image('cam', np.zeros((2, 2, 3), np.uint8), 'jpeg')
+    jpeg.width = 0
+    with pytest.raises(ContractViolation, match='width and height must be >= 1'):
+        codec.decode_image(jpeg)
+    with pytest.raises(ContractViolation, match='empty'):
+        codec.encode_image('cam', np.zeros((0, 4, 3), np.uint8), 'raw')
+
+
+def test_encoded_images_must_hold_the_declared_channels():
+    gray = pb.Image(key='cam', encoding='png', width=4, height=3, channels=3, data=_png('L'))
+    with pytest.raises(ContractViolation, match='holds 1 channels .* 3 are declared'):
+        codec.decode_image(gray)
+    rgb = pb.Image(key='cam', encoding='png', width=4, height=3, channels=1, data=_png('RGB'))
+    with pytest.raises(ContractViolation, match='holds 3 channels .* 1 are declared'):
+        codec.decode_image(rgb)
+    rgba = codec.encode_image('cam', _png('RGBA'))  # passed through: the header says 4 channels
+    with pytest.raises(ContractViolation, match='4 channels declared'):
+        codec.decode_image(rgba)
+    assert codec.decode_image(pb.Image(key='cam', encoding='png', width=4, height=3, channels=1,
+                                       data=_png('L'))).shape == (3, 4, 1)
+    palette = codec.encode_image('cam', _png('P'))
+    assert palette.channels == 3 and codec.decode_image(palette).shape == (3, 4, 3)
+    no_channels = pb.Image(key='cam', encoding='png', width=4, height=3, channels=0, data=_png('RGB'))
+    with pytest.raises(ContractViolation, match='0 channels declared'):
+        codec.decode_image(no_channels)
+
+
+def test_error_messages_do_not_echo_unbounded_client_input():
+    c = Contract('joint_absolute', ['x'], 0.1, 2, ObservationContract(cameras=[CameraSpec('cam', 1, 1, 'raw')],
+                                                                      state_names=['x']))
+    req = pb.ObservationRequest(request_id=1, state=codec.to_tensor(np.zeros(1, np.float32)), state_names=['x'])
+    req.images.add(key='k' * 100_000, encoding='raw', width=1, height=1, channels=3, data=bytes(3))
+    with pytest.raises(ContractViolation, match='unknown camera') as info:
+        messages.unpack_observation(req, c)
+    assert len(str(info.value)) < 300
+    req = pb.ObservationRequest(request_id=1, state=codec.to_tensor(np.zeros(1, np.float32)),
+                                state_names=['y' * 100_000])
+    with pytest.raises(ContractViolation, match='names differ') as info:
+        messages.unpack_observation(req, c)
+    assert len(str(info.value)) < 300
+    bad = pb.Image(key='cam', encoding='e' * 100_000, width=1, height=1, channels=3, data=bytes(3))
+    with pytest.raises(ContractViolation, match='unknown encoding') as info:
+        codec.decode_image(bad)
+    assert len(str(info.value)) < 300

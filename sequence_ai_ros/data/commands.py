@@ -26,6 +26,20 @@ def seq_home() -> Path:
     return registry_home()
 
 
+def _check_registered(name: str) -> None:
+    """Refuse a deployment name the worker registry does not know.
+
+    :raises UnknownDeployment: naming the registered deployments and ``--force``.
+    """
+    from sequence_ai_ros.exceptions import UnknownDeployment
+    from sequence_ai_ros.worker.registry import Registry
+
+    try:
+        Registry(seq_home()).get(name)
+    except UnknownDeployment as exc:
+        raise UnknownDeployment(f'{exc}; pass --force to set capture for {name!r} anyway') from None
+
+
 def _store(name: str) -> Any:
     from sequence_ai_ros.data.capture import CaptureStore, capture_root
 
@@ -70,6 +84,8 @@ def add_parsers(sub: argparse._SubParsersAction, groups: dict[str, argparse._Sub
     cap.add_argument('--off', action='store_true', help='stop new capture; what was kept stays for its retention')
     cap.add_argument('--repair', action='store_true', help='rebuild a corrupted index from the episode files')
     cap.add_argument('--json', action='store_true', help='print the summary as JSON')
+    cap.add_argument('--force', action='store_true',
+                     help='act on NAME even when it is not a registered deployment (e.g. served by file)')
     cap.set_defaults(func=cmd_capture)
 
     data = policy.add_parser('data', help='export captured episodes')
@@ -115,9 +131,15 @@ def _fmt_bytes(n: int) -> str:
 
 
 def cmd_capture(args: argparse.Namespace) -> int:
-    """Update the capture settings when options are given, then print what the store keeps."""
+    """Update the capture settings when options are given, then print what the store keeps.
+
+    :raises UnknownDeployment: when NAME is not a registered deployment and ``--force`` is not given
+        (a typo would otherwise create a store no worker ever reads).
+    """
     from sequence_ai_ros.data.capture_settings import load_settings, save_settings
 
+    if not getattr(args, 'force', False):
+        _check_registered(args.name)
     store = _store(args.name)
     changes: dict[str, Any] = {}
     if args.rate is not None:

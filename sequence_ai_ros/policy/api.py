@@ -129,8 +129,10 @@ def policy(*, action_space: str | ActionSpace, action_names: Sequence[str], dt: 
         space = ActionSpace.parse(action_space)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    contract = Contract(action_space=space, action_names=tuple(action_names), dt=float(dt),
-                        chunk_length=int(chunk_length), observation=observation or ObservationContract(),
+    # action_names and chunk_length go to Contract as given: it refuses a plain string of names and a
+    # non-integer horizon (int() here would silently truncate 2.7 to 2).
+    contract = Contract(action_space=space, action_names=action_names, dt=float(dt),
+                        chunk_length=chunk_length, observation=observation or ObservationContract(),
                         streaming=bool(streaming), gripper=gripper)
 
     def decorate(cls: type) -> type:

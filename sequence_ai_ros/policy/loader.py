@@ -72,7 +72,7 @@ def _import(path: Path) -> Any:
     except (ConfigError, ContractViolation) as exc:
         sys.modules.pop(name, None)
         raise DeploymentError(f'{path}: invalid policy declaration: {exc}') from exc
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # sys.exit() at import is a failed import, not our exit
         sys.modules.pop(name, None)
         last = traceback.format_exception_only(type(exc), exc)[-1].strip()
         raise DeploymentError(f'{path}: import failed: {last}') from exc

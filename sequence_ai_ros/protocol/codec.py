@@ -17,6 +17,14 @@ from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 #: dtypes accepted on the wire; anything else is a contract violation.
 ALLOWED_DTYPES = frozenset({'float32', 'float64', 'uint8', 'int32', 'int64', 'bool'})
 ENCODINGS = ('jpeg', 'png', 'raw')
+#: Channels of Pillow modes whose band count is not their colour count (a palette holds RGB colours).
+_CHANNELS_OF_MODE = {'P': 3, '1': 1, 'I;16': 1, 'I': 1, 'F': 1}
+
+
+def _clip(text: object, limit: int = 100) -> str:
+    """Return ``str(text)`` cut to ``limit`` characters, for echoing untrusted input in an error."""
+    text = str(text)
+    return text if len(text) <= limit else f'{text[:limit]}...(+{len(text) - limit} chars)'
 
 
 def to_tensor(array: np.ndarray | list | tuple, dtype: str | None = None) -> pb.Tensor:
@@ -46,14 +54,14 @@ def from_tensor(tensor: pb.Tensor, *, what: str = 'tensor', dtype: str | None = 
         a wrong dtype or rank, or non-finite values when ``finite``.
     """
     if tensor.dtype not in ALLOWED_DTYPES:
-        raise ContractViolation(f'{what}: dtype {tensor.dtype!r} is not allowed')
+        raise ContractViolation(f'{what}: dtype {_clip(tensor.dtype)!r} is not allowed')
     if dtype is not None and tensor.dtype != dtype:
         raise ContractViolation(f'{what}: dtype {tensor.dtype} but {dtype} is required')
     shape = tuple(int(s) for s in tensor.shape)
-    if any(s < 0 for s in shape):
-        raise ContractViolation(f'{what}: negative dimension in shape {shape}')
     if ndim is not None and len(shape) != ndim:
-        raise ContractViolation(f'{what}: shape {shape} has {len(shape)} dims, {ndim} required')
+        raise ContractViolation(f'{what}: shape {_clip(shape)} has {len(shape)} dims, {ndim} required')
+    if any(s < 0 for s in shape):
+        raise ContractViolation(f'{what}: negative dimension in shape {_clip(shape)}')
     dt = np.dtype(tensor.dtype).newbyteorder('<')
     expected = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
     if len(tensor.data) != expected:
@@ -86,6 +94,8 @@ def encode_image(key: str, image: np.ndarray | bytes, encoding: str = 'jpeg',
         arr = arr[:, :, None]
     if arr.ndim != 3 or arr.shape[2] not in (1, 3):
         raise ContractViolation(f'image {key!r}: shape {arr.shape}, (H, W, 3) or (H, W) required')
+    if arr.shape[0] == 0 or arr.shape[1] == 0:
+        raise ContractViolation(f'image {key!r}: shape {arr.shape} is empty; width and height must be >= 1')
     height, width, channels = arr.shape
     if encoding == 'raw':
         data = np.ascontiguousarray(arr).tobytes()
@@ -114,7 +124,7 @@ def probe_encoded(data: bytes) -> tuple[int, int, int, str]:
     try:
         with PILImage.open(io.BytesIO(data)) as pil:
             fmt = (pil.format or '').lower()
-            channels = len(pil.getbands())
+            channels = _CHANNELS_OF_MODE.get(pil.mode, len(pil.getbands()))
             size = pil.size
     except Exception as exc:  # Pillow raises several types for bad headers
         raise ContractViolation(f'encoded image unreadable: {exc}') from None
@@ -127,17 +137,22 @@ def decode_image(image: pb.Image, *, max_pixels: int | None = None) -> np.ndarra
     """Unpack an ``Image`` into uint8 (H, W, C), validating what the header claims.
 
     :param max_pixels: refuse images larger than this (width * height) before decoding.
-    :raises ContractViolation: for an unknown encoding, a size over ``max_pixels``, a truncated or
-        corrupt payload, or pixels that disagree with the declared width/height/channels.
+    :raises ContractViolation: for an unknown encoding, a zero width or height, channels other than 1 or 3,
+        a size over ``max_pixels``, a truncated or corrupt payload, or pixels that disagree with the
+        declared width/height/channels (an encoded grayscale image declared with 3 channels, RGBA, ...).
     """
-    what = f'image {image.key!r}'
+    what = f'image {_clip(image.key)!r}'
     if image.encoding not in ENCODINGS:
-        raise ContractViolation(f'{what}: unknown encoding {image.encoding!r}')
+        raise ContractViolation(f'{what}: unknown encoding {_clip(image.encoding)!r}')
+    if image.width <= 0 or image.height <= 0:
+        raise ContractViolation(f'{what}: size {image.width}x{image.height}; width and height must be >= 1')
+    if image.channels not in (1, 3):
+        raise ContractViolation(f'{what}: {image.channels} channels declared; 1 (mono) or 3 (RGB) required')
     if max_pixels is not None and image.width * image.height > max_pixels:
         raise ContractViolation(f'{what}: {image.width}x{image.height} exceeds {max_pixels} pixels')
     if image.encoding == 'raw':
         expected = image.width * image.height * image.channels
-        if image.channels not in (1, 3) or len(image.data) != expected:
+        if len(image.data) != expected:
             raise ContractViolation(f'{what}: raw payload of {len(image.data)} bytes, expected {expected} '
                                     f'for {image.width}x{image.height}x{image.channels}')
         return np.frombuffer(image.data, np.uint8).reshape(image.height, image.width, image.channels)
@@ -147,6 +162,10 @@ def decode_image(image: pb.Image, *, max_pixels: int | None = None) -> np.ndarra
         with PILImage.open(io.BytesIO(image.data)) as pil:
             if max_pixels is not None and pil.size[0] * pil.size[1] > max_pixels:
                 raise ContractViolation(f'{what}: {pil.size} exceeds {max_pixels} pixels')
+            bands = _CHANNELS_OF_MODE.get(pil.mode, len(pil.getbands()))
+            if bands != image.channels:
+                raise ContractViolation(f'{what}: the {image.encoding} holds {bands} channels ({pil.mode}) but '
+                                        f'{image.channels} are declared')
             pil.load()
             arr = np.asarray(pil.convert('L' if image.channels == 1 else 'RGB'))
     except ContractViolation:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Sequence
 
 from sequence_ai_ros.exceptions import ContractViolation
@@ -15,6 +16,33 @@ from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.spaces import ActionSpace
 
 PROTOCOL_VERSION = 'sequence_ai.v1'
+#: Largest chunk_length (actions per chunk) a contract may declare.
+MAX_CHUNK_LENGTH = 10_000
+#: Characters of client-supplied text echoed in an error message.
+ECHO_LIMIT = 100
+
+
+def clip(text: object, limit: int = ECHO_LIMIT) -> str:
+    """Return ``str(text)`` cut to ``limit`` characters (with a marker), for echoing untrusted input in errors."""
+    text = str(text)
+    return text if len(text) <= limit else f'{text[:limit]}...(+{len(text) - limit} chars)'
+
+
+def _clip_seq(names: Sequence[str], limit: int = 10) -> str:
+    """Return a bounded repr of a list of client-supplied names (at most ``limit`` names, each clipped)."""
+    shown = [clip(n, 40) for n in list(names)[:limit]]
+    more = len(names) - limit
+    return repr(shown) + (f' (+{more} more)' if more > 0 else '')
+
+
+def _names(value: object, what: str) -> tuple[str, ...]:
+    """Return ``value`` as a tuple of names; a plain string is refused (it would split into letters)."""
+    if isinstance(value, (str, bytes)):
+        raise ContractViolation(f'{what} must be a list of names, not the single string {clip(value, 40)!r}')
+    try:
+        return tuple(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise ContractViolation(f'{what} must be a list of names, got {type(value).__name__}') from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +86,9 @@ class ObservationContract:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, 'cameras', tuple(self.cameras))
-        object.__setattr__(self, 'state_names', tuple(self.state_names))
+        object.__setattr__(self, 'state_names', _names(self.state_names, 'state_names'))
+        if not isinstance(self.history, numbers.Integral) or isinstance(self.history, bool):
+            raise ContractViolation(f'history must be an integer number of frames, got {self.history!r}')
         if self.history < 1:
             raise ContractViolation(f'history must be >= 1, got {self.history}')
         keys = [c.key for c in self.cameras]
@@ -84,11 +114,13 @@ class Contract:
     :param action_space: the meaning of each action vector.
     :param action_names: names of the D action dimensions, in order.
     :param dt: action period (s); 1/dt is the policy's control rate (Hz).
-    :param chunk_length: actions per chunk T (the action horizon).
+    :param chunk_length: actions per chunk T (the action horizon): an integer in 1..MAX_CHUNK_LENGTH; a
+        chunk may be shorter, never longer.
     :param observation: the observation contract.
     :param streaming: stateful per episode (True) or stateless.
     :param gripper: how the gripper channel is handled, in words.
-    :raises ContractViolation: for dt <= 0, chunk_length < 1, no action names, or duplicates.
+    :raises ContractViolation: for dt <= 0, a chunk_length that is not an integer in 1..10000, action names
+        given as one string, no action names, or duplicates.
     """
 
     action_space: ActionSpace
@@ -103,11 +135,14 @@ class Contract:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, 'action_space', ActionSpace.parse(self.action_space))
-        object.__setattr__(self, 'action_names', tuple(self.action_names))
+        object.__setattr__(self, 'action_names', _names(self.action_names, 'action_names'))
         if not (isinstance(self.dt, (int, float)) and math.isfinite(self.dt) and self.dt > 0):
             raise ContractViolation(f'dt must be a positive number of seconds, got {self.dt!r}')
-        if int(self.chunk_length) < 1:
-            raise ContractViolation(f'chunk_length must be >= 1, got {self.chunk_length}')
+        if not isinstance(self.chunk_length, numbers.Integral) or isinstance(self.chunk_length, bool):
+            raise ContractViolation(f'chunk_length must be an integer number of actions, got {self.chunk_length!r}')
+        if not 1 <= self.chunk_length <= MAX_CHUNK_LENGTH:
+            raise ContractViolation(f'chunk_length must be in 1..{MAX_CHUNK_LENGTH}, got {self.chunk_length}')
+        object.__setattr__(self, 'chunk_length', int(self.chunk_length))
         if not self.action_names:
             raise ContractViolation('action_names must name every action dimension')
         if any(not n for n in self.action_names) or len(set(self.action_names)) != len(self.action_names):
@@ -183,6 +218,6 @@ def check_names(given: Sequence[str], expected: Sequence[str], what: str) -> Non
         return
     missing = [n for n in expected if n not in given]
     extra = [n for n in given if n not in expected]
-    detail = f'missing {missing}' if missing else ''
-    detail += (', ' if detail and extra else '') + (f'unexpected {extra}' if extra else '')
+    detail = f'missing {_clip_seq(missing)}' if missing else ''
+    detail += (', ' if detail and extra else '') + (f'unexpected {_clip_seq(extra)}' if extra else '')
     raise ContractViolation(f'{what} names differ from the contract: {detail or "order differs"}')

@@ -15,9 +15,15 @@ import numpy as np
 from sequence_ai_ros.exceptions import ContractViolation
 from sequence_ai_ros.protocol import codec
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
-from sequence_ai_ros.protocol.contract import Contract, check_names
+from sequence_ai_ros.protocol.contract import Contract, check_names, clip
 from sequence_ai_ros.protocol.spaces import ActionSpace
 from sequence_ai_ros.protocol.types import Observation
+
+#: Largest packed ``ActionChunk`` (bytes): the worker's ``grpc.max_send_message_length`` and the client's
+#: receive limit (``sequence_ai_ros.client.session.MAX_MESSAGE_BYTES``), 64 MiB.
+MAX_CHUNK_BYTES = 64 << 20
+#: Bytes of an ActionChunk besides the action data (ids, timings, framing), an upper bound for the early check.
+_CHUNK_OVERHEAD = 4096
 
 
 def pack_images(obs: Observation, contract: Contract) -> list[pb.Image]:
@@ -101,7 +107,7 @@ def _unpack_images(images: Sequence[pb.Image], contract: Contract, max_pixels: i
         spec = contract.observation.camera(img.key)
         if spec is None:
             known = [c.key for c in contract.observation.cameras]
-            raise ContractViolation(f'{what}: unknown camera {img.key!r}; the contract names {known}')
+            raise ContractViolation(f'{what}: unknown camera {clip(img.key)!r}; the contract names {known}')
         if img.key in out:
             raise ContractViolation(f'{what}: camera {img.key!r} sent twice')
         if spec.width and spec.height and (img.width, img.height) != (spec.width, spec.height):
@@ -170,22 +176,37 @@ def unpack_observation(req: pb.ObservationRequest, contract: Contract, *,
 
 def pack_chunk(actions: np.ndarray, contract: Contract, *, request_id: int, episode_id: str,
                robot_time_s: float, done: bool = False, queue_wait_ms: float = 0.0,
-               inference_ms: float = 0.0) -> pb.ActionChunk:
+               inference_ms: float = 0.0, max_bytes: int = MAX_CHUNK_BYTES) -> pb.ActionChunk:
     """Build an ``ActionChunk`` from float32 (T, D) actions.
 
-    :raises ContractViolation: when actions are not (T, D) with D = action_dim and T >= 1, or not finite.
+    :param actions: (T, D) actions, 1 <= T <= contract.chunk_length (the declared action horizon; a
+        shorter chunk is fine), D = contract.action_dim.
+    :param max_bytes: the transport limit of one message (bytes), :data:`MAX_CHUNK_BYTES` by default.
+    :raises ContractViolation: when actions are not (T, D) with D = action_dim and 1 <= T <= chunk_length,
+        are not finite, or the packed chunk would exceed ``max_bytes``.
     """
-    arr = np.asarray(actions, dtype=np.float32)
+    with np.errstate(over='ignore', invalid='ignore'):  # float64 beyond float32 becomes inf, refused below
+        arr = np.asarray(actions, dtype=np.float32)
     if arr.ndim != 2 or arr.shape[0] < 1 or arr.shape[1] != contract.action_dim:
         raise ContractViolation(f'policy returned actions of shape {arr.shape}; (T, {contract.action_dim}) '
                                 'with T >= 1 is required')
+    if arr.shape[0] > contract.chunk_length:
+        raise ContractViolation(f'policy returned {arr.shape[0]} actions; its contract declares chunk_length '
+                                f'{contract.chunk_length} (the action horizon), so T <= {contract.chunk_length}')
+    if arr.nbytes + _CHUNK_OVERHEAD > max_bytes:
+        raise ContractViolation(f'a chunk of shape {arr.shape} is {arr.nbytes} bytes; the transport limit is '
+                                f'{max_bytes} bytes per message')
     if not np.all(np.isfinite(arr)):
         raise ContractViolation('policy returned non-finite actions (NaN or inf)')
-    return pb.ActionChunk(
+    msg = pb.ActionChunk(
         request_id=request_id, episode_id=episode_id, actions=codec.to_tensor(arr),
         action_space=contract.action_space.to_proto(), dt=contract.dt,
         covers_seconds=arr.shape[0] * contract.dt, done=done, robot_time_s=robot_time_s,
         timings=pb.Timings(queue_wait_ms=queue_wait_ms, inference_ms=inference_ms))
+    if msg.ByteSize() > max_bytes:
+        raise ContractViolation(f'the packed chunk is {msg.ByteSize()} bytes; the transport limit is '
+                                f'{max_bytes} bytes per message')
+    return msg
 
 
 @dataclasses.dataclass(frozen=True)

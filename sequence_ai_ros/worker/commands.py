@@ -20,6 +20,8 @@ from typing import Any
 from sequence_ai_ros.exceptions import ConfigError, MissingDependency
 
 TEMPLATES = Path(__file__).resolve().parent / 'templates'
+#: Default bound (s) of ``seq deploy``'s dry run.
+DRY_RUN_TIMEOUT_S = 60.0
 
 
 def _templates() -> dict[str, str]:
@@ -62,7 +64,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     from sequence_ai_ros.worker.registry import deploy
 
     print(f'validating {args.path} ...', flush=True)
-    rec, figures = deploy(args.path, name=args.name)
+    rec, figures = deploy(args.path, name=args.name, dry_timeout_s=args.timeout)
     print(f'ok: imports, contract {rec.action_space} D={rec.action_dim} T={rec.chunk_length} dt={rec.dt:g} s; '
           f'dry run load {figures.get("load_s", 0):.2f} s, inference {figures.get("infer_s", 0) * 1e3:.1f} ms')
     print(f'deployed {rec.name} version {rec.version} ({rec.path}, sha256 {rec.sha256[:12]})')
@@ -90,7 +92,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     tls = (args.tls_cert, args.tls_key) if args.tls_cert else None
     port = DEFAULT_PORT if args.port is None else args.port
     common: dict[str, Any] = dict(host=args.host, port=port, token=_read_token(args.token_file), tls=tls,
-                                  idle_timeout_s=args.idle_timeout, warm=args.warm)
+                                  idle_timeout_s=args.idle_timeout, warm=args.warm,
+                                  inference_timeout_s=args.inference_timeout, load_timeout_s=args.load_timeout,
+                                  max_streams=args.max_streams)
     if len(args.names) == 1 and args.names[0].endswith('.py') and Path(args.names[0]).is_file():
         server = serve_policy_file(args.names[0], home=None, **common)
     else:
@@ -198,6 +202,9 @@ def add_parsers(sub: Any, groups: dict[str, Any]) -> None:
     p = sub.add_parser('deploy', help='validate a policy.py (import, contract, dry run) and register it')
     p.add_argument('path', help='NAME/policy.py')
     p.add_argument('--name', help='deployment name (default: the policy folder name)')
+    p.add_argument('--timeout', type=float, default=DRY_RUN_TIMEOUT_S, metavar='S',
+                   help=f'fail when the dry run (construct, load, one inference) takes over S seconds '
+                        f'(default {DRY_RUN_TIMEOUT_S:g})')
     p.set_defaults(func=cmd_deploy)
 
     p = sub.add_parser('serve', help='serve deployments to robots over gRPC')
@@ -209,6 +216,13 @@ def add_parsers(sub: Any, groups: dict[str, Any]) -> None:
     p.add_argument('--tls-key', help='PEM private key')
     p.add_argument('--idle-timeout', type=float, default=300.0, help='end an idle episode after S seconds')
     p.add_argument('--warm', action='store_true', help='load the policies now instead of at the first client')
+    p.add_argument('--inference-timeout', type=float, default=30.0, metavar='S',
+                   help='an inference over S seconds gets POLICY_EXCEPTION and marks the deployment failed '
+                        '(default 30)')
+    p.add_argument('--load-timeout', type=float, default=600.0, metavar='S',
+                   help='a policy load over S seconds marks the deployment failed (default 600)')
+    p.add_argument('--max-streams', type=int, default=256, metavar='N',
+                   help='most episode streams open at once; more get OVERLOADED (default 256)')
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser('deployments', help='list deployments')

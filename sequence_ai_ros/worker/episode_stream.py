@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from sequence_ai_ros.exceptions import EpisodeStateError, NotReady, SequenceAIError
 from sequence_ai_ros.protocol import errors
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
+from sequence_ai_ros.protocol.contract import clip
 from sequence_ai_ros.worker.runtime import ActiveEpisode, DeploymentRuntime
 
 LOG = logging.getLogger(__name__)
@@ -122,7 +123,7 @@ class EpisodeStream:
     def _close(self, reason: str, why: str) -> Iterator[pb.EpisodeReply]:
         eid = self.active.episode.id if self.active is not None else self.episode_id
         cls = NotReady if reason == 'shutdown' else EpisodeStateError
-        yield _error(cls(f'episode {eid!r} ended ({reason}): {why}'))
+        yield _error(cls(f'episode {clip(eid)!r} ended ({reason}): {why}'))
         captured = False
         if self.active is not None:
             self.active.end(reason, wait=True)
@@ -134,8 +135,8 @@ class EpisodeStream:
             return _error(EpisodeStateError(f'episode {self.active.episode.id!r} already started on this stream; '
                                             'open a new stream for a new episode'))
         if self.episode_id and start.episode_id and start.episode_id != self.episode_id:
-            return _error(EpisodeStateError(f'EpisodeStart names episode {start.episode_id!r} but the stream '
-                                            f'was opened for {self.episode_id!r} (x-episode-id)'))
+            return _error(EpisodeStateError(f'EpisodeStart names episode {clip(start.episode_id)!r} but the '
+                                            f'stream was opened for {clip(self.episode_id)!r} (x-episode-id)'))
         eid = self.episode_id or start.episode_id or uuid.uuid4().hex
         self.runtime.ensure_loading()
         try:
@@ -153,8 +154,8 @@ class EpisodeStream:
         if active is None:
             return _error(EpisodeStateError(f'request {rid}: ObservationRequest before EpisodeStart'), rid)
         if req.episode_id and req.episode_id != active.episode.id:
-            return _error(EpisodeStateError(f'request {rid}: episode {req.episode_id!r} on the stream of '
-                                            f'{active.episode.id!r}'), rid)
+            return _error(EpisodeStateError(f'request {rid}: episode {clip(req.episode_id)!r} on the stream of '
+                                            f'{clip(active.episode.id)!r}'), rid)
         if rid <= active.last_request_id:
             return _error(EpisodeStateError(f'request id {rid} not above the previous {active.last_request_id}; '
                                             'request ids must increase strictly'), rid)

@@ -180,14 +180,16 @@ class Registry:
 
 
 def deploy(path: str | Path, name: str | None = None, home: str | Path | None = None,
-           dry: bool = True) -> tuple[DeploymentRecord, dict[str, float]]:
+           dry: bool = True, dry_timeout_s: float = 60.0) -> tuple[DeploymentRecord, dict[str, float]]:
     """Validate ``path`` and record it.
 
     :param path: the policy file (``NAME/policy.py``).
     :param name: deployment name; default the policy's directory name.
     :param dry: run the dry inference (always on for ``seq deploy``).
+    :param dry_timeout_s: bound of the dry run (construct, load, one inference, hook), s.
     :return: the record and the dry run's figures.
-    :raises DeploymentError: when the policy does not import, its contract is invalid or the dry run fails.
+    :raises DeploymentError: when the policy does not import (SystemExit at import included), its contract is
+        invalid, or the dry run fails or exceeds ``dry_timeout_s``.
     :raises ConfigError: for an invalid name.
     """
     from sequence_ai_ros.worker.validate import dry_run
@@ -195,5 +197,5 @@ def deploy(path: str | Path, name: str | None = None, home: str | Path | None = 
     path = Path(path).expanduser().resolve()
     name = check_name(name or (path.parent.name if path.name == 'policy.py' else path.stem))
     definition = load_policy_file(path)
-    figures = dry_run(definition) if dry else {}
+    figures = dry_run(definition, timeout_s=dry_timeout_s) if dry else {}
     return Registry(home).record(name, definition), figures

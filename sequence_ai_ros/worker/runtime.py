@@ -23,12 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from sequence_ai_ros.exceptions import ContractViolation, EpisodeStateError, NotReady, PolicyException
+from sequence_ai_ros.exceptions import ConfigError, ContractViolation, EpisodeStateError, NotReady, PolicyException
 from sequence_ai_ros.policy.api import Episode, Result
 from sequence_ai_ros.policy.loader import PolicyDefinition
 from sequence_ai_ros.protocol import messages
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
-from sequence_ai_ros.protocol.contract import Contract
+from sequence_ai_ros.protocol.contract import Contract, clip
 from sequence_ai_ros.worker.capture_hook import EpisodeRecorder
 from sequence_ai_ros.worker.scheduler import InferenceScheduler
 from sequence_ai_ros.worker.usage import UsageMeter
@@ -38,6 +38,10 @@ LOG = logging.getLogger(__name__)
 DEFAULT_LOAD_ETA_S = 10.0
 #: Longest wait (s) for an episode-end hook before EpisodeEnded is sent anyway.
 HOOK_WAIT_S = 30.0
+#: Default deadline (s) of one inference call; past it the deployment is marked failed.
+DEFAULT_INFERENCE_TIMEOUT_S = 30.0
+#: Default deadline (s) of construct + load(); past it the deployment is marked failed.
+DEFAULT_LOAD_TIMEOUT_S = 600.0
 
 
 def describe(exc: BaseException) -> str:
@@ -96,7 +100,7 @@ class ActiveEpisode:
     def _run_hook(self, hook: Any) -> None:
         try:
             hook(self.episode)
-        except Exception as exc:
+        except BaseException as exc:  # SystemExit/KeyboardInterrupt from a policy must not kill the thread
             LOG.error('on_episode hook of %s raised for episode %s: %s', self.runtime.name, self.episode.id,
                       describe(exc))
 
@@ -111,10 +115,22 @@ class DeploymentRuntime:
     :param capture_store: its CaptureStore, or None when capture is off.
     :param max_pending: bound of the inference queue (episodes waiting); beyond it requests get OVERLOADED.
     :param eta_hint_s: expected load time (s) when known from a previous load.
+    :param inference_timeout_s: deadline of one ``infer`` call (s). Past it, that request and those queued
+        behind it get POLICY_EXCEPTION "inference exceeded N s" and the deployment is marked failed
+        (health NOT_SERVING, Ready ``failed`` with the reason); a stuck thread cannot be reclaimed.
+    :param load_timeout_s: deadline of construct + ``load()`` (s); past it the deployment is marked failed.
+    :raises ConfigError: for a non-positive timeout.
     """
 
     def __init__(self, name: str, version: int, definition: PolicyDefinition, usage: UsageMeter,
-                 capture_store: Any | None = None, max_pending: int = 64, eta_hint_s: float | None = None) -> None:
+                 capture_store: Any | None = None, max_pending: int = 64, eta_hint_s: float | None = None,
+                 inference_timeout_s: float = DEFAULT_INFERENCE_TIMEOUT_S,
+                 load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S) -> None:
+        for what, value in (('inference_timeout_s', inference_timeout_s), ('load_timeout_s', load_timeout_s)):
+            if not value > 0:
+                raise ConfigError(f'{what} must be > 0 s, got {value}')
+        self.inference_timeout_s = float(inference_timeout_s)
+        self.load_timeout_s = float(load_timeout_s)
         self.name = name
         self.version = version
         self.definition = definition
@@ -153,17 +169,23 @@ class DeploymentRuntime:
             load = getattr(instance, 'load', None)
             if callable(load):
                 load()
-        except Exception as exc:
+        except BaseException as exc:  # SystemExit/KeyboardInterrupt inside a policy are its failure too
             msg = f'policy {self.name!r} failed to load: {describe(exc)}'
             LOG.error('%s\n%s', msg, traceback.format_exc())
             with self._lock:
-                self._state, self._message = 'failed', msg
+                if self._state == 'warming':
+                    self._state, self._message = 'failed', msg
         else:
             with self._lock:
-                self._instance = instance
-                self._state, self._message = 'ready', ''
-            self.ready_event.set()
-            LOG.info('policy %s ready after %.2f s', self.name, time.monotonic() - start)
+                late = self._state != 'warming'  # the load deadline passed: stay failed
+                if not late:
+                    self._instance = instance
+                    self._state, self._message = 'ready', ''
+            if late:
+                LOG.error('policy %s finished loading after its deadline; it stays failed', self.name)
+            else:
+                self.ready_event.set()
+                LOG.info('policy %s ready after %.2f s', self.name, time.monotonic() - start)
         self.usage.add(warming_s=time.monotonic() - start)
         self.usage.flush()
         self._notify()
@@ -172,11 +194,32 @@ class DeploymentRuntime:
         if self.on_state_change is not None:
             self.on_state_change(self)
 
+    def mark_failed(self, message: str) -> None:
+        """Mark the deployment failed (health NOT_SERVING; Ready answers ``failed`` with ``message``)."""
+        with self._lock:
+            if self._state == 'failed':
+                return
+            self._state, self._message = 'failed', message
+        LOG.error('deployment %s marked failed: %s', self.name, message)
+        self._notify()
+
     def readiness(self) -> tuple[bool, float, str, str]:
-        """Return (ready, eta_seconds, state, message); ``state`` is cold | warming | ready | failed."""
+        """Return (ready, eta_seconds, state, message); ``state`` is cold | warming | ready | failed.
+
+        A load running longer than ``load_timeout_s``, or an inference longer than ``inference_timeout_s``,
+        turns the state to ``failed`` here (also when no robot is waiting for that inference).
+        """
+        with self._lock:
+            state = self._state
+            elapsed = time.monotonic() - self._load_started if state == 'warming' else 0.0
+        if state == 'warming' and elapsed > self.load_timeout_s:
+            self.mark_failed(f'policy {self.name!r} failed to load: load exceeded {self.load_timeout_s:g} s')
+        elif state == 'ready':
+            wedged = self.scheduler.expire(self.inference_timeout_s)
+            if wedged is not None:
+                self.mark_failed(str(wedged))
         with self._lock:
             state, message = self._state, self._message
-            elapsed = time.monotonic() - self._load_started if state == 'warming' else 0.0
         eta = 0.0
         if state == 'cold':
             eta = self._eta_hint
@@ -202,7 +245,7 @@ class DeploymentRuntime:
         with self._lock:
             if episode_id in self._episodes:
                 recorder.commit('duplicate', {})
-                raise EpisodeStateError(f'episode {episode_id!r} is already running on {self.name!r}; '
+                raise EpisodeStateError(f'episode {clip(episode_id)!r} is already running on {self.name!r}; '
                                         'every robot needs its own episode id')
             self._episodes[episode_id] = active
         self.usage.add(episodes=1)
@@ -226,7 +269,8 @@ class DeploymentRuntime:
 
         :raises ContractViolation: for a malformed request (the robot's fault).
         :raises NotReady: while warming, or after a failed load.
-        :raises PolicyException: when the policy raises.
+        :raises PolicyException: when the policy raises (any BaseException, SystemExit included), or its
+            call exceeds ``inference_timeout_s`` (then the deployment is marked failed).
         :raises ContractViolation: when the policy returns a chunk that breaks its contract (shape, NaN);
             the robot ends the episode with 'validate'.
         :raises Overloaded: when the inference queue is full.
@@ -242,11 +286,20 @@ class DeploymentRuntime:
         episode = active.episode
         instance = self._instance
         future = self.scheduler.submit(episode.id, lambda: self._call(instance, inp, episode))
-        while True:  # wait in slices, so a handler thread is freed when its robot has gone
+        wait_slice = min(0.5, max(0.02, self.inference_timeout_s / 5))
+        while True:  # wait in slices: free the handler when the robot has gone; enforce the deadline
             try:
-                (out, inference_s), queue_wait_s = future.result(timeout=0.5)
+                (out, inference_s), queue_wait_s = future.result(timeout=wait_slice)
                 break
+            except PolicyException:
+                if self.scheduler.wedged is not None:
+                    self.mark_failed(str(self.scheduler.wedged))
+                raise
             except concurrent.futures.TimeoutError:
+                wedged = self.scheduler.expire(self.inference_timeout_s)
+                if wedged is not None:
+                    self.mark_failed(str(wedged))
+                    continue  # the future now holds the error
                 if active.ended:
                     raise EpisodeStateError(f'episode {episode.id!r} ended while request {req.request_id} '
                                             'waited for inference') from None
@@ -266,7 +319,7 @@ class DeploymentRuntime:
         start = time.perf_counter()
         try:
             out = instance.infer(inp, episode)
-        except Exception as exc:
+        except BaseException as exc:  # SystemExit/KeyboardInterrupt inside a policy become POLICY_EXCEPTION
             LOG.warning('policy %s raised on episode %s request %d: %s', self.name, episode.id, inp.request_id,
                         describe(exc))
             raise PolicyException(describe(exc)) from exc
@@ -278,9 +331,10 @@ class DeploymentRuntime:
         """End running episodes (reason ``shutdown``), stop the inference thread, flush usage."""
         for active in self.running_episodes():
             active.end('shutdown', wait=True)
-        self.scheduler.stop(timeout)
+        stuck = self.readiness()[2] == 'failed'  # a policy past its deadline will not return: do not wait
+        self.scheduler.stop(0.1 if self.scheduler.wedged is not None else timeout)
         if self._loader is not None:
-            self._loader.join(timeout)
+            self._loader.join(0.1 if stuck else timeout)
         self.usage.flush()
 
 

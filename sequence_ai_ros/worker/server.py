@@ -7,7 +7,12 @@ the max receive size from the contracts' ``max_message_bytes`` and keepalive opt
 an interceptor fails every call (health included) without ``authorization: Bearer <token>`` metadata
 with UNAUTHENTICATED. With ``tls=(cert, key)`` it serves TLS.
 
-Threads: gRPC's handler pool (``max_workers``; each open episode stream holds one), the per-deployment
+Health of a deployment follows its readiness: NOT_SERVING while cold or warming, and for good once its
+load or an inference exceeds its deadline (checked on every call and by housekeeping every 10 s).
+
+Threads: gRPC's handler pool (``max_streams + UNARY_HEADROOM`` threads: each open episode stream holds
+one, and at most ``max_streams`` streams are open, so Handshake, Ready, Label and health always find a
+thread; one stream more is refused with OVERLOADED at once), the per-deployment
 threads of :mod:`sequence_ai_ros.worker.runtime`, and ``seq-housekeeping`` (usage flush every 10 s,
 capture retention at start and hourly), all stopped by :meth:`WorkerServer.stop`.
 """
@@ -27,11 +32,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from sequence_ai_ros.exceptions import ConfigError, Unauthenticated
 from sequence_ai_ros.policy.loader import PolicyDefinition, load_policy_file
-from sequence_ai_ros.protocol import AUTH_METADATA, errors
+from sequence_ai_ros.protocol import AUTH_METADATA, errors, messages
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
 from sequence_ai_ros.worker.capture_hook import open_store
 from sequence_ai_ros.worker.registry import USAGE_FILE, Registry, seq_home
-from sequence_ai_ros.worker.runtime import DeploymentRuntime
+from sequence_ai_ros.worker.runtime import DEFAULT_INFERENCE_TIMEOUT_S, DEFAULT_LOAD_TIMEOUT_S, DeploymentRuntime
 from sequence_ai_ros.worker.servicer import PolicyServicer
 from sequence_ai_ros.worker.usage import Usage, UsageMeter
 
@@ -40,6 +45,10 @@ LOG = logging.getLogger(__name__)
 DEFAULT_IDLE_TIMEOUT_S = 300.0
 USAGE_FLUSH_S = 10.0
 RETENTION_EVERY_S = 3600.0
+#: Default cap of concurrently open Episode streams.
+DEFAULT_MAX_STREAMS = 256
+#: Handler threads kept free of episode streams for unary calls and health.
+UNARY_HEADROOM = 16
 KEEPALIVE_OPTIONS = [
     ('grpc.keepalive_time_ms', 20_000),               # ping an idle connection every 20 s
     ('grpc.keepalive_timeout_ms', 10_000),            # drop it when a ping goes unanswered for 10 s
@@ -94,14 +103,17 @@ class WorkerServer:
 
     def __init__(self, runtimes: dict[str, DeploymentRuntime], *, host: str = '127.0.0.1', port: int = 0,
                  token: str | None = None, tls: tuple[Any, Any] | None = None,
-                 idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S, max_workers: int = 128, warm: bool = False) -> None:
+                 idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S, max_streams: int = DEFAULT_MAX_STREAMS,
+                 warm: bool = False) -> None:
         if idle_timeout_s <= 0:
             raise ConfigError(f'idle_timeout_s must be > 0, got {idle_timeout_s}')
+        if max_streams < 1:
+            raise ConfigError(f'max_streams must be >= 1, got {max_streams}')
         self.runtimes = runtimes
         self._stop = threading.Event()
         self._stopped = False
         try:
-            self._server, self.servicer, self.health = self._build(host, port, token, tls, idle_timeout_s, max_workers)
+            self._server, self.servicer, self.health = self._build(host, port, token, tls, idle_timeout_s, max_streams)
         except BaseException:
             for runtime in runtimes.values():
                 runtime.close(timeout=1.0)
@@ -121,19 +133,22 @@ class WorkerServer:
         LOG.info('serving %s on %s:%d%s', sorted(runtimes), host, self.port, ' (TLS)' if self.tls else '')
 
     def _build(self, host: str, port: int, token: str | None, tls: tuple[Any, Any] | None, idle_timeout_s: float,
-               max_workers: int) -> tuple[grpc.Server, PolicyServicer, health.HealthServicer]:
+               max_streams: int) -> tuple[grpc.Server, PolicyServicer, health.HealthServicer]:
         # The transport accepts 4x the largest contract's request, so that an oversized observation gets a
         # typed in-stream CONTRACT_VIOLATION (checked per request against its own contract) instead of a
         # transport error that kills the stream.
         max_bytes = max(4 << 20, 4 * max(r.max_message_bytes for r in self.runtimes.values()))
-        options = [('grpc.max_receive_message_length', max_bytes), ('grpc.max_send_message_length', 64 << 20),
+        options = [('grpc.max_receive_message_length', max_bytes),
+                   ('grpc.max_send_message_length', messages.MAX_CHUNK_BYTES),
                    ('grpc.so_reuseport', 0), *KEEPALIVE_OPTIONS]
         interceptors = [TokenInterceptor(token)] if token is not None else []
-        # Each open episode stream holds a handler thread; beyond max_workers calls, gRPC answers
+        # Each open episode stream holds a handler thread; the servicer refuses streams past max_streams, so
+        # UNARY_HEADROOM threads stay for unary calls and health. Beyond max_workers calls, gRPC answers
         # RESOURCE_EXHAUSTED (the client's Overloaded) instead of queueing them silently.
+        max_workers = max_streams + UNARY_HEADROOM
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix='seq-grpc'),
                              options=options, interceptors=interceptors, maximum_concurrent_rpcs=max_workers)
-        servicer = PolicyServicer(self.runtimes, idle_timeout_s, token)
+        servicer = PolicyServicer(self.runtimes, idle_timeout_s, token, max_streams=max_streams)
         pb_grpc.add_PolicyServiceServicer_to_server(servicer, server)
         health_servicer = health.HealthServicer(experimental_non_blocking=True)
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -161,6 +176,7 @@ class WorkerServer:
         next_retention = time.monotonic()
         while not self._stop.wait(timeout=min(USAGE_FLUSH_S, max(0.0, next_retention - time.monotonic()))):
             for runtime in self.runtimes.values():
+                runtime.readiness()  # applies the load/inference deadlines, so health turns NOT_SERVING
                 try:
                     runtime.usage.flush()
                 except Exception as exc:  # a locked or broken database must not stop serving
@@ -208,16 +224,18 @@ class WorkerServer:
 
 
 def _runtime(name: str, version: int, definition: PolicyDefinition, usage_path: Path | None,
-             capture_dir: Path | None, max_pending: int) -> DeploymentRuntime:
+             capture_dir: Path | None, max_pending: int, timeouts: dict[str, float]) -> DeploymentRuntime:
     store = open_store(capture_dir, name) if capture_dir is not None else None
     return DeploymentRuntime(name, version, definition, UsageMeter(name, usage_path), capture_store=store,
-                             max_pending=max_pending)
+                             max_pending=max_pending, **timeouts)
 
 
 def create_server(deployments: list[str] | None = None, *, home: str | Path | None = None, host: str = '127.0.0.1',
                   port: int = 0, token: str | None = None, tls: tuple[Any, Any] | None = None,
-                  idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S, warm: bool = False, max_workers: int = 128,
-                  max_pending: int = 64) -> WorkerServer:
+                  idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S, warm: bool = False,
+                  max_streams: int = DEFAULT_MAX_STREAMS, max_pending: int = 64,
+                  inference_timeout_s: float = DEFAULT_INFERENCE_TIMEOUT_S,
+                  load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S) -> WorkerServer:
     """Serve registered deployments from $SEQ_HOME (or ``home``).
 
     :param deployments: names to serve; default every registered one.
@@ -227,12 +245,18 @@ def create_server(deployments: list[str] | None = None, *, home: str | Path | No
     :param tls: (certificate chain PEM, private key PEM), as paths or bytes, to serve TLS.
     :param idle_timeout_s: end an episode after this many seconds without a message (s).
     :param warm: start loading every policy at once instead of at the first client.
-    :param max_workers: gRPC handler threads (each open episode stream holds one).
+    :param max_streams: most Episode streams open at once; one more gets OVERLOADED at once (the handler
+        pool is ``max_streams + UNARY_HEADROOM`` threads, so unary calls and health always answer).
     :param max_pending: per deployment, episodes that may wait for inference before OVERLOADED.
+    :param inference_timeout_s: deadline of one inference (s); past it the request (and those queued behind
+        it) get POLICY_EXCEPTION "inference exceeded N s" and that deployment is marked failed.
+    :param load_timeout_s: deadline of a policy's construct + load() (s); past it the deployment is failed.
+    :raises ConfigError: for a non-positive timeout or max_streams.
     :raises UnknownDeployment: for a name that is not registered.
     :raises DeploymentError: for a policy file that is gone, changed since deploy, or does not import.
     :raises ConfigError: when nothing is deployed.
     """
+    timeouts = {'inference_timeout_s': inference_timeout_s, 'load_timeout_s': load_timeout_s}
     registry = Registry(home)
     names = deployments or [r.name for r in registry.list()]
     if not names:
@@ -242,20 +266,22 @@ def create_server(deployments: list[str] | None = None, *, home: str | Path | No
         for name in names:
             rec, definition = registry.load(name)
             runtimes[name] = _runtime(name, rec.version, definition, registry.usage_file, registry.capture_dir(name),
-                                      max_pending)
+                                      max_pending, timeouts)
     except BaseException:
         for runtime in runtimes.values():
             runtime.close(timeout=1.0)
         raise
     return WorkerServer(runtimes, host=host, port=port, token=token, tls=tls, idle_timeout_s=idle_timeout_s,
-                        max_workers=max_workers, warm=warm)
+                        max_streams=max_streams, warm=warm)
 
 
 def serve_policy_file(path: str | Path, deployment: str | None = None, *, host: str = '127.0.0.1', port: int = 0,
                       token: str | None = None, tls: tuple[Any, Any] | None = None,
                       idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S, capture_root: str | Path | None = None,
-                      home: str | Path | None = None, warm: bool = False, max_workers: int = 128,
-                      max_pending: int = 64, **policy_kwargs: Any) -> WorkerServer:
+                      home: str | Path | None = None, warm: bool = False,
+                      max_streams: int = DEFAULT_MAX_STREAMS, max_pending: int = 64,
+                      inference_timeout_s: float = DEFAULT_INFERENCE_TIMEOUT_S,
+                      load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S, **policy_kwargs: Any) -> WorkerServer:
     """Serve one policy file without registering it (tests, demos); version 0.
 
     :param path: the policy.py.
@@ -264,14 +290,19 @@ def serve_policy_file(path: str | Path, deployment: str | None = None, *, host: 
     :param capture_root: parent directory of capture stores (like ``$SEQ_HOME/capture``); the store is
         ``capture_root/<deployment>``. None: no capture.
     :param home: a $SEQ_HOME whose usage database receives this server's usage; None keeps usage in memory.
+    :param max_streams: most Episode streams open at once (see :func:`create_server`).
+    :param inference_timeout_s: deadline of one inference (s) (see :func:`create_server`).
+    :param load_timeout_s: deadline of construct + load() (s).
     :param policy_kwargs: constructor kwargs, over the policy's config.yaml.
     :raises DeploymentError: when the file does not import or its contract is invalid.
+    :raises ConfigError: for a non-positive timeout or max_streams.
     """
     path = Path(path)
     definition = load_policy_file(path, **policy_kwargs)
     name = deployment or (definition.path.parent.name if definition.path.name == 'policy.py' else definition.path.stem)
     usage_path = seq_home(home) / USAGE_FILE if home is not None else None
     capture_dir = Path(capture_root) / name if capture_root is not None else None
-    runtimes = {name: _runtime(name, 0, definition, usage_path, capture_dir, max_pending)}
+    timeouts = {'inference_timeout_s': inference_timeout_s, 'load_timeout_s': load_timeout_s}
+    runtimes = {name: _runtime(name, 0, definition, usage_path, capture_dir, max_pending, timeouts)}
     return WorkerServer(runtimes, host=host, port=port, token=token, tls=tls, idle_timeout_s=idle_timeout_s,
-                        max_workers=max_workers, warm=warm)
+                        max_streams=max_streams, warm=warm)

@@ -13,11 +13,17 @@ from collections.abc import Iterator
 
 import grpc
 
-from sequence_ai_ros.exceptions import CaptureError, ProtocolVersionError, Unauthenticated, UnknownDeployment
+from sequence_ai_ros.exceptions import (
+    CaptureError,
+    Overloaded,
+    ProtocolVersionError,
+    Unauthenticated,
+    UnknownDeployment,
+)
 from sequence_ai_ros.protocol import DEPLOYMENT_METADATA, EPISODE_ID_METADATA, errors
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
-from sequence_ai_ros.protocol.contract import PROTOCOL_VERSION
+from sequence_ai_ros.protocol.contract import PROTOCOL_VERSION, clip
 from sequence_ai_ros.worker.episode_stream import EpisodeStream
 from sequence_ai_ros.worker.runtime import DeploymentRuntime
 
@@ -38,11 +44,14 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
     :param idle_timeout_s: an episode with no message for this long ends (s).
     :param token: the worker's token (already enforced by the interceptor); a Handshake that also
         carries one in its body must carry the same.
+    :param max_streams: most Episode streams open at once; one more is refused with OVERLOADED at once,
+        so that the handler pool keeps threads for Handshake, Ready, Label and health.
     """
 
     def __init__(self, runtimes: dict[str, DeploymentRuntime], idle_timeout_s: float,
-                 token: str | None = None) -> None:
+                 token: str | None = None, max_streams: int = 256) -> None:
         self.runtimes = runtimes
+        self.max_streams = max_streams
         self.idle_timeout_s = idle_timeout_s
         self.token = token
         self._streams_lock = threading.Lock()
@@ -53,7 +62,7 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
             return next(iter(self.runtimes.values()))
         runtime = self.runtimes.get(name)
         if runtime is None:
-            raise UnknownDeployment(f'deployment {name!r} is not served here; serving {sorted(self.runtimes)}')
+            raise UnknownDeployment(f'deployment {clip(name)!r} is not served here; serving {sorted(self.runtimes)}')
         return runtime
 
     def Handshake(self, request: pb.HandshakeRequest, context: grpc.ServicerContext) -> pb.HandshakeReply:  # noqa: N802
@@ -61,7 +70,7 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         try:
             if request.protocol_version != PROTOCOL_VERSION:
                 raise ProtocolVersionError(f'this worker speaks {PROTOCOL_VERSION}, the client sent '
-                                           f'{request.protocol_version or "(none)"!r}')
+                                           f'{clip(request.protocol_version) or "(none)"!r}')
             if self.token is not None and request.token and request.token != self.token:
                 raise Unauthenticated('the handshake carries a wrong token')
             runtime = self._runtime(request.deployment)
@@ -92,7 +101,12 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
             context.abort(*errors.abort_details(exc))
         stream = EpisodeStream(runtime, _metadata(context, EPISODE_ID_METADATA), self.idle_timeout_s)
         with self._streams_lock:
-            self._streams.add(stream)
+            full = len(self._streams) >= self.max_streams
+            if not full:
+                self._streams.add(stream)
+        if full:
+            context.abort(*errors.abort_details(Overloaded(
+                f'this worker already serves {self.max_streams} episode streams (max_streams); retry later')))
 
         def done() -> None:
             stream.on_done()
@@ -111,12 +125,14 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         store = runtime.capture_store
         if store is None:
             return pb.LabelReply(ok=False, message=f'capture is off for deployment {runtime.name!r}: episode '
-                                                   f'{request.episode_id!r} was not captured, the label is not stored')
+                                                   f'{clip(request.episode_id)!r} was not captured, the label is not '
+                                                   'stored')
         try:
             store.label(request.episode_id, request.success, request.notes)
         except (LookupError, CaptureError, ValueError) as exc:
-            return pb.LabelReply(ok=False, message=f'label of episode {request.episode_id!r} not stored: {exc}')
-        return pb.LabelReply(ok=True, message=f'episode {request.episode_id!r} labelled '
+            return pb.LabelReply(ok=False, message=f'label of episode {clip(request.episode_id)!r} not stored: '
+                                                   f'{clip(str(exc), 300)}')
+        return pb.LabelReply(ok=True, message=f'episode {clip(request.episode_id)!r} labelled '
                                               f'{"success" if request.success else "failure"}')
 
     def shutdown_streams(self) -> None:

@@ -8,6 +8,7 @@ encoding, and ``history`` frames. It goes through the real wire path (``pack_obs
 
 from __future__ import annotations
 
+import threading
 import time
 import traceback
 from typing import Any
@@ -46,32 +47,67 @@ def _fail(what: str, exc: BaseException) -> DeploymentError:
     return DeploymentError(f'{what}: {last}')
 
 
-def dry_run(definition: PolicyDefinition) -> dict[str, float]:
-    """Construct, load and call the policy once; check its chunk.
+def dry_run(definition: PolicyDefinition, timeout_s: float | None = 60.0) -> dict[str, float]:
+    """Construct, load and call the policy once; check its chunk; all within ``timeout_s``.
 
+    The steps run in the thread ``seq-dry-run``, joined with ``timeout_s``. A policy that hangs cannot be
+    interrupted (Python threads cannot be killed): the thread is a daemon, left behind, and the caller
+    (``seq deploy``, a short-lived process) gets the error at once.
+
+    :param timeout_s: bound of the whole dry run (s); None waits forever.
     :return: ``{'load_s': ..., 'infer_s': ..., 'chunk_length': T}``.
     :raises DeploymentError: naming the step that failed (construct, load, infer, chunk, on_episode),
-        with the missing dependency when that is the cause.
+        with the missing dependency when that is the cause, or the step that was running when
+        ``timeout_s`` passed.
     """
+    if timeout_s is not None and not timeout_s > 0:
+        raise DeploymentError(f'the dry run timeout must be > 0 s, got {timeout_s}')
+    step = ['constructing the policy']
+    outcome: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            outcome['figures'] = _dry_run(definition, step)
+        except BaseException as exc:  # handed to the caller below
+            outcome['error'] = exc
+
+    thread = threading.Thread(target=work, name='seq-dry-run', daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise DeploymentError(f'dry run exceeded {timeout_s:g} s while {step[0]}: the policy hangs or is too '
+                              'slow (raise the bound with seq deploy --timeout S)')
+    if 'error' in outcome:
+        error = outcome['error']
+        if isinstance(error, DeploymentError):
+            raise error
+        raise _fail(f'dry run failed while {step[0]}', error) from error
+    return outcome['figures']
+
+
+def _dry_run(definition: PolicyDefinition, step: list[str]) -> dict[str, float]:
     contract = definition.contract
     start = time.monotonic()
     try:
         instance = definition.instantiate()
-    except Exception as exc:
+    except BaseException as exc:
         raise _fail('constructing the policy failed', exc) from exc
     load = getattr(instance, 'load', None)
+    step[0] = 'running load()'
     try:
         if callable(load):
             load()
-    except Exception as exc:
+    except BaseException as exc:
         raise _fail('load() failed', exc) from exc
     load_s = time.monotonic() - start
+    step[0] = 'building the synthetic observation'
     inp = messages.unpack_observation(synthetic_request(contract), contract)
     episode = Episode(id=inp.episode_id, instruction='seq deploy dry run', deployment='dry-run')
     start = time.monotonic()
+    step[0] = 'running the dry inference'
     try:
         out = instance.infer(inp, episode)
-    except Exception as exc:
+    except BaseException as exc:
         raise _fail('dry inference failed', exc) from exc
     infer_s = time.monotonic() - start
     actions = out.actions if isinstance(out, Result) else out
@@ -82,8 +118,9 @@ def dry_run(definition: PolicyDefinition) -> dict[str, float]:
         raise _fail('dry inference returned a bad chunk', exc) from exc
     if definition.hook is not None:
         episode.reason = 'completed'
+        step[0] = 'running the @seq.on_episode hook'
         try:
             getattr(instance, definition.hook)(episode)
-        except Exception as exc:
+        except BaseException as exc:
             raise _fail('the @seq.on_episode hook failed', exc) from exc
     return {'load_s': load_s, 'infer_s': infer_s, 'chunk_length': float(chunk.actions.shape[0])}
