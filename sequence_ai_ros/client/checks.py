@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from sequence_ai_ros.exceptions import ContractViolation
-from sequence_ai_ros.protocol.contract import Contract, check_names
+from sequence_ai_ros.protocol.contract import Contract
+from sequence_ai_ros.protocol.messages import check_state
 from sequence_ai_ros.protocol.types import Observation
 
 
@@ -51,12 +52,7 @@ def observation(value: Observation | Mapping[str, Any], contract: Contract) -> O
         raise
     except (TypeError, ValueError, AttributeError) as exc:
         raise ContractViolation(f'bad observation: {type(exc).__name__}: {exc}') from exc
-    names = contract.observation.state_names
-    if names:
-        if obs.state_names:
-            check_names(obs.state_names, names, 'state')
-        if obs.state.shape[0] != len(names):
-            raise ContractViolation(f'state has {obs.state.shape[0]} values, the contract names {len(names)}')
+    check_state(obs, contract)
     return obs
 
 

@@ -43,6 +43,19 @@ def pack_images(obs: Observation, contract: Contract) -> list[pb.Image]:
     return out
 
 
+def check_state(obs: Observation, contract: Contract) -> None:
+    """Check the observation's state against the contract's state names (size, and names when given).
+
+    :raises ContractViolation: when the size or the names (or their order) differ from the contract.
+    """
+    names = contract.observation.state_names
+    if names:
+        if obs.state_names:
+            check_names(obs.state_names, names, 'state')
+        if obs.state.shape[0] != len(names):
+            raise ContractViolation(f'state has {obs.state.shape[0]} values, the contract names {len(names)}')
+
+
 def pack_observation(obs: Observation, contract: Contract, *, episode_id: str, request_id: int,
                      history: Sequence[Observation] = (), chunk_tail: np.ndarray | None = None,
                      expected_delay_actions: int = 0,
@@ -56,12 +69,8 @@ def pack_observation(obs: Observation, contract: Contract, *, episode_id: str, r
     :param last_action: float32 (D,), the last executed action.
     :raises ContractViolation: when the state does not match the contract or a camera is missing.
     """
+    check_state(obs, contract)
     names = contract.observation.state_names
-    if names:
-        if obs.state_names:
-            check_names(obs.state_names, names, 'state')
-        if obs.state.shape[0] != len(names):
-            raise ContractViolation(f'state has {obs.state.shape[0]} values, the contract names {len(names)}')
     req = pb.ObservationRequest(
         episode_id=episode_id, request_id=request_id, instruction=obs.instruction,
         robot_time_s=obs.timestamp, state=codec.to_tensor(obs.state, 'float32'),
