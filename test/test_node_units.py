@@ -276,11 +276,13 @@ def test_parameters_are_declared_with_descriptors(rclpy_context):
         bad.destroy_node()
 
 
-def test_empty_joint_names_cannot_run():
-    assert NodeConfig().joints.names == ()   # a template without joints is a valid configuration...
+def test_empty_joint_names_or_model_cannot_run():
+    assert NodeConfig().joints.names == ()   # a template without joints or model is a valid configuration...
     with pytest.raises(ConfigError, match='parameter joints.names: empty'):
-        NodeConfig().check_runnable()       # ...but the node cannot run on it
-    NodeConfig(joints=JointsConfig(names=('a',))).check_runnable()
+        NodeConfig(model='m').check_runnable()       # ...but the node cannot run on it
+    with pytest.raises(ConfigError, match='parameter model: empty'):
+        NodeConfig(joints=JointsConfig(names=('a',))).check_runnable()
+    NodeConfig(model='m', joints=JointsConfig(names=('a',))).check_runnable()
 
 
 @pytest.mark.parametrize('name, value, match', [

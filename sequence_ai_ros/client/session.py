@@ -83,7 +83,11 @@ class Connection:
         try:
             return method(request, timeout=timeout, metadata=self.metadata, wait_for_ready=wait_for_ready)
         except grpc.RpcError as exc:
-            raise errors.from_rpc_error(exc) from None
+            error = errors.from_rpc_error(exc)
+            if isinstance(error, ConnectionLost):   # say where we looked, and how to look elsewhere
+                error = ConnectionLost(f'{error} (endpoint {self.endpoint}; is `seq serve` running there? '
+                                       'set the endpoint with connect(endpoint=...) or $SEQ_ENDPOINT)')
+            raise error from None
 
     def handshake(self, deployment: str, client_id: str, timeout: float) -> pb.Contract:
         """Send the handshake (which starts a cold worker warming) and return its contract message.

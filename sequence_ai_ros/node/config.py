@@ -240,9 +240,12 @@ class NodeConfig:
     def check_runnable(self) -> None:
         """Check what the running node needs beyond a valid configuration (a template may lack it).
 
-        :raises ConfigError: when ``joints.names`` is empty: observations are built from the named joints,
-            so the node cannot run without them.
+        :raises ConfigError: when ``model`` is empty (nothing to drive) or ``joints.names`` is empty:
+            observations are built from the named joints, so the node cannot run without them.
         """
+        if not self.model:
+            raise ConfigError('parameter model: empty; name the deployment to drive (-p model:=NAME, or the '
+                              'launch argument model:=NAME), as `seq deployments` lists it')
         if not self.joints.names:
             raise ConfigError('parameter joints.names: empty; list the observed joints (in the order of the '
                               "policy's state vector): the node cannot build observations without joints")
