@@ -47,10 +47,11 @@ $(STAMP_VENV): requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -r requirements-dev.txt
-	@# Pitfall 1 (shared notes): the wheels' CMake exports name the build host's include paths.
+	@# Pitfall 1 (shared notes): the wheels' CMake exports name the build host's include paths
+	@# (nothing left to rewrite on a re-run: grep finding no file is fine).
 	inc=$$($(VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["include"])'); \
 	np=$$($(VENV)/bin/python -c 'import numpy; print(numpy.get_include())'); \
-	grep -rl /opt/python/cp311-cp311/ $(VENV)/share --include='*.cmake' | xargs -r sed -i \
+	{ grep -rl /opt/python/cp311-cp311/ $(VENV)/share --include='*.cmake' || true; } | xargs -r sed -i \
 	  -e "s|/opt/python/cp311-cp311/lib/python3.11/site-packages/numpy/_core/include|$$np|g" \
 	  -e "s|/opt/python/cp311-cp311/include/python3.11|$$inc|g"
 	touch $@
