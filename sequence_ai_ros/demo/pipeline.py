@@ -28,6 +28,7 @@ from pathlib import Path
 
 import yaml
 
+from sequence_ai_ros.client.outcome import RunOutcome
 from sequence_ai_ros.demo.processes import Processes
 
 REPO_CONFIG = Path(__file__).resolve().parents[2] / 'config'
@@ -56,8 +57,11 @@ def _seq(*args: str) -> list[str]:
     return [sys.executable, '-m', 'sequence_ai_ros.cli', *args]
 
 
-def _node_params(args: DemoArgs, base: str, model: str, endpoint: str, path: Path, cameras: bool) -> Path:
-    """Write the node's params file: the robot config plus model, endpoint and demo settings."""
+def _node_params(base: str, model: str, endpoint: str, path: Path, cameras: bool) -> dict:
+    """Write the node's params file (the robot config plus model, endpoint and demo settings) to ``path``.
+
+    :returns: the node's ``ros__parameters`` as written.
+    """
     doc = yaml.safe_load((REPO_CONFIG / base).read_text())
     params = doc['policy_node']['ros__parameters']
     params.update(model=model, endpoint=endpoint, control_rate_hz=CONTROL_RATE_HZ)
@@ -65,7 +69,7 @@ def _node_params(args: DemoArgs, base: str, model: str, endpoint: str, path: Pat
         params['camera_names'] = []
         params.pop('cameras', None)
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
+    return params
 
 
 def run(args: DemoArgs) -> dict:
@@ -85,11 +89,9 @@ def run(args: DemoArgs) -> dict:
     procs = Processes(logs, env)
     synthetic = args.dataset is None
     summary: dict = {'synthetic': synthetic, 'dataset': None if synthetic else str(args.dataset)}
-    steps: list[tuple[str, float]] = []
     t_start = time.monotonic()
 
     def step(name: str) -> None:
-        steps.append((name, time.monotonic() - t_start))
         print(f'[{time.monotonic() - t_start:6.1f}s] {name}', flush=True)
 
     try:
@@ -133,10 +135,10 @@ def run(args: DemoArgs) -> dict:
                                         '--out', str(bag)), 300)
 
         step('policy_node with the G1 config (forward_command, 50 Hz)')
-        params = _node_params(args, 'g1.yaml', model, endpoint, out / 'policy_node.yaml', cameras=not synthetic)
+        params_file = out / 'policy_node.yaml'
+        g1 = _node_params('g1.yaml', model, endpoint, params_file, cameras=not synthetic)
         procs.start('policy_node', [sys.executable, '-m', 'sequence_ai_ros.node.main', '--ros-args',
-                                           '--params-file', str(params)])
-        g1 = yaml.safe_load((REPO_CONFIG / 'g1.yaml').read_text())['policy_node']['ros__parameters']
+                                    '--params-file', str(params_file)])
         joint_names = g1['joints']['names']
         command_topic = f"/{g1['command']['controller']}/commands"
 
@@ -189,8 +191,7 @@ def run(args: DemoArgs) -> dict:
         vals = np.asarray(commands.values) if commands.values else np.zeros((0, 0))
         elapsed = float(result.elapsed_s)
         summary.update({
-            'run_outcome': f'RunOutcome({result.actions} actions over {result.chunks} chunks in {elapsed:.1f}s, '
-                           f'{result.reason})',
+            'run_outcome': str(RunOutcome(result.actions, result.chunks, elapsed, result.reason)),
             'reason': result.reason,
             'message': result.message,
             'episode_id': result.episode_id,
