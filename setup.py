@@ -58,7 +58,7 @@ setup(
     version='0.1.0',
     packages=find_packages(exclude=['test']),
     py_modules=['sequence_ai'],
-    package_data={PACKAGE: ['py.typed', 'protocol/*.proto', 'worker/templates/*/*']},
+    package_data={PACKAGE: ['py.typed', 'protocol/*.proto', 'templates/*/*']},
     include_package_data=True,
     data_files=data_files(),
     install_requires=['setuptools'],
@@ -72,7 +72,7 @@ setup(
         'console_scripts': [
             'policy_node = sequence_ai_ros.node.main:main',
             'seq = sequence_ai_ros.cli:main',
-            'bag_player = sequence_ai_ros.data.player:main',
+            'bag_player = sequence_ai_ros.bags.player:main',
         ],
     },
 )

@@ -4,12 +4,16 @@ Architecture (one concept per subpackage)::
 
     robot side                                   policy side (GPU box)
     node/  (ROS 2 adapter: topics in, fixed-rate     worker/  (hosts policy.py, sessions, warming,
-            commands out, services, /diagnostics)             usage; `seq serve`)
-      |                                                 |
-    client/ (ROS-free chunk engine: prefetching  <-- gRPC sequence_ai.v1 (protocol/) -->  policy/
-             buffer, resampling, seams, pacing)                                (authoring API)
-                                                     data/ (capture store, LeRobot v2.1/JSONL export,
-                                                            rosbag tools)
+            commands out, services, /diagnostics)             usage, capture hook; `seq serve`)
+      |                                                 |         |            |
+    client/ (ROS-free chunk engine: prefetching  <-- gRPC -->  policy/      capture/ (field-data store)
+             buffer, resampling, seams, pacing)  protocol/   (authoring   models/  (ridge, LeRobot runtime,
+                                                 sequence_ai.v1  API)              what templates import)
+    bags/ (LeRobot -> rosbag2, bag_player)       datasets/ (LeRobot v2.1 read/write, stats, video, JSONL)
+    cli/ (`seq`), home.py ($SEQ_HOME layout), templates/ (`seq init`), bench/, demo/
+
+Imports flow one way (test/layering.py checks it): protocol <- client <- node; protocol <- policy,
+capture <- worker <- cli; datasets and bags never import the worker or the node.
 
 The public client API is re-exported here (``sequence_ai_ros.connect``) and by the ``sequence_ai``
 alias module, so that ``import sequence_ai; sequence_ai.connect(model=...)`` works unchanged.

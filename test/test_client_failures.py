@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sequence_ai_ros.capture.settings import CaptureSettings, save_settings
+from sequence_ai_ros.capture.store import CaptureStore
 from sequence_ai_ros.client import Observation, connect
-from sequence_ai_ros.data.capture import CaptureStore
-from sequence_ai_ros.data.capture_settings import CaptureSettings, save_settings
 from sequence_ai_ros.exceptions import ContractViolation, EpisodeStateError, PolicyException
 from sequence_ai_ros.worker import serve_policy_file
 

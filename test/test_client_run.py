@@ -244,8 +244,8 @@ def test_next_action_at_50hz_plays_a_30hz_policy_at_its_recorded_speed(serve):
 
 
 def test_captured_episode_gets_telemetry_at_capture_fps_and_a_label(serve, tmp_path):
-    from sequence_ai_ros.data.capture import CaptureStore
-    from sequence_ai_ros.data.capture_settings import CaptureSettings, save_settings
+    from sequence_ai_ros.capture.settings import CaptureSettings, save_settings
+    from sequence_ai_ros.capture.store import CaptureStore
 
     save_settings(tmp_path / 'lat', CaptureSettings(rate=1.0, enabled=True, fps=20))
     endpoint = serve(mean_s=0.003, dt=0.01, chunk_length=20, capture_root=tmp_path)

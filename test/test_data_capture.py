@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from test_data_support import FakeClock, feed_g1, make_store
 
-from sequence_ai_ros.data.capture import CaptureStore, EpisodeNotCaptured, UnknownEpisode
-from sequence_ai_ros.data.capture_settings import CaptureSettings, load_settings, sample_value, save_settings
-from sequence_ai_ros.data.lerobot_reader import LeRobotDataset
-from sequence_ai_ros.data.records import REQUEST, read_records
+from sequence_ai_ros.capture.records import REQUEST, read_records
+from sequence_ai_ros.capture.settings import CaptureSettings, load_settings, sample_value, save_settings
+from sequence_ai_ros.capture.store import CaptureStore, EpisodeNotCaptured, UnknownEpisode
+from sequence_ai_ros.datasets.lerobot_reader import LeRobotDataset
 from sequence_ai_ros.exceptions import CaptureError, ConfigError
 from sequence_ai_ros.protocol import codec
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
@@ -230,8 +230,8 @@ def test_truncated_episode_file_is_reported_not_hidden(tmp_path: Path) -> None:
 FULL_DISK_CHILD = r'''
 import json, resource, sys, numpy as np
 from pathlib import Path
-from sequence_ai_ros.data.capture import CaptureStore
-from sequence_ai_ros.data.capture_settings import CaptureSettings, save_settings
+from sequence_ai_ros.capture.store import CaptureStore
+from sequence_ai_ros.capture.settings import CaptureSettings, save_settings
 from sequence_ai_ros.exceptions import CaptureError
 from sequence_ai_ros.protocol import codec, sequence_ai_pb2 as pb
 root = Path(sys.argv[1])
@@ -267,8 +267,8 @@ def test_full_disk_pauses_capture_via_rlimit_fsize(tmp_path: Path, processes) ->
 KILL_CHILD = r'''
 import sys, time, numpy as np
 from pathlib import Path
-from sequence_ai_ros.data.capture import CaptureStore
-from sequence_ai_ros.data.capture_settings import CaptureSettings, save_settings
+from sequence_ai_ros.capture.store import CaptureStore
+from sequence_ai_ros.capture.settings import CaptureSettings, save_settings
 from sequence_ai_ros.protocol import codec, sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import Contract, ObservationContract
 root = Path(sys.argv[1])
@@ -295,9 +295,9 @@ while True:
 
 @pytest.mark.slow
 def test_kill9_during_capture_then_export_loads_every_committed_episode(tmp_path: Path, processes) -> None:
-    from sequence_ai_ros.data.export_jsonl import export_jsonl
-    from sequence_ai_ros.data.export_lerobot import export_lerobot
-    from sequence_ai_ros.data.verify_export import verify_export
+    from sequence_ai_ros.datasets.jsonl_writer import export_jsonl
+    from sequence_ai_ros.datasets.lerobot_writer import export_lerobot
+    from sequence_ai_ros.datasets.verify import verify_export
 
     root = tmp_path / 'cap'
     proc = processes.python(KILL_CHILD, str(root), cwd=str(REPO))

@@ -10,13 +10,14 @@ import pyarrow.parquet as pq
 import pytest
 from test_data_support import FakeClock, feed_g1, make_store
 
+from sequence_ai_ros.capture.store import CaptureStore
 from sequence_ai_ros.cli import main as seq_main
-from sequence_ai_ros.data.capture import CaptureStore, capture_root
-from sequence_ai_ros.data.export_jsonl import export_jsonl
-from sequence_ai_ros.data.export_lerobot import export_lerobot
-from sequence_ai_ros.data.lerobot_reader import LeRobotDataset
-from sequence_ai_ros.data.verify_export import verify_export
+from sequence_ai_ros.datasets.jsonl_writer import export_jsonl
+from sequence_ai_ros.datasets.lerobot_reader import LeRobotDataset
+from sequence_ai_ros.datasets.lerobot_writer import export_lerobot
+from sequence_ai_ros.datasets.verify import verify_export
 from sequence_ai_ros.exceptions import ExportError
+from sequence_ai_ros.home import capture_root
 from sequence_ai_ros.protocol import codec
 
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import yaml
 
+from sequence_ai_ros.bags.to_rosbag import episode_to_rosbag
 from sequence_ai_ros.cli import main as seq_main
-from sequence_ai_ros.data.lerobot_reader import LeRobotDataset
-from sequence_ai_ros.data.to_rosbag import episode_to_rosbag
+from sequence_ai_ros.datasets.lerobot_reader import LeRobotDataset
 from sequence_ai_ros.exceptions import ConfigError, ExportError
 
 
@@ -105,7 +105,7 @@ def test_player_replays_widowx_bag_at_recorded_timing_into_another_process(wx200
                                                                           rclpy_context) -> None:
     from rosbags.rosbag2 import Reader
 
-    from sequence_ai_ros.data.player import BagPlayer
+    from sequence_ai_ros.bags.player import BagPlayer
 
     with Reader(wx200_bag) as reader:
         start = reader.start_time + int(10e9)
@@ -158,7 +158,7 @@ rclpy.shutdown()
 def test_player_loops_and_publishes_the_bag_clock(wx200_bag: Path, processes, rclpy_context) -> None:
     from rosbags.rosbag2 import Reader
 
-    from sequence_ai_ros.data.player import BagPlayer
+    from sequence_ai_ros.bags.player import BagPlayer
 
     with Reader(wx200_bag) as reader:
         t0 = reader.start_time

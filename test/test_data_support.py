@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from sequence_ai_ros.data.capture import CaptureStore
-from sequence_ai_ros.data.capture_settings import CaptureSettings, save_settings
-from sequence_ai_ros.data.lerobot_reader import LeRobotDataset
+from sequence_ai_ros.capture.settings import CaptureSettings, save_settings
+from sequence_ai_ros.capture.store import CaptureStore
+from sequence_ai_ros.datasets.lerobot_reader import LeRobotDataset
 from sequence_ai_ros.protocol import codec
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import CameraSpec, Contract, ObservationContract

@@ -9,11 +9,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from sequence_ai_ros.data.capture import CaptureStore
-from sequence_ai_ros.data.capture_settings import CaptureSettings, save_settings
-from sequence_ai_ros.data.export_lerobot import export_lerobot
-from sequence_ai_ros.data.lerobot_reader import LeRobotDataset
-from sequence_ai_ros.data.verify_export import verify_export
+from sequence_ai_ros.capture.settings import CaptureSettings, save_settings
+from sequence_ai_ros.capture.store import CaptureStore
+from sequence_ai_ros.datasets.lerobot_reader import LeRobotDataset
+from sequence_ai_ros.datasets.lerobot_writer import export_lerobot
+from sequence_ai_ros.datasets.verify import verify_export
 from sequence_ai_ros.exceptions import CaptureError
 
 REPO = Path(__file__).resolve().parent.parent

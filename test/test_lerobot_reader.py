@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sequence_ai_ros.data.lerobot_reader import LeRobotDataset
+from sequence_ai_ros.datasets.lerobot_reader import LeRobotDataset
 from sequence_ai_ros.exceptions import ConfigError, MissingDependency
 
 

@@ -13,8 +13,8 @@ import pytest
 from std_msgs.msg import Float64MultiArray
 from test_node_support import RAMP, Probe, node_log, node_params, spawn_node, spawn_worker, wait_for
 
-from sequence_ai_ros.data.capture import CaptureStore
-from sequence_ai_ros.data.capture_settings import CaptureSettings, save_settings
+from sequence_ai_ros.capture.settings import CaptureSettings, save_settings
+from sequence_ai_ros.capture.store import CaptureStore
 from sequence_ai_ros.worker import serve_policy_file
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]

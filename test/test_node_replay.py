@@ -1,6 +1,6 @@
 """Rosbag-driven replay into the policy node, with a real worker and the package's bag player.
 
-- G1 episode 5 (converted by ``sequence_ai_ros.data.to_rosbag``: JointState + JPEG CompressedImage at
+- G1 episode 5 (converted by ``sequence_ai_ros.bags.to_rosbag``: JointState + JPEG CompressedImage at
   30 Hz) into the node with config/g1.yaml and a 0 ms policy needing cam_high at 640x480: command rate
   50 Hz +- 1% over the episode, 0 underruns, commands in the config's joint order, JPEG passed through
   untouched; p99 tick jitter printed.
@@ -41,7 +41,7 @@ def g1_bag(tmp_path_factory):
 
     if not (G1_DATASET / 'meta' / 'info.json').exists():
         pytest.skip(f'real G1 dataset not found at {G1_DATASET}')
-    from sequence_ai_ros.data.to_rosbag import episode_to_rosbag
+    from sequence_ai_ros.bags.to_rosbag import episode_to_rosbag
 
     out = tmp_path_factory.mktemp('g1') / 'episode5'
     info = episode_to_rosbag(G1_DATASET, 5, out)
@@ -80,8 +80,8 @@ def _node_rate(probe, episode_id):
 
 
 def _play(processes, bag, *args):
-    """Play ``bag`` from a process of its own (``python -m sequence_ai_ros.data.player``)."""
-    proc = processes.spawn([sys.executable, '-m', 'sequence_ai_ros.data.player', str(bag), *args])
+    """Play ``bag`` from a process of its own (``python -m sequence_ai_ros.bags.player``)."""
+    proc = processes.spawn([sys.executable, '-m', 'sequence_ai_ros.bags.player', str(bag), *args])
     line = proc.stdout.readline()
     assert line.startswith('playing'), f'bag player: {line!r}'
     return proc

@@ -17,8 +17,8 @@ from PIL import Image as PILImage
 from sensor_msgs.msg import CompressedImage, Image, JointState
 
 from sequence_ai_ros.exceptions import ActionSpaceMismatch, ConfigError, ContractViolation
-from sequence_ai_ros.node.commands import CommandInterface
 from sequence_ai_ros.node.config import CommandConfig, JointsConfig, NodeConfig, SafetyConfig
+from sequence_ai_ros.node.controller_commands import CommandInterface
 from sequence_ai_ros.node.images import ImageConverter, compressed_format, image_to_array
 from sequence_ai_ros.node.observation import JointMapper, ObservationAssembler
 from sequence_ai_ros.node.safety import SafetyFilter

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from sequence_ai_ros.cli import build_parser
-from sequence_ai_ros.data.lerobot_reader import LeRobotDataset
+from sequence_ai_ros.datasets.lerobot_reader import LeRobotDataset
 from sequence_ai_ros.exceptions import ConfigError, ExportError
-from sequence_ai_ros.worker import ridge, training
+from sequence_ai_ros.models import ridge
+from sequence_ai_ros.models import ridge_training as training
 
 
 @pytest.fixture(scope='module')

@@ -21,18 +21,21 @@ import numpy as np
 import pytest
 
 from sequence_ai_ros import cli
-from sequence_ai_ros.data.lerobot_reader import LeRobotDataset
+from sequence_ai_ros.datasets.lerobot_reader import LeRobotDataset
 from sequence_ai_ros.exceptions import MissingDependency
+from sequence_ai_ros.models import ridge
+from sequence_ai_ros.models import ridge_training as training
+from sequence_ai_ros.models.ridge import RidgeModel
 from sequence_ai_ros.policy import load_policy_file
 from sequence_ai_ros.protocol import PROTOCOL_VERSION, messages
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
 from sequence_ai_ros.protocol.contract import Contract
 from sequence_ai_ros.protocol.types import Observation
-from sequence_ai_ros.worker import ridge, serve_policy_file, training
-from sequence_ai_ros.worker.ridge import RidgeModel
+from sequence_ai_ros.templates import TEMPLATES_DIR
+from sequence_ai_ros.worker import serve_policy_file
 
-TEMPLATES = Path(training.__file__).resolve().parent / 'templates'
+TEMPLATES = TEMPLATES_DIR
 ALL = ('hold', 'replay', 'ridge', 'lerobot', 'pi05-droid')
 
 
@@ -214,7 +217,7 @@ def test_heavy_templates_name_what_is_missing(template: str, tmp_path: Path, seq
 
 def test_lerobot_contract_from_a_checkpoint_config() -> None:
     """The contract the lerobot template derives from an ACT-style config.json (pure JSON, no torch)."""
-    from sequence_ai_ros.worker import lerobot_runtime as runtime
+    from sequence_ai_ros.models import lerobot_runtime as runtime
 
     cfg = {'type': 'act', 'n_action_steps': 50, 'chunk_size': 100,
            'input_features': {'observation.state': {'type': 'STATE', 'shape': [26]},
@@ -228,3 +231,85 @@ def test_lerobot_contract_from_a_checkpoint_config() -> None:
     with pytest.raises(Exception, match='state dim 26'):
         runtime.contract_for(base, cfg, action_space='joint_absolute', fps=30, state_names=['a'],
                              action_names=None, chunk_length=None)
+
+
+LEGACY = Path(__file__).resolve().parent / 'fixtures' / 'legacy_templates'
+SHIMS = {'sequence_ai_ros.worker': ('ridge', 'lerobot_runtime'), 'sequence_ai_ros.data': ('lerobot_reader',)}
+
+
+@pytest.fixture
+def fresh_shims(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forget the deprecated paths, so that importing one runs the shim (and warns) again in this test."""
+    import importlib
+    import sys
+
+    for package, names in SHIMS.items():
+        module = importlib.import_module(package)
+        for name in names:
+            monkeypatch.delitem(sys.modules, f'{package}.{name}', raising=False)
+            monkeypatch.delattr(module, name, raising=False)
+
+
+def _deploy_and_serve_one_chunk(path: Path, obs: Observation, **serve_kwargs) -> messages.Chunk:
+    """``seq deploy`` ``path`` (dry run included), then serve it and return one chunk."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main(['deploy', str(path), '--name', path.parent.name]) == 0, out.getvalue()
+    assert f'deployed {path.parent.name} version 1' in out.getvalue()
+    with served(path, **serve_kwargs) as robot:
+        return _chunk(robot.request(obs))
+
+
+def test_policy_files_of_the_previous_layout_still_deploy_and_serve(g1_dataset: Path, tmp_path: Path,
+                                                                     seq_home: Path, fresh_shims: None) -> None:
+    """Policy files of the previous layout (worker.ridge, data.lerobot_reader) deploy and serve.
+
+    Those module paths re-export the moved modules with a DeprecationWarning.
+    """
+    ds = LeRobotDataset(g1_dataset)
+    ep = ds.episode(5)
+    # hold: the authoring API only
+    hold = tmp_path / 'hold'
+    hold.mkdir()
+    (hold / 'policy.py').write_text((LEGACY / 'hold' / 'policy.py').read_text())
+    chunk = _deploy_and_serve_one_chunk(hold / 'policy.py', Observation(state=np.zeros(3, np.float32)),
+                                        joint_names=['a', 'b', 'c'])
+    assert chunk.actions.shape[1] == 3
+    # replay: sequence_ai_ros.data.lerobot_reader
+    replay = tmp_path / 'replay'
+    replay.mkdir()
+    (replay / 'policy.py').write_text((LEGACY / 'replay' / 'policy.py').read_text())
+    (replay / 'config.yaml').write_text(f'dataset: {g1_dataset}\nepisode: 5\nchunk_length: 30\nmax_start_error: 0\n')
+    with pytest.warns(DeprecationWarning, match='sequence_ai_ros.datasets.lerobot_reader'):
+        load_policy_file(replay / 'policy.py')
+    chunk = _deploy_and_serve_one_chunk(replay / 'policy.py', Observation(state=ep.state[0], timestamp=1.0))
+    np.testing.assert_array_equal(chunk.actions, ep.action[0:30])
+    # ridge: sequence_ai_ros.worker.ridge, next to a model trained by seq train
+    xs = ridge.episode_channels(('state',), ds.episode(0).state, ds.episode(0).action, 1 / 30)
+    n = len(ds.episode(0)) - 30 + 1
+    fitted = RidgeModel.fit(xs[:n], ridge.action_windows(ds.episode(0).action, 30),
+                            ridge.last_actions(ds.episode(0).state, ds.episode(0).action)[:n],
+                            channel_names=('state',), coupled=False, residual=True, dt=1 / 30, lam=1000.0,
+                            state_names=ds.state_names, action_names=ds.action_names)
+    out = training.write_deployment(tmp_path / 'ridge', training.TrainResult(fitted, [], {}, 0.0))
+    obs = Observation(state=ep.state[10], timestamp=1.0)
+    with served(out / 'policy.py') as robot:
+        expected = _chunk(robot.request(obs)).actions
+    (out / 'policy.py').write_text((LEGACY / 'ridge' / 'policy.py').read_text())
+    with pytest.warns(DeprecationWarning, match='sequence_ai_ros.models.ridge'):
+        load_policy_file(out / 'policy.py')
+    chunk = _deploy_and_serve_one_chunk(out / 'policy.py', obs)
+    assert chunk.actions.shape == (30, 26) and np.isfinite(chunk.actions).all()
+    np.testing.assert_array_equal(chunk.actions, expected)
+
+
+@pytest.mark.parametrize('template', ['lerobot', 'pi05-droid'])
+def test_heavy_policy_files_of_the_previous_layout_import_and_name_what_is_missing(template: str, tmp_path: Path,
+                                                                                   fresh_shims: None) -> None:
+    """Without torch they cannot serve here; they import through the shim and fail as the new ones do."""
+    path = tmp_path / template / 'policy.py'
+    path.parent.mkdir()
+    path.write_text((LEGACY / template / 'policy.py').read_text())
+    with pytest.warns(DeprecationWarning, match='sequence_ai_ros.models.lerobot_runtime'), \
+            pytest.raises(MissingDependency, match='python package torch'):
+        load_policy_file(path, checkpoint=str(tmp_path / 'ckpt'))

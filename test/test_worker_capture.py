@@ -13,8 +13,8 @@ from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
 from sequence_ai_ros.worker import serve_policy_file
 
-capture = pytest.importorskip('sequence_ai_ros.data.capture')
-from sequence_ai_ros.data.capture_settings import CaptureSettings, save_settings  # noqa: E402
+capture = pytest.importorskip('sequence_ai_ros.capture.store')
+from sequence_ai_ros.capture.settings import CaptureSettings, save_settings  # noqa: E402
 
 NAMES = [f'j{i}' for i in range(4)]
 

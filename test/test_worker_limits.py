@@ -279,7 +279,7 @@ def test_policy_capture_refuses_an_unregistered_name_unless_forced(seq_home: Pat
 
 @pytest.mark.slow
 def test_seq_serve_flags_set_the_inference_deadline_and_the_stream_cap(processes):
-    proc = processes.python('import sys; from sequence_ai_ros.worker.commands import main; sys.exit(main())',
+    proc = processes.python('import sys; from sequence_ai_ros.cli.serving import main; sys.exit(main())',
                             'serve', str(STUCK), '--port', '0', '--warm', '--inference-timeout', '0.5',
                             '--max-streams', '2')
     line = proc.stdout.readline()

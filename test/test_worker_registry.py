@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 from test_worker_support import POLICIES, Stream, channel, handshake, state_request, wait_ready
 
+from sequence_ai_ros.cli import serving as commands
 from sequence_ai_ros.exceptions import ConfigError, DeploymentError, UnknownDeployment
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
-from sequence_ai_ros.worker import commands, create_server
+from sequence_ai_ros.worker import create_server
 from sequence_ai_ros.worker.registry import Registry, deploy
 from sequence_ai_ros.worker.usage import read_usage
 
@@ -134,7 +135,7 @@ def test_cli_deploy_deployments_usage_delete(tmp_path, seq_home, capsys):
     (capture / 'blob').write_bytes(b'x' * 1000)
     code, out, _ = run(capsys, 'usage')
     assert code == 0 and re.search(r'^good\s', out, re.M)
-    if importlib.util.find_spec('sequence_ai_ros.data.capture') is not None:  # stored bytes come from the store
+    if importlib.util.find_spec('sequence_ai_ros.capture.store') is not None:  # stored bytes come from the store
         assert re.search(r'capture:good\s+(\d+) bytes', out) and int(re.search(r'capture:good\s+(\d+)', out)[1]) >= 1000
     code, out, _ = run(capsys, 'delete', 'good')
     assert code == 0 and not capture.exists() and Registry().list() == []
@@ -146,7 +147,7 @@ def test_cli_init_copies_a_template(tmp_path, capsys, monkeypatch):
     code, out, _ = run(capsys, 'init', '--list')
     templates = [line.split()[0] for line in out.splitlines() if line.strip()]
     if not templates or templates[0] == 'no':
-        pytest.skip('no templates in sequence_ai_ros/worker/templates yet')
+        pytest.skip('no templates in sequence_ai_ros/templates yet')
     monkeypatch.chdir(tmp_path)
     code, out, _ = run(capsys, 'init', templates[0], 'mine')
     assert code == 0 and (tmp_path / 'mine' / 'policy.py').is_file()
@@ -166,7 +167,7 @@ def test_seq_serve_process_prints_its_address_and_stops_on_sigterm(tmp_path, seq
     deploy(POLICIES / 'fast.py', name='fast')
     token = tmp_path / 'token'
     token.write_text('tok\n')
-    proc = processes.python('import sys; from sequence_ai_ros.worker.commands import main; sys.exit(main())',
+    proc = processes.python('import sys; from sequence_ai_ros.cli.serving import main; sys.exit(main())',
                             'serve', 'fast', '--port', '0', '--token-file', str(token), '--idle-timeout', '5')
     line = proc.stdout.readline()
     match = re.match(r'serving fast on 127\.0\.0\.1:(\d+)', line)

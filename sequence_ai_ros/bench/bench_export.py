@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from sequence_ai_ros.data.capture import CaptureStore
-from sequence_ai_ros.data.capture_settings import CaptureSettings, save_settings
-from sequence_ai_ros.data.export_lerobot import export_lerobot
+from sequence_ai_ros.capture.settings import CaptureSettings, save_settings
+from sequence_ai_ros.capture.store import CaptureStore
+from sequence_ai_ros.datasets.lerobot_writer import export_lerobot
 from sequence_ai_ros.protocol import codec
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import CameraSpec, Contract, ObservationContract
@@ -37,7 +37,7 @@ FRAMES = {'h264': 300, 'av1': 120}
 
 def _jpegs(n: int) -> tuple[list[bytes], str]:
     try:
-        from sequence_ai_ros.data.lerobot_reader import LeRobotDataset
+        from sequence_ai_ros.datasets.lerobot_reader import LeRobotDataset
 
         ds = LeRobotDataset(DATASET)
         frames = list(ds.frames(0, 'cam_high', 0, n))

@@ -121,7 +121,9 @@ def main() -> dict[str, Any]:
     from sequence_ai_ros.worker import serve_policy_file
 
     _isolate()
-    hold = Path(__file__).resolve().parent.parent / 'worker' / 'templates' / 'hold' / 'policy.py'
+    from sequence_ai_ros.templates import TEMPLATES_DIR
+
+    hold = TEMPLATES_DIR / 'hold' / 'policy.py'
     procs: list[subprocess.Popen] = []
     context = rclpy.context.Context()
     rclpy.init(context=context)

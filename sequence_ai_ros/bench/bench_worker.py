@@ -100,7 +100,7 @@ def main(single_requests: int = 1000, robots: int = 16, rate_hz: float = 10.0, s
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / 'bench_zero.py'
         path.write_text(POLICY)
-        proc = subprocess.Popen([sys.executable, '-c', 'import sys; from sequence_ai_ros.worker.commands import main; '
+        proc = subprocess.Popen([sys.executable, '-c', 'import sys; from sequence_ai_ros.cli.serving import main; '
                                  'sys.exit(main())', 'serve', str(path), '--port', '0', '--warm'],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:

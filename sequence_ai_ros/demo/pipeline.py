@@ -104,7 +104,7 @@ def run(args: DemoArgs) -> dict:
             duration = args.max_seconds or 10.0
             instruction = 'hold position (synthetic robot)'
         else:
-            from sequence_ai_ros.data.lerobot_reader import LeRobotDataset
+            from sequence_ai_ros.datasets.lerobot_reader import LeRobotDataset
 
             ds = LeRobotDataset(args.dataset)
             duration = ds.length(args.episode) / ds.fps
@@ -156,7 +156,7 @@ def run(args: DemoArgs) -> dict:
                                       *joint_names]).wait_for('publishing', 30)
             else:
                 step('replaying the bag at real time')
-                player = procs.start('bag_player', [sys.executable, '-m', 'sequence_ai_ros.data.player', str(bag),
+                player = procs.start('bag_player', [sys.executable, '-m', 'sequence_ai_ros.bags.player', str(bag),
                                                     '--wait-subscribers', '30', '--duration', f'{duration:.2f}'])
                 player.wait_for(r'^playing ', 60)
             played_from = time.monotonic()
@@ -182,7 +182,7 @@ def run(args: DemoArgs) -> dict:
         export = out / 'export'
         procs.run('export', _seq('policy', 'data', 'export', model, '--out', str(export), '--format', 'lerobot',
                                  '--images', '--force'), 600)
-        from sequence_ai_ros.data.verify_export import verify_export
+        from sequence_ai_ros.datasets.verify import verify_export
 
         reference = args.dataset if not synthetic else None
         check = verify_export(export, reference=reference)

@@ -10,10 +10,11 @@ Modules, one concept each:
 - :mod:`.config` (validated dataclasses) and :mod:`.parameters` (every ROS parameter, with descriptors);
 - :mod:`.images` (Image/CompressedImage -> arrays or untouched JPEG, no cv_bridge),
   :mod:`.observation` (latest message per source, ages, joint mapping by name);
-- :mod:`.runner` (one episode at a time; hold semantics), :mod:`.commands` (ros2_control command
+- :mod:`.runner` (one episode at a time; hold semantics), :mod:`.controller_commands` (ros2_control command
   interfaces), :mod:`.safety` (limits, step limits, non-finite values);
 - :mod:`.tick` (the control thread), :mod:`.diagnostics` (~/status, /diagnostics);
-- :mod:`.wiring` (the node), :mod:`.interface` (services and the Act action), :mod:`.main` (entry point).
+- :mod:`.policy_node` (the node), :mod:`.episode_services` (services and the Act action), :mod:`.main`
+  (entry point).
 
 Threads and their owners:
 
@@ -21,10 +22,10 @@ Threads and their owners:
   convert each message once; the ~/status and /diagnostics timers);
 - ``seq-services`` (owned by :func:`.main.main`): a MultiThreadedExecutor spinning
   ``policy_node_interface``, whose services and Act action block on gRPC or on an episode's end;
-- ``seq-tick`` (owned by :class:`.wiring.PolicyNode`): the fixed-rate control thread. It reads the
+- ``seq-tick`` (owned by :class:`.policy_node.PolicyNode`): the fixed-rate control thread. It reads the
   latest observation, calls the client's non-blocking ``next_action`` and publishes; it never waits on
   gRPC, and takes no lock that is held across I/O;
-- ``seq-session`` (owned by :class:`.wiring.PolicyNode`): the blocking gRPC calls: connect (retried
+- ``seq-session`` (owned by :class:`.policy_node.PolicyNode`): the blocking gRPC calls: connect (retried
   every second), ``ready()`` (polled every second), ``end_episode``;
 - per episode, the client's ``seq-send-*``/``seq-recv-*`` threads (owned by the client).
 

@@ -41,8 +41,8 @@ def main(args: Sequence[str] | None = None) -> int:
 
     :returns: 0 after a clean shutdown; 2 for a bad parameter (the message, on stderr, names it).
     """
-    from sequence_ai_ros.node.interface import PolicyInterface
-    from sequence_ai_ros.node.wiring import PolicyNode
+    from sequence_ai_ros.node.episode_services import PolicyInterface
+    from sequence_ai_ros.node.policy_node import PolicyNode
 
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     context = _init(args)

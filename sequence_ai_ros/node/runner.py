@@ -35,8 +35,8 @@ from sequence_ai_ros.exceptions import (
     NotReady,
     SequenceAIError,
 )
-from sequence_ai_ros.node.commands import CommandInterface
 from sequence_ai_ros.node.config import NodeConfig
+from sequence_ai_ros.node.controller_commands import CommandInterface
 from sequence_ai_ros.node.observation import ObservationAssembler, Snapshot
 from sequence_ai_ros.node.safety import SafetyFilter
 from sequence_ai_ros.protocol.contract import Contract, check_names

@@ -8,8 +8,10 @@ Layout (one concept per module):
 - :mod:`.runtime`: one deployment (warming, episodes, inference, usage).  :mod:`.scheduler`: its single
   inference thread with per-episode round-robin (inference is serialized, not batched).
 - :mod:`.registry` and :mod:`.validate`: ``seq deploy`` (dry run) and the $SEQ_HOME registry.
-- :mod:`.usage`: metering.  :mod:`.capture_hook`: the bridge to :mod:`sequence_ai_ros.data.capture`.
-- :mod:`.commands`: the ``seq`` sub-commands init, deploy, serve, deployments, delete, usage, train.
+- :mod:`.usage`: metering.  :mod:`.capture_hook`: the bridge to :mod:`sequence_ai_ros.capture.store`.
+
+Its ``seq`` sub-commands live in :mod:`sequence_ai_ros.cli.serving`; the models that templates import
+in :mod:`sequence_ai_ros.models`.
 
 Threads, all named and owned: ``seq-grpc*`` (gRPC handlers, one per open stream), ``seq-episode-<id>``
 (reads one stream), ``seq-load-<name>`` (warming), ``seq-infer-<name>`` (inference and episode hooks),

@@ -1,4 +1,4 @@
-"""The worker's side of field-data capture: a guarded bridge to :mod:`sequence_ai_ros.data.capture`.
+"""The worker's side of field-data capture: a guarded bridge to :mod:`sequence_ai_ros.capture.store`.
 
 The store decides per episode (``begin`` returns None when the episode is not sampled, capture is off or
 paused). Capture never breaks serving: any :class:`~sequence_ai_ros.exceptions.CaptureError` (or other
@@ -23,12 +23,12 @@ LOG = logging.getLogger(__name__)
 def open_store(root: Path, deployment: str) -> Any | None:
     """Return a ``CaptureStore`` for ``root`` (the deployment's capture directory), or None.
 
-    None when :mod:`sequence_ai_ros.data.capture` is not importable or the store cannot open (logged).
+    None when :mod:`sequence_ai_ros.capture.store` is not importable or the store cannot open (logged).
     """
     try:
-        from sequence_ai_ros.data.capture import CaptureStore
+        from sequence_ai_ros.capture.store import CaptureStore
     except ImportError as exc:
-        LOG.info('capture disabled: sequence_ai_ros.data.capture not importable (%s)', exc)
+        LOG.info('capture disabled: sequence_ai_ros.capture.store not importable (%s)', exc)
         return None
     try:
         return CaptureStore(root=root, deployment=deployment, clock=time.time)

@@ -21,20 +21,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from sequence_ai_ros import home as seq_layout
 from sequence_ai_ros.exceptions import ConfigError, DeploymentError, UnknownDeployment
 from sequence_ai_ros.policy.loader import PolicyDefinition, file_sha256, load_policy_file
 from sequence_ai_ros.worker.usage import delete_usage
 
-REGISTRY_FILE = 'deployments.json'
-USAGE_FILE = 'usage.sqlite'
 _NAME = re.compile(r'^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$')
-
-
-def seq_home(path: str | Path | None = None) -> Path:
-    """Return $SEQ_HOME (or ``path``), default ``~/.local/share/sequence_ai``."""
-    if path is not None:
-        return Path(path).expanduser()
-    return Path(os.environ.get('SEQ_HOME') or '~/.local/share/sequence_ai').expanduser()
 
 
 def check_name(name: str) -> str:
@@ -70,21 +62,21 @@ class Registry:
     """
 
     def __init__(self, home: str | Path | None = None) -> None:
-        self.home = seq_home(home)
+        self.home = seq_layout.seq_home(home)
 
     @property
     def file(self) -> Path:
         """Path of ``deployments.json``."""
-        return self.home / REGISTRY_FILE
+        return seq_layout.registry_file(self.home)
 
     @property
     def usage_file(self) -> Path:
         """Path of the usage database."""
-        return self.home / USAGE_FILE
+        return seq_layout.usage_file(self.home)
 
     def capture_dir(self, name: str) -> Path:
         """Return ``$SEQ_HOME/capture/<name>``."""
-        return self.home / 'capture' / name
+        return seq_layout.capture_root(self.home, name)
 
     def _read(self) -> dict[str, dict[str, Any]]:
         try:

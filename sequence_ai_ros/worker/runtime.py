@@ -18,7 +18,6 @@ import logging
 import threading
 import time
 import traceback
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -337,7 +336,3 @@ class DeploymentRuntime:
             self._loader.join(0.1 if stuck else timeout)
         self.usage.flush()
 
-
-def capture_root(seq_home: Path, name: str) -> Path:
-    """Return ``$SEQ_HOME/capture/<name>``, the deployment's capture directory."""
-    return Path(seq_home) / 'capture' / name

@@ -31,11 +31,12 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from sequence_ai_ros.exceptions import ConfigError, Unauthenticated
+from sequence_ai_ros.home import usage_file
 from sequence_ai_ros.policy.loader import PolicyDefinition, load_policy_file
 from sequence_ai_ros.protocol import AUTH_METADATA, errors, messages
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
 from sequence_ai_ros.worker.capture_hook import open_store
-from sequence_ai_ros.worker.registry import USAGE_FILE, Registry, seq_home
+from sequence_ai_ros.worker.registry import Registry
 from sequence_ai_ros.worker.runtime import DEFAULT_INFERENCE_TIMEOUT_S, DEFAULT_LOAD_TIMEOUT_S, DeploymentRuntime
 from sequence_ai_ros.worker.servicer import PolicyServicer
 from sequence_ai_ros.worker.usage import Usage, UsageMeter
@@ -300,7 +301,7 @@ def serve_policy_file(path: str | Path, deployment: str | None = None, *, host: 
     path = Path(path)
     definition = load_policy_file(path, **policy_kwargs)
     name = deployment or (definition.path.parent.name if definition.path.name == 'policy.py' else definition.path.stem)
-    usage_path = seq_home(home) / USAGE_FILE if home is not None else None
+    usage_path = usage_file(home) if home is not None else None
     capture_dir = Path(capture_root) / name if capture_root is not None else None
     timeouts = {'inference_timeout_s': inference_timeout_s, 'load_timeout_s': load_timeout_s}
     runtimes = {name: _runtime(name, 0, definition, usage_path, capture_dir, max_pending, timeouts)}

@@ -1,0 +1,290 @@
+"""One captured episode: staged while it runs, committed atomically when it ends; and its read view.
+
+Layout under ``$SEQ_HOME/capture/<deployment>/``::
+
+    settings.json                  CaptureSettings (written by ``seq policy capture``)
+    store.db                       SQLite index (WAL): episodes, sampling decisions, labels
+    staging/<pid>-<dir>/           an episode being captured (invisible to readers)
+    episodes/<dir>/episode.rec     its records (requests, chunks, errors, telemetry; see records.py)
+    episodes/<dir>/episode.json    its metadata (instruction, contract, reason, stats, counts)
+    episodes/<dir>/label.json      its label, when labelled
+
+Commit protocol (kill -9 safe): the records and ``episode.json`` are fsynced in the staging directory,
+which is then renamed into ``episodes/`` (one atomic rename: the commit point), then indexed. A crash
+before the rename leaves only a staging directory, removed on the next open once its process is dead;
+a crash between rename and index leaves a complete directory, indexed on the next open. Readers list
+only indexed episodes, so half an episode is never visible.
+
+A storage fault while writing drops the episode being written (episodes are kept whole or not at all)
+and pauses the store (:mod:`sequence_ai_ros.capture.store`). Each :class:`EpisodeCapture` has a lock, so
+the servicer's threads may feed it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import sqlite3
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sequence_ai_ros.capture.records import CHUNK, ERROR, REQUEST, TELEMETRY, Record, encode_record, read_records
+from sequence_ai_ros.capture.settings import CaptureSettings
+from sequence_ai_ros.exceptions import CaptureError
+from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
+from sequence_ai_ros.protocol.contract import CameraSpec, Contract, ObservationContract
+
+if TYPE_CHECKING:
+    from sequence_ai_ros.capture.store import CaptureStore
+
+RECORDS_FILE = 'episode.rec'
+META_FILE = 'episode.json'
+LABEL_FILE = 'label.json'
+_SAFE = re.compile(r'[A-Za-z0-9][A-Za-z0-9._-]{0,99}')
+
+
+def _dir_name(episode_id: str) -> str:
+    import hashlib
+
+    if _SAFE.fullmatch(episode_id):
+        return episode_id
+    return 'ep-' + hashlib.sha256(episode_id.encode()).hexdigest()[:32]
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON to ``path`` atomically: a temp file beside it, fsync, rename."""
+    tmp = path.with_name('.' + path.name + '.tmp')
+    with tmp.open('w', encoding='utf-8') as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def pid_alive(pid: int) -> bool:
+    """Return True when a process with this pid exists on this host."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def contract_to_json(contract: Contract | None) -> dict[str, Any] | None:
+    """Return the contract as a JSON-ready dict (action_space as its name)."""
+    if contract is None:
+        return None
+    d = dataclasses.asdict(contract)
+    d['action_space'] = contract.action_space.value
+    return d
+
+
+def contract_from_json(d: dict[str, Any] | None) -> Contract | None:
+    """Rebuild a contract written by :func:`contract_to_json`."""
+    if not d:
+        return None
+    obs = d.get('observation') or {}
+    observation = ObservationContract(cameras=tuple(CameraSpec(**c) for c in obs.get('cameras', ())),
+                                      state_names=tuple(obs.get('state_names', ())),
+                                      history=int(obs.get('history', 1)))
+    return Contract(**{**d, 'observation': observation})
+
+
+@dataclasses.dataclass
+class CapturedEpisode:
+    """A committed episode, as readers (exports, ``seq policy capture NAME``) see it.
+
+    :param started_at: wall-clock start (s since the epoch); ``ended_at`` likewise.
+    :param fps: the telemetry rate of this episode (Hz).
+    :param label: ``{'success': bool, 'notes': str, 'labelled_at': float}`` or None.
+    """
+
+    episode_id: str
+    path: Path
+    instruction: str
+    started_at: float
+    ended_at: float
+    reason: str
+    requests: int
+    frames: int
+    bytes: int
+    images: bool
+    fps: float
+    stats: dict[str, Any]
+    label: dict[str, Any] | None
+    contract: Contract | None = None
+
+    def records(self) -> list[Record]:
+        """Return every record in order.
+
+        :raises CaptureError: when the episode's file is missing, truncated or corrupt.
+        """
+        return list(read_records(self.path / RECORDS_FILE))
+
+    def telemetry(self) -> list[tuple[float, pb.TelemetryFrame]]:
+        """Return ``(wall_time, TelemetryFrame)`` in arrival order.
+
+        :raises CaptureError: as :meth:`records`.
+        """
+        return [(r.wall_time, r.message) for r in read_records(self.path / RECORDS_FILE) if r.kind == TELEMETRY]
+
+
+class EpisodeCapture:
+    """One episode being captured; made by :meth:`CaptureStore.begin`, ended by commit() or abort().
+
+    After a storage fault the episode is dropped, the store paused, and later calls do nothing.
+    """
+
+    def __init__(self, store: CaptureStore, episode_id: str, instruction: str, contract: Contract | None,
+                 settings: CaptureSettings, started_at: float) -> None:
+        self.store = store
+        self.episode_id = episode_id
+        self.instruction = instruction
+        self.contract = contract
+        self.settings = settings
+        self.images = settings.images
+        self.started_at = started_at
+        self.dir_name = _dir_name(episode_id)
+        self.staging = store.root / 'staging' / f'{os.getpid()}-{self.dir_name}'
+        self._lock = threading.Lock()
+        self._closed = False
+        self.requests = 0
+        self.frames = 0
+        self.bytes = 0
+        self.staging.mkdir(parents=True)
+        self._file = (self.staging / RECORDS_FILE).open('ab')
+
+    @property
+    def closed(self) -> bool:
+        """True after commit, abort or a fault."""
+        return self._closed
+
+    def add_request(self, req: pb.ObservationRequest, chunk: pb.ActionChunk | None = None,
+                    error: pb.Error | None = None) -> None:
+        """Keep one observation request and its answer (a chunk, an error, or None if none yet).
+
+        Without ``images`` the request's pixels (and its history frames' pixels) are not stored.
+
+        :raises CaptureError: on a storage fault (the episode is dropped and capture paused).
+        """
+        if not self.images and (req.images or any(h.images for h in req.history)):
+            stripped = pb.ObservationRequest()
+            stripped.CopyFrom(req)
+            stripped.ClearField('images')
+            for h in stripped.history:
+                h.ClearField('images')
+            req = stripped
+        now = self.store.clock()
+        blob = encode_record(REQUEST, now, req)
+        if chunk is not None:
+            blob += encode_record(CHUNK, now, chunk)
+        if error is not None:
+            blob += encode_record(ERROR, now, error)
+        self._write(blob, requests=1)
+
+    def add_telemetry(self, frames: list[pb.TelemetryFrame]) -> None:
+        """Keep telemetry frames (measured state, executed action, hold flag, images when kept).
+
+        :raises CaptureError: on a storage fault (the episode is dropped and capture paused).
+        """
+        now = self.store.clock()
+        parts = []
+        for frame in frames:
+            if not self.images and frame.images:
+                copy = pb.TelemetryFrame()
+                copy.CopyFrom(frame)
+                copy.ClearField('images')
+                frame = copy
+            parts.append(encode_record(TELEMETRY, now, frame))
+        self._write(b''.join(parts), frames=len(parts))
+
+    def commit(self, reason: str, stats: dict[str, Any] | None = None) -> CapturedEpisode | None:
+        """End the episode and make it visible, atomically (see the module docstring).
+
+        :param reason: completed | until | timeout | interrupted | validate | error.
+        :param stats: the run's figures (actions, chunks, underruns, ...), JSON-serialisable.
+        :returns: the committed episode, or None when it had already been closed or dropped.
+        :raises CaptureError: on a storage fault (the episode is dropped and capture paused).
+        """
+        with self._lock:
+            if self._closed:
+                return None
+            self._closed = True
+            ended = self.store.clock()
+            try:
+                self._file.flush()
+                os.fsync(self._file.fileno())
+                self._file.close()
+                row = {'episode_id': self.episode_id, 'dir': self.dir_name, 'instruction': self.instruction,
+                       'started_at': self.started_at, 'ended_at': ended, 'reason': str(reason),
+                       'requests': self.requests, 'frames': self.frames,
+                       'bytes': self.bytes, 'images': self.images, 'fps': self.settings.fps,
+                       'stats': dict(stats or {})}
+                meta = {**row, 'contract': contract_to_json(self.contract), 'format': 1}
+                write_json_atomic(self.staging / META_FILE, meta)
+                final = self.store.root / 'episodes' / self.dir_name
+                final.parent.mkdir(exist_ok=True)
+                os.rename(self.staging, final)  # the commit point
+                _fsync_dir(final.parent)
+            except (OSError, TypeError, ValueError) as exc:
+                self._drop()
+                raise self.store._fault(exc, f'committing episode {self.episode_id}') from None
+            label = None
+            try:
+                label = self.store.index.pending_label(self.episode_id)
+                if label is not None:
+                    write_json_atomic(final / LABEL_FILE, label)
+                self.store.index.add_episode(row, label)
+                self.store.index.checkpoint()
+            except (OSError, sqlite3.Error) as exc:
+                # Kept: the directory is complete; the next open() indexes it.
+                raise self.store._fault(exc, f'indexing episode {self.episode_id}') from None
+            finally:
+                self.store._release(self)
+            return CapturedEpisode(path=final, label=label, contract=self.contract,
+                                   **{k: v for k, v in row.items() if k != 'dir'})
+
+    def abort(self) -> None:
+        """Drop the episode: nothing of it is kept."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._drop()
+
+    def _write(self, blob: bytes, requests: int = 0, frames: int = 0) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                self.store._reserve(len(blob))
+                self._file.write(blob)
+            except (OSError, CaptureError) as exc:
+                self._closed = True
+                self._drop()
+                raise self.store._fault(exc, f'capturing episode {self.episode_id}') from None
+            self.bytes += len(blob)
+            self.requests += requests
+            self.frames += frames
+
+    def _drop(self) -> None:
+        try:
+            self._file.close()
+        except OSError:
+            pass
+        shutil.rmtree(self.staging, ignore_errors=True)
+        self.store._release(self)
+

@@ -1,0 +1,218 @@
+"""The capture store's index: one SQLite database (stdlib ``sqlite3``, WAL journal) per deployment.
+
+It holds what is cheap to query: the committed episodes (with counts and bytes), every sampling decision
+(so a label for an episode that was not captured gets a clear answer), and the labels. The episode data
+itself lives in files (see :mod:`sequence_ai_ros.capture.store`), and each committed episode directory
+carries its own ``episode.json`` and ``label.json``, so the index can always be rebuilt from the files
+(:meth:`CaptureStore.repair`): a corrupted index never loses a kept episode.
+
+Each store object keeps one connection (serialised by a lock; used a few times per episode, never per
+request); other processes (``seq policy capture NAME``, exports) open their own, as WAL allows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+INDEX_FILE = 'store.db'
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS episodes(
+    episode_id TEXT PRIMARY KEY,
+    dir TEXT NOT NULL,
+    instruction TEXT NOT NULL DEFAULT '',
+    started_at REAL NOT NULL,
+    ended_at REAL NOT NULL,
+    reason TEXT NOT NULL,
+    requests INTEGER NOT NULL,
+    frames INTEGER NOT NULL,
+    bytes INTEGER NOT NULL,
+    images INTEGER NOT NULL,
+    fps REAL NOT NULL,
+    stats TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX IF NOT EXISTS episodes_ended ON episodes(ended_at);
+CREATE TABLE IF NOT EXISTS decisions(
+    episode_id TEXT PRIMARY KEY,
+    decided_at REAL NOT NULL,
+    captured INTEGER NOT NULL,
+    why TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS labels(
+    episode_id TEXT PRIMARY KEY,
+    success INTEGER NOT NULL,
+    notes TEXT NOT NULL DEFAULT '',
+    labelled_at REAL NOT NULL
+);
+"""
+
+EPISODE_COLUMNS = ('episode_id', 'dir', 'instruction', 'started_at', 'ended_at', 'reason', 'requests',
+                   'frames', 'bytes', 'images', 'fps', 'stats')
+
+
+class Index:
+    """The SQLite index at ``root/store.db``.
+
+    Every method may raise ``sqlite3.DatabaseError`` (corruption) or ``sqlite3.OperationalError``
+    (disk full, locked); the store turns those into a paused capture with a diagnostic.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.path = Path(root) / INDEX_FILE
+        self._lock = threading.RLock()
+        self._conn: sqlite3.Connection | None = None
+
+    @contextlib.contextmanager
+    def connect(self) -> Iterator[sqlite3.Connection]:
+        """Yield the store's connection in one transaction (committed on success, rolled back on error).
+
+        One connection per store object, kept open (closing the last connection of a WAL database
+        checkpoints it, which would cost an fsync per call) and serialised by a lock; it is dropped after
+        any error so that the next call reopens the file.
+        """
+        with self._lock:
+            if self._conn is None:
+                self._conn = sqlite3.connect(self.path, timeout=10.0, isolation_level=None, check_same_thread=False)
+                self._conn.execute('PRAGMA synchronous=NORMAL')  # WAL (set once by create()): durable at checkpoints
+            conn = self._conn
+            try:
+                conn.execute('BEGIN IMMEDIATE')
+                try:
+                    yield conn
+                except BaseException:
+                    conn.execute('ROLLBACK')
+                    raise
+                conn.execute('COMMIT')
+            except sqlite3.Error:
+                self.close()
+                raise
+
+    def close(self) -> None:
+        """Close the connection (the next call reopens it)."""
+        with self._lock:
+            if self._conn is not None:
+                try:
+                    self._conn.close()
+                except sqlite3.Error:
+                    pass
+                self._conn = None
+
+    def checkpoint(self) -> None:
+        """Move the WAL's content into the database file (once per committed episode or label)."""
+        with self._lock:
+            if self._conn is not None:
+                try:
+                    self._conn.execute('PRAGMA wal_checkpoint(TRUNCATE)').fetchall()
+                except sqlite3.Error:
+                    self.close()
+                    raise
+
+    def create(self) -> None:
+        """Create the tables when missing; check the file first (``PRAGMA quick_check``; raises on corruption)."""
+        self.close()
+        conn = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
+        try:
+            conn.execute('PRAGMA journal_mode=WAL')
+            problems = [r[0] for r in conn.execute('PRAGMA quick_check').fetchall()]
+            if problems != ['ok']:
+                raise sqlite3.DatabaseError(f'quick_check: {"; ".join(problems[:3])}')
+            conn.executescript(SCHEMA)
+            conn.execute('SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM episodes').fetchone()
+        finally:
+            conn.close()
+
+    def add_episode(self, row: dict[str, Any], label: dict[str, Any] | None = None) -> None:
+        """Insert (or replace) a committed episode, and its label when given, in one transaction."""
+        values = [row[c] if c != 'stats' else json.dumps(row[c]) for c in EPISODE_COLUMNS]
+        with self.connect() as conn:
+            conn.execute(f'INSERT OR REPLACE INTO episodes({",".join(EPISODE_COLUMNS)}) '
+                         f'VALUES ({",".join("?" * len(EPISODE_COLUMNS))})', values)
+            if label is not None:
+                conn.execute('INSERT OR REPLACE INTO labels VALUES (?, ?, ?, ?)',
+                             (row['episode_id'], int(bool(label['success'])), label.get('notes', ''),
+                              float(label.get('labelled_at', row['ended_at']))))
+
+    def decide(self, episode_id: str, when: float, captured: bool, why: str) -> bool:
+        """Record the sampling decision for an episode; return False (recording nothing) if it was committed."""
+        with self.connect() as conn:
+            if conn.execute('SELECT 1 FROM episodes WHERE episode_id=?', (episode_id,)).fetchone():
+                return False
+            conn.execute('INSERT OR REPLACE INTO decisions VALUES (?, ?, ?, ?)',
+                         (episode_id, when, int(captured), why))
+        return True
+
+    def decision(self, episode_id: str) -> tuple[bool, str] | None:
+        """Return (captured, why) for an episode, or None if it was never seen."""
+        with self.connect() as conn:
+            row = conn.execute('SELECT captured, why FROM decisions WHERE episode_id=?', (episode_id,)).fetchone()
+        return None if row is None else (bool(row[0]), str(row[1]))
+
+    def episode(self, episode_id: str) -> dict[str, Any] | None:
+        """Return one committed episode's row (with its label), or None."""
+        rows = self.episodes(where='e.episode_id=?', args=(episode_id,))
+        return rows[0] if rows else None
+
+    def episodes(self, where: str = '1', args: tuple = ()) -> list[dict[str, Any]]:
+        """Return committed episodes (oldest start first), each with ``label`` (dict or None)."""
+        cols = ','.join(f'e.{c}' for c in EPISODE_COLUMNS)
+        with self.connect() as conn:
+            rows = conn.execute(f'SELECT {cols}, l.success, l.notes, l.labelled_at FROM episodes e '
+                                f'LEFT JOIN labels l ON l.episode_id = e.episode_id WHERE {where} '
+                                f'ORDER BY e.started_at, e.episode_id', args).fetchall()
+        out = []
+        for r in rows:
+            d = dict(zip(EPISODE_COLUMNS, r[:len(EPISODE_COLUMNS)], strict=True))
+            d['stats'] = json.loads(d['stats'] or '{}')
+            d['images'] = bool(d['images'])
+            success, notes, at = r[len(EPISODE_COLUMNS):]
+            d['label'] = None if success is None else {'success': bool(success), 'notes': notes, 'labelled_at': at}
+            out.append(d)
+        return out
+
+    def label(self, episode_id: str, success: bool, notes: str, when: float) -> None:
+        """Store (or replace) an episode's label."""
+        with self.connect() as conn:
+            conn.execute('INSERT OR REPLACE INTO labels VALUES (?, ?, ?, ?)',
+                         (episode_id, int(bool(success)), notes, when))
+
+    def pending_label(self, episode_id: str) -> dict[str, Any] | None:
+        """Return the label stored for an episode (committed or not), or None."""
+        with self.connect() as conn:
+            row = conn.execute('SELECT success, notes, labelled_at FROM labels WHERE episode_id=?',
+                               (episode_id,)).fetchone()
+        return None if row is None else {'success': bool(row[0]), 'notes': row[1], 'labelled_at': row[2]}
+
+    def delete_episode(self, episode_id: str) -> None:
+        """Remove an episode's row and label (its directory is removed by the caller afterwards)."""
+        with self.connect() as conn:
+            conn.execute('DELETE FROM episodes WHERE episode_id=?', (episode_id,))
+            conn.execute('DELETE FROM labels WHERE episode_id=?', (episode_id,))
+
+    def forget_decisions(self, before: float) -> None:
+        """Drop sampling decisions and orphan labels older than ``before`` (s since the epoch)."""
+        with self.connect() as conn:
+            conn.execute('DELETE FROM decisions WHERE decided_at < ?', (before,))
+            conn.execute('DELETE FROM labels WHERE labelled_at < ? AND episode_id NOT IN '
+                         '(SELECT episode_id FROM episodes)', (before,))
+
+    def totals(self) -> dict[str, Any]:
+        """Return episodes, frames, requests, bytes, labelled count, oldest/newest start."""
+        with self.connect() as conn:
+            n, frames, reqs, nbytes, oldest, newest = conn.execute(
+                'SELECT COUNT(*), COALESCE(SUM(frames),0), COALESCE(SUM(requests),0), COALESCE(SUM(bytes),0), '
+                'MIN(started_at), MAX(started_at) FROM episodes').fetchone()
+            labelled = conn.execute('SELECT COUNT(*) FROM episodes e JOIN labels l '
+                                    'ON l.episode_id = e.episode_id').fetchone()[0]
+        return {'episodes': n, 'frames': frames, 'requests': reqs, 'bytes': nbytes, 'labelled': labelled,
+                'unlabelled': n - labelled, 'oldest': oldest, 'newest': newest}
+
+    def dirs(self) -> dict[str, str]:
+        """Return {dir name: episode_id} of the committed episodes."""
+        with self.connect() as conn:
+            return {d: e for e, d in conn.execute('SELECT episode_id, dir FROM episodes')}

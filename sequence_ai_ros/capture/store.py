@@ -1,0 +1,394 @@
+"""The worker's capture store: keep a sampled share of episodes whole, with labels, retention and usage.
+
+Used by the worker, one store per deployment at ``$SEQ_HOME/capture/<deployment>/``::
+
+    store = CaptureStore(root, deployment='fast')
+    ep = store.begin(episode_id, instruction, contract)   # None: not sampled, capture off, or paused
+    ep.add_request(request, chunk, error); ep.add_telemetry(frames)
+    ep.commit('completed', stats)                         # atomic; or ep.abort()
+    store.label(episode_id, success=True, notes='')      # UnknownEpisode / EpisodeNotCaptured otherwise
+    store.apply_retention()                               # on worker start and periodically
+
+Files, the commit protocol and crash safety: :mod:`sequence_ai_ros.capture.episode`. The index:
+:mod:`sequence_ai_ros.capture.index`. Settings and sampling: :mod:`sequence_ai_ros.capture.settings`.
+
+Faults never break serving: a full disk (``ENOSPC``; ``EFBIG`` under ``RLIMIT_FSIZE``), the store quota
+(``settings.quota_bytes``, counted over every file of the store) or a corrupted index pause capture
+with a diagnostic in :meth:`CaptureStore.status`: the episode being written is dropped, nothing
+committed is touched, and :meth:`CaptureStore.begin` returns None while paused. A quota pause lifts at
+the next episode start once the store is under its quota, a disk pause once a 1 MiB probe file can be
+written again; a corrupted index stays paused until :meth:`CaptureStore.repair` rebuilds it from the
+episode directories (which hold everything).
+
+Threads: none of its own; the worker's threads may call it concurrently (a lock guards its state).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sequence_ai_ros.capture.episode import (
+    LABEL_FILE,
+    META_FILE,
+    CapturedEpisode,
+    EpisodeCapture,
+    contract_from_json,
+    write_json_atomic,
+)
+from sequence_ai_ros.capture.index import INDEX_FILE, Index
+from sequence_ai_ros.capture.recovery import recover_store, tree_bytes
+from sequence_ai_ros.capture.settings import CaptureSettings, load_settings
+from sequence_ai_ros.exceptions import CaptureError, ConfigError
+from sequence_ai_ros.protocol.contract import Contract
+
+__all__ = ['CaptureStore', 'CaptureSettings', 'EpisodeCapture', 'CapturedEpisode', 'CaptureLookupError',
+           'UnknownEpisode', 'EpisodeNotCaptured']
+
+
+#: Bytes written to probe for room before lifting a disk-full pause.
+PROBE_BYTES = 1 << 20
+
+
+class CaptureLookupError(CaptureError, LookupError):
+    """Raised when a label names an episode the store cannot answer for."""
+
+
+class UnknownEpisode(CaptureLookupError):
+    """Raised when the episode id was never seen by this deployment's store (or is past retention)."""
+
+
+class EpisodeNotCaptured(CaptureLookupError):
+    """Raised when the episode ran but was not kept (not sampled, capture off or paused, or dropped)."""
+
+
+class CaptureStore:
+    """The capture store of one deployment.
+
+    :param root: the store directory, ``$SEQ_HOME/capture/<deployment>``.
+    :param deployment: the deployment's name (for messages).
+    :param clock: wall clock (s since the epoch), injected by tests; used for episode times,
+        labels and retention.
+    """
+
+    def __init__(self, root: str | Path, deployment: str = '', clock: Callable[[], float] = time.time) -> None:
+        self.root = Path(root)
+        self.deployment = deployment or self.root.name
+        self.clock = clock
+        self.index = Index(self.root)
+        self._lock = threading.Lock()
+        self._active: set[EpisodeCapture] = set()
+        self._ready = False
+        self._settings: CaptureSettings | None = None
+        self._pause: tuple[str, str, float] | None = None  # (kind, diagnostic, since)
+        self._base_bytes = 0
+
+    # ------------------------------------------------------------------ settings and status
+    @property
+    def settings(self) -> CaptureSettings:
+        """The settings read at the last begin() (read now if none yet); defaults when unreadable."""
+        if self._settings is None:
+            try:
+                self._settings = load_settings(self.root)
+            except ConfigError:
+                return CaptureSettings()
+        return self._settings
+
+    def status(self) -> dict[str, Any]:
+        """Return ``{'state': 'off'|'capturing'|'paused', 'diagnostic': str, 'since': float|None}``."""
+        with self._lock:
+            pause = self._pause
+        if pause is not None:
+            return {'state': 'paused', 'kind': pause[0], 'diagnostic': pause[1], 'since': pause[2]}
+        state = 'capturing' if self.settings.active else 'off'
+        return {'state': state, 'kind': '', 'diagnostic': '', 'since': None}
+
+    # ------------------------------------------------------------------ capture
+    def begin(self, episode_id: str, instruction: str = '', contract: Contract | None = None) -> EpisodeCapture | None:
+        """Decide whether to capture an episode, and start capturing it if so.
+
+        Reads ``settings.json`` afresh. The decision (kept or not, and why) is recorded so that a later
+        label gets a clear answer.
+
+        :param episode_id: the episode's id (sampling is decided from it, deterministically).
+        :param instruction: the episode's instruction (a LeRobot export's task).
+        :param contract: the deployment's contract (names and cameras of an export).
+        :returns: the episode's capture, or None when not sampled, capture is off, or paused.
+        :raises CaptureError: for an empty id or an id that was already captured.
+        """
+        if not episode_id:
+            raise CaptureError('episode_id must not be empty')
+        try:
+            settings = load_settings(self.root)
+        except ConfigError as exc:
+            self._set_pause('settings', f'capture paused: {exc}')
+            return None
+        self._settings = settings
+        if not self.root.exists():
+            return None  # capture never configured for this deployment: nothing to record
+        now = self.clock()
+        try:
+            self._open()
+            why = self._refuse(settings, episode_id)
+            with self._lock:
+                running = any(ep.episode_id == episode_id for ep in self._active)
+            if running or not self.index.decide(episode_id, now, why is None, why or 'captured'):
+                raise CaptureError(f'deployment {self.deployment}: episode {episode_id!r} was already captured')
+            if why is not None:
+                return None
+            base = tree_bytes(self.root, skip='staging') if settings.quota_bytes is not None else 0
+            with self._lock:
+                self._base_bytes = base
+                ep = EpisodeCapture(self, episode_id, instruction, contract, settings, now)
+                self._active.add(ep)
+            return ep
+        except (OSError, sqlite3.Error) as exc:
+            self._fault(exc, f'starting episode {episode_id}')
+            return None
+
+    def label(self, episode_id: str, success: bool, notes: str = '') -> None:
+        """Store an episode's label (replacing an earlier one); an episode still running gets it at commit.
+
+        :raises UnknownEpisode: when this store never saw the episode (or it is past retention).
+        :raises EpisodeNotCaptured: when the episode ran but was not kept; the message says why.
+        :raises CaptureError: when the store cannot be written.
+        """
+        if not (self.root / INDEX_FILE).exists():
+            raise EpisodeNotCaptured(f'deployment {self.deployment}: capture is not configured, so episode '
+                                     f'{episode_id!r} was not captured and its label cannot be stored '
+                                     f'(enable it with: seq policy capture {self.deployment} --rate R)')
+        when = self.clock()
+        try:
+            self._open()
+            row = self.index.episode(episode_id)
+            with self._lock:
+                running = any(ep.episode_id == episode_id for ep in self._active)
+            if row is not None or running:
+                self.index.label(episode_id, bool(success), str(notes), when)
+                if row is not None:
+                    write_json_atomic(self.root / 'episodes' / row['dir'] / LABEL_FILE,
+                                      {'success': bool(success), 'notes': str(notes), 'labelled_at': when})
+                self.index.checkpoint()
+                return
+            decision = self.index.decision(episode_id)
+        except (OSError, sqlite3.Error) as exc:
+            raise self._fault(exc, f'labelling episode {episode_id}') from None
+        if decision is None:
+            raise UnknownEpisode(f'deployment {self.deployment}: no episode {episode_id!r} (never seen by '
+                                 f'this worker, or older than the {self.settings.retention_days:g}-day retention)')
+        captured, why = decision
+        if not captured:
+            raise EpisodeNotCaptured(f'deployment {self.deployment}: episode {episode_id!r} was not captured '
+                                     f'({why}); its label is not stored')
+        raise EpisodeNotCaptured(f'deployment {self.deployment}: episode {episode_id!r} was being captured but '
+                                 f'was not kept (dropped by a store fault or a worker restart)')
+
+    # ------------------------------------------------------------------ housekeeping
+    def apply_retention(self, now: float | None = None) -> int:
+        """Delete the committed episodes that ended more than ``retention_days`` before ``now``.
+
+        :param now: wall time (s since the epoch); the store's clock when None.
+        :returns: the number of episodes deleted.
+        :raises CaptureError: when the index cannot be read (corrupt).
+        """
+        if not self.root.exists():
+            return 0
+        now = self.clock() if now is None else now
+        try:
+            self._settings = load_settings(self.root)  # the retention in force now
+        except ConfigError:
+            pass  # keep the last good settings
+        cutoff = now - self.settings.retention_days * 86400.0
+        try:
+            self._open()
+            old = self.index.episodes(where='e.ended_at < ?', args=(cutoff,))
+            for row in old:
+                self.index.delete_episode(row['episode_id'])
+                shutil.rmtree(self.root / 'episodes' / row['dir'], ignore_errors=True)
+            self.index.forget_decisions(cutoff)
+        except (OSError, sqlite3.Error) as exc:
+            raise self._fault(exc, 'applying retention') from None
+        return len(old)
+
+    def bytes_used(self) -> int:
+        """Return the bytes the store holds on disk (every file: episodes, index, staging, settings)."""
+        return tree_bytes(self.root)
+
+    def recover(self) -> dict[str, int]:
+        """Clean up after crashes: drop staging dirs of dead processes, index complete unindexed episodes.
+
+        :returns: ``{'dropped': n, 'indexed': n, 'missing': n}``.
+        """
+        return recover_store(self.root, self.index)
+
+    def repair(self) -> int:
+        """Rebuild a corrupted index from the episode directories; the bad one is kept aside.
+
+        :returns: the number of episodes in the rebuilt index.
+        :raises CaptureError: when the store directory cannot be written.
+        """
+        stamp = time.strftime('%Y%m%dT%H%M%S')
+        self.index.close()
+        try:
+            for suffix in ('', '-wal', '-shm'):
+                src = self.root / (INDEX_FILE + suffix)
+                if src.exists():
+                    os.replace(src, self.root / f'{INDEX_FILE}{suffix}.corrupt-{stamp}')
+            self._ready = False
+            self._open()
+            count = self.index.totals()['episodes']
+        except (OSError, sqlite3.Error) as exc:
+            raise self._fault(exc, 'repairing the index') from None
+        with self._lock:
+            self._pause = None
+        return int(count)
+
+    def close(self) -> None:
+        """Close the index connection (checkpointing its WAL); the store reopens it if used again."""
+        self.index.close()
+
+    # ------------------------------------------------------------------ reading
+    def episodes(self, since: float | None = None, until: float | None = None,
+                 labelled_only: bool = False) -> list[CapturedEpisode]:
+        """Return the committed episodes, oldest first.
+
+        :param since: keep episodes started at or after this wall time (s since the epoch).
+        :param until: keep episodes started before this wall time.
+        :param labelled_only: keep labelled episodes only.
+        :raises CaptureError: when the index cannot be read.
+        """
+        where, args = ['1'], []
+        if since is not None:
+            where.append('e.started_at >= ?')
+            args.append(float(since))
+        if until is not None:
+            where.append('e.started_at < ?')
+            args.append(float(until))
+        if labelled_only:
+            where.append('l.success IS NOT NULL')
+        if not (self.root / INDEX_FILE).exists():
+            return []
+        try:
+            self._open()
+            rows = self.index.episodes(where=' AND '.join(where), args=tuple(args))
+        except (OSError, sqlite3.Error) as exc:
+            raise self._fault(exc, 'listing episodes') from None
+        out = []
+        for row in rows:
+            path = self.root / 'episodes' / row.pop('dir')
+            try:
+                meta = json.loads((path / META_FILE).read_text(encoding='utf-8'))
+            except (OSError, ValueError):
+                meta = {}
+            out.append(CapturedEpisode(path=path, contract=contract_from_json(meta.get('contract')), **row))
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """Return settings, status and totals (episodes, frames, bytes, labelled, unlabelled, oldest, newest).
+
+        :raises CaptureError: when the index cannot be read.
+        """
+        totals: dict[str, Any] = {'episodes': 0, 'frames': 0, 'requests': 0, 'bytes': 0, 'labelled': 0,
+                                  'unlabelled': 0, 'oldest': None, 'newest': None}
+        if (self.root / INDEX_FILE).exists():
+            try:
+                self._open()
+                totals = self.index.totals()
+            except (OSError, sqlite3.Error) as exc:
+                raise self._fault(exc, 'reading totals') from None
+        return {'deployment': self.deployment, 'root': str(self.root), 'settings': self.settings.to_json(),
+                'status': self.status(), **totals, 'bytes_on_disk': self.bytes_used()}
+
+    # ------------------------------------------------------------------ internals
+    def _open(self) -> None:
+        if self._ready:
+            return
+        (self.root / 'episodes').mkdir(parents=True, exist_ok=True)
+        (self.root / 'staging').mkdir(exist_ok=True)
+        self.index.create()
+        self.recover()
+        self._ready = True
+
+    def _refuse(self, settings: CaptureSettings, episode_id: str) -> str | None:
+        """Return why an episode is not captured, or None to capture it (lifts lapsed pauses)."""
+        if not settings.enabled:
+            return 'capture is off'
+        if not settings.keeps(episode_id):
+            return f'not sampled at rate {settings.rate:g}'
+        with self._lock:
+            pause = self._pause
+        if pause is not None and pause[0] == 'corrupt':
+            return pause[1]
+        if pause is not None and pause[0] == 'disk' and not self._room_for(PROBE_BYTES):
+            return pause[1]
+        quota = settings.quota_bytes
+        if quota is not None:
+            used = self.bytes_used()
+            if used >= quota:
+                self._set_pause('quota', f'capture paused: the store holds {used} bytes, its quota is {quota} '
+                                         f'(raise quota_bytes or lower the retention)')
+                return self._pause[1] if self._pause else 'quota'
+        self._set_pause(None, '')
+        return None
+
+    def _room_for(self, nbytes: int) -> bool:
+        """Return True when a file of ``nbytes`` can be written in the store (probe after a disk fault)."""
+        probe = self.root / 'staging' / f'.probe-{os.getpid()}'
+        try:
+            with probe.open('wb') as f:
+                f.write(b'\0' * nbytes)
+                f.flush()
+                os.fsync(f.fileno())
+            return True
+        except OSError:
+            return False
+        finally:
+            probe.unlink(missing_ok=True)
+
+    def _reserve(self, nbytes: int) -> None:
+        quota = self.settings.quota_bytes
+        if quota is None:
+            return
+        with self._lock:
+            staged = sum(ep.bytes for ep in self._active)
+            used = self._base_bytes + staged + nbytes
+        if used > quota:
+            raise CaptureError(f'store quota reached: {used} > quota_bytes {quota}')
+
+    def _release(self, ep: EpisodeCapture) -> None:
+        with self._lock:
+            self._active.discard(ep)
+
+    def _set_pause(self, kind: str | None, diagnostic: str) -> None:
+        with self._lock:
+            if kind is None:
+                if self._pause is not None and self._pause[0] != 'corrupt':
+                    self._pause = None
+            elif self._pause is None or self._pause[0] != kind:
+                self._pause = (kind, diagnostic, self.clock())
+
+    def _fault(self, exc: BaseException, what: str) -> CaptureError:
+        """Pause capture for a storage fault; return the CaptureError to raise (with the diagnostic)."""
+        if isinstance(exc, CaptureError) and 'quota' in str(exc):
+            kind, text = 'quota', f'capture paused while {what}: {exc}'
+        elif isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            kind, text = 'disk', f'capture paused while {what}: disk full ({exc})'
+        elif isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError):
+            kind, text = 'corrupt', (f'capture paused while {what}: the index {self.index.path} is corrupt ({exc}); '
+                                     f'kept episodes are intact in episodes/; rebuild the index with: '
+                                     f'seq policy capture {self.deployment} --repair')
+        elif isinstance(exc, sqlite3.OperationalError) and 'full' in str(exc):
+            kind, text = 'disk', f'capture paused while {what}: disk full ({exc})'
+        else:
+            kind, text = 'io', f'capture paused while {what}: {type(exc).__name__}: {exc}'
+        with self._lock:
+            self._pause = (kind, text, self.clock())
+        return CaptureError(text)

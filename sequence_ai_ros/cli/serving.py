@@ -1,0 +1,254 @@
+"""The worker's ``seq`` sub-commands: init, deploy, serve, deployments, delete, usage, train.
+
+Registered by :func:`add_parsers` (called by :mod:`sequence_ai_ros.cli`); each parser's ``func(args)``
+returns the exit code. Errors are :class:`~sequence_ai_ros.exceptions.SequenceAIError` subclasses, which
+``seq`` prints as ``seq COMMAND: error: ...`` with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from sequence_ai_ros.exceptions import ConfigError, MissingDependency
+from sequence_ai_ros.templates import TEMPLATES_DIR
+
+TEMPLATES = TEMPLATES_DIR
+#: Default bound (s) of ``seq deploy``'s dry run.
+DRY_RUN_TIMEOUT_S = 60.0
+
+
+def _templates() -> dict[str, str]:
+    """Return template name -> first line of its README (or '')."""
+    out = {}
+    for d in sorted(TEMPLATES.iterdir()) if TEMPLATES.is_dir() else ():
+        if d.is_dir() and not d.name.startswith(('_', '.')):
+            readme = d / 'README.md'
+            first = readme.read_text().strip().splitlines()[0].lstrip('# ').strip() if readme.is_file() else ''
+            out[d.name] = first
+    return out
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    """``seq init TEMPLATE NAME`` copies a template into ./NAME; ``seq init --list`` lists them."""
+    templates = _templates()
+    if args.list or not args.template:
+        if not templates:
+            print(f'no templates in {TEMPLATES}')
+        for name, about in templates.items():
+            print(f'{name:<14} {about}')
+        return 0
+    if args.template not in templates:
+        raise ConfigError(f'unknown template {args.template!r}; available: {", ".join(templates) or "none"}')
+    if not args.name:
+        raise ConfigError('seq init TEMPLATE NAME: NAME (the folder to create) is missing')
+    dest = Path(args.name)
+    if dest.exists() and any(dest.iterdir()):
+        raise ConfigError(f'{dest} exists and is not empty; choose another NAME')
+    shutil.copytree(TEMPLATES / args.template, dest, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns('__pycache__', '*.pyc'))
+    files = ', '.join(sorted(p.name for p in dest.iterdir()))
+    print(f'created {dest}/ from template {args.template} ({files})')
+    print(f'next: edit {dest}/policy.py, then: seq deploy {dest}/policy.py')
+    return 0
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    """``seq deploy NAME/policy.py``: validate (import, contract, dry run) and record; print how to serve."""
+    from sequence_ai_ros.worker.registry import deploy
+
+    print(f'validating {args.path} ...', flush=True)
+    rec, figures = deploy(args.path, name=args.name, dry_timeout_s=args.timeout)
+    print(f'ok: imports, contract {rec.action_space} D={rec.action_dim} T={rec.chunk_length} dt={rec.dt:g} s; '
+          f'dry run load {figures.get("load_s", 0):.2f} s, inference {figures.get("infer_s", 0) * 1e3:.1f} ms')
+    print(f'deployed {rec.name} version {rec.version} ({rec.path}, sha256 {rec.sha256[:12]})')
+    print(f'serve it with: seq serve {rec.name} [--host 127.0.0.1] [--port 50551]')
+    return 0
+
+
+def _read_token(path: str | None) -> str | None:
+    if path is None:
+        return None
+    token = Path(path).expanduser().read_text().strip()
+    if not token:
+        raise ConfigError(f'token file {path} is empty')
+    return token
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """``seq serve NAME``: serve until SIGINT/SIGTERM, then stop gracefully."""
+    from sequence_ai_ros.protocol import DEFAULT_PORT
+    from sequence_ai_ros.worker.server import create_server, serve_policy_file
+
+    logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise ConfigError('--tls-cert and --tls-key go together')
+    tls = (args.tls_cert, args.tls_key) if args.tls_cert else None
+    port = DEFAULT_PORT if args.port is None else args.port
+    common: dict[str, Any] = dict(host=args.host, port=port, token=_read_token(args.token_file), tls=tls,
+                                  idle_timeout_s=args.idle_timeout, warm=args.warm,
+                                  inference_timeout_s=args.inference_timeout, load_timeout_s=args.load_timeout,
+                                  max_streams=args.max_streams)
+    if len(args.names) == 1 and args.names[0].endswith('.py') and Path(args.names[0]).is_file():
+        server = serve_policy_file(args.names[0], home=None, **common)
+    else:
+        server = create_server(args.names, **common)
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        print(f'serving {" ".join(sorted(server.runtimes))} on {server.host}:{server.port}'
+              f'{" (TLS)" if server.tls else ""}', flush=True)
+        while not stop.wait(timeout=1.0):
+            pass
+    finally:
+        print('stopping ...', flush=True)
+        server.stop(grace=2.0)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0
+
+
+def cmd_deployments(args: argparse.Namespace) -> int:
+    """``seq deployments``: list the registry."""
+    from sequence_ai_ros.worker.registry import Registry
+
+    registry = Registry()
+    records = registry.list()
+    if not records:
+        print(f'no deployments in {registry.file}')
+        return 0
+    print(f'{"NAME":<20} {"VER":>4} {"ACTION SPACE":<15} {"D":>3} {"T":>4} {"DT(s)":>8}  {"DEPLOYED":<19} PATH')
+    for r in records:
+        when = time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(r.deployed_at))
+        print(f'{r.name:<20} {r.version:>4} {r.action_space:<15} {r.action_dim:>3} {r.chunk_length:>4} '
+              f'{r.dt:>8.4f}  {when:<19} {r.path}')
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    """``seq delete NAME``: remove a deployment, its capture store and its usage."""
+    from sequence_ai_ros.worker.registry import Registry
+
+    rec = Registry().delete(args.name)
+    print(f'deleted {rec.name} (version {rec.version}) with its capture and usage; {rec.path} is left as is')
+    return 0
+
+
+def _capture_bytes(home: Path) -> dict[str, int]:
+    root = home / 'capture'
+    if not root.is_dir():
+        return {}
+    try:
+        from sequence_ai_ros.capture.store import CaptureStore
+    except ImportError:
+        return {}
+    return {d.name: CaptureStore(root=d, deployment=d.name).bytes_used() for d in sorted(root.iterdir())
+            if d.is_dir()}
+
+
+def cmd_usage(args: argparse.Namespace) -> int:
+    """``seq usage``: per deployment, billed inference seconds, unbilled warming, sessions, episodes; capture bytes."""
+    from sequence_ai_ros.worker.registry import Registry
+    from sequence_ai_ros.worker.usage import Usage, read_usage
+
+    registry = Registry()
+    usage = read_usage(registry.usage_file)
+    for rec in registry.list():
+        usage.setdefault(rec.name, Usage())
+    captured = _capture_bytes(registry.home)
+    if not usage and not captured:
+        print(f'no usage recorded in {registry.usage_file}')
+        return 0
+    print(f'{"DEPLOYMENT":<24} {"INFERENCE s (billed)":>21} {"WARMING s (not billed)":>23} {"SESSIONS":>9} '
+          f'{"EPISODES":>9} {"REQUESTS":>9}')
+    for name, u in sorted(usage.items()):
+        print(f'{name:<24} {u.inference_s:>21.3f} {u.warming_s:>23.3f} {u.sessions:>9} {u.episodes:>9} '
+              f'{u.requests:>9}')
+    for name, nbytes in captured.items():
+        print(f'{"capture:" + name:<24} {nbytes:>21} bytes stored')
+    return 0
+
+
+def _training_parser(sub: Any) -> None:
+    parser = sub.add_parser('train', help='train an embedded model (ridge) into a deployment folder')
+    try:
+        from sequence_ai_ros.models import ridge_training as training
+    except ImportError as exc:
+        err = str(exc)
+
+        def unavailable(args: argparse.Namespace) -> int:
+            raise MissingDependency(f'seq train is unavailable: {err}')
+
+        parser.set_defaults(func=unavailable)
+        return
+    training.add_arguments(parser)
+    parser.set_defaults(func=training.main)
+
+
+def add_parsers(sub: Any, groups: dict[str, Any]) -> None:
+    """Register the worker's sub-commands on ``seq``'s subparsers."""
+    p = sub.add_parser('init', help='copy a policy template into ./NAME (seq init --list)')
+    p.add_argument('template', nargs='?', help='template name (see --list)')
+    p.add_argument('name', nargs='?', help='folder to create')
+    p.add_argument('--list', action='store_true', help='list the templates')
+    p.set_defaults(func=cmd_init)
+
+    p = sub.add_parser('deploy', help='validate a policy.py (import, contract, dry run) and register it')
+    p.add_argument('path', help='NAME/policy.py')
+    p.add_argument('--name', help='deployment name (default: the policy folder name)')
+    p.add_argument('--timeout', type=float, default=DRY_RUN_TIMEOUT_S, metavar='S',
+                   help=f'fail when the dry run (construct, load, one inference) takes over S seconds '
+                        f'(default {DRY_RUN_TIMEOUT_S:g})')
+    p.set_defaults(func=cmd_deploy)
+
+    p = sub.add_parser('serve', help='serve deployments to robots over gRPC')
+    p.add_argument('names', nargs='+', metavar='NAME', help='deployment name(s), or a policy.py to serve unregistered')
+    p.add_argument('--host', default='127.0.0.1', help='bind address (default 127.0.0.1; 0.0.0.0 exposes it)')
+    p.add_argument('--port', type=int, default=None, help='TCP port (default 50551; 0 picks a free one)')
+    p.add_argument('--token-file', help='file holding the token every call must carry')
+    p.add_argument('--tls-cert', help='PEM certificate chain, to serve TLS (with --tls-key)')
+    p.add_argument('--tls-key', help='PEM private key')
+    p.add_argument('--idle-timeout', type=float, default=300.0, help='end an idle episode after S seconds')
+    p.add_argument('--warm', action='store_true', help='load the policies now instead of at the first client')
+    p.add_argument('--inference-timeout', type=float, default=30.0, metavar='S',
+                   help='an inference over S seconds gets POLICY_EXCEPTION and marks the deployment failed '
+                        '(default 30)')
+    p.add_argument('--load-timeout', type=float, default=600.0, metavar='S',
+                   help='a policy load over S seconds marks the deployment failed (default 600)')
+    p.add_argument('--max-streams', type=int, default=256, metavar='N',
+                   help='most episode streams open at once; more get OVERLOADED (default 256)')
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser('deployments', help='list deployments')
+    p.set_defaults(func=cmd_deployments)
+    p = sub.add_parser('delete', help='delete a deployment (and its captured data)')
+    p.add_argument('name')
+    p.set_defaults(func=cmd_delete)
+    p = sub.add_parser('usage', help='usage per deployment: inference (billed), warming, sessions, episodes')
+    p.set_defaults(func=cmd_usage)
+    _training_parser(sub)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the worker's sub-commands alone (``python -m sequence_ai_ros.cli.serving``); ``seq`` is the usual way."""
+    from sequence_ai_ros.exceptions import SequenceAIError
+
+    parser = argparse.ArgumentParser(prog='seq')
+    add_parsers(parser.add_subparsers(dest='command', metavar='COMMAND', required=True), {})
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except SequenceAIError as exc:
+        print(f'seq {args.command}: error: {exc}', file=sys.stderr)
+        return 2
+
+
+if __name__ == '__main__':
+    sys.exit(main())

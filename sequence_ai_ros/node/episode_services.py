@@ -1,0 +1,175 @@
+"""The policy node's services and Act action, on a companion node with its own executor.
+
+Names resolve under the policy node (``<node>/act``, ``<node>/start_episode``, ``<node>/end_episode``,
+``<node>/interrupt``, ``<node>/label``) although they are served by ``<node>_interface``: the
+callbacks block on gRPC (begin, label) or wait for an episode to end (the Act goal), so they run on a
+MultiThreadedExecutor with a reentrant group, apart from the camera callbacks, which stay on the
+policy node's SingleThreadedExecutor (a MultiThreadedExecutor serving cameras lost ticks and frames,
+see :mod:`.tick`).
+
+Errors become responses: a contract or action-space refusal is reason 'validate' (Act) or
+``accepted: false`` with the message (StartEpisode); a second goal while one runs is rejected and
+the rejection logged; a second StartEpisode is refused with a message.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rclpy.action import ActionServer, CancelResponse, GoalResponse
+from rclpy.callback_groups import ReentrantCallbackGroup
+from rclpy.node import Node
+from sequence_ai_msgs.action import Act
+from sequence_ai_msgs.srv import EndEpisode, Label, StartEpisode
+from std_srvs.srv import Trigger
+
+from sequence_ai_ros.exceptions import ConfigError, ContractViolation, SequenceAIError
+from sequence_ai_ros.node.policy_node import PolicyNode
+from sequence_ai_ros.node.runner import Result
+
+#: Reasons that end an Act goal as succeeded; the others abort it (interrupted: canceled if asked).
+SUCCESS_REASONS = ('completed', 'until', 'timeout')
+FEEDBACK_PERIOD_S = 0.2
+
+
+def _refusal(exc: BaseException) -> str:
+    return 'validate' if isinstance(exc, (ContractViolation, ConfigError)) else 'error'
+
+
+class PolicyInterface(Node):
+    """Services and the Act action of a :class:`PolicyNode`.
+
+    :param policy_node: the node whose runner the callbacks drive.
+    :param kwargs: passed to :class:`rclpy.node.Node` (``context``...).
+    """
+
+    def __init__(self, policy_node: PolicyNode, **kwargs: Any) -> None:
+        super().__init__(policy_node.get_name() + '_interface', namespace=policy_node.get_namespace(),
+                         **kwargs)
+        self.policy_node = policy_node
+        self.runner = policy_node.runner
+        base = policy_node.get_fully_qualified_name()
+        group = ReentrantCallbackGroup()
+        self.act_server = ActionServer(self, Act, f'{base}/act', execute_callback=self._execute,
+                                       goal_callback=self._on_goal, cancel_callback=self._on_cancel,
+                                       callback_group=group)
+        self.create_service(StartEpisode, f'{base}/start_episode', self._start, callback_group=group)
+        self.create_service(EndEpisode, f'{base}/end_episode', self._end, callback_group=group)
+        self.create_service(Trigger, f'{base}/interrupt', self._interrupt, callback_group=group)
+        self.create_service(Label, f'{base}/label', self._label, callback_group=group)
+
+    def destroy_node(self) -> None:
+        """Destroy the action server, then the node."""
+        self.act_server.destroy()
+        super().destroy_node()
+
+    # -- Act -----------------------------------------------------------------------------------------
+    def _on_goal(self, goal: Act.Goal) -> GoalResponse:
+        ep = self.runner.episode
+        if ep is not None and not ep.done.is_set():
+            self.get_logger().warning(f'Act goal rejected: episode {ep.id} is running (one at a time)')
+            return GoalResponse.REJECT
+        return GoalResponse.ACCEPT
+
+    def _on_cancel(self, _goal_handle: Any) -> CancelResponse:
+        return CancelResponse.ACCEPT
+
+    def _execute(self, goal_handle: Any) -> Act.Result:
+        goal = goal_handle.request
+        try:
+            if not goal.max_seconds > 0:
+                raise ConfigError(f'max_seconds is required and must be > 0, got {goal.max_seconds}')
+            eid = self.runner.start(goal.instruction, goal.max_seconds, max_actions=goal.max_actions,
+                                    smooth_seam=goal.smooth_seam, prefetch=goal.prefetch,
+                                    episode_id=goal.episode_id)
+        except SequenceAIError as exc:
+            goal_handle.abort()
+            return Act.Result(reason=_refusal(exc), episode_id=goal.episode_id, message=str(exc))
+        cancelled = False
+        next_feedback = 0.0
+        while True:
+            result = self.runner.wait(eid, 0.02)
+            if result is not None:
+                break
+            if goal_handle.is_cancel_requested and not cancelled:
+                cancelled = True
+                self.runner.interrupt()
+            now = time.monotonic()
+            if now >= next_feedback:
+                next_feedback = now + FEEDBACK_PERIOD_S
+                goal_handle.publish_feedback(self._feedback(eid))
+        out = self._result(result)
+        if cancelled and goal_handle.is_cancel_requested:
+            goal_handle.canceled()
+        elif result.reason in SUCCESS_REASONS:
+            goal_handle.succeed()
+        else:
+            goal_handle.abort()
+        return out
+
+    def _feedback(self, eid: str) -> Act.Feedback:
+        ep = self.runner.episode
+        stats: dict[str, Any] = {}
+        if self.runner.policy is not None:
+            try:
+                stats = dict(self.runner.policy.stats())
+            except Exception:  # feedback is best effort
+                stats = {}
+        return Act.Feedback(episode_id=eid, actions_sent=ep.sent if ep is not None else 0,
+                            chunks=int(stats.get('chunks', 0)), underruns=int(stats.get('underruns', 0)),
+                            buffer_s=float(stats.get('buffer_s', 0.0)),
+                            elapsed_s=time.monotonic() - ep.started if ep is not None else 0.0)
+
+    @staticmethod
+    def _result(r: Result) -> Act.Result:
+        return Act.Result(reason=r.reason, episode_id=r.episode_id, actions=r.actions, chunks=r.chunks,
+                          underruns=r.underruns, underrun_s=float(r.underrun_s),
+                          max_seam_jump=float(r.max_seam_jump), elapsed_s=float(r.elapsed_s),
+                          latency_p50_ms=float(r.latency_p50_ms), latency_p95_ms=float(r.latency_p95_ms),
+                          commands_sent=int(r.commands_sent), message=r.message)
+
+    # -- services ------------------------------------------------------------------------------------
+    def _start(self, req: StartEpisode.Request, resp: StartEpisode.Response) -> StartEpisode.Response:
+        try:
+            resp.episode_id = self.runner.start(req.instruction, req.max_seconds, max_actions=req.max_actions,
+                                                episode_id=req.episode_id)
+            resp.accepted, resp.message = True, f'episode {resp.episode_id} started'
+        except SequenceAIError as exc:
+            resp.accepted, resp.episode_id = False, req.episode_id
+            resp.message = f'{_refusal(exc)}: {exc}'
+        return resp
+
+    def _end(self, req: EndEpisode.Request, resp: EndEpisode.Response) -> EndEpisode.Response:
+        eid = self.runner.request_end('completed', 'ended by ~/end_episode')
+        if not eid:
+            last = self.runner.last_result
+            resp.ok = last is not None
+            if last is not None:
+                resp.episode_id, resp.reason, resp.message = last.episode_id, last.reason, 'already ended'
+            else:
+                resp.message = 'no episode has run'
+            return resp
+        result = self.runner.wait(eid, 10.0)
+        resp.episode_id = eid
+        if result is None:
+            resp.ok, resp.message = False, 'the episode did not end within 10 s'
+        else:
+            resp.ok, resp.reason, resp.message = True, result.reason, result.message
+        return resp
+
+    def _interrupt(self, _req: Trigger.Request, resp: Trigger.Response) -> Trigger.Response:
+        eid = self.runner.interrupt()
+        resp.success = bool(eid)
+        resp.message = f'episode {eid} interrupted; holding' if eid else 'no episode is running'
+        return resp
+
+    def _label(self, req: Label.Request, resp: Label.Response) -> Label.Response:
+        try:
+            eid, stored = self.runner.label(req.success, req.notes, req.episode_id)
+            verdict = 'success' if req.success else 'failure'
+            resp.ok = stored
+            resp.message = f'labelled {eid}: {verdict}'
+        except SequenceAIError as exc:
+            resp.ok, resp.message = False, str(exc)
+        return resp
