@@ -53,6 +53,14 @@ def g1_dataset() -> Path:
 
 
 @pytest.fixture
+def g1(g1_dataset: Path):
+    """The real G1 dataset opened with the project's LeRobot v2.1 reader."""
+    from sequence_ai_ros.datasets.lerobot_reader import LeRobotDataset
+
+    return LeRobotDataset(g1_dataset)
+
+
+@pytest.fixture
 def wx200_bag() -> Path:
     """The real WidowX-200 joint-state rosbag2 in ../shared/data (skips when absent)."""
     if not (WX200_BAG / 'metadata.yaml').exists():

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from doubles import NAMES, CountingRobot
 
 from sequence_ai_ros.capture.settings import CaptureSettings, save_settings
 from sequence_ai_ros.capture.store import CaptureStore
@@ -23,26 +24,6 @@ from sequence_ai_ros.exceptions import ContractViolation, EpisodeStateError, Pol
 from sequence_ai_ros.worker import serve_policy_file
 
 LATENCY_POLICY = Path(__file__).parent / 'policies' / 'client_latency.py'
-NAMES = ('frame', 'request')
-
-
-class Robot:
-    """Counts what it executes and every hold; ``observe`` reports the executed count in ``frame``."""
-
-    def __init__(self) -> None:
-        self.actions: list = []
-        self.holds = 0
-        self.observed = 0
-
-    def observe(self) -> Observation:
-        self.observed += 1
-        return Observation(state=np.array([len(self.actions), 0], np.float32), state_names=NAMES)
-
-    def act(self, action) -> None:
-        self.actions.append(action)
-
-    def hold(self) -> None:
-        self.holds += 1
 
 
 @pytest.fixture(scope='module')
@@ -97,15 +78,15 @@ BAD_OBSERVATIONS = {
 
 @pytest.mark.parametrize('case', list(BAD_OBSERVATIONS))
 def test_a_bad_observation_is_a_contract_violation_ending_validate_after_one_hold(policy, case):
-    robot = Robot()
+    robot = CountingRobot()
     out = policy.run(BAD_OBSERVATIONS[case], robot.act, max_actions=50, on_underrun=robot.hold, max_seconds=5)
     assert out.reason == 'validate', out
     assert isinstance(out.error, ContractViolation), repr(out.error)
-    assert robot.holds == 1 and robot.actions == []
+    assert len(robot.holds) == 1 and robot.actions == []
 
 
 def test_a_bad_observation_mid_run_ends_validate_after_one_hold(policy):
-    robot = Robot()
+    robot = CountingRobot()
 
     def observe():
         obs = robot.observe()
@@ -116,7 +97,7 @@ def test_a_bad_observation_mid_run_ends_validate_after_one_hold(policy):
 
     out = policy.run(observe, robot.act, max_actions=100, on_underrun=robot.hold, max_seconds=5)
     assert out.reason == 'validate' and isinstance(out.error, ContractViolation) and 'non-finite' in str(out.error)
-    assert robot.holds == 1 and 0 < len(robot.actions) < 12
+    assert len(robot.holds) == 1 and 0 < len(robot.actions) < 12
 
 
 def test_next_action_with_a_bad_observation_raises_a_contract_violation_and_ends_validate(policy):
@@ -137,7 +118,7 @@ class SensorUnplugged(OSError):
     """The caller's own failure, raised from observe()."""
 
 
-def _observe_raises(robot: Robot):
+def _observe_raises(robot: CountingRobot):
     def observe():
         if robot.observed >= 15:
             raise SensorUnplugged('sensor unplugged')
@@ -145,7 +126,7 @@ def _observe_raises(robot: Robot):
     return observe
 
 
-def _act_raises(robot: Robot):
+def _act_raises(robot: CountingRobot):
     def act(action):
         if len(robot.actions) >= 10:
             raise RuntimeError('controller refused')
@@ -155,7 +136,7 @@ def _act_raises(robot: Robot):
 
 @pytest.mark.parametrize('where', ['observe', 'act', 'until', 'act-first'])
 def test_the_callers_exception_propagates_after_one_hold_and_the_worker_records_error(policy, worker, where):
-    robot = Robot()
+    robot = CountingRobot()
     observe, act, until = robot.observe, robot.act, None
     expected: type[BaseException] = RuntimeError
     if where == 'observe':
@@ -174,15 +155,15 @@ def test_the_callers_exception_propagates_after_one_hold_and_the_worker_records_
     with pytest.raises(expected):
         policy.act('pick', observe, act, max_seconds=5, until=until, on_underrun=robot.hold)
     out = policy.episode_outcome()
-    assert robot.holds == 1, where                         # the arm holds before the exception leaves act()
+    assert len(robot.holds) == 1, where                         # the arm holds before the exception leaves act()
     assert out.reason == 'error' and out.error is None     # the caller's exception is raised, not wrapped
     assert _worker_reason(worker[1], out.episode_id) == 'error'
-    robot = Robot()                                        # the handle is usable again at once
+    robot = CountingRobot()                                        # the handle is usable again at once
     assert policy.run(robot.observe, robot.act, max_actions=5).reason == 'completed'
 
 
 def test_a_keyboard_interrupt_holds_once_and_ends_interrupted(policy, worker):
-    robot = Robot()
+    robot = CountingRobot()
 
     def act(action):
         if len(robot.actions) >= 5:
@@ -192,12 +173,12 @@ def test_a_keyboard_interrupt_holds_once_and_ends_interrupted(policy, worker):
     with pytest.raises(KeyboardInterrupt):
         policy.run(robot.observe, act, max_actions=50, on_underrun=robot.hold)
     out = policy.episode_outcome()
-    assert robot.holds == 1 and out.reason == 'interrupted'
+    assert len(robot.holds) == 1 and out.reason == 'interrupted'
     assert _worker_reason(worker[1], out.episode_id) == 'interrupted'
 
 
 def test_a_raising_hold_does_not_hide_the_callers_exception(policy):
-    robot = Robot()
+    robot = CountingRobot()
     calls = []
 
     def hold():
@@ -219,7 +200,7 @@ def test_a_hung_policy_ends_with_error_after_the_chunk_timeout_hold_first(tmp_pa
                                dt=0.01, chunk_length=20, stall_at=stall_at, stall_s=1.5, capture_root=tmp_path)
     try:
         with connect('lat', endpoint=f'127.0.0.1:{server.port}') as policy:
-            robot = Robot()
+            robot = CountingRobot()
             holds: list[float] = []
 
             def hold():
@@ -233,7 +214,7 @@ def test_a_hung_policy_ends_with_error_after_the_chunk_timeout_hold_first(tmp_pa
             out = policy.episode_outcome()
             print(f'\nhung at request {stall_at}: {len(robot.actions)} actions, hold after '
                   f'{holds[0] - start:.2f} s, raised after {raised - start:.2f} s: {err.value}')
-            assert robot.holds == 1 and out.reason == 'error' and out.error is err.value
+            assert len(robot.holds) == 1 and out.reason == 'error' and out.error is err.value
             assert holds[0] <= raised
             assert (len(robot.actions) > 0) == (stall_at > 1)
             assert raised - start < 0.4 + 0.2 * stall_at + 2.5      # bounded by the deadline, not by max_actions
@@ -243,7 +224,7 @@ def test_a_hung_policy_ends_with_error_after_the_chunk_timeout_hold_first(tmp_pa
 
 
 def test_limits_refuse_bools_and_a_zero_period_before_anything_moves(policy):
-    robot = Robot()
+    robot = CountingRobot()
     with pytest.raises(TypeError, match='max_seconds'):
         policy.act('pick', robot.observe, robot.act, max_seconds=True)
     with pytest.raises(TypeError, match='max_actions'):
@@ -262,7 +243,7 @@ def test_limits_refuse_bools_and_a_zero_period_before_anything_moves(policy):
         policy.begin_episode('pick', control_period=0)
     with pytest.raises(TypeError, match='max_actions'):
         policy.begin_episode('pick', max_actions=False)
-    assert robot.actions == [] and robot.holds == 0 and robot.observed == 0
+    assert robot.actions == [] and len(robot.holds) == 0 and robot.observed == 0
     with pytest.raises(EpisodeStateError):
         policy.next_action(robot.observe())                # none of them opened an episode
     assert policy.run(robot.observe, robot.act, max_actions=5, control_period=0.01).actions == 5

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from doubles import CountingRobot
 
 from sequence_ai_ros.client import Observation, connect
 from sequence_ai_ros.exceptions import (
@@ -26,28 +27,6 @@ from sequence_ai_ros.exceptions import (
 from sequence_ai_ros.worker import serve_policy_file
 
 LATENCY_POLICY = Path(__file__).parent / 'policies' / 'client_latency.py'
-
-
-class Robot:
-    """A robot that executes every action it is given and counts them."""
-
-    def __init__(self) -> None:
-        self.actions: list = []
-        self.holds: list[float] = []
-        self.act_times: list[float] = []
-
-    def observe(self) -> Observation:
-        return Observation(state=np.array([len(self.actions), 0], np.float32), state_names=('frame', 'request'))
-
-    def act(self, action) -> None:
-        self.actions.append(action)
-        self.act_times.append(time.monotonic())
-
-    def hold(self) -> None:
-        self.holds.append(time.monotonic())
-
-    def misaligned(self) -> list[int]:
-        return [k for k, a in enumerate(self.actions) if a.values[0] != k]
 
 
 @pytest.fixture
@@ -74,7 +53,7 @@ def test_prefetch_keeps_the_buffer_full_and_closed_loop_underruns_every_chunk(se
     with connect('lat', endpoint=endpoint) as policy:
         policy.wait_until_ready(timeout=30)
         for prefetch in (True, False):
-            robot = Robot()
+            robot = CountingRobot()
             out = policy.run(robot.observe, robot.act, max_actions=500, prefetch=prefetch, on_underrun=robot.hold)
             results[prefetch] = out
             assert out.reason == 'completed' and out.actions == 500 == len(robot.actions)
@@ -92,7 +71,7 @@ def test_prefetch_keeps_the_buffer_full_and_closed_loop_underruns_every_chunk(se
 
 def test_cold_start_runs_chunk_row_zero_and_a_cold_spike_does_not_inflate_prefetch(serve):
     endpoint = serve(mean_s=0.02, jitter=0.2, first_s=0.8, dt=0.01, chunk_length=25)
-    robot = Robot()
+    robot = CountingRobot()
     with connect('lat', endpoint=endpoint) as policy:
         out = policy.run(robot.observe, robot.act, max_actions=150)
         stats = policy.stats()
@@ -111,17 +90,17 @@ def test_cold_start_runs_chunk_row_zero_and_a_cold_spike_does_not_inflate_prefet
 def test_reasons_completed_until_timeout_validate_and_act_arguments(serve):
     endpoint = serve(mean_s=0.005, dt=0.01, chunk_length=20, done_after=3)
     with connect('lat', endpoint=endpoint) as policy:
-        robot = Robot()
+        robot = CountingRobot()
         done = policy.act('pick', robot.observe, robot.act, max_seconds=10)
         assert done.reason == 'completed' and robot.misaligned() == []
         assert done.actions == len(robot.actions) and done.chunks == 3
-        robot = Robot()
+        robot = CountingRobot()
         out = policy.run(robot.observe, robot.act, max_actions=30)
         assert out.reason == 'completed' and out.actions == 30
-        robot = Robot()
+        robot = CountingRobot()
         until = policy.act('pick', robot.observe, robot.act, max_seconds=10, until=lambda: len(robot.actions) >= 7)
         assert until.reason == 'until' and len(robot.actions) == 7
-        robot = Robot()
+        robot = CountingRobot()
         bad = policy.run(robot.observe, robot.act, max_actions=30, expect_action_space='joint_delta',
                          on_underrun=robot.hold)
         assert bad.reason == 'validate' and robot.actions == [] and len(robot.holds) == 1
@@ -134,7 +113,7 @@ def test_reasons_completed_until_timeout_validate_and_act_arguments(serve):
             policy.label(True)
     endpoint = serve(mean_s=0.005, dt=0.01, chunk_length=20)
     with connect('lat', endpoint=endpoint) as policy:
-        robot = Robot()
+        robot = CountingRobot()
         out = policy.act('pick', robot.observe, robot.act, max_seconds=0.3)
         assert out.reason == 'timeout' and 0.3 <= out.elapsed_s < 1.0 and robot.misaligned() == []
         with pytest.raises(EpisodeStateError):
@@ -143,7 +122,7 @@ def test_reasons_completed_until_timeout_validate_and_act_arguments(serve):
 
 def test_act_pins_the_instruction_and_history_is_sent_at_dt(serve):
     endpoint = serve(mean_s=0.003, dt=0.01, chunk_length=10, history=3)
-    robot = Robot()
+    robot = CountingRobot()
     with connect('lat', endpoint=endpoint) as policy:
         assert policy.contract.observation.history == 3
         out = policy.run(robot.observe, robot.act, max_actions=60, instruction='stack the cups')
@@ -156,7 +135,7 @@ def test_act_pins_the_instruction_and_history_is_sent_at_dt(serve):
 def test_interrupt_from_another_thread_stops_within_one_period(serve):
     dt = 0.05
     endpoint = serve(mean_s=0.005, dt=dt, chunk_length=20)
-    robot = Robot()
+    robot = CountingRobot()
     with connect('lat', endpoint=endpoint) as policy:
         stamp = {}
 
@@ -177,7 +156,7 @@ def test_interrupt_from_another_thread_stops_within_one_period(serve):
 def test_two_threads_on_one_handle_raise_and_two_handles_both_work(serve):
     endpoint = serve(mean_s=0.005, dt=0.01, chunk_length=20)
     with connect('lat', endpoint=endpoint) as policy:
-        robot = Robot()
+        robot = CountingRobot()
         errors: list[BaseException] = []
         inside = threading.Event()
 
@@ -190,13 +169,13 @@ def test_two_threads_on_one_handle_raise_and_two_handles_both_work(serve):
         runner.start()
         assert inside.wait(10)
         with pytest.raises(RuntimeError, match='one Policy per control loop'):
-            policy.run(Robot().observe, Robot().act, max_actions=5)
+            policy.run(CountingRobot().observe, CountingRobot().act, max_actions=5)
         with pytest.raises(RuntimeError, match='one Policy per control loop'):
             policy.next_action(robot.observe())
         runner.join(10)
         assert len(robot.actions) == 150 and not errors
 
-    robots = [Robot(), Robot()]
+    robots = [CountingRobot(), CountingRobot()]
     outcomes: dict[int, object] = {}
 
     def loop(i):
@@ -249,7 +228,7 @@ def test_captured_episode_gets_telemetry_at_capture_fps_and_a_label(serve, tmp_p
 
     save_settings(tmp_path / 'lat', CaptureSettings(rate=1.0, enabled=True, fps=20))
     endpoint = serve(mean_s=0.003, dt=0.01, chunk_length=20, capture_root=tmp_path)
-    robot = Robot()
+    robot = CountingRobot()
     with connect('lat', endpoint=endpoint) as policy:
         out = policy.run(robot.observe, robot.act, max_actions=150, instruction='wipe')
         assert policy.label(True, notes='clean') is True              # stored with the captured episode
@@ -268,7 +247,7 @@ def test_connect_endpoint_token_and_typed_errors(serve, monkeypatch):
     with connect('lat', token='s3cret') as policy:                  # endpoint from $SEQ_ENDPOINT
         assert policy.endpoint == endpoint and policy.contract.chunk_length == 10
         assert policy.ready() == (True, 0.0)
-        robot = Robot()
+        robot = CountingRobot()
         assert policy.run(robot.observe, robot.act, max_actions=12).actions == 12
     with pytest.raises(Unauthenticated):
         connect('lat', token='wrong')
@@ -310,7 +289,7 @@ def test_tls_with_a_root_certificate(serve, tmp_path):
     endpoint = serve(mean_s=0.0, dt=0.01, chunk_length=10, tls=(cert, key))
     port = endpoint.rsplit(':', 1)[1]
     with connect('lat', endpoint=f'localhost:{port}', tls=cert) as policy:   # a PEM path as root certificate
-        robot = Robot()
+        robot = CountingRobot()
         assert policy.run(robot.observe, robot.act, max_actions=15).actions == 15
     with pytest.raises(ConnectionLost):
         connect('lat', endpoint=f'localhost:{port}', timeout=1.0)            # plaintext to a TLS worker

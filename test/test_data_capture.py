@@ -23,11 +23,6 @@ from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture
-def g1(g1_dataset: Path) -> LeRobotDataset:
-    return LeRobotDataset(g1_dataset)
-
-
 def _tiny(store: CaptureStore, episode_id: str, reason: str = 'completed'):
     ep = store.begin(episode_id, 'wave', None)
     if ep is not None:

@@ -22,11 +22,6 @@ from sequence_ai_ros.protocol import codec
 
 
 @pytest.fixture
-def g1(g1_dataset: Path) -> LeRobotDataset:
-    return LeRobotDataset(g1_dataset)
-
-
-@pytest.fixture
 def store(tmp_path: Path, g1: LeRobotDataset) -> CaptureStore:
     """Three captured G1 episodes with images at 15 fps: success, failure, unlabelled (another task)."""
     clock = FakeClock(1_800_000_000.0)
