@@ -58,7 +58,7 @@ setup(
     version='0.1.0',
     packages=find_packages(exclude=['test']),
     py_modules=['sequence_ai'],
-    package_data={PACKAGE: ['py.typed', 'protocol/*.proto', 'templates/*/*']},
+    package_data={PACKAGE: ['py.typed', 'protocol/*.proto', 'templates/*/*', 'node/*.yaml']},
     include_package_data=True,
     data_files=data_files(),
     install_requires=['setuptools'],

@@ -7,7 +7,9 @@ Run it with ``ros2 run sequence_ai_ros policy_node --ros-args --params-file conf
 
 Modules, one concept each:
 
-- :mod:`.config` (validated dataclasses) and :mod:`.parameters` (every ROS parameter, with descriptors);
+- :mod:`.parameter_schema` (reads ``policy_node_parameters.yaml``, the one declaration of every parameter in
+  generate_parameter_library's field names), :mod:`.config` (validated dataclasses, defaults from the
+  schema) and :mod:`.parameters` (the ROS declarations with descriptors, and the on-set checks);
 - :mod:`.images` (Image/CompressedImage -> arrays or untouched JPEG, no cv_bridge),
   :mod:`.observation` (latest message per source, ages, joint mapping by name);
 - :mod:`.runner` (one episode at a time; hold semantics), :mod:`.controller_commands` (ros2_control command

@@ -1,40 +1,45 @@
 """The node's configuration as validated dataclasses (ROS-free).
 
-:mod:`.parameters` declares every ROS parameter and fills these; tests and the bench build them
-directly. Every check runs in ``__post_init__`` and raises :class:`ConfigError` naming the parameter.
+Every default, type and single-value check comes from the parameter schema
+(:mod:`.parameter_schema`, ``policy_node_parameters.yaml``); only checks across parameters (limits per
+commanded joint, a topic an interface needs) are written here. :mod:`.parameters` declares the ROS
+parameters from the same schema and fills these; tests and the bench build them directly. Every check
+runs in ``__post_init__`` and raises :class:`ConfigError` naming the parameter.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
+from typing import Any
 
 from sequence_ai_ros.exceptions import ConfigError
+from sequence_ai_ros.node import parameter_schema
 
-#: Command interfaces, after the ros2_control conventions (see :mod:`.commands`).
-INTERFACES = ('forward_command', 'joint_trajectory', 'joint_state', 'pose', 'twist')
-CAMERA_TYPES = ('image', 'compressed')
-QOS_RELIABILITY = ('best_effort', 'reliable')
-ON_VIOLATION = ('clamp', 'stop')
-ON_UNDERRUN = ('hold', 'stop')
-STAMP_SOURCES = ('receive', 'header')
+#: The one declaration of every parameter: defaults, types and validation come from it.
+SCHEMA = parameter_schema.load()
 
 
-def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(f'parameter {name}: {value!r} is not one of {", ".join(choices)}')
+def _default(name: str) -> Any:
+    return SCHEMA.default(name)
 
 
-def _check_positive(name: str, value: float) -> None:
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-        raise ConfigError(f'parameter {name}: must be a positive number, got {value!r}')
+def _choices(name: str) -> tuple[str, ...]:
+    return tuple(SCHEMA.spec(name).validation['one_of<>'][0])
 
 
-def _check_finite(name: str, values: tuple[float, ...]) -> None:
-    bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
-    if bad:
-        raise ConfigError(f'parameter {name}: non-finite values at indices {bad} ({[values[i] for i in bad]}); '
-                          'every limit must be a finite number (use a large finite value for an unlimited joint)')
+#: Command interfaces, after the ros2_control conventions (see :mod:`.controller_commands`).
+INTERFACES = _choices('command.interface')
+CAMERA_TYPES = _choices('cameras.__map_camera_names.type')
+QOS_RELIABILITY = _choices('qos.reliability')
+ON_VIOLATION = _choices('safety.on_violation')
+ON_UNDERRUN = _choices('on_underrun')
+STAMP_SOURCES = _choices('stamp_source')
+
+
+def _check(obj: Any, prefix: str, *fields: str) -> None:
+    """Validate ``obj``'s fields against the schema (``prefix + field``), storing normalised values."""
+    for field in fields:
+        object.__setattr__(obj, field, SCHEMA.check(prefix + field, getattr(obj, field)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,13 +50,11 @@ class QosConfig:
     :param depth: history depth (messages kept per subscription).
     """
 
-    reliability: str = 'best_effort'
-    depth: int = 5
+    reliability: str = _default('qos.reliability')
+    depth: int = _default('qos.depth')
 
     def __post_init__(self) -> None:
-        _check_choice('qos.reliability', self.reliability, QOS_RELIABILITY)
-        if self.depth < 1:
-            raise ConfigError(f'parameter qos.depth: must be >= 1, got {self.depth}')
+        _check(self, 'qos.', 'reliability', 'depth')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,15 +70,14 @@ class CameraConfig:
 
     name: str
     topic: str
-    type: str = 'image'
-    key: str = ''
-    max_age_s: float = 0.5
+    type: str = _default('cameras.__map_camera_names.type')
+    key: str = _default('cameras.__map_camera_names.key')
+    max_age_s: float = _default('cameras.__map_camera_names.max_age_s')
 
     def __post_init__(self) -> None:
         if not self.name or not self.topic:
             raise ConfigError(f'camera {self.name!r}: cameras.<name>.topic must be set')
-        _check_choice(f'cameras.{self.name}.type', self.type, CAMERA_TYPES)
-        _check_positive(f'cameras.{self.name}.max_age_s', self.max_age_s)
+        _check(self, f'cameras.{self.name}.', 'topic', 'type', 'key', 'max_age_s')
         if not self.key:
             object.__setattr__(self, 'key', self.name)
 
@@ -90,15 +92,12 @@ class JointsConfig:
     :param max_age_s: older than this (s) makes the observation invalid.
     """
 
-    topic: str = '/joint_states'
-    names: tuple[str, ...] = ()
-    max_age_s: float = 0.5
+    topic: str = _default('joints.topic')
+    names: tuple[str, ...] = _default('joints.names')
+    max_age_s: float = _default('joints.max_age_s')
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, 'names', tuple(self.names))
-        _check_positive('joints.max_age_s', self.max_age_s)
-        if any(not n for n in self.names) or len(set(self.names)) != len(self.names):
-            raise ConfigError('parameter joints.names: names must be unique and non-empty')
+        _check(self, 'joints.', 'topic', 'names', 'max_age_s')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,21 +115,18 @@ class CommandConfig:
     :param gripper_topic: Float64MultiArray topic for the gripper channels of pose/twist commands.
     """
 
-    interface: str = 'forward_command'
-    controller: str = 'position_controller'
-    topic: str = ''
-    kind: str = 'position'
-    joint_names: tuple[str, ...] = ()
-    time_from_start_s: float = 0.0
-    frame_id: str = 'base_link'
-    gripper_topic: str = ''
+    interface: str = _default('command.interface')
+    controller: str = _default('command.controller')
+    topic: str = _default('command.topic')
+    kind: str = _default('command.kind')
+    joint_names: tuple[str, ...] = _default('command.joint_names')
+    time_from_start_s: float = _default('command.time_from_start_s')
+    frame_id: str = _default('command.frame_id')
+    gripper_topic: str = _default('command.gripper_topic')
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, 'joint_names', tuple(self.joint_names))
-        _check_choice('command.interface', self.interface, INTERFACES)
-        _check_choice('command.kind', self.kind, ('position', 'velocity'))
-        if self.time_from_start_s < 0:
-            raise ConfigError('parameter command.time_from_start_s: must be >= 0')
+        _check(self, 'command.', 'interface', 'controller', 'topic', 'kind', 'joint_names', 'time_from_start_s',
+               'frame_id', 'gripper_topic')
         if self.interface in ('joint_state', 'pose', 'twist') and not self.topic:
             raise ConfigError(f'parameter command.topic: required for interface {self.interface}')
         if self.interface in ('forward_command', 'joint_trajectory') and not (self.topic or self.controller):
@@ -157,21 +153,13 @@ class SafetyConfig:
         limit above its upper limit, or a step <= 0.
     """
 
-    lower_limits: tuple[float, ...] = ()
-    upper_limits: tuple[float, ...] = ()
-    max_step: tuple[float, ...] = ()
-    on_violation: str = 'clamp'
+    lower_limits: tuple[float, ...] = _default('safety.lower_limits')
+    upper_limits: tuple[float, ...] = _default('safety.upper_limits')
+    max_step: tuple[float, ...] = _default('safety.max_step')
+    on_violation: str = _default('safety.on_violation')
 
     def __post_init__(self) -> None:
-        for name in ('lower_limits', 'upper_limits', 'max_step'):
-            try:
-                values = tuple(float(v) for v in getattr(self, name))
-            except (TypeError, ValueError):
-                raise ConfigError(f'parameter safety.{name}: must be a list of numbers, '
-                                  f'got {getattr(self, name)!r}') from None
-            object.__setattr__(self, name, values)
-            _check_finite(f'safety.{name}', values)
-        _check_choice('safety.on_violation', self.on_violation, ON_VIOLATION)
+        _check(self, 'safety.', 'lower_limits', 'upper_limits', 'max_step', 'on_violation')
         if self.lower_limits and self.upper_limits:
             if len(self.lower_limits) != len(self.upper_limits):
                 raise ConfigError(f'parameter safety.lower_limits: {len(self.lower_limits)} values but '
@@ -179,8 +167,6 @@ class SafetyConfig:
             bad = [i for i, (lo, hi) in enumerate(zip(self.lower_limits, self.upper_limits, strict=True)) if lo > hi]
             if bad:
                 raise ConfigError(f'parameter safety.lower_limits: lower limit above upper limit for joints {bad}')
-        if any(s <= 0 for s in self.max_step):
-            raise ConfigError(f'parameter safety.max_step: every value must be > 0, got {list(self.max_step)}')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,17 +186,17 @@ class NodeConfig:
     :param diagnostics_rate_hz: /diagnostics rate (Hz).
     """
 
-    model: str = ''
-    endpoint: str = '127.0.0.1:50551'
-    token: str = ''
-    control_rate_hz: float = 50.0
-    enabled: bool = True
-    on_underrun: str = 'hold'
-    stamp_source: str = 'receive'
-    stale_grace_s: float = 2.0
-    connect_timeout_s: float = 5.0
-    status_rate_hz: float = 2.0
-    diagnostics_rate_hz: float = 1.0
+    model: str = _default('model')
+    endpoint: str = _default('endpoint')
+    token: str = _default('token')
+    control_rate_hz: float = _default('control_rate_hz')
+    enabled: bool = _default('enabled')
+    on_underrun: str = _default('on_underrun')
+    stamp_source: str = _default('stamp_source')
+    stale_grace_s: float = _default('stale_grace_s')
+    connect_timeout_s: float = _default('connect_timeout_s')
+    status_rate_hz: float = _default('status_rate_hz')
+    diagnostics_rate_hz: float = _default('diagnostics_rate_hz')
     joints: JointsConfig = dataclasses.field(default_factory=JointsConfig)
     cameras: tuple[CameraConfig, ...] = ()
     qos: QosConfig = dataclasses.field(default_factory=QosConfig)
@@ -219,13 +205,8 @@ class NodeConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, 'cameras', tuple(self.cameras))
-        _check_positive('control_rate_hz', self.control_rate_hz)
-        _check_positive('status_rate_hz', self.status_rate_hz)
-        _check_positive('diagnostics_rate_hz', self.diagnostics_rate_hz)
-        _check_positive('stale_grace_s', self.stale_grace_s)
-        _check_positive('connect_timeout_s', self.connect_timeout_s)
-        _check_choice('on_underrun', self.on_underrun, ON_UNDERRUN)
-        _check_choice('stamp_source', self.stamp_source, STAMP_SOURCES)
+        _check(self, '', 'model', 'endpoint', 'token', 'control_rate_hz', 'enabled', 'on_underrun', 'stamp_source',
+               'stale_grace_s', 'connect_timeout_s', 'status_rate_hz', 'diagnostics_rate_hz')
         keys = [c.key for c in self.cameras]
         if len(set(keys)) != len(keys):
             raise ConfigError(f'cameras: duplicate observation keys {keys}')

@@ -1,22 +1,27 @@
-"""Every ROS parameter of ``policy_node``, declared in one place with descriptors.
+"""The ROS side of the parameter schema: declarations with descriptors, and the on-set checks.
 
-Defaults and comments live in ``config/policy_node.yaml``. Parameters that shape subscriptions,
-publishers or the control thread are ``read_only`` (a change needs a restart); ranges are declared
-where they exist. Cameras are a list of names (``camera_names``) with one parameter group each
-(``cameras.<name>.topic|type|key|max_age_s``), since ROS parameters cannot hold a list of dicts.
+Every parameter, its type, default, description, ``read_only`` flag and validation are declared once,
+in ``policy_node_parameters.yaml`` (read by :mod:`.parameter_schema`). Here each becomes a
+``declare_parameter`` with a ParameterDescriptor (description, read_only, ``bounds<>`` as an integer or
+floating-point range, the rest of the validation in ``additional_constraints``), and
+:func:`on_set_check` validates changes at run time (``add_on_set_parameters_callback``). Cameras are a
+list of names (``camera_names``) with one mapped parameter group each (``cameras.<name>.topic|type|key|
+max_age_s``), since ROS parameters cannot hold a list of dicts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor
+from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, SetParametersResult
 from rclpy.exceptions import InvalidParameterValueException, ParameterException
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 
 from sequence_ai_ros.exceptions import ConfigError
 from sequence_ai_ros.node.config import (
+    SCHEMA,
     CameraConfig,
     CommandConfig,
     JointsConfig,
@@ -24,31 +29,42 @@ from sequence_ai_ros.node.config import (
     QosConfig,
     SafetyConfig,
 )
+from sequence_ai_ros.node.parameter_schema import ParamSpec
 
-_TYPES = {
-    list[str]: Parameter.Type.STRING_ARRAY,
-    list[float]: Parameter.Type.DOUBLE_ARRAY,
+#: Array types rclpy cannot infer from an empty default: the type is declared instead.
+_ARRAY_TYPES = {
+    'string_array': Parameter.Type.STRING_ARRAY,
+    'double_array': Parameter.Type.DOUBLE_ARRAY,
+    'int_array': Parameter.Type.INTEGER_ARRAY,
+    'bool_array': Parameter.Type.BOOL_ARRAY,
 }
 
 
-def _declare(node: Node, name: str, default: Any, description: str, *, read_only: bool = True,
-             float_range: tuple[float, float] | None = None, int_range: tuple[int, int] | None = None,
-             array: type | None = None) -> Any:
-    """Declare one parameter and return its value (``default`` when an array is left unset).
+def descriptor(spec: ParamSpec) -> ParameterDescriptor:
+    """The ParameterDescriptor of one schema entry (range from ``bounds<>``; all rules in words)."""
+    desc = ParameterDescriptor(description=spec.description, read_only=spec.read_only,
+                               additional_constraints=spec.constraints())
+    bounds = spec.bounds()
+    if bounds is not None and spec.type == 'double':
+        desc.floating_point_range = [FloatingPointRange(from_value=float(bounds[0]), to_value=float(bounds[1]))]
+    elif bounds is not None and spec.type == 'int':
+        desc.integer_range = [IntegerRange(from_value=int(bounds[0]), to_value=int(bounds[1]))]
+    return desc
 
+
+def _declare(node: Node, name: str, default: Any = None) -> Any:
+    """Declare parameter ``name`` from its schema entry and return its validated value.
+
+    :param default: overrides the schema default (a mapped ``key`` defaults to the camera's name).
     :raises ConfigError: naming the parameter when rclpy refuses the given value (out of the declared
-        range, NaN, or of the wrong type, e.g. an integer for a double).
+        range, NaN, or of the wrong type, e.g. an integer for a double) or the schema's validation does.
     """
-    desc = ParameterDescriptor(description=description, read_only=read_only)
-    bounds = float_range or int_range
-    if float_range is not None:
-        desc.floating_point_range = [FloatingPointRange(from_value=float(float_range[0]),
-                                                        to_value=float(float_range[1]))]
-    if int_range is not None:
-        desc.integer_range = [IntegerRange(from_value=int_range[0], to_value=int_range[1])]
-    value = _TYPES[array] if array is not None else default
+    spec = SCHEMA.spec(name)
+    default = spec.default if default is None else default
+    value = _ARRAY_TYPES[spec.type] if spec.type in _ARRAY_TYPES else default
+    bounds = spec.bounds()
     try:
-        param = node.declare_parameter(name, value, desc)
+        param = node.declare_parameter(name, value, descriptor(spec))
     except ParameterException as exc:
         detail = exc.args[0] if exc.args else str(exc)
         if isinstance(exc, InvalidParameterValueException) and bounds is not None:
@@ -56,81 +72,55 @@ def _declare(node: Node, name: str, default: Any, description: str, *, read_only
         elif "'INTEGER', expecting type 'DOUBLE'" in detail:
             detail += ' (write a double with a decimal point, e.g. 50.0)'
         raise ConfigError(f'parameter {name}: {detail}') from None
-    return default if param.value is None else param.value
+    got = default if param.value is None else param.value
+    return SCHEMA.check(name, got)
 
 
 def declare_and_read(node: Node) -> NodeConfig:
-    """Declare all parameters on ``node`` and return them as a validated :class:`NodeConfig`.
+    """Declare every schema parameter on ``node`` and return them as a validated :class:`NodeConfig`.
 
-    :raises ConfigError: when a value is invalid (refused by its descriptor or by :class:`NodeConfig`);
-        the message names the parameter.
+    :raises ConfigError: when a value is invalid (refused by its descriptor, the schema or
+        :class:`NodeConfig`); the message names the parameter.
     """
-    d = NodeConfig()
-    top = dict(
-        model=_declare(node, 'model', d.model, 'deployment name on the worker'),
-        endpoint=_declare(node, 'endpoint', d.endpoint, 'worker address host:port'),
-        token=_declare(node, 'token', d.token, 'bearer token for the worker; empty for none'),
-        control_rate_hz=_declare(node, 'control_rate_hz', d.control_rate_hz,
-                                 'commands per second (Hz), steady clock', float_range=(1.0, 1000.0)),
-        enabled=_declare(node, 'enabled', d.enabled,
-                         'false = dry run: run and report everything, publish no command', read_only=False),
-        on_underrun=_declare(node, 'on_underrun', d.on_underrun,
-                             'hold: republish the last command; stop: publish nothing', read_only=False),
-        stamp_source=_declare(node, 'stamp_source', d.stamp_source,
-                              'age of a source from its local receive time (receive) or header stamp'),
-        stale_grace_s=_declare(node, 'stale_grace_s', d.stale_grace_s,
-                               'a source stale this long (s) mid-run ends the episode with error',
-                               float_range=(0.01, 3600.0)),
-        connect_timeout_s=_declare(node, 'connect_timeout_s', d.connect_timeout_s,
-                                   'timeout of one connection attempt to the worker (s)',
-                                   float_range=(0.1, 600.0)),
-        status_rate_hz=_declare(node, 'status_rate_hz', d.status_rate_hz, '~/status rate (Hz)',
-                                float_range=(0.1, 50.0)),
-        diagnostics_rate_hz=_declare(node, 'diagnostics_rate_hz', d.diagnostics_rate_hz,
-                                     '/diagnostics rate (Hz)', float_range=(0.1, 50.0)),
-    )
-    jd = JointsConfig()
-    joints = JointsConfig(
-        topic=_declare(node, 'joints.topic', jd.topic, 'sensor_msgs/JointState topic'),
-        names=tuple(_declare(node, 'joints.names', [], 'observed joints, in state order', array=list[str])),
-        max_age_s=_declare(node, 'joints.max_age_s', jd.max_age_s, 'max age of joint_states (s)',
-                           float_range=(0.001, 3600.0)))
+    top = {f.name: _declare(node, f.name) for f in _fields(NodeConfig)}
+    joints = JointsConfig(**{f: _declare(node, f'joints.{f}') for f in _names(JointsConfig)})
     cameras = []
-    for name in _declare(node, 'camera_names', [], 'camera entries; each has cameras.<name>.*',
-                         array=list[str]):
+    for name in _declare(node, 'camera_names'):
         prefix = f'cameras.{name}.'
         cameras.append(CameraConfig(
-            name=name,
-            topic=_declare(node, prefix + 'topic', '', 'image topic'),
-            type=_declare(node, prefix + 'type', 'image', 'image (sensor_msgs/Image) or compressed'),
-            key=_declare(node, prefix + 'key', name, 'observation key in the contract'),
-            max_age_s=_declare(node, prefix + 'max_age_s', 0.5, 'max age (s)', float_range=(0.001, 3600.0))))
-    qd = QosConfig()
-    qos = QosConfig(
-        reliability=_declare(node, 'qos.reliability', qd.reliability, 'best_effort (sensor data) or reliable'),
-        depth=_declare(node, 'qos.depth', qd.depth, 'subscription history depth', int_range=(1, 1000)))
-    cd = CommandConfig()
-    command = CommandConfig(
-        interface=_declare(node, 'command.interface', cd.interface,
-                           'forward_command | joint_trajectory | joint_state | pose | twist'),
-        controller=_declare(node, 'command.controller', cd.controller, 'ros2_control controller name'),
-        topic=_declare(node, 'command.topic', cd.topic, 'command topic; empty derives it from the controller'),
-        kind=_declare(node, 'command.kind', cd.kind, 'position or velocity (forward_command, joint_state)'),
-        joint_names=tuple(_declare(node, 'command.joint_names', [], 'commanded joints; empty = joints.names',
-                                   array=list[str])),
-        time_from_start_s=_declare(node, 'command.time_from_start_s', cd.time_from_start_s,
-                                   'joint_trajectory point time (s); 0 = one control period',
-                                   float_range=(0.0, 60.0)),
-        frame_id=_declare(node, 'command.frame_id', cd.frame_id, 'frame of pose/twist commands'),
-        gripper_topic=_declare(node, 'command.gripper_topic', cd.gripper_topic,
-                               'Float64MultiArray topic for gripper channels of pose/twist commands'))
-    sd = SafetyConfig()
-    safety = SafetyConfig(
-        lower_limits=tuple(_declare(node, 'safety.lower_limits', [], 'per commanded joint lower limit',
-                                    array=list[float])),
-        upper_limits=tuple(_declare(node, 'safety.upper_limits', [], 'per commanded joint upper limit',
-                                    array=list[float])),
-        max_step=tuple(_declare(node, 'safety.max_step', [], 'largest change per tick (1 or per joint)',
-                                array=list[float])),
-        on_violation=_declare(node, 'safety.on_violation', sd.on_violation, 'clamp or stop'))
+            name=name, topic=_declare(node, prefix + 'topic'), type=_declare(node, prefix + 'type'),
+            key=_declare(node, prefix + 'key', name), max_age_s=_declare(node, prefix + 'max_age_s')))
+    qos = QosConfig(**{f: _declare(node, f'qos.{f}') for f in _names(QosConfig)})
+    command = CommandConfig(**{f: _declare(node, f'command.{f}') for f in _names(CommandConfig)})
+    safety = SafetyConfig(**{f: _declare(node, f'safety.{f}') for f in _names(SafetyConfig)})
     return NodeConfig(**top, joints=joints, cameras=tuple(cameras), qos=qos, command=command, safety=safety)
+
+
+def _fields(cls: type) -> list[Any]:
+    import dataclasses
+
+    return [f for f in dataclasses.fields(cls) if f.name in SCHEMA.specs]
+
+
+def _names(cls: type) -> list[str]:
+    import dataclasses
+
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def on_set_check(params: Sequence[Parameter]) -> SetParametersResult:
+    """Validate a set-parameters request against the schema (for ``add_on_set_parameters_callback``).
+
+    ``read_only`` parameters are refused by rclpy itself; this checks the writable ones (types and
+    validation), so a bad value never reaches the running node.
+    """
+    for p in params:
+        try:
+            spec = SCHEMA.spec(p.name)
+        except ConfigError:
+            continue      # use_sim_time and other parameters rclpy owns
+        try:
+            spec.check(p.value, p.name)
+        except ConfigError as exc:
+            return SetParametersResult(successful=False, reason=str(exc))
+    return SetParametersResult(successful=True)

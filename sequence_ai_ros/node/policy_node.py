@@ -27,7 +27,7 @@ from sequence_ai_ros.node import diagnostics
 from sequence_ai_ros.node.controller_commands import CommandInterface
 from sequence_ai_ros.node.images import ImageConverter
 from sequence_ai_ros.node.observation import ObservationAssembler
-from sequence_ai_ros.node.parameters import declare_and_read
+from sequence_ai_ros.node.parameters import declare_and_read, on_set_check
 from sequence_ai_ros.node.runner import Runner
 from sequence_ai_ros.node.safety import SafetyFilter
 from sequence_ai_ros.node.tick import TickThread
@@ -142,9 +142,9 @@ class PolicyNode(Node):
             converter.spec = contract.observation.camera(key)
 
     def _on_set_parameters(self, params: list[Any]) -> SetParametersResult:
-        for p in params:
-            if p.name == 'on_underrun' and p.value not in ('hold', 'stop'):
-                return SetParametersResult(successful=False, reason='on_underrun must be hold or stop')
+        checked = on_set_check(params)      # types and validation from the parameter schema
+        if not checked.successful:
+            return checked
         for p in params:
             if p.name == 'enabled':
                 self.enabled = bool(p.value)

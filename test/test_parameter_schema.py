@@ -1,0 +1,129 @@
+"""The parameter schema is the one declaration: the shipped YAML files, the dataclasses and the node agree with it.
+
+- config/policy_node.yaml is exactly what the generator writes from the schema;
+- every config/*.yaml validates against the schema (names, types, bounds), and a deliberately wrong file
+  is refused, so the check itself cannot rot;
+- the config dataclass defaults are the schema defaults; the ROS descriptors carry the schema's ranges;
+- a writable parameter set at run time is checked against the schema (the on-set callback).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sequence_ai_ros.exceptions import ConfigError
+from sequence_ai_ros.node import parameter_schema
+from sequence_ai_ros.node.config import CommandConfig, JointsConfig, NodeConfig, QosConfig, SafetyConfig
+
+REPO = Path(__file__).resolve().parent.parent
+SCHEMA = parameter_schema.load()
+ROBOT_CONFIGS = sorted(p for p in (REPO / 'config').glob('*.yaml') if p.name != 'policy_node.yaml')
+
+
+def test_shipped_defaults_file_is_what_the_generator_writes(tmp_path):
+    shipped = (REPO / 'config' / 'policy_node.yaml').read_text()
+    assert shipped == parameter_schema.params_yaml(), \
+        'config/policy_node.yaml differs from the schema: regenerate it with ' \
+        'python -m sequence_ai_ros.node.parameter_schema --write-yaml'
+    out = tmp_path / 'policy_node.yaml'
+    done = subprocess.run([sys.executable, '-m', 'sequence_ai_ros.node.parameter_schema', '--write-yaml', str(out)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert out.read_text() == shipped
+
+
+def test_defaults_file_sets_every_scalar_at_its_schema_default():
+    params = parameter_schema.check_params_file(REPO / 'config' / 'policy_node.yaml')
+    for spec in SCHEMA:
+        if spec.mapped_by or (spec.type.endswith('_array') and not spec.default):
+            assert spec.name not in params        # written commented out
+        else:
+            assert params[spec.name] == spec.default, spec.name
+
+
+@pytest.mark.parametrize('path', ROBOT_CONFIGS, ids=lambda p: p.name)
+def test_robot_configs_validate_against_the_schema(path):
+    params = parameter_schema.check_params_file(path)
+    assert params['joints.names'], f'{path.name} names no joints'
+    if path.name == 'g1.yaml':
+        assert params['camera_names'] == ('cam_high',) and params['cameras.cam_high.type'] == 'compressed'
+
+
+@pytest.mark.parametrize('params, match', [
+    ({'control_rate_hz': 2000.0}, r'control_rate_hz: must be within \[1.0, 1000.0\]'),
+    ({'control_rate_hz': 50}, 'control_rate_hz: expected double, got int 50 .*decimal point'),
+    ({'contol_rate_hz': 50.0}, 'contol_rate_hz: not a parameter'),
+    ({'qos': {'depth': 0}}, r'qos.depth: must be within \[1, 1000\]'),
+    ({'on_underrun': 'zero'}, "on_underrun: 'zero' is not one of hold, stop"),
+    ({'safety': {'upper_limits': [1.0, float('inf')]}}, r'safety.upper_limits: non-finite values at indices \[1\]'),
+    ({'camera_names': ['front'], 'cameras': {'front': {'topic': '/f', 'type': 'jpeg'}}}, 'cameras.front.type'),
+    ({'camera_names': ['front'], 'cameras': {'back': {'topic': '/b'}}}, 'cameras.back.topic: not a parameter'),
+    ({'joints': {'names': ['a', 'a']}}, 'joints.names: values must be unique'),
+])
+def test_a_wrong_params_file_is_refused_naming_the_parameter(tmp_path, params, match):
+    import yaml
+
+    path = tmp_path / 'bad.yaml'
+    path.write_text(yaml.safe_dump({'policy_node': {'ros__parameters': params}}))
+    with pytest.raises(ConfigError, match=match):
+        parameter_schema.check_params_file(path)
+
+
+def test_dataclass_defaults_are_the_schema_defaults():
+    for cls, prefix in ((NodeConfig, ''), (JointsConfig, 'joints.'), (QosConfig, 'qos.'), (CommandConfig, 'command.'),
+                        (SafetyConfig, 'safety.')):
+        for field in dataclasses.fields(cls):
+            name = prefix + field.name
+            if name in SCHEMA.specs:
+                assert getattr(cls(), field.name) == SCHEMA.default(name), name
+
+
+def test_control_rate_bounds_are_the_same_everywhere(rclpy_context):
+    """The disagreement of issue 10: [1, 1000] at declaration but only > 0 in the dataclass."""
+    import rclpy
+
+    from sequence_ai_ros.node.parameters import declare_and_read
+
+    for bad in (0.5, 1000.5, math.nan):
+        with pytest.raises(ConfigError, match=r'control_rate_hz: must be within \[1.0, 1000.0\]'):
+            NodeConfig(control_rate_hz=bad)
+    NodeConfig(control_rate_hz=1.0)
+    node = rclpy.create_node('schema_probe', context=rclpy_context)
+    try:
+        declare_and_read(node)
+        for spec in SCHEMA:
+            if spec.mapped_by:
+                continue
+            desc = node.describe_parameter(spec.name)
+            assert desc.description == spec.description and desc.read_only == spec.read_only, spec.name
+            bounds = spec.bounds()
+            if bounds and spec.type == 'double':
+                rng = desc.floating_point_range[0]
+                assert (rng.from_value, rng.to_value) == bounds, spec.name
+    finally:
+        node.destroy_node()
+
+
+def test_writable_parameters_are_checked_when_set(rclpy_context):
+    import rclpy
+    from rclpy.parameter import Parameter
+
+    from sequence_ai_ros.node.parameters import declare_and_read, on_set_check
+
+    node = rclpy.create_node('schema_set', context=rclpy_context)
+    try:
+        declare_and_read(node)
+        node.add_on_set_parameters_callback(on_set_check)
+        refused = node.set_parameters([Parameter('on_underrun', value='zeros')])[0]
+        assert not refused.successful and "'zeros' is not one of hold, stop" in refused.reason
+        assert node.get_parameter('on_underrun').value == 'hold'
+        assert node.set_parameters([Parameter('on_underrun', value='stop')])[0].successful
+        assert not node.set_parameters([Parameter('control_rate_hz', value=10.0)])[0].successful   # read_only
+    finally:
+        node.destroy_node()
