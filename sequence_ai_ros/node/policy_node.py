@@ -93,7 +93,6 @@ class PolicyNode(Node):
         self.create_timer(1.0 / cfg.status_rate_hz, self._publish_status, clock=steady)
         self.create_timer(1.0 / cfg.diagnostics_rate_hz, self._publish_diagnostics, clock=steady)
         self.add_on_set_parameters_callback(self._on_set_parameters)
-        self.published = 0
         self._tick = TickThread(cfg.period_s, self._on_tick, on_error=self._on_tick_error, name='seq-tick')
         self._session_stop = threading.Event()
         self._session = threading.Thread(target=self._session_loop, name='seq-session', daemon=True)
@@ -119,11 +118,6 @@ class PolicyNode(Node):
         if self._session.is_alive():
             self._session.join(5.0)
         self.runner.close()
-
-    @property
-    def tick_thread(self) -> TickThread:
-        """The control thread (for its jitter statistics)."""
-        return self._tick
 
     # -- inputs (executor thread) -------------------------------------------------------------------
     def _on_joints(self, msg: JointState) -> None:
@@ -171,7 +165,6 @@ class PolicyNode(Node):
         self._cmd_pub.publish(msg)
         if gripper is not None and self._gripper_pub is not None:
             self._gripper_pub.publish(gripper)
-        self.published += 1
 
     def _on_tick_error(self, exc: BaseException) -> None:
         now = time.monotonic()

@@ -111,14 +111,12 @@ class Runner:
         self.connection = 'connecting'
         self.connection_error = ''
         self.ready = False
-        self.ready_eta_s = 0.0
         self.episode: EpisodeRun | None = None
         self.last_episode_id = ''
         self.last_result: Result | None = None
         self.last_command: np.ndarray | None = None   # command order, float64
         self.last_snapshot: Snapshot | None = None
         self.holding = False
-        self.underrun_ticks = 0
         self._lock = threading.Lock()
         self._starting = False
         self._next_ready_poll = 0.0
@@ -145,7 +143,7 @@ class Runner:
         elif now >= self._next_ready_poll:
             self._next_ready_poll = now + 1.0
             try:
-                self.ready, self.ready_eta_s = self.policy.ready()
+                self.ready, _eta_s = self.policy.ready()
                 self.connection, self.connection_error = ('ready' if self.ready else 'warming'), ''
             except SequenceAIError as exc:
                 self.ready, self.connection, self.connection_error = False, 'disconnected', str(exc)
@@ -377,7 +375,6 @@ class Runner:
         if action is None:
             return self._hold(snap)
         if action.hold:
-            self.underrun_ticks += 1
             return self._hold(snap)
         values = self.commands.order(action.values)
         last = self.last_command if self.last_command is not None else self._measured(snap)
