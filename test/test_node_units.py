@@ -331,3 +331,29 @@ def test_tick_thread_calls_with_monotonic_times_and_survives_errors():
     p50, p99, worst = tick.jitter_ms()
     assert worst == pytest.approx(errors.max(), abs=1e-9) and p50 == pytest.approx(np.percentile(errors, 50))
     assert p50 <= p99 <= worst and tick.ticks == len(seen)
+
+
+def test_one_pacer_counts_the_ticks_a_stalled_control_thread_skips():
+    """TickThread paces with the client's Pacer: a stall of several periods skips ticks (counted), never bunches."""
+    from sequence_ai_ros.client.pacing import Pacer
+
+    seen: list[float] = []
+    done = threading.Event()
+
+    def fn(now: float) -> None:
+        seen.append(now)
+        if len(seen) == 3:
+            threading.Event().wait(0.1)         # an injected stall of 10 periods
+        if len(seen) >= 8:
+            done.set()
+
+    tick = TickThread(0.01, fn, name='test-stall')
+    tick.start()
+    assert done.wait(5.0)
+    tick.stop()
+    assert tick.skipped >= 5, tick.skipped
+    assert tick.ticks == len(seen) >= 8
+    pacer = Pacer(0.01)
+    threading.Event().wait(0.05)
+    pacer.wait()
+    assert pacer.skipped >= 2

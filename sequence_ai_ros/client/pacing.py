@@ -2,7 +2,9 @@
 
 :class:`Pacer` sleeps until ``start + k * period`` (``time.monotonic()``), so a late call shortens the
 next wait instead of pushing every later deadline: drift does not accumulate. When a tick overruns by
-more than a whole period the schedule skips forward rather than bursting to catch up.
+more than a whole period the schedule skips forward rather than bursting to catch up, and the skipped
+deadlines are counted. It is the project's one deadline pacer: act()/run() pace with it, and so does
+the policy node's control thread (:class:`sequence_ai_ros.node.tick.TickThread`).
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ class Pacer:
     """Absolute-deadline pacing on the monotonic clock.
 
     :param period_s: seconds between ticks (> 0).
-    :param wake: an Event that ends a wait early (interrupt, episode finished).
+    :param wake: an Event that ends a wait early (interrupt, episode finished, a thread's stop).
     :raises ValueError: for a period that is not positive.
+
+    ``skipped`` counts the deadlines passed over when a tick overran by more than a period.
     """
 
     def __init__(self, period_s: float, wake: threading.Event | None = None) -> None:
@@ -26,6 +30,7 @@ class Pacer:
         self._wake = wake
         self._start = time.monotonic()
         self._k = 0
+        self.skipped = 0
 
     def wait(self) -> float:
         """Sleep until the next deadline (or ``wake``); return that deadline (monotonic s)."""
@@ -33,6 +38,7 @@ class Pacer:
         deadline = self._start + self._k * self.period_s
         now = time.monotonic()
         if now - deadline > self.period_s:           # overran by more than a period: re-anchor
+            self.skipped += int((now - deadline) // self.period_s)
             self._start, self._k = now, 0
             return now
         # Sleep coarse then spin the last ~1 ms: time.sleep/Event.wait overshoot by up to ~1 ms on Linux.

@@ -7,7 +7,8 @@ p99 |dt - 20 ms| = 7.9 ms (it waits behind callbacks), the EventsExecutor 17 ms,
 MultiThreadedExecutor fell to 38 Hz with p99 106 ms; a dedicated thread paced on absolute deadlines
 held 50.00 Hz with p99 3.7 ms, bounded by the GIL switch interval, which the node lowers to 1 ms.
 The thread never blocks on anything but its own deadline: the callback it runs must not wait on
-gRPC or locks held across I/O.
+gRPC or locks held across I/O. The deadlines come from the client's :class:`~sequence_ai_ros.client.pacing.Pacer`
+(the project's one deadline pacer: coarse sleep, then a short spin for the last millisecond).
 """
 
 from __future__ import annotations
@@ -19,12 +20,15 @@ from collections.abc import Callable
 
 import numpy as np
 
+from sequence_ai_ros.client.pacing import Pacer
+
 
 class TickThread:
     """Call ``fn(now)`` every ``period_s`` seconds on ``time.monotonic()``, in a named thread.
 
-    Deadlines are absolute (``start + k * period``), so a late tick does not shift the ones after it;
-    when more than one period late, missed ticks are skipped (counted), never bunched.
+    Deadlines are absolute (``start + k * period``, :class:`~sequence_ai_ros.client.pacing.Pacer`), so a
+    late tick does not shift the ones after it; when more than one period late, missed ticks are
+    skipped (counted in :attr:`skipped`), never bunched.
 
     :param period_s: the control period (s).
     :param fn: called with the tick's ``time.monotonic()``; exceptions are passed to ``on_error``.
@@ -40,10 +44,10 @@ class TickThread:
         self.fn = fn
         self.on_error = on_error
         self.ticks = 0
-        self.skipped = 0
         self._errors: collections.deque[float] = collections.deque(maxlen=window)
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._pacer: Pacer | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self) -> None:
@@ -70,16 +74,24 @@ class TickThread:
         return (float(np.percentile(errors, 50)) * 1e3, float(np.percentile(errors, 99)) * 1e3,
                 float(errors.max()) * 1e3)
 
+    @property
+    def skipped(self) -> int:
+        """Ticks skipped since start because the thread fell more than a period behind."""
+        pacer = self._pacer
+        return pacer.skipped if pacer is not None else 0
+
     def _run(self) -> None:
+        pacer = self._pacer = Pacer(self.period_s, wake=self._stop)
         period = self.period_s
-        deadline = time.monotonic()
         last = None
+        first = True
         while not self._stop.is_set():
-            now = time.monotonic()
-            if now < deadline:
-                if self._stop.wait(deadline - now):
+            if not first:
+                pacer.wait()
+                if self._stop.is_set():
                     break
-                now = time.monotonic()
+            first = False
+            now = time.monotonic()
             if last is not None:
                 with self._lock:
                     self._errors.append(abs(now - last - period))
@@ -90,9 +102,3 @@ class TickThread:
             except Exception as exc:  # the control loop must survive a bad tick; the error is reported
                 if self.on_error is not None:
                     self.on_error(exc)
-            deadline += period
-            behind = time.monotonic() - deadline
-            if behind > period:
-                missed = int(behind // period)
-                self.skipped += missed
-                deadline += missed * period
