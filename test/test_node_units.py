@@ -357,3 +357,25 @@ def test_one_pacer_counts_the_ticks_a_stalled_control_thread_skips():
     threading.Event().wait(0.05)
     pacer.wait()
     assert pacer.skipped >= 2
+
+
+def _report(**kw):
+    from sequence_ai_ros.node import diagnostics
+
+    base = dict(state='running', episode_id='ep', deployment='m', endpoint='127.0.0.1:1', action_space='joint_absolute',
+                connection='ready', connection_error='', ready=True, enabled=True, stats={}, clamps=0,
+                clamp_counts={}, jitter_ms=(0.1, 0.5, 1.0), rate_hz=50.0, skipped_ticks=0, sent=10, problems=[],
+                ages={})
+    base.update(kw)
+    return diagnostics.Report(**base)
+
+
+def test_dropped_telemetry_is_reported_in_status_and_diagnostics():
+    from builtin_interfaces.msg import Time
+
+    from sequence_ai_ros.node import diagnostics
+
+    r = _report(dropped_telemetry=7)
+    assert diagnostics.status_message(r, Time()).dropped_telemetry == 7
+    episode = next(s for s in diagnostics.diagnostic_array(r, 'n', Time()).status if s.name == 'n: episode')
+    assert {kv.key: kv.value for kv in episode.values}['dropped_telemetry'] == '7'

@@ -4,7 +4,8 @@ Both are built from one :class:`Report`, read from the runner, the control threa
 live ``stats()`` (which never blocks). Diagnostic statuses, named ``<node>: <part>``:
 
 - ``connection``: disconnected/unconfigured (ERROR), warming (WARN), ready; endpoint, deployment.
-- ``episode``: state, episode id, buffer_s, actions, chunks, underruns, underrun_s, latency p50/p95 (ms).
+- ``episode``: state, episode id, buffer_s, actions, chunks, underruns, underrun_s, latency p50/p95 (ms),
+  ``dropped_telemetry`` (capture frames the client could not send, all episodes).
 - ``control``: rate, tick jitter p50/p99/max (ms), skipped ticks, enabled (dry run), clamp counts in
   total and per joint (``clamps.<joint>.limit|step``).
 - ``observation``: WARN naming every stale or missing source; the age of each source (s); per camera,
@@ -46,6 +47,7 @@ class Report:
     problems: list[str]
     ages: dict[str, float]
     message: str = ''
+    dropped_telemetry: int = 0
     images: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
 
 
@@ -76,7 +78,8 @@ def status_message(r: Report, stamp: Any) -> RunStatus:
         buffer_s=float(s.get('buffer_s', 0.0)), actions_sent=r.sent, chunks=int(s.get('chunks', 0)),
         underruns=int(s.get('underruns', 0)), underrun_s=float(s.get('underrun_s', 0.0)),
         latency_p50_ms=float(s.get('latency_p50_ms', 0.0)), latency_p95_ms=float(s.get('latency_p95_ms', 0.0)),
-        clamps=r.clamps, message=r.message or '; '.join(r.problems) or r.connection_error)
+        clamps=r.clamps, dropped_telemetry=r.dropped_telemetry,
+        message=r.message or '; '.join(r.problems) or r.connection_error)
 
 
 def diagnostic_array(r: Report, node_name: str, stamp: Any) -> DiagnosticArray:
@@ -94,7 +97,8 @@ def diagnostic_array(r: Report, node_name: str, stamp: Any) -> DiagnosticArray:
         name=f'{node_name}: episode', hardware_id=r.endpoint, message=r.state,
         values=[_kv('state', r.state), _kv('episode_id', r.episode_id), _kv('actions_sent', r.sent)]
         + [_kv(k, float(s.get(k, 0.0))) for k in ('buffer_s', 'underrun_s', 'latency_p50_ms', 'latency_p95_ms')]
-        + [_kv(k, int(s.get(k, 0))) for k in ('actions', 'chunks', 'underruns')])
+        + [_kv(k, int(s.get(k, 0))) for k in ('actions', 'chunks', 'underruns')]
+        + [_kv('dropped_telemetry', r.dropped_telemetry)])
     p50, p99, worst = r.jitter_ms
     values = [_kv('rate_hz', r.rate_hz), _kv('tick_jitter_p50_ms', p50), _kv('tick_jitter_p99_ms', p99),
               _kv('tick_jitter_max_ms', worst), _kv('skipped_ticks', r.skipped_ticks), _kv('enabled', r.enabled),

@@ -215,7 +215,7 @@ class PolicyNode(Node):
             stats=stats, clamps=self.safety.clamps, clamp_counts=self.safety.counts(),
             jitter_ms=self._tick.jitter_ms(), rate_hz=self.cfg.control_rate_hz, skipped_ticks=self._tick.skipped,
             sent=ep.sent if ep is not None else 0, problems=list(snap.problems) if snap else [],
-            ages=dict(snap.ages) if snap else {}, message=message,
+            ages=dict(snap.ages) if snap else {}, message=message, dropped_telemetry=r.dropped_telemetry(),
             images={k: (c.passthrough, c.decoded) for k, c in self.converters.items()})
 
     def _publish_status(self) -> None:

@@ -117,6 +117,7 @@ class Runner:
         self.last_command: np.ndarray | None = None   # command order, float64
         self.last_snapshot: Snapshot | None = None
         self.holding = False
+        self._dropped: dict[str, int] = {}    # capture frames the client could not send, per episode id
         self._lock = threading.Lock()
         self._starting = False
         self._next_ready_poll = 0.0
@@ -306,6 +307,26 @@ class Runner:
         if self.policy is None:
             raise NotReady(f'not connected to {self.cfg.model!r}')
         return eid, bool(self.policy.label(success, notes=notes, episode_id=eid))
+
+    def dropped_telemetry(self) -> int:
+        """Capture frames the client could not send (its send queue was full), over every episode so far.
+
+        Read from the client's live ``stats()['dropped_telemetry']`` when it reports it, else from the
+        episode stream's counter (``Policy._episode.stream.dropped_telemetry``, where the client counts it).
+        """
+        policy = self.policy
+        ep = getattr(policy, '_episode', None)
+        if ep is not None:
+            stream = getattr(ep, 'stream', None)
+            eid = str(getattr(stream, 'episode_id', '') or getattr(ep.engine, 'episode_id', ''))
+            try:
+                n = policy.stats().get('dropped_telemetry')
+            except Exception:  # stats are best effort
+                n = None
+            if n is None:
+                n = getattr(stream, 'dropped_telemetry', 0)
+            self._dropped[eid] = max(self._dropped.get(eid, 0), int(n))
+        return sum(self._dropped.values())
 
     def close(self) -> None:
         """End any running episode and close the client (blocking; call at shutdown)."""
