@@ -407,6 +407,10 @@ class Policy:
         tel = ep.telemetry.flush() if ep.telemetry is not None else None
         if tel:
             ep.stream.send_telemetry(tel)
+        if ep.stream.dropped_telemetry:
+            LOG.warning('episode %s: %d capture frames were dropped (send queue full)', out.episode_id,
+                        ep.stream.dropped_telemetry)
+            out = dataclasses.replace(out, dropped_telemetry=ep.stream.dropped_telemetry)
         ep.stream.close(pb.EpisodeEnd(reason=out.reason, actions=out.actions, chunks=out.chunks,
                                       underruns=out.underruns, underrun_s=out.underrun_s,
                                       max_seam_jump=out.max_seam_jump))

@@ -80,6 +80,7 @@ class EpisodeReport:
     latency_p50_ms: float = 0.0
     latency_p95_ms: float = 0.0
     commands_sent: int = 0
+    dropped_telemetry: int = 0
 
 
 def episode_settings(instruction: str, max_seconds: float, *, max_actions: int = 0, smooth_seam: int = 0,
@@ -206,7 +207,8 @@ class Runner:
         self.last_result = EpisodeReport(
             ep.id, final, ep.message, *(() if outcome is None else (
                 outcome.actions, outcome.chunks, outcome.underruns, outcome.underrun_s, outcome.max_seam_jump,
-                outcome.elapsed_s, outcome.latency_p50_ms, outcome.latency_p95_ms)), commands_sent=ep.sent)
+                outcome.elapsed_s, outcome.latency_p50_ms, outcome.latency_p95_ms)), commands_sent=ep.sent,
+            dropped_telemetry=outcome.dropped_telemetry if outcome is not None else 0)
         self._log('info', f'episode {ep.id} ended: {final} {ep.message}'.strip())
         ep.done.set()
 
