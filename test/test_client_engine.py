@@ -44,10 +44,10 @@ class Rig:
         self.now = 0.0
         self.sent: list[OutRequest] = []
         settings.setdefault('control_period', dt)
-        settings.setdefault('fixed_step', True)
+        fixed_step = settings.pop('fixed_step', True)
         self.latency = LatencyWindow()
         self.engine = EpisodeEngine(self.contract, EpisodeSettings(**settings), 'ep', self.latency,
-                                    send=self.sent.append, clock=lambda: self.now)
+                                    send=self.sent.append, clock=lambda: self.now, fixed_step=fixed_step)
         self.executed: list = []
 
     def obs(self, state=(0.0, 0.0)) -> Observation:

@@ -11,30 +11,17 @@ act()/run() turn it into reason ``validate`` after firing hold; next_action() ra
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Mapping
 from typing import Any
 
+from sequence_ai_ros.client.settings import check_positive
 from sequence_ai_ros.exceptions import ContractViolation
 from sequence_ai_ros.protocol.contract import Contract
 from sequence_ai_ros.protocol.messages import check_state
 from sequence_ai_ros.protocol.types import Observation
 
-
-def positive(name: str, value: Any, *, required: bool = False) -> None:
-    """Check an optional limit or period: None (unless ``required``) or a finite real number > 0.
-
-    :param name: the argument's name, for the message.
-    :param value: the value (s, chunk steps...).
-    :raises TypeError: for a bool, a non-number, or None when ``required``.
-    :raises ValueError: for a non-finite number or one <= 0.
-    """
-    if value is None and not required:
-        return
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f'{name} must be a number, got {type(value).__name__} {value!r}')
-    if not (value > 0 and value != float('inf')):     # NaN fails the first test
-        raise ValueError(f'{name} must be a positive finite number, got {value!r}')
+#: Check an optional limit or period (defined once, with EpisodeSettings).
+positive = check_positive
 
 
 def observation(value: Observation | Mapping[str, Any], contract: Contract) -> Observation:

@@ -26,6 +26,7 @@ from sequence_ai_ros.client import resample
 from sequence_ai_ros.client.latency import LatencyWindow, percentile
 from sequence_ai_ros.client.outcome import RunOutcome
 from sequence_ai_ros.client.sampling import History
+from sequence_ai_ros.client.settings import EpisodeSettings
 from sequence_ai_ros.exceptions import ActionSpaceMismatch, ContractViolation, PolicyException, SequenceAIError
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import Contract
@@ -44,34 +45,6 @@ MIN_LEAD_FRACTION = 0.25
 #: the arm in one endless underrun). Overridden per episode by ``chunk_timeout``.
 CHUNK_TIMEOUT_MIN_S = 10.0
 CHUNK_TIMEOUT_COVERS = 10.0
-
-
-@dataclasses.dataclass(frozen=True)
-class EpisodeSettings:
-    """How one episode is driven.
-
-    :param instruction: the pinned instruction (act/run overwrite each observation's with it when set).
-    :param max_seconds: end with 'timeout' after this many seconds (s), or None.
-    :param max_actions: end with 'completed' after this many chunk steps, or None.
-    :param prefetch: request the next chunk while the current one plays; False requests only when empty.
-    :param smooth_seam: rows to cross-fade at each seam (absolute spaces, never the first chunk).
-    :param expect_action_space: the space the caller commands; other chunks end the episode 'validate'.
-    :param control_period: the caller's period (s); None measures it from the ticks.
-    :param fixed_step: advance exactly ``control_period`` per emitted action (act/run pacing) instead of
-        by the clock (next_action).
-    :param chunk_timeout: seconds a request may stay unanswered before the episode ends with 'error' (s);
-        None: ``max(CHUNK_TIMEOUT_MIN_S, CHUNK_TIMEOUT_COVERS * covers_seconds)``.
-    """
-
-    instruction: str = ''
-    max_seconds: float | None = None
-    max_actions: float | None = None
-    prefetch: bool = True
-    smooth_seam: int = 0
-    expect_action_space: ActionSpace | None = None
-    control_period: float | None = None
-    fixed_step: bool = False
-    chunk_timeout: float | None = None
 
 
 def chunk_timeout_s(contract: Contract, chunk_timeout: float | None = None) -> float:
@@ -123,12 +96,15 @@ class EpisodeEngine:
     :param send: enqueues an :class:`OutRequest`; must not block.
     :param wake: set whenever the episode finishes, so a pacing wait ends early.
     :param clock: the robot's monotonic clock (s).
+    :param fixed_step: advance exactly ``control_period`` per emitted action (act/run pacing) instead of
+        by the clock (next_action).
     """
 
     def __init__(self, contract: Contract, settings: EpisodeSettings, episode_id: str, latency: LatencyWindow,
                  send: Callable[[OutRequest], None], wake: threading.Event | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, *, fixed_step: bool = False) -> None:
         self.contract, self.settings, self.episode_id = contract, settings, episode_id
+        self.fixed_step = fixed_step
         self._latency, self._send, self._wake, self._clock = latency, send, wake, clock
         self._lock = threading.RLock()
         self._space = settings.expect_action_space or contract.action_space
@@ -299,16 +275,16 @@ class EpisodeEngine:
         live = self._live
         if self._emit_t is None or live is None:
             return 0.0
-        adv = self._emit_step if self.settings.fixed_step else (now - self._emit_t) / live.dt
+        adv = self._emit_step if self.fixed_step else (now - self._emit_t) / live.dt
         return max(0.0, min(adv, live.length - live.pos))
 
     def _advance(self, now: float) -> None:
         live = self._live
         if self._emit_t is not None and live is not None:
             whole = live.length - live.pos
-            want = self._emit_step if self.settings.fixed_step else (now - self._emit_t) / live.dt
+            want = self._emit_step if self.fixed_step else (now - self._emit_t) / live.dt
             adv = max(0.0, min(want, whole))
-            if not self.settings.fixed_step and want > whole + _EPS and self._dry_since is None:
+            if not self.fixed_step and want > whole + _EPS and self._dry_since is None:
                 # The chunk ran out between two ticks: the dry spell began when it did, not at this tick.
                 self.underruns += 1
                 self._dry_since = self._emit_t + whole * live.dt

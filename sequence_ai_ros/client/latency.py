@@ -57,11 +57,6 @@ class LatencyWindow:
             else:
                 self._warm.append(float(seconds))
 
-    @property
-    def cold_s(self) -> float | None:
-        """The cold first round trip (s), or None before any."""
-        return self._cold
-
     def samples(self) -> list[float]:
         """The warm samples (s), oldest first."""
         with self._lock:

@@ -30,6 +30,8 @@ class RunOutcome:
     :param episode_id: the episode's id.
     :param skipped: stale actions skipped at chunk switches, in chunk steps (counted, never estimated).
     :param smooth_seam_ignored: True when smooth_seam > 0 was asked on a delta or velocity space (a no-op).
+    :param dropped_telemetry: capture frames (telemetry) lost on the robot because the send queue was full
+        (0 when nothing was lost or the episode was not captured).
     :param error: the typed exception behind reason ``validate`` or ``error``; None otherwise, and for an
         ``error`` that the caller's own code raised (that exception propagates from act()/run()).
     """
@@ -47,6 +49,7 @@ class RunOutcome:
     skipped: int = 0
     smooth_seam_ignored: bool = False
     error: SequenceAIError | None = None
+    dropped_telemetry: int = 0
 
     def __post_init__(self) -> None:
         if self.reason not in REASONS:

@@ -16,12 +16,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from sequence_ai_ros.client import checks
-from sequence_ai_ros.client.engine import EpisodeEngine, EpisodeSettings
+from sequence_ai_ros.client.engine import EpisodeEngine
 from sequence_ai_ros.client.latency import LatencyWindow
 from sequence_ai_ros.client.outcome import RunOutcome
 from sequence_ai_ros.client.pacing import Pacer, ThreadGuard
 from sequence_ai_ros.client.sampling import TelemetryBuffer
-from sequence_ai_ros.client.session import Connection, EpisodeStream, TlsLike, resolve_endpoint
+from sequence_ai_ros.client.session import Connection, EpisodeCall, TlsLike, resolve_endpoint
+from sequence_ai_ros.client.settings import EpisodeSettings
 from sequence_ai_ros.exceptions import CaptureError, ContractViolation, EpisodeStateError, NotReady
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import Contract
@@ -33,10 +34,10 @@ ObserveFn = Callable[[], Observation | Mapping[str, Any]]
 ActFn = Callable[[Action], Any]
 
 
-class _Episode:
+class _OpenEpisode:
     """An open episode: its engine, its stream, its capture state."""
 
-    def __init__(self, engine: EpisodeEngine, stream: EpisodeStream) -> None:
+    def __init__(self, engine: EpisodeEngine, stream: EpisodeCall) -> None:
         self.engine, self.stream = engine, stream
         self.telemetry: TelemetryBuffer | None = None
         self.closed: RunOutcome | None = None
@@ -73,7 +74,7 @@ class Policy:
         self._guard = ThreadGuard(f'Policy({model!r})')
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._episode: _Episode | None = None
+        self._episode: _OpenEpisode | None = None
         self._last_episode_id: str | None = None
         self._closed = False
 
@@ -147,8 +148,10 @@ class Policy:
     def begin_episode(self, instruction: str = '', episode_id: str | None = None, *, max_seconds: float | None = None,
                       max_actions: float | None = None, prefetch: bool = True, smooth_seam: int = 0,
                       expect_action_space: str | ActionSpace | None = None, control_period: float | None = None,
-                      chunk_timeout: float | None = None, _fixed_step: bool = False) -> str:
+                      chunk_timeout: float | None = None, settings: EpisodeSettings | None = None) -> str:
         """Open an episode (one Episode stream) and return its id; the first next_action() requests a chunk.
+
+        Optional: next_action() opens an episode with the default settings when none is open.
 
         :param instruction: the task, pinned for the episode.
         :param episode_id: its id (default a new uuid4 hex).
@@ -161,17 +164,24 @@ class Policy:
         :param chunk_timeout: the no-chunk deadline (s): a request unanswered this long ends the episode
             with reason 'error' and a PolicyException; None: ``max(10 s, 10 * covers_seconds)``
             (:data:`~sequence_ai_ros.client.engine.CHUNK_TIMEOUT_MIN_S`, ``CHUNK_TIMEOUT_COVERS``).
+        :param settings: all of the above as one :class:`EpisodeSettings` (then leave them at their defaults).
         :raises EpisodeStateError: when an episode is still running on this handle.
-        :raises TypeError: for a bool or a non-number as a limit, period or chunk_timeout.
+        :raises TypeError: for a bool or a non-number as a limit, period or chunk_timeout; for ``settings``
+            together with other options.
         :raises ValueError: for a negative smooth_seam, a non-finite or non-positive period, limit or chunk_timeout.
         """
+        given = EpisodeSettings(instruction=instruction, max_seconds=max_seconds, max_actions=max_actions,
+                                prefetch=prefetch, smooth_seam=smooth_seam, expect_action_space=expect_action_space,
+                                control_period=control_period, chunk_timeout=chunk_timeout)
+        if settings is not None:
+            if given != EpisodeSettings():
+                raise TypeError('begin_episode(): pass settings= or the separate options, not both')
+            given = settings
+        return self._open(given, episode_id)
+
+    def _open(self, settings: EpisodeSettings, episode_id: str | None, fixed_step: bool = False) -> str:
         if self._closed:
             raise EpisodeStateError('this Policy is closed')
-        _check_limits(max_seconds=max_seconds, max_actions=max_actions, control_period=control_period,
-                      chunk_timeout=chunk_timeout)
-        if int(smooth_seam) < 0:
-            raise ValueError(f'smooth_seam must be >= 0, got {smooth_seam}')
-        space = ActionSpace.parse(expect_action_space) if expect_action_space is not None else None
         with self._lock:
             if self._episode is not None:
                 if self._episode.engine.outcome() is None:
@@ -179,19 +189,16 @@ class Policy:
                                             'end_episode() it first')
                 self._end_locked('completed')
             eid = episode_id or uuid.uuid4().hex
-            settings = EpisodeSettings(instruction=instruction, max_seconds=max_seconds, max_actions=max_actions,
-                                       prefetch=prefetch, smooth_seam=int(smooth_seam), expect_action_space=space,
-                                       control_period=control_period, fixed_step=_fixed_step,
-                                       chunk_timeout=chunk_timeout)
             self._wake.clear()
             holder: dict[str, Any] = {}
             engine = EpisodeEngine(self.contract, settings, eid, self.latency,
-                                   send=lambda req: holder['stream'].send_request(req), wake=self._wake)
-            stream = EpisodeStream(self._conn, self.model, eid, instruction, self.contract, on_chunk=engine.on_chunk,
-                                   on_error=engine.fail, on_started=lambda m: self._on_started(episode, m),
-                                   client_id=self.client_id)
+                                   send=lambda req: holder['stream'].send_request(req), wake=self._wake,
+                                   fixed_step=fixed_step)
+            stream = EpisodeCall(self._conn, self.model, eid, settings.instruction, self.contract,
+                                 on_chunk=engine.on_chunk, on_error=engine.fail,
+                                 on_started=lambda m: self._on_started(episode, m), client_id=self.client_id)
             holder['stream'] = stream
-            episode = _Episode(engine, stream)
+            episode = _OpenEpisode(engine, stream)
             self._episode = episode
             self._last_episode_id = eid
             stream.start()
@@ -277,10 +284,11 @@ class Policy:
             is lost, errs, or does not answer within ``chunk_timeout``.
         """
         checks.positive('max_seconds', max_seconds, required=True)
-        return self._drive(observe, act, instruction=instruction, pin=True, max_seconds=max_seconds, max_actions=None,
-                           until=until, on_underrun=on_underrun, episode_id=episode_id, prefetch=prefetch,
-                           smooth_seam=smooth_seam, expect_action_space=expect_action_space,
-                           control_period=control_period, chunk_timeout=chunk_timeout)
+        settings = EpisodeSettings(instruction=instruction, max_seconds=max_seconds, prefetch=prefetch,
+                                   smooth_seam=smooth_seam, expect_action_space=expect_action_space,
+                                   control_period=control_period, chunk_timeout=chunk_timeout)
+        return self._drive(observe, act, settings, pin=True, until=until, on_underrun=on_underrun,
+                           episode_id=episode_id)
 
     def run(self, observe: ObserveFn, act: ActFn, *, max_actions: int = 250,
             on_underrun: Callable[[], Any] | None = None, prefetch: bool = True, smooth_seam: int = 0,
@@ -298,27 +306,22 @@ class Policy:
         :raises ConnectionLost, NotReady, PolicyException, SequenceAIError: after firing hold, when the worker
             is lost, errs, or does not answer within ``chunk_timeout``.
         """
-        return self._drive(observe, act, instruction=instruction or '', pin=instruction is not None,
-                           max_seconds=max_seconds, max_actions=max_actions, until=None, on_underrun=on_underrun,
-                           episode_id=episode_id, prefetch=prefetch, smooth_seam=smooth_seam,
-                           expect_action_space=expect_action_space, control_period=control_period,
-                           chunk_timeout=chunk_timeout)
+        settings = EpisodeSettings(instruction=instruction or '', max_seconds=max_seconds, max_actions=max_actions,
+                                   prefetch=prefetch, smooth_seam=smooth_seam, expect_action_space=expect_action_space,
+                                   control_period=control_period, chunk_timeout=chunk_timeout)
+        return self._drive(observe, act, settings, pin=instruction is not None, until=None, on_underrun=on_underrun,
+                           episode_id=episode_id)
 
     # -- internals ------------------------------------------------------------------------------------
 
-    def _drive(self, observe: ObserveFn, act: ActFn, *, instruction: str, pin: bool, max_seconds: float | None,
-               max_actions: float | None, until: Callable[[], bool] | None, on_underrun: Callable[[], Any] | None,
-               episode_id: str | None, prefetch: bool, smooth_seam: int,
-               expect_action_space: str | ActionSpace | None, control_period: float | None,
-               chunk_timeout: float | None) -> RunOutcome:
-        _check_limits(max_seconds=max_seconds, max_actions=max_actions, control_period=control_period,
-                      chunk_timeout=chunk_timeout)
+    def _drive(self, observe: ObserveFn, act: ActFn, settings: EpisodeSettings, *, pin: bool,
+               until: Callable[[], bool] | None, on_underrun: Callable[[], Any] | None,
+               episode_id: str | None) -> RunOutcome:
+        instruction = settings.instruction
         with self._guard:
             self.wait_until_ready()      # one Ready call when warm; waits out warming before the first action
-            period = self.contract.dt if control_period is None else control_period
-            self.begin_episode(instruction, episode_id, max_seconds=max_seconds, max_actions=max_actions,
-                               prefetch=prefetch, smooth_seam=smooth_seam, expect_action_space=expect_action_space,
-                               control_period=period, chunk_timeout=chunk_timeout, _fixed_step=True)
+            period = self.contract.dt if settings.control_period is None else settings.control_period
+            self._open(dataclasses.replace(settings, control_period=period), episode_id, fixed_step=True)
             engine = self._episode.engine
             holding = False              # set before on_underrun is called, so a raising hold is not repeated
             end_reason = 'interrupted'
@@ -388,7 +391,7 @@ class Policy:
                 ep.stream.send_telemetry(batch)
         return action
 
-    def _on_started(self, episode: _Episode, msg: pb.EpisodeStarted) -> None:
+    def _on_started(self, episode: _OpenEpisode, msg: pb.EpisodeStarted) -> None:
         if msg.capture and msg.capture_fps > 0:
             episode.telemetry = TelemetryBuffer(msg.capture_fps, msg.capture_images)
 
@@ -404,20 +407,15 @@ class Policy:
         tel = ep.telemetry.flush() if ep.telemetry is not None else None
         if tel:
             ep.stream.send_telemetry(tel)
+        if ep.stream.dropped_telemetry:
+            LOG.warning('episode %s: %d capture frames were dropped (send queue full)', out.episode_id,
+                        ep.stream.dropped_telemetry)
+            out = dataclasses.replace(out, dropped_telemetry=ep.stream.dropped_telemetry)
         ep.stream.close(pb.EpisodeEnd(reason=out.reason, actions=out.actions, chunks=out.chunks,
                                       underruns=out.underruns, underrun_s=out.underrun_s,
                                       max_seam_jump=out.max_seam_jump))
         ep.closed = out
         return out
-
-
-def _check_limits(**limits: float | None) -> None:
-    """Check optional limits and periods by name (None, or a finite real number > 0).
-
-    :raises TypeError: for a bool or a non-number. :raises ValueError: for a non-finite or non-positive number.
-    """
-    for name, value in limits.items():
-        checks.positive(name, value)
 
 
 def connect(model: str, *, endpoint: str | None = None, token: str | None = None, tls: TlsLike = None,

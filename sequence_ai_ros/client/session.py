@@ -1,6 +1,6 @@
 """The gRPC side of the client: one channel per connect(), one Episode bidi stream per episode.
 
-Threads (named, owned by :class:`EpisodeStream`, stopped by :meth:`EpisodeStream.close` with timed joins):
+Threads (named, owned by :class:`EpisodeCall`, stopped by :meth:`EpisodeCall.close` with timed joins):
 
 - ``seq-send-<episode>`` packs what the engine enqueued (observation requests with images encoded,
   telemetry batches, EpisodeEnd) into protobuf messages; nothing is encoded on the control thread.
@@ -135,7 +135,7 @@ def _pack_telemetry(frames: list[TelemetrySample], contract: Contract) -> pb.Tel
     return out
 
 
-class EpisodeStream:
+class EpisodeCall:
     """One Episode call: EpisodeStart, requests, telemetry and EpisodeEnd out; replies to callbacks.
 
     :param conn: the connection.

@@ -26,7 +26,7 @@ from std_srvs.srv import Trigger
 
 from sequence_ai_ros.exceptions import ConfigError, ContractViolation, SequenceAIError
 from sequence_ai_ros.node.policy_node import PolicyNode
-from sequence_ai_ros.node.runner import Result
+from sequence_ai_ros.node.runner import EpisodeReport, episode_settings
 
 #: Reasons that end an Act goal as succeeded; the others abort it (interrupted: canceled if asked).
 SUCCESS_REASONS = ('completed', 'until', 'timeout')
@@ -78,11 +78,9 @@ class PolicyInterface(Node):
     def _execute(self, goal_handle: Any) -> Act.Result:
         goal = goal_handle.request
         try:
-            if not goal.max_seconds > 0:
-                raise ConfigError(f'max_seconds is required and must be > 0, got {goal.max_seconds}')
-            eid = self.runner.start(goal.instruction, goal.max_seconds, max_actions=goal.max_actions,
-                                    smooth_seam=goal.smooth_seam, prefetch=goal.prefetch,
-                                    episode_id=goal.episode_id)
+            settings = episode_settings(goal.instruction, goal.max_seconds, max_actions=goal.max_actions,
+                                        smooth_seam=goal.smooth_seam, prefetch=goal.prefetch)
+            eid = self.runner.start(settings, goal.episode_id)
         except SequenceAIError as exc:
             goal_handle.abort()
             return Act.Result(reason=_refusal(exc), episode_id=goal.episode_id, message=str(exc))
@@ -122,7 +120,7 @@ class PolicyInterface(Node):
                             elapsed_s=time.monotonic() - ep.started if ep is not None else 0.0)
 
     @staticmethod
-    def _result(r: Result) -> Act.Result:
+    def _result(r: EpisodeReport) -> Act.Result:
         return Act.Result(reason=r.reason, episode_id=r.episode_id, actions=r.actions, chunks=r.chunks,
                           underruns=r.underruns, underrun_s=float(r.underrun_s),
                           max_seam_jump=float(r.max_seam_jump), elapsed_s=float(r.elapsed_s),
@@ -132,8 +130,8 @@ class PolicyInterface(Node):
     # -- services ------------------------------------------------------------------------------------
     def _start(self, req: StartEpisode.Request, resp: StartEpisode.Response) -> StartEpisode.Response:
         try:
-            resp.episode_id = self.runner.start(req.instruction, req.max_seconds, max_actions=req.max_actions,
-                                                episode_id=req.episode_id)
+            settings = episode_settings(req.instruction, req.max_seconds, max_actions=req.max_actions)
+            resp.episode_id = self.runner.start(settings, req.episode_id)
             resp.accepted, resp.message = True, f'episode {resp.episode_id} started'
         except SequenceAIError as exc:
             resp.accepted, resp.episode_id = False, req.episode_id

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from sequence_ai_ros.client.settings import EpisodeSettings
 from sequence_ai_ros.exceptions import (
     ConfigError,
     ConnectionLost,
@@ -64,7 +65,7 @@ class EpisodeRun:
 
 
 @dataclasses.dataclass(frozen=True)
-class Result:
+class EpisodeReport:
     """How an episode ended, as the node reports it (Act result, EndEpisode response)."""
 
     episode_id: str
@@ -79,6 +80,22 @@ class Result:
     latency_p50_ms: float = 0.0
     latency_p95_ms: float = 0.0
     commands_sent: int = 0
+    dropped_telemetry: int = 0
+
+
+def episode_settings(instruction: str, max_seconds: float, *, max_actions: int = 0, smooth_seam: int = 0,
+                     prefetch: bool = True) -> EpisodeSettings:
+    """Build the settings of an Act goal or StartEpisode request (0 means no max_actions).
+
+    :raises ConfigError: for max_seconds <= 0, a negative max_actions or smooth_seam.
+    """
+    if not max_seconds > 0:
+        raise ConfigError(f'max_seconds is required and must be > 0, got {max_seconds}')
+    try:
+        return EpisodeSettings(instruction=instruction, max_seconds=max_seconds, max_actions=max_actions or None,
+                               smooth_seam=smooth_seam, prefetch=prefetch)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
 
 
 class Runner:
@@ -113,7 +130,7 @@ class Runner:
         self.ready = False
         self.episode: EpisodeRun | None = None
         self.last_episode_id = ''
-        self.last_result: Result | None = None
+        self.last_result: EpisodeReport | None = None
         self.last_command: np.ndarray | None = None   # command order, float64
         self.last_snapshot: Snapshot | None = None
         self.holding = False
@@ -186,10 +203,11 @@ class Runner:
         final = ep.end_reason or (outcome.reason if outcome is not None else reason)
         if outcome is not None and outcome.error is not None and not ep.message:
             ep.message = str(outcome.error)
-        self.last_result = Result(
+        self.last_result = EpisodeReport(
             ep.id, final, ep.message, *(() if outcome is None else (
                 outcome.actions, outcome.chunks, outcome.underruns, outcome.underrun_s, outcome.max_seam_jump,
-                outcome.elapsed_s, outcome.latency_p50_ms, outcome.latency_p95_ms)), commands_sent=ep.sent)
+                outcome.elapsed_s, outcome.latency_p50_ms, outcome.latency_p95_ms)), commands_sent=ep.sent,
+            dropped_telemetry=outcome.dropped_telemetry if outcome is not None else 0)
         self._log('info', f'episode {ep.id} ended: {final} {ep.message}'.strip())
         ep.done.set()
 
@@ -215,17 +233,19 @@ class Runner:
                                     f'has {len(self.cfg.joints.names)}')
         self.commands.bind(contract)
 
-    def start(self, instruction: str, max_seconds: float, *, max_actions: int = 0, smooth_seam: int = 0,
-              prefetch: bool = True, episode_id: str = '') -> str:
+    def start(self, settings: EpisodeSettings, episode_id: str = '') -> str:
         """Begin an episode (blocking gRPC; call from a service thread); return its id.
 
+        :param settings: how to drive it (:func:`episode_settings` builds them from a goal or request);
+            max_seconds is required; the node fills in its action space and control period.
+        :param episode_id: its id ('' makes one).
         :raises EpisodeStateError: when an episode is running.
-        :raises ConfigError: for max_seconds <= 0.
+        :raises ConfigError: for a missing max_seconds.
         :raises NotReady: (or ConnectionLost) when the worker is not connected.
         :raises ContractViolation: when :meth:`validate` refuses (reason 'validate').
         """
-        if not (max_seconds > 0):
-            raise ConfigError(f'max_seconds must be > 0, got {max_seconds}')
+        if settings.max_seconds is None:
+            raise ConfigError('max_seconds is required and must be > 0')
         with self._lock:
             running = self.episode
             if self._starting or (running is not None and not running.done.is_set()):
@@ -238,18 +258,13 @@ class Runner:
             self._starting = True
         try:
             self.validate(contract)
-            eid = policy.begin_episode(
-                instruction, episode_id or f'ep-{uuid.uuid4().hex[:12]}', max_seconds=max_seconds,
-                max_actions=max_actions or None, prefetch=prefetch, smooth_seam=smooth_seam,
-                expect_action_space=contract.action_space, control_period=self.cfg.period_s)
-        except ValueError as exc:
-            if isinstance(exc, SequenceAIError):
-                raise
-            raise ConfigError(str(exc)) from None   # e.g. a negative smooth_seam, refused by the client
+            settings = dataclasses.replace(settings, expect_action_space=contract.action_space,
+                                           control_period=self.cfg.period_s)
+            eid = policy.begin_episode(episode_id=episode_id or f'ep-{uuid.uuid4().hex[:12]}', settings=settings)
         finally:
             with self._lock:
                 self._starting = False
-        ep = EpisodeRun(str(eid), instruction, max_seconds, time.monotonic())
+        ep = EpisodeRun(str(eid), settings.instruction, settings.max_seconds, time.monotonic())
         with self._lock:
             self._starting = False
             self.episode = ep
@@ -283,7 +298,7 @@ class Runner:
         ep.stopped = True
         return ep.id
 
-    def wait(self, episode_id: str, timeout: float) -> Result | None:
+    def wait(self, episode_id: str, timeout: float) -> EpisodeReport | None:
         """Wait up to ``timeout`` s for the episode to end; return its result or None."""
         ep = self.episode
         if ep is None or ep.id != episode_id:

@@ -1,0 +1,90 @@
+"""EpisodeSettings (one definition of the episode options) and what an episode reports about itself.
+
+Against a real worker on loopback (``test/policies/client_latency.py``, 0 ms).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from doubles import CountingRobot
+
+from sequence_ai_ros.client import connect
+from sequence_ai_ros.client.sampling import TelemetrySample
+from sequence_ai_ros.client.settings import EpisodeSettings
+from sequence_ai_ros.protocol.spaces import ActionSpace
+from sequence_ai_ros.worker import serve_policy_file
+
+LATENCY_POLICY = Path(__file__).parent / 'policies' / 'client_latency.py'
+
+
+@pytest.fixture
+def endpoint():
+    server = serve_policy_file(LATENCY_POLICY, deployment='lat', host='127.0.0.1', port=0)
+    yield f'127.0.0.1:{server.port}'
+    server.stop(grace=0.5)
+
+
+def test_settings_are_validated_once_on_construction():
+    s = EpisodeSettings(instruction='pick', max_seconds=2, smooth_seam=3, expect_action_space='joint_delta')
+    assert s.expect_action_space is ActionSpace.JOINT_DELTA and s.smooth_seam == 3 and s.prefetch
+    with pytest.raises(TypeError, match='max_seconds'):
+        EpisodeSettings(max_seconds=True)
+    with pytest.raises(TypeError, match='chunk_timeout'):
+        EpisodeSettings(chunk_timeout='5')
+    for name in ('max_seconds', 'max_actions', 'control_period', 'chunk_timeout'):
+        for bad in (0, -1.0, math.inf, math.nan):
+            with pytest.raises(ValueError, match=name):
+                EpisodeSettings(**{name: bad})
+    with pytest.raises(ValueError, match='smooth_seam'):
+        EpisodeSettings(smooth_seam=-1)
+    with pytest.raises(ValueError, match='unknown action_space'):
+        EpisodeSettings(expect_action_space='teleport')
+    with pytest.raises(TypeError, match='instruction'):
+        EpisodeSettings(instruction=None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.max_seconds = 3
+
+
+def test_begin_episode_takes_settings_or_the_seed_keywords_never_both(endpoint):
+    with connect('lat', endpoint=endpoint) as policy:
+        policy.wait_until_ready(timeout=30)
+        eid = policy.begin_episode(episode_id='s1', settings=EpisodeSettings(instruction='pick', max_actions=3))
+        assert eid == 's1'
+        robot = CountingRobot()
+        for _ in range(2000):
+            action = policy.next_action(robot.observe())
+            if policy.episode_outcome() is not None:
+                break
+            if action is not None and not action.hold:
+                robot.act(action)
+            time.sleep(0.005)
+        out = policy.end_episode()
+        assert out.reason == 'completed' and out.actions == 3
+        with pytest.raises(TypeError, match='not both'):
+            policy.begin_episode('pick', settings=EpisodeSettings(max_actions=3))
+        with pytest.raises(ValueError, match='smooth_seam'):
+            policy.begin_episode('pick', smooth_seam=-2)
+
+
+def test_lost_capture_frames_are_reported_in_the_outcome(endpoint):
+    """Frames the send queue could not take are counted and reported (RunOutcome.dropped_telemetry)."""
+    image = np.random.default_rng(0).integers(0, 255, (480, 640, 3), np.uint8)
+    with connect('lat', endpoint=endpoint) as policy:
+        policy.wait_until_ready(timeout=30)
+        policy.begin_episode('pick', max_seconds=30)
+        call = policy._episode.stream
+        frame = TelemetrySample(robot_time_s=0.0, state=np.zeros(2, np.float32), action=None, hold=True,
+                                images={'cam': image})
+        for _ in range(2000):                        # JPEG-encoding each takes far longer than enqueueing
+            call.send_telemetry([frame])
+        lost = call.dropped_telemetry
+        out = policy.end_episode('completed')
+    assert lost > 0
+    assert out.dropped_telemetry >= lost
+    assert str(out).startswith('RunOutcome(')
