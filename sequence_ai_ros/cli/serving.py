@@ -84,22 +84,14 @@ def _read_token(path: str | None) -> str | None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """``seq serve NAME``: serve until SIGINT/SIGTERM, then stop gracefully."""
-    from sequence_ai_ros.protocol import DEFAULT_PORT
     from sequence_ai_ros.worker.server import create_server, serve_policy_file
 
     logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
-    if bool(args.tls_cert) != bool(args.tls_key):
-        raise ConfigError('--tls-cert and --tls-key go together')
-    tls = (args.tls_cert, args.tls_key) if args.tls_cert else None
-    port = DEFAULT_PORT if args.port is None else args.port
-    common: dict[str, Any] = dict(host=args.host, port=port, token=_read_token(args.token_file), tls=tls,
-                                  idle_timeout_s=args.idle_timeout, warm=args.warm,
-                                  inference_timeout_s=args.inference_timeout, load_timeout_s=args.load_timeout,
-                                  max_streams=args.max_streams)
+    config = server_config(args)
     if len(args.names) == 1 and args.names[0].endswith('.py') and Path(args.names[0]).is_file():
-        server = serve_policy_file(args.names[0], home=None, **common)
+        server = serve_policy_file(args.names[0], config=config, home=None)
     else:
-        server = create_server(args.names, **common)
+        server = create_server(args.names, config)
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -113,6 +105,36 @@ def cmd_serve(args: argparse.Namespace) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 0
+
+
+def server_config(args: argparse.Namespace) -> Any:
+    """Return the :class:`~sequence_ai_ros.worker.config.ServerConfig` that ``seq serve``'s ``args`` describe.
+
+    :raises ConfigError: for --tls-cert without --tls-key (or the reverse), an empty token file or an invalid
+        value.
+    """
+    from sequence_ai_ros.worker.config import ServerConfig, cli_options
+
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise ConfigError('--tls-cert and --tls-key go together')
+    tls = (args.tls_cert, args.tls_key) if args.tls_cert else None
+    return ServerConfig(token=_read_token(args.token_file), tls=tls,
+                        **{name: getattr(args, name) for name, _, _ in cli_options()})
+
+
+def add_server_options(parser: argparse.ArgumentParser) -> None:
+    """Add ``seq serve``'s worker options (from :class:`~sequence_ai_ros.worker.config.ServerConfig`) to ``parser``."""
+    from sequence_ai_ros.worker.config import cli_options
+
+    options = dict((name, (flag, kwargs)) for name, flag, kwargs in cli_options())
+    for name in ('host', 'port'):
+        flag, kwargs = options.pop(name)
+        parser.add_argument(flag, **kwargs)
+    parser.add_argument('--token-file', help='file holding the token every call must carry')
+    parser.add_argument('--tls-cert', help='PEM certificate chain, to serve TLS (with --tls-key)')
+    parser.add_argument('--tls-key', help='PEM private key')
+    for flag, kwargs in options.values():
+        parser.add_argument(flag, **kwargs)
 
 
 def cmd_deployments(args: argparse.Namespace) -> int:
@@ -210,20 +232,7 @@ def add_parsers(sub: Any, groups: dict[str, Any]) -> None:
 
     p = sub.add_parser('serve', help='serve deployments to robots over gRPC')
     p.add_argument('names', nargs='+', metavar='NAME', help='deployment name(s), or a policy.py to serve unregistered')
-    p.add_argument('--host', default='127.0.0.1', help='bind address (default 127.0.0.1; 0.0.0.0 exposes it)')
-    p.add_argument('--port', type=int, default=None, help='TCP port (default 50551; 0 picks a free one)')
-    p.add_argument('--token-file', help='file holding the token every call must carry')
-    p.add_argument('--tls-cert', help='PEM certificate chain, to serve TLS (with --tls-key)')
-    p.add_argument('--tls-key', help='PEM private key')
-    p.add_argument('--idle-timeout', type=float, default=300.0, help='end an idle episode after S seconds')
-    p.add_argument('--warm', action='store_true', help='load the policies now instead of at the first client')
-    p.add_argument('--inference-timeout', type=float, default=30.0, metavar='S',
-                   help='an inference over S seconds gets POLICY_EXCEPTION and marks the deployment failed '
-                        '(default 30)')
-    p.add_argument('--load-timeout', type=float, default=600.0, metavar='S',
-                   help='a policy load over S seconds marks the deployment failed (default 600)')
-    p.add_argument('--max-streams', type=int, default=256, metavar='N',
-                   help='most episode streams open at once; more get OVERLOADED (default 256)')
+    add_server_options(p)
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser('deployments', help='list deployments')

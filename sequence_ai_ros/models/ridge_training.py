@@ -56,7 +56,7 @@ BASELINES = ('hold_state', 'hold_last_action', 'mean_action')
 
 
 @dataclasses.dataclass
-class _Episode:
+class _EpisodeWindows:
     """One episode's arrays at every evaluable frame t = 0 .. N-H."""
 
     x: np.ndarray        # (n, D, len(CHANNELS)) all channels
@@ -104,17 +104,17 @@ def parse_episodes(text: str) -> list[int]:
     return sorted(out)
 
 
-def _prepare(ds: LeRobotDataset, k: int, horizon: int) -> _Episode:
+def _prepare(ds: LeRobotDataset, k: int, horizon: int) -> _EpisodeWindows:
     ep = ds.episode(k)
     n = len(ep) - horizon + 1
     if n <= 0:
         raise ConfigError(f'episode {k} has {len(ep)} frames, fewer than the horizon H={horizon}')
     x = ridge.episode_channels(ridge.CHANNELS, ep.state, ep.action, 1.0 / ds.fps)
-    return _Episode(x=x[:n], targets=ridge.action_windows(ep.action, horizon),
+    return _EpisodeWindows(x=x[:n], targets=ridge.action_windows(ep.action, horizon),
                     base=ridge.last_actions(ep.state, ep.action)[:n], state=ep.state[:n], actions=ep.action)
 
 
-def _fit(eps: Sequence[_Episode], candidate: tuple[str, tuple[str, ...], bool, bool], lams: Sequence[float],
+def _fit(eps: Sequence[_EpisodeWindows], candidate: tuple[str, tuple[str, ...], bool, bool], lams: Sequence[float],
          dt: float, ds: LeRobotDataset) -> list[ridge.RidgeModel]:
     """Fit ``candidate`` on ``eps`` for every lambda in ``lams``."""
     _, chans, coupled, residual = candidate
@@ -125,31 +125,31 @@ def _fit(eps: Sequence[_Episode], candidate: tuple[str, tuple[str, ...], bool, b
                                      state_names=ds.state_names, action_names=ds.action_names)
 
 
-def _folds(eps: list[_Episode], blocks: int = 5) -> list[tuple[list[_Episode], list[_Episode]]]:
+def _folds(eps: list[_EpisodeWindows], blocks: int = 5) -> list[tuple[list[_EpisodeWindows], list[_EpisodeWindows]]]:
     """Cross-validation folds: leave one episode out; a single episode is cut into contiguous time blocks."""
     if len(eps) > 1:
         return [(eps[:i] + eps[i + 1:], [eps[i]]) for i in range(len(eps))]
     ep = eps[0]
     edges = np.linspace(0, len(ep.state), blocks + 1).astype(int)
-    parts = [_Episode(x=ep.x[a:b], targets=ep.targets[a:b], base=ep.base[a:b], state=ep.state[a:b],
+    parts = [_EpisodeWindows(x=ep.x[a:b], targets=ep.targets[a:b], base=ep.base[a:b], state=ep.state[a:b],
                       actions=ep.actions) for a, b in zip(edges[:-1], edges[1:], strict=True) if b > a]
     return [(parts[:i] + parts[i + 1:], [parts[i]]) for i in range(len(parts))]
 
 
-def _mae(pred: np.ndarray, eps: Sequence[_Episode]) -> float:
+def _mae(pred: np.ndarray, eps: Sequence[_EpisodeWindows]) -> float:
     """Mean absolute error over all windows, steps and dims of ``eps`` (pred: (n, H, D) concatenated)."""
     targets = np.concatenate([e.targets for e in eps])
     return float(np.abs(pred - targets).mean())
 
 
-def model_error(model: ridge.RidgeModel, eps: Sequence[_Episode]) -> float:
+def model_error(model: ridge.RidgeModel, eps: Sequence[_EpisodeWindows]) -> float:
     """Return the model's MAE on prepared episodes."""
     idx = [ridge.CHANNELS.index(c) for c in model.channel_names]
     pred = np.concatenate([model.predict_batch(e.x[:, :, idx], e.base, guard=True) for e in eps])
     return _mae(pred, eps)
 
 
-def baseline_errors(train: Sequence[_Episode], test: Sequence[_Episode]) -> dict[str, float]:
+def baseline_errors(train: Sequence[_EpisodeWindows], test: Sequence[_EpisodeWindows]) -> dict[str, float]:
     """Return the MAE of each of :data:`BASELINES` on ``test`` (mean action from ``train``)."""
     h = test[0].targets.shape[1]
     mean = np.concatenate([e.actions for e in train]).mean(axis=0)

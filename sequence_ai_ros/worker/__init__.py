@@ -4,7 +4,9 @@ Layout (one concept per module):
 
 - :mod:`.server`: :func:`create_server` / :func:`serve_policy_file` -> :class:`WorkerServer` (port, stop,
   health service, token interceptor, TLS, keepalive, housekeeping thread).
-- :mod:`.servicer`: the thin ``PolicyService`` servicer.  :mod:`.episode_stream`: one Episode stream.
+- :mod:`.config`: :class:`ServerConfig`, every worker setting once (its defaults are ``seq serve``'s).
+- :mod:`.servicer`: the thin ``PolicyService`` servicer.  :mod:`.episode_call`: one Episode call
+  (:class:`EpisodeCallHandler`).
 - :mod:`.runtime`: one deployment (warming, episodes, inference, usage).  :mod:`.scheduler`: its single
   inference thread with per-episode round-robin (inference is serialized, not batched).
 - :mod:`.registry` and :mod:`.validate`: ``seq deploy`` (dry run) and the $SEQ_HOME registry.

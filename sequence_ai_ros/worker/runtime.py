@@ -29,6 +29,7 @@ from sequence_ai_ros.protocol import messages
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import Contract, clip
 from sequence_ai_ros.worker.capture_hook import EpisodeRecorder
+from sequence_ai_ros.worker.config import ServerConfig
 from sequence_ai_ros.worker.scheduler import InferenceScheduler
 from sequence_ai_ros.worker.usage import UsageMeter
 
@@ -37,10 +38,10 @@ LOG = logging.getLogger(__name__)
 DEFAULT_LOAD_ETA_S = 10.0
 #: Longest wait (s) for an episode-end hook before EpisodeEnded is sent anyway.
 HOOK_WAIT_S = 30.0
-#: Default deadline (s) of one inference call; past it the deployment is marked failed.
-DEFAULT_INFERENCE_TIMEOUT_S = 30.0
-#: Default deadline (s) of construct + load(); past it the deployment is marked failed.
-DEFAULT_LOAD_TIMEOUT_S = 600.0
+#: Default deadline (s) of one inference call; past it the deployment is marked failed (from ServerConfig).
+DEFAULT_INFERENCE_TIMEOUT_S = ServerConfig.inference_timeout_s
+#: Default deadline (s) of construct + load(); past it the deployment is marked failed (from ServerConfig).
+DEFAULT_LOAD_TIMEOUT_S = ServerConfig.load_timeout_s
 
 
 def describe(exc: BaseException) -> str:
@@ -122,7 +123,8 @@ class DeploymentRuntime:
     """
 
     def __init__(self, name: str, version: int, definition: PolicyDefinition, usage: UsageMeter,
-                 capture_store: Any | None = None, max_pending: int = 64, eta_hint_s: float | None = None,
+                 capture_store: Any | None = None, max_pending: int = ServerConfig.max_pending,
+                 eta_hint_s: float | None = None,
                  inference_timeout_s: float = DEFAULT_INFERENCE_TIMEOUT_S,
                  load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S) -> None:
         for what, value in (('inference_timeout_s', inference_timeout_s), ('load_timeout_s', load_timeout_s)):

@@ -1,6 +1,7 @@
 """Server factory: :func:`create_server` (registered deployments) and :func:`serve_policy_file` (one file).
 
-Both return a :class:`WorkerServer` with ``.port`` and ``.stop(grace)``. The server binds 127.0.0.1 by
+Both take a :class:`~sequence_ai_ros.worker.config.ServerConfig` (or its fields as keywords) and return a
+:class:`WorkerServer` with ``.port`` and ``.stop(grace)``. The server binds 127.0.0.1 by
 default, serves ``sequence_ai.v1.PolicyService`` and the standard ``grpc.health.v1.Health`` service
 (``''`` is SERVING while the server runs; each deployment is NOT_SERVING until its policy is ready), sets
 the max receive size from the contracts' ``max_message_bytes`` and keepalive options. With a ``token``,
@@ -36,18 +37,19 @@ from sequence_ai_ros.policy.loader import PolicyDefinition, load_policy_file
 from sequence_ai_ros.protocol import AUTH_METADATA, errors, messages
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
 from sequence_ai_ros.worker.capture_hook import open_store
+from sequence_ai_ros.worker.config import ServerConfig, field_names
 from sequence_ai_ros.worker.registry import Registry
-from sequence_ai_ros.worker.runtime import DEFAULT_INFERENCE_TIMEOUT_S, DEFAULT_LOAD_TIMEOUT_S, DeploymentRuntime
+from sequence_ai_ros.worker.runtime import DeploymentRuntime
 from sequence_ai_ros.worker.servicer import PolicyServicer
 from sequence_ai_ros.worker.usage import Usage, UsageMeter
 
 LOG = logging.getLogger(__name__)
-#: Default idle timeout of an episode (s): 5 minutes.
-DEFAULT_IDLE_TIMEOUT_S = 300.0
+#: Default idle timeout of an episode (s); kept for importers, defined by :class:`ServerConfig`.
+DEFAULT_IDLE_TIMEOUT_S = ServerConfig.idle_timeout_s
 USAGE_FLUSH_S = 10.0
 RETENTION_EVERY_S = 3600.0
-#: Default cap of concurrently open Episode streams.
-DEFAULT_MAX_STREAMS = 256
+#: Default cap of concurrently open Episode streams; kept for importers, defined by :class:`ServerConfig`.
+DEFAULT_MAX_STREAMS = ServerConfig.max_streams
 #: Handler threads kept free of episode streams for unary calls and health.
 UNARY_HEADROOM = 16
 KEEPALIVE_OPTIONS = [
@@ -100,27 +102,34 @@ def _read_pem(value: str | bytes | Path) -> bytes:
 
 
 class WorkerServer:
-    """A running worker: ``.port``, ``.address``, ``.stop(grace)``, ``.usage()``; a context manager."""
+    """A running worker: ``.port``, ``.address``, ``.stop(grace)``, ``.usage()``; a context manager.
 
-    def __init__(self, runtimes: dict[str, DeploymentRuntime], *, host: str = '127.0.0.1', port: int = 0,
-                 token: str | None = None, tls: tuple[Any, Any] | None = None,
-                 idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S, max_streams: int = DEFAULT_MAX_STREAMS,
-                 warm: bool = False) -> None:
-        if idle_timeout_s <= 0:
-            raise ConfigError(f'idle_timeout_s must be > 0, got {idle_timeout_s}')
-        if max_streams < 1:
-            raise ConfigError(f'max_streams must be >= 1, got {max_streams}')
-        self.runtimes = runtimes
-        self._stop = threading.Event()
-        self._stopped = False
+    :param runtimes: deployment name -> runtime (closed here when the server cannot start).
+    :param config: how to serve; default :meth:`ServerConfig.embedded`.
+    :param settings: :class:`ServerConfig` fields overriding ``config``.
+    :raises ConfigError: for an invalid setting or a port that cannot be bound.
+    """
+
+    def __init__(self, runtimes: dict[str, DeploymentRuntime], config: ServerConfig | None = None,
+                 **settings: Any) -> None:
         try:
-            self._server, self.servicer, self.health = self._build(host, port, token, tls, idle_timeout_s, max_streams)
+            config = _config(config, settings)
         except BaseException:
             for runtime in runtimes.values():
                 runtime.close(timeout=1.0)
             raise
-        self.host = host
-        self.tls = tls is not None
+        self.config = config
+        self.runtimes = runtimes
+        self._stop = threading.Event()
+        self._stopped = False
+        try:
+            self._server, self.servicer, self.health = self._build(config)
+        except BaseException:
+            for runtime in runtimes.values():
+                runtime.close(timeout=1.0)
+            raise
+        self.host = config.host
+        self.tls = config.tls is not None
         for runtime in runtimes.values():
             runtime.on_state_change = self._on_state
             self._on_state(runtime)
@@ -128,13 +137,12 @@ class WorkerServer:
         self.health.set('', health_pb2.HealthCheckResponse.SERVING)
         self._housekeeping = threading.Thread(target=self._housekeep, name='seq-housekeeping', daemon=True)
         self._housekeeping.start()
-        if warm:
+        if config.warm:
             for runtime in runtimes.values():
                 runtime.ensure_loading()
-        LOG.info('serving %s on %s:%d%s', sorted(runtimes), host, self.port, ' (TLS)' if self.tls else '')
+        LOG.info('serving %s on %s:%d%s', sorted(runtimes), self.host, self.port, ' (TLS)' if self.tls else '')
 
-    def _build(self, host: str, port: int, token: str | None, tls: tuple[Any, Any] | None, idle_timeout_s: float,
-               max_streams: int) -> tuple[grpc.Server, PolicyServicer, health.HealthServicer]:
+    def _build(self, config: ServerConfig) -> tuple[grpc.Server, PolicyServicer, health.HealthServicer]:
         # The transport accepts 4x the largest contract's request, so that an oversized observation gets a
         # typed in-stream CONTRACT_VIOLATION (checked per request against its own contract) instead of a
         # transport error that kills the stream.
@@ -142,20 +150,20 @@ class WorkerServer:
         options = [('grpc.max_receive_message_length', max_bytes),
                    ('grpc.max_send_message_length', messages.MAX_CHUNK_BYTES),
                    ('grpc.so_reuseport', 0), *KEEPALIVE_OPTIONS]
-        interceptors = [TokenInterceptor(token)] if token is not None else []
+        interceptors = [TokenInterceptor(config.token)] if config.token is not None else []
         # Each open episode stream holds a handler thread; the servicer refuses streams past max_streams, so
         # UNARY_HEADROOM threads stay for unary calls and health. Beyond max_workers calls, gRPC answers
         # RESOURCE_EXHAUSTED (the client's Overloaded) instead of queueing them silently.
-        max_workers = max_streams + UNARY_HEADROOM
+        max_workers = config.max_streams + UNARY_HEADROOM
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix='seq-grpc'),
                              options=options, interceptors=interceptors, maximum_concurrent_rpcs=max_workers)
-        servicer = PolicyServicer(self.runtimes, idle_timeout_s, token, max_streams=max_streams)
+        servicer = PolicyServicer(self.runtimes, config.idle_timeout_s, config.token, max_streams=config.max_streams)
         pb_grpc.add_PolicyServiceServicer_to_server(servicer, server)
         health_servicer = health.HealthServicer(experimental_non_blocking=True)
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        address = f'{host}:{port}'
-        if tls is not None:
-            creds = grpc.ssl_server_credentials([(_read_pem(tls[1]), _read_pem(tls[0]))])
+        address = f'{config.host}:{config.port}'
+        if config.tls is not None:
+            creds = grpc.ssl_server_credentials([(_read_pem(config.tls[1]), _read_pem(config.tls[0]))])
             self.port = server.add_secure_port(address, creds)
         else:
             self.port = server.add_insecure_port(address)
@@ -225,39 +233,33 @@ class WorkerServer:
 
 
 def _runtime(name: str, version: int, definition: PolicyDefinition, usage_path: Path | None,
-             capture_dir: Path | None, max_pending: int, timeouts: dict[str, float]) -> DeploymentRuntime:
+             capture_dir: Path | None, config: ServerConfig) -> DeploymentRuntime:
     store = open_store(capture_dir, name) if capture_dir is not None else None
     return DeploymentRuntime(name, version, definition, UsageMeter(name, usage_path), capture_store=store,
-                             max_pending=max_pending, **timeouts)
+                             max_pending=config.max_pending, inference_timeout_s=config.inference_timeout_s,
+                             load_timeout_s=config.load_timeout_s)
 
 
-def create_server(deployments: list[str] | None = None, *, home: str | Path | None = None, host: str = '127.0.0.1',
-                  port: int = 0, token: str | None = None, tls: tuple[Any, Any] | None = None,
-                  idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S, warm: bool = False,
-                  max_streams: int = DEFAULT_MAX_STREAMS, max_pending: int = 64,
-                  inference_timeout_s: float = DEFAULT_INFERENCE_TIMEOUT_S,
-                  load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S) -> WorkerServer:
+def _config(config: ServerConfig | None, settings: dict[str, Any]) -> ServerConfig:
+    return ServerConfig.embedded(**settings) if config is None else config.replace(**settings)
+
+
+def create_server(deployments: list[str] | None = None, config: ServerConfig | None = None, *,
+                  home: str | Path | None = None, **settings: Any) -> WorkerServer:
     """Serve registered deployments from $SEQ_HOME (or ``home``).
 
     :param deployments: names to serve; default every registered one.
-    :param host: bind address (127.0.0.1 by default; ``0.0.0.0`` exposes it).
-    :param port: TCP port; 0 picks a free one (``.port`` tells which).
-    :param token: require ``authorization: Bearer <token>`` on every call.
-    :param tls: (certificate chain PEM, private key PEM), as paths or bytes, to serve TLS.
-    :param idle_timeout_s: end an episode after this many seconds without a message (s).
-    :param warm: start loading every policy at once instead of at the first client.
-    :param max_streams: most Episode streams open at once; one more gets OVERLOADED at once (the handler
-        pool is ``max_streams + UNARY_HEADROOM`` threads, so unary calls and health always answer).
-    :param max_pending: per deployment, episodes that may wait for inference before OVERLOADED.
-    :param inference_timeout_s: deadline of one inference (s); past it the request (and those queued behind
-        it) get POLICY_EXCEPTION "inference exceeded N s" and that deployment is marked failed.
-    :param load_timeout_s: deadline of a policy's construct + load() (s); past it the deployment is failed.
-    :raises ConfigError: for a non-positive timeout or max_streams.
+    :param config: how to serve (see :class:`~sequence_ai_ros.worker.config.ServerConfig`); default
+        :meth:`ServerConfig.embedded` (the ``seq serve`` defaults on port 0).
+    :param home: the $SEQ_HOME holding the registry (default $SEQ_HOME).
+    :param settings: :class:`ServerConfig` fields that override ``config`` (``port=0``, ``token=...``,
+        ``max_streams=...``); the handler pool is ``max_streams + UNARY_HEADROOM`` threads, so unary calls and
+        health always answer.
+    :raises ConfigError: for an unknown or invalid setting, or when nothing is deployed.
     :raises UnknownDeployment: for a name that is not registered.
     :raises DeploymentError: for a policy file that is gone, changed since deploy, or does not import.
-    :raises ConfigError: when nothing is deployed.
     """
-    timeouts = {'inference_timeout_s': inference_timeout_s, 'load_timeout_s': load_timeout_s}
+    config = _config(config, settings)
     registry = Registry(home)
     names = deployments or [r.name for r in registry.list()]
     if not names:
@@ -267,43 +269,37 @@ def create_server(deployments: list[str] | None = None, *, home: str | Path | No
         for name in names:
             rec, definition = registry.load(name)
             runtimes[name] = _runtime(name, rec.version, definition, registry.usage_file, registry.capture_dir(name),
-                                      max_pending, timeouts)
+                                      config)
     except BaseException:
         for runtime in runtimes.values():
             runtime.close(timeout=1.0)
         raise
-    return WorkerServer(runtimes, host=host, port=port, token=token, tls=tls, idle_timeout_s=idle_timeout_s,
-                        max_streams=max_streams, warm=warm)
+    return WorkerServer(runtimes, config)
 
 
-def serve_policy_file(path: str | Path, deployment: str | None = None, *, host: str = '127.0.0.1', port: int = 0,
-                      token: str | None = None, tls: tuple[Any, Any] | None = None,
-                      idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S, capture_root: str | Path | None = None,
-                      home: str | Path | None = None, warm: bool = False,
-                      max_streams: int = DEFAULT_MAX_STREAMS, max_pending: int = 64,
-                      inference_timeout_s: float = DEFAULT_INFERENCE_TIMEOUT_S,
-                      load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S, **policy_kwargs: Any) -> WorkerServer:
+def serve_policy_file(path: str | Path, deployment: str | None = None, config: ServerConfig | None = None, *,
+                      capture_root: str | Path | None = None, home: str | Path | None = None,
+                      **kwargs: Any) -> WorkerServer:
     """Serve one policy file without registering it (tests, demos); version 0.
 
     :param path: the policy.py.
     :param deployment: the name clients use; default the file's directory name (or its stem when the
         file is not called policy.py).
+    :param config: how to serve (see :class:`~sequence_ai_ros.worker.config.ServerConfig`); default
+        :meth:`ServerConfig.embedded`.
     :param capture_root: parent directory of capture stores (like ``$SEQ_HOME/capture``); the store is
         ``capture_root/<deployment>``. None: no capture.
     :param home: a $SEQ_HOME whose usage database receives this server's usage; None keeps usage in memory.
-    :param max_streams: most Episode streams open at once (see :func:`create_server`).
-    :param inference_timeout_s: deadline of one inference (s) (see :func:`create_server`).
-    :param load_timeout_s: deadline of construct + load() (s).
-    :param policy_kwargs: constructor kwargs, over the policy's config.yaml.
+    :param kwargs: :class:`ServerConfig` fields (``port``, ``token``, ``max_streams``...) override ``config``;
+        every other keyword is a constructor kwarg of the policy, over its config.yaml.
     :raises DeploymentError: when the file does not import or its contract is invalid.
-    :raises ConfigError: for a non-positive timeout or max_streams.
+    :raises ConfigError: for an invalid setting.
     """
+    known = set(field_names())
+    config = _config(config, {k: v for k, v in kwargs.items() if k in known})
     path = Path(path)
-    definition = load_policy_file(path, **policy_kwargs)
+    definition = load_policy_file(path, **{k: v for k, v in kwargs.items() if k not in known})
     name = deployment or (definition.path.parent.name if definition.path.name == 'policy.py' else definition.path.stem)
     usage_path = usage_file(home) if home is not None else None
     capture_dir = Path(capture_root) / name if capture_root is not None else None
-    timeouts = {'inference_timeout_s': inference_timeout_s, 'load_timeout_s': load_timeout_s}
-    runtimes = {name: _runtime(name, 0, definition, usage_path, capture_dir, max_pending, timeouts)}
-    return WorkerServer(runtimes, host=host, port=port, token=token, tls=tls, idle_timeout_s=idle_timeout_s,
-                        max_streams=max_streams, warm=warm)
+    return WorkerServer({name: _runtime(name, 0, definition, usage_path, capture_dir, config)}, config)

@@ -2,7 +2,7 @@
 
 Fatal errors abort the call with a typed status (``[CODE] message`` details, see
 :func:`sequence_ai_ros.protocol.errors.abort_details`); per-request errors travel in-stream
-(:mod:`sequence_ai_ros.worker.episode_stream`).
+(:mod:`sequence_ai_ros.worker.episode_call`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from sequence_ai_ros.protocol import DEPLOYMENT_METADATA, EPISODE_ID_METADATA, e
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
 from sequence_ai_ros.protocol.contract import PROTOCOL_VERSION, clip
-from sequence_ai_ros.worker.episode_stream import EpisodeStream
+from sequence_ai_ros.worker.episode_call import EpisodeCallHandler
 from sequence_ai_ros.worker.runtime import DeploymentRuntime
 
 LOG = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         self.idle_timeout_s = idle_timeout_s
         self.token = token
         self._streams_lock = threading.Lock()
-        self._streams: set[EpisodeStream] = set()
+        self._streams: set[EpisodeCallHandler] = set()
 
     def _runtime(self, name: str) -> DeploymentRuntime:
         if not name and len(self.runtimes) == 1:
@@ -94,12 +94,12 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
 
     def Episode(self, request_iterator: Iterator[pb.EpisodeRequest],  # noqa: N802
                 context: grpc.ServicerContext) -> Iterator[pb.EpisodeReply]:
-        """Serve one episode (see :mod:`sequence_ai_ros.worker.episode_stream`)."""
+        """Serve one episode (see :mod:`sequence_ai_ros.worker.episode_call`)."""
         try:
             runtime = self._runtime(_metadata(context, DEPLOYMENT_METADATA))
         except UnknownDeployment as exc:
             context.abort(*errors.abort_details(exc))
-        stream = EpisodeStream(runtime, _metadata(context, EPISODE_ID_METADATA), self.idle_timeout_s)
+        stream = EpisodeCallHandler(runtime, _metadata(context, EPISODE_ID_METADATA), self.idle_timeout_s)
         with self._streams_lock:
             full = len(self._streams) >= self.max_streams
             if not full:

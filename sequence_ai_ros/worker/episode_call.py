@@ -1,4 +1,4 @@
-"""The Episode stream algorithm: one bidirectional stream = one episode.
+"""Serve one Episode call (:class:`EpisodeCallHandler`): one bidirectional stream = one episode.
 
 Message order: ``EpisodeStart`` -> ``EpisodeStarted{capture, capture_fps, capture_images}``; then each
 ``ObservationRequest`` -> an ``ActionChunk`` or an in-stream ``Error``; ``Telemetry`` -> capture;
@@ -12,9 +12,9 @@ The episode ends exactly once (:meth:`ActiveEpisode.end`) with reason:
 - ``idle_timeout`` after ``idle_timeout_s`` without any message (an Error and EpisodeEnded are sent);
 - ``shutdown`` when the worker stops (an Error and EpisodeEnded are sent).
 
-Threads: the gRPC handler thread runs :meth:`EpisodeStream.replies`; a reader thread
+Threads: the gRPC handler thread runs :meth:`EpisodeCallHandler.replies`; a reader thread
 ``seq-episode-<id>`` moves incoming messages into a queue so that idle time can be measured without
-blocking on the network. The reader ends when the call ends; :meth:`EpisodeStream.on_done` (wired to
+blocking on the network. The reader ends when the call ends; :meth:`EpisodeCallHandler.on_done` (wired to
 ``context.add_callback``) joins it with a timeout.
 """
 
@@ -42,7 +42,7 @@ def _error(exc: BaseException, request_id: int = 0) -> pb.EpisodeReply:
     return pb.EpisodeReply(error=errors.to_error(exc, request_id))
 
 
-class EpisodeStream:
+class EpisodeCallHandler:
     """Serve one Episode call.
 
     :param runtime: the deployment.

@@ -1,0 +1,66 @@
+"""``ServerConfig``: one definition of every worker setting, whose defaults are ``seq serve``'s defaults."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+from test_worker_support import POLICIES
+
+from sequence_ai_ros.cli import serving
+from sequence_ai_ros.exceptions import ConfigError
+from sequence_ai_ros.protocol import DEFAULT_PORT
+from sequence_ai_ros.worker.config import ServerConfig
+from sequence_ai_ros.worker.server import serve_policy_file
+
+
+def serve_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog='seq')
+    serving.add_parsers(parser.add_subparsers(dest='command', required=True), {})
+    return parser.parse_args(['serve', *argv])
+
+
+def test_cli_defaults_are_the_config_defaults():
+    assert serving.server_config(serve_args('NAME')) == ServerConfig()
+    assert ServerConfig().port == DEFAULT_PORT == 50551
+    assert (ServerConfig().idle_timeout_s, ServerConfig().max_streams, ServerConfig().inference_timeout_s,
+            ServerConfig().load_timeout_s, ServerConfig().warm) == (300.0, 256, 30.0, 600.0, False)
+
+
+def test_cli_flags_fill_the_config(tmp_path):
+    token = tmp_path / 'token'
+    token.write_text('s3cret\n')
+    config = serving.server_config(serve_args(
+        'NAME', '--host', '0.0.0.0', '--port', '0', '--idle-timeout', '7.5', '--warm', '--max-streams', '9',
+        '--inference-timeout', '2', '--load-timeout', '3', '--token-file', str(token),
+        '--tls-cert', 'c.pem', '--tls-key', 'k.pem'))
+    assert config == ServerConfig(host='0.0.0.0', port=0, idle_timeout_s=7.5, warm=True, max_streams=9,
+                                  inference_timeout_s=2.0, load_timeout_s=3.0, token='s3cret', tls=('c.pem', 'k.pem'))
+    with pytest.raises(ConfigError, match='go together'):
+        serving.server_config(serve_args('NAME', '--tls-cert', 'c.pem'))
+
+
+@pytest.mark.parametrize('field,value,match', [
+    ('idle_timeout_s', 0, 'idle_timeout_s must be > 0'), ('inference_timeout_s', -1.0, 'inference_timeout_s'),
+    ('load_timeout_s', float('nan'), 'load_timeout_s'), ('max_streams', 0, 'max_streams must be an integer >= 1'),
+    ('max_pending', 1.5, 'max_pending'), ('port', 70000, 'port must be in'), ('token', '', 'token must not be empty'),
+])
+def test_invalid_settings_are_refused_at_construction(field, value, match):
+    with pytest.raises(ConfigError, match=match):
+        ServerConfig(**{field: value})
+
+
+def test_embedded_binds_a_free_port_and_rejects_unknown_settings():
+    assert ServerConfig.embedded() == dataclasses.replace(ServerConfig(), port=0)
+    assert ServerConfig.embedded(port=123).port == 123
+    with pytest.raises(ConfigError, match="unknown server settings \\['prot'\\]"):
+        ServerConfig.embedded(prot=1)
+
+
+def test_serve_policy_file_splits_server_settings_from_policy_kwargs():
+    config = ServerConfig.embedded(max_streams=3)
+    with serve_policy_file(POLICIES / 'worker_echo.py', 'echo', config, idle_timeout_s=9.0,
+                           hook_log='/dev/null') as server:
+        assert server.config.max_streams == 3 and server.config.idle_timeout_s == 9.0 and server.port > 0
+        assert server.servicer.max_streams == 3 and server.servicer.idle_timeout_s == 9.0
