@@ -1,6 +1,6 @@
 """rosbag2 tooling for replay tests and demos.
 
-- :mod:`.to_rosbag`: a LeRobot episode -> rosbag2 (mcap) with JointState and Image topics (rosbags).
+- :mod:`.to_rosbag`: a LeRobot episode -> rosbag2 (mcap) with JointState and CompressedImage topics (rosbags).
 - :mod:`.player`: ``bag_player``, a ROS 2 node that plays a bag at its recorded timing (the only
   module here that imports rclpy).
 
