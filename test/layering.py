@@ -33,9 +33,14 @@ LAYERS: dict[str, int] = {
     'node': 5, 'cli': 5,
     'bench': 6, 'demo': 6,
 }
-#: Deprecated re-export shims (see issue 10): they alias a moved module with importlib and are skipped.
-SHIMS = frozenset({'sequence_ai_ros.worker.ridge', 'sequence_ai_ros.worker.lerobot_runtime',
-                   'sequence_ai_ros.data', 'sequence_ai_ros.data.lerobot_reader'})
+#: Deprecated re-exports (issue 10): each aliases one moved module and may import exactly that one, in
+#: whatever layer it sits; any other project import in a shim is a violation.
+SHIMS: dict[str, frozenset[str]] = {
+    'sequence_ai_ros.worker.ridge': frozenset({'sequence_ai_ros.models.ridge'}),
+    'sequence_ai_ros.worker.lerobot_runtime': frozenset({'sequence_ai_ros.models.lerobot_runtime'}),
+    'sequence_ai_ros.data': frozenset(),
+    'sequence_ai_ros.data.lerobot_reader': frozenset({'sequence_ai_ros.datasets.lerobot_reader'}),
+}
 
 
 def module_name(root: Path, path: Path) -> str:
@@ -47,11 +52,21 @@ def module_name(root: Path, path: Path) -> str:
 
 
 def imports_of(source: str, name: str, is_package: bool) -> set[str]:
-    """Return every ``sequence_ai_ros...`` module named by an import in ``source`` (lazy ones included)."""
+    """Return every ``sequence_ai_ros...`` module named by an import in ``source``.
+
+    Lazy imports inside functions count, and so does ``importlib.import_module('<literal>')`` (or
+    ``__import__``) with a string literal; a name computed at run time cannot be read statically.
+    """
     out: set[str] = set()
     base = name.split('.') if is_package else name.split('.')[:-1]
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
+        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str):
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, 'id', '')
+            if called in ('import_module', '__import__'):
+                out.add(node.args[0].value)
+        elif isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
@@ -66,8 +81,8 @@ def imports_of(source: str, name: str, is_package: bool) -> set[str]:
 def package_graph(root: Path) -> dict[str, set[str]]:
     """Return module -> imported project modules for every module of the package below ``root``.
 
-    Template folders (``templates/<name>/``) are user code copied by ``seq init``, not modules, and the
-    deprecated shims are skipped; the generated ``*_pb2*`` stubs import nothing of ours.
+    Template folders (``templates/<name>/``) are user code copied by ``seq init``, not modules; the
+    generated ``*_pb2*`` stubs import nothing of ours.
     """
     graph: dict[str, set[str]] = {}
     for path in sorted((root / PACKAGE).rglob('*.py')):
@@ -75,8 +90,6 @@ def package_graph(root: Path) -> dict[str, set[str]]:
         if rel[0] == 'templates' and len(rel) > 1 and rel[1] != '__init__.py':
             continue
         name = module_name(root, path)
-        if name in SHIMS:
-            continue
         graph[name] = imports_of(path.read_text(), name, path.name == '__init__.py')
     return graph
 
@@ -96,6 +109,10 @@ def violations(graph: Mapping[str, Iterable[str]], layers: Mapping[str, int] = L
     bad: list[str] = []
     edges: dict[str, set[str]] = {}
     for src, targets in graph.items():
+        if src in SHIMS:
+            bad.extend(f'{src} -> {dst}: a deprecated re-export may import only {sorted(SHIMS[src])}'
+                       for dst in sorted(set(targets) - SHIMS[src]))
+            continue
         a = concept(src)
         for dst in targets:
             b = concept(dst)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from layering import LAYERS, package_graph, violations
+from layering import LAYERS, imports_of, package_graph, violations
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -32,6 +32,8 @@ def test_every_subpackage_has_a_layer() -> None:
     ({'sequence_ai_ros.protocol.codec': {'sequence_ai_ros.client.policy'}}, 'layer 1 (protocol) imports layer 3'),
     ({'sequence_ai_ros.capture.store': {'sequence_ai_ros.datasets.video'}}, 'layer 2 (capture) imports layer 3'),
     ({'sequence_ai_ros.gadgets.x': {'sequence_ai_ros.protocol'}}, "concept 'gadgets' has no layer"),
+    ({'sequence_ai_ros.worker.ridge': {'sequence_ai_ros.models.ridge', 'sequence_ai_ros.node.policy_node'}},
+     'sequence_ai_ros.worker.ridge -> sequence_ai_ros.node.policy_node: a deprecated re-export'),
 ])
 def test_a_wrong_import_in_a_synthetic_graph_is_rejected(graph: dict, expected: str) -> None:
     found = violations(graph)
@@ -45,3 +47,13 @@ def test_a_cycle_is_rejected_even_where_the_layers_would_allow_each_edge() -> No
     found = violations(graph, flat)
     assert any(line.startswith('cycle between concepts: a -> b -> c -> a') for line in found), found
     assert violations({'sequence_ai_ros.a.m': {'sequence_ai_ros.a.n'}}, flat) == []
+
+
+def test_lazy_and_importlib_imports_are_read() -> None:
+    source = ('import importlib\n'
+              'def f():\n'
+              '    from sequence_ai_ros.worker.registry import Registry\n'
+              '    return importlib.import_module("sequence_ai_ros.node.policy_node"), Registry\n')
+    found = imports_of(source, 'sequence_ai_ros.datasets.video', False)
+    assert {'sequence_ai_ros.worker.registry', 'sequence_ai_ros.node.policy_node'} <= found
+    assert imports_of('from . import stats\n', 'sequence_ai_ros.datasets', True) >= {'sequence_ai_ros.datasets.stats'}

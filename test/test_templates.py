@@ -264,7 +264,7 @@ def test_policy_files_of_the_previous_layout_still_deploy_and_serve(g1_dataset: 
                                                                      seq_home: Path, fresh_shims: None) -> None:
     """Policy files of the previous layout (worker.ridge, data.lerobot_reader) deploy and serve.
 
-    Those module paths re-export the moved modules with a DeprecationWarning.
+    Those module paths re-export the moved modules with a FutureWarning.
     """
     ds = LeRobotDataset(g1_dataset)
     ep = ds.episode(5)
@@ -280,7 +280,7 @@ def test_policy_files_of_the_previous_layout_still_deploy_and_serve(g1_dataset: 
     replay.mkdir()
     (replay / 'policy.py').write_text((LEGACY / 'replay' / 'policy.py').read_text())
     (replay / 'config.yaml').write_text(f'dataset: {g1_dataset}\nepisode: 5\nchunk_length: 30\nmax_start_error: 0\n')
-    with pytest.warns(DeprecationWarning, match='sequence_ai_ros.datasets.lerobot_reader'):
+    with pytest.warns(FutureWarning, match='sequence_ai_ros.datasets.lerobot_reader'):
         load_policy_file(replay / 'policy.py')
     chunk = _deploy_and_serve_one_chunk(replay / 'policy.py', Observation(state=ep.state[0], timestamp=1.0))
     np.testing.assert_array_equal(chunk.actions, ep.action[0:30])
@@ -296,7 +296,7 @@ def test_policy_files_of_the_previous_layout_still_deploy_and_serve(g1_dataset: 
     with served(out / 'policy.py') as robot:
         expected = _chunk(robot.request(obs)).actions
     (out / 'policy.py').write_text((LEGACY / 'ridge' / 'policy.py').read_text())
-    with pytest.warns(DeprecationWarning, match='sequence_ai_ros.models.ridge'):
+    with pytest.warns(FutureWarning, match='sequence_ai_ros.models.ridge'):
         load_policy_file(out / 'policy.py')
     chunk = _deploy_and_serve_one_chunk(out / 'policy.py', obs)
     assert chunk.actions.shape == (30, 26) and np.isfinite(chunk.actions).all()
@@ -310,6 +310,6 @@ def test_heavy_policy_files_of_the_previous_layout_import_and_name_what_is_missi
     path = tmp_path / template / 'policy.py'
     path.parent.mkdir()
     path.write_text((LEGACY / template / 'policy.py').read_text())
-    with pytest.warns(DeprecationWarning, match='sequence_ai_ros.models.lerobot_runtime'), \
+    with pytest.warns(FutureWarning, match='sequence_ai_ros.models.lerobot_runtime'), \
             pytest.raises(MissingDependency, match='python package torch'):
         load_policy_file(path, checkpoint=str(tmp_path / 'ckpt'))
