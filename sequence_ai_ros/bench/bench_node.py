@@ -82,7 +82,7 @@ def _stats_ms(times: np.ndarray, period: float) -> dict[str, float]:
 def _write_params(path: Path, port: int) -> None:
     import yaml
 
-    params = {'model': 'bench', 'endpoint': f'127.0.0.1:{port}', 'control_rate_hz': RATE_HZ,
+    params = {'autostart': True, 'model': 'bench', 'endpoint': f'127.0.0.1:{port}', 'control_rate_hz': RATE_HZ,
               'joints': {'topic': '/bench/joint_states', 'names': list(JOINTS)},
               'camera_names': ['cam0', 'cam1'],
               'cameras': {f'cam{i}': {'topic': t, 'type': 'image'} for i, t in enumerate(CAMERA_TOPICS)},

@@ -64,7 +64,7 @@ def _node_params(base: str, model: str, endpoint: str, path: Path, cameras: bool
     """
     doc = yaml.safe_load((REPO_CONFIG / base).read_text())
     params = doc['policy_node']['ros__parameters']
-    params.update(model=model, endpoint=endpoint, control_rate_hz=CONTROL_RATE_HZ)
+    params.update(model=model, endpoint=endpoint, control_rate_hz=CONTROL_RATE_HZ, autostart=True)
     if not cameras:
         params['camera_names'] = []
         params.pop('cameras', None)

@@ -117,6 +117,11 @@ class Runner:
         self.last_command: np.ndarray | None = None   # command order, float64
         self.last_snapshot: Snapshot | None = None
         self.holding = False
+        self.accepting = False      # the lifecycle node sets it while active: episodes may start
+        self.last_action: Any = None  # the client's Action of the last tick (None when it held without one)
+        self.episode_ticks = 0      # control ticks of running episodes after their first command
+        self.underrun_ticks = 0     # of which held for lack of an action (an underrun), for /diagnostics
+        self._trajectory = cfg.command.mode == 'trajectory'
         self._dropped: dict[str, int] = {}    # capture frames the client could not send, per episode id
         self._lock = threading.Lock()
         self._starting = False
@@ -148,6 +153,12 @@ class Runner:
                 self.connection, self.connection_error = ('ready' if self.ready else 'warming'), ''
             except SequenceAIError as exc:
                 self.ready, self.connection, self.connection_error = False, 'disconnected', str(exc)
+
+    def connect_now(self) -> str:
+        """Connect to the worker now (blocking, bounded by ``connect_timeout_s``); return '' or the error."""
+        self._try_connect()
+        self._next_connect = time.monotonic() + 1.0
+        return '' if self.policy is not None else (self.connection_error or self.connection)
 
     def _try_connect(self) -> None:
         cfg = self.cfg
@@ -220,10 +231,14 @@ class Runner:
         """Begin an episode (blocking gRPC; call from a service thread); return its id.
 
         :raises EpisodeStateError: when an episode is running.
+        :raises NotReady: when the node is not active (lifecycle), or not connected.
         :raises ConfigError: for max_seconds <= 0.
         :raises NotReady: (or ConnectionLost) when the worker is not connected.
         :raises ContractViolation: when :meth:`validate` refuses (reason 'validate').
         """
+        if not self.accepting:
+            raise NotReady('the node is not active (lifecycle): activate it first (autostart:=true, or '
+                           '`ros2 lifecycle set <node> activate`)')
         if not (max_seconds > 0):
             raise ConfigError(f'max_seconds must be > 0, got {max_seconds}')
         with self._lock:
@@ -328,6 +343,13 @@ class Runner:
             self._dropped[eid] = max(self._dropped.get(eid, 0), int(n))
         return sum(self._dropped.values())
 
+    def horizon(self) -> tuple[int, float, float, np.ndarray] | None:
+        """The playing chunk of the running episode (see ``Policy.chunk_horizon``), or None."""
+        ep, policy = self.episode, self.policy
+        if ep is None or ep.stopped or ep.done.is_set() or policy is None:
+            return None
+        return policy.chunk_horizon()
+
     def close(self) -> None:
         """End any running episode and close the client (blocking; call at shutdown)."""
         ep = self.episode
@@ -369,6 +391,7 @@ class Runner:
         ep = self.episode
         snap = self.assembler.snapshot(now, ep.instruction if ep is not None else '')
         self.last_snapshot = snap
+        self.last_action = None
         if ep is None:
             return None if self.last_command is None else self._hold(snap)
         if ep.stopped or ep.done.is_set():
@@ -393,13 +416,19 @@ class Runner:
         if policy.episode_outcome() is not None:
             ep.stopped = True
             return self._hold(snap)
+        if ep.sent:
+            self.episode_ticks += 1
         if action is None:
             return self._hold(snap)
         if action.hold:
+            if ep.sent:
+                self.underrun_ticks += 1
             return self._hold(snap)
+        self.last_action = action
         values = self.commands.order(action.values)
         last = self.last_command if self.last_command is not None else self._measured(snap)
-        checked = self.safety.check(values, last)
+        # trajectory mode publishes the chunk's points (checked there), not this per-tick value
+        checked = self.safety.check(values, last, count=not self._trajectory)
         if checked.values is None:
             self.request_end('validate', f'safety: {checked.stop}')
             return self._hold(snap)
