@@ -1,9 +1,10 @@
 """``policy_node`` entry point: ``ros2 run sequence_ai_ros policy_node --ros-args --params-file ...``.
 
 Executor: the node spins on a MultiThreadedExecutor in the main thread, its callbacks in named groups:
-observations (mutually exclusive), reporting timers (mutually exclusive), services and the Act action
-(reentrant: they block on gRPC or on an episode's end), lifecycle services (reentrant, their own, so a
-blocking configure stalls nothing else). Commands go out from the control thread ``seq-tick``.
+observations (reentrant, each source serialised by its own lock), reporting timers (mutually
+exclusive), services and the Act action (reentrant: they block on gRPC or on an episode's end),
+lifecycle services (reentrant, their own, so a blocking configure stalls nothing else). Commands go
+out from the control thread ``seq-tick``.
 
 With ``autostart`` the thread ``seq-autostart`` configures the node (retrying every second while the
 worker is unreachable or its policy does not fit, each failure logged with its cause) and activates

@@ -98,7 +98,11 @@ class PolicyNode(LifecycleNode):
         self.runner = self._new_runner()
         self.health = diagnostics.Health(cfg.diagnostics)
         self.command_topic = self.resolve_topic_name(self.commands.topic)
-        self.inputs_group = MutuallyExclusiveCallbackGroup()
+        # Observations: reentrant, serialised per source by a lock. In a mutually exclusive group, rclpy's
+        # MultiThreadedExecutor spins hot while a frame converts and the next message is ready, taking the
+        # GIL from the control thread (measured on make demo under load: 34 Hz, p99 214 ms, vs 50 Hz).
+        self.inputs_group = ReentrantCallbackGroup()
+        self._source_locks = {key: threading.Lock() for key in ['joints', *self.converters]}
         self.reporting_group = MutuallyExclusiveCallbackGroup()
         self.services_group = ReentrantCallbackGroup()
         self._status_pub = self.create_publisher(RunStatus, '~/status', 10)
@@ -249,14 +253,19 @@ class PolicyNode(LifecycleNode):
 
     # -- inputs (executor) --------------------------------------------------------------------------
     def _on_joints(self, msg: JointState) -> None:
-        self.assembler.put_joints(msg, time.monotonic(), _stamp_s(msg))
+        received = time.monotonic()
+        with self._source_locks['joints']:
+            self.assembler.put_joints(msg, received, _stamp_s(msg))
 
     def _image_callback(self, key: str, compressed: bool) -> Callable[[Any], None]:
         converter = self.converters[key]
+        lock = self._source_locks[key]
 
         def callback(msg: Any) -> None:
+            received = time.monotonic()
             convert = (lambda: converter.from_compressed(msg)) if compressed else (lambda: converter.from_image(msg))
-            self.assembler.put_image(key, convert, time.monotonic(), _stamp_s(msg))
+            with lock:     # one frame of a camera at a time: in order, and the converter's counts exact
+                self.assembler.put_image(key, convert, received, _stamp_s(msg))
         return callback
 
     def _on_contract(self, contract: Contract) -> None:
