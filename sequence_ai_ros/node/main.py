@@ -1,8 +1,8 @@
 """``policy_node`` entry point: ``ros2 run sequence_ai_ros policy_node --ros-args --params-file ...``.
 
 Executor: the node spins on a MultiThreadedExecutor in the main thread, its callbacks in named groups:
-observations (reentrant, each source serialised by its own lock), reporting timers (mutually
-exclusive), services and the Act action (reentrant: they block on gRPC or on an episode's end),
+observations (reentrant, each source serialised by its own lock), reporting timers (reentrant,
+serialised by a lock), services and the Act action (reentrant: they block on gRPC or on an episode's end),
 lifecycle services (reentrant, their own, so a blocking configure stalls nothing else). Commands go
 out from the control thread ``seq-tick``.
 

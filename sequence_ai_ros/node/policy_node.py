@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 from rcl_interfaces.msg import SetParametersResult
-from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
+from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.clock import Clock, ClockType
 from rclpy.lifecycle import LifecycleNode, LifecycleNodeMixin, LifecycleState, TransitionCallbackReturn
 from rclpy.node import Node
@@ -103,7 +103,8 @@ class PolicyNode(LifecycleNode):
         # GIL from the control thread (measured on make demo under load: 34 Hz, p99 214 ms, vs 50 Hz).
         self.inputs_group = ReentrantCallbackGroup()
         self._source_locks = {key: threading.Lock() for key in ['joints', *self.converters]}
-        self.reporting_group = MutuallyExclusiveCallbackGroup()
+        self.reporting_group = ReentrantCallbackGroup()     # (the same hot spin): serialised by a lock
+        self._report_lock = threading.Lock()
         self.services_group = ReentrantCallbackGroup()
         self._status_pub = self.create_publisher(RunStatus, '~/status', 10)
         self._diag_pub = self.create_publisher(diagnostics.DiagnosticArray, '/diagnostics', 10)
@@ -416,8 +417,10 @@ class PolicyNode(LifecycleNode):
         return self.get_fully_qualified_name().lstrip('/')
 
     def _publish_status(self) -> None:
-        self._status_pub.publish(diagnostics.status_message(self.report(), self.get_clock().now().to_msg()))
+        with self._report_lock:
+            self._status_pub.publish(diagnostics.status_message(self.report(), self.get_clock().now().to_msg()))
 
     def _publish_diagnostics(self) -> None:
-        self._diag_pub.publish(diagnostics.diagnostic_array(self.report(), self._diagnostic_name(),
-                                                            self.get_clock().now().to_msg()))
+        with self._report_lock:
+            self._diag_pub.publish(diagnostics.diagnostic_array(self.report(), self._diagnostic_name(),
+                                                                self.get_clock().now().to_msg()))
