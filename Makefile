@@ -26,7 +26,7 @@ ENV := set +u && source $(VENV)/bin/activate && source install/local_setup.bash 
 DATASET ?= ../shared/data/g1_pick_bottle_v21
 export DATASET
 
-.PHONY: help setup build test lint demo bench check-export clean
+.PHONY: help setup build test lint demo bench check-export params-yaml clean
 
 help:
 	@echo "make demo    run the main job end to end (set-up included)"
@@ -77,6 +77,10 @@ demo: $(STAMP_BUILD)
 
 bench: $(STAMP_BUILD)
 	$(ENV) && python -m sequence_ai_ros.bench
+
+# config/policy_node.yaml is generated from the node's parameter schema (test_parameter_schema checks it).
+params-yaml: $(STAMP_VENV)
+	$(VENV)/bin/python -m sequence_ai_ros.node.parameter_schema --write-yaml
 
 # LeRobot's own v2.1 loader in its own venv (lerobot 0.3.3 pulls torch with CUDA wheels, ~6 GB): never
 # in the ROS venv, never in `make test`. It checks the export `make demo` wrote (EXPORT=... for another).

@@ -2,10 +2,15 @@
 
     ros2 launch sequence_ai_ros policy.launch.py model:=g1 endpoint:=gpu-box:50551 \
         params_file:=$(ros2 pkg prefix sequence_ai_ros)/share/sequence_ai_ros/config/g1.yaml \
-        namespace:=robot1 use_sim_time:=false
+        namespace:=robot1 use_sim_time:=false autostart:=true
 
-Parameters come from config/policy_node.yaml (the commented defaults), then ``params_file`` (the robot's
-config, e.g. config/g1.yaml or config/wx200.yaml), then ``model`` and ``endpoint`` when they are given.
+Parameters come from config/policy_node.yaml (the defaults, generated from the parameter schema), then
+``params_file`` (the robot's config, e.g. config/g1.yaml or config/wx200.yaml), then ``model`` and
+``endpoint`` when they are given. Topic names are relative: ``namespace:=robot1`` moves the node, its
+inputs (``/robot1/joint_states``...), its commands and services. policy_node is a lifecycle (managed)
+node; ``autostart`` (default true here) makes it configure and activate itself, which works on every
+distro (launch_ros's own ``autostart=`` exists only from Jazzy on). With ``autostart:=false`` it waits
+for ``ros2 lifecycle set /robot1/policy_node configure`` and ``activate``.
 The YAML files are read here and passed as parameter dicts, so a ``namespace`` does not break the
 ``policy_node:`` key the files use. Written to the standard launch / launch_ros API (Humble, Jazzy, Kilted).
 """
@@ -22,11 +27,11 @@ NODE_NAME = 'policy_node'
 
 
 def _node_parameters(path):
-    """Return the ``ros__parameters`` of ``policy_node`` (or ``/**``) in a params file."""
+    """Return the ``ros__parameters`` of ``policy_node`` (or ``/**``, ``/**/policy_node``) in a params file."""
     with open(path) as f:
         data = yaml.safe_load(f) or {}
     out = {}
-    for key in ('/**', NODE_NAME, '/' + NODE_NAME):
+    for key in ('/**', '/**/' + NODE_NAME, NODE_NAME, '/' + NODE_NAME):
         out.update((data.get(key) or {}).get('ros__parameters', {}))
     return out
 
@@ -42,6 +47,7 @@ def _launch_node(context):
              'endpoint': LaunchConfiguration('endpoint').perform(context)}
     params.update({k: v for k, v in given.items() if v})
     params['use_sim_time'] = LaunchConfiguration('use_sim_time').perform(context).lower() in ('true', '1')
+    params['autostart'] = LaunchConfiguration('autostart').perform(context).lower() in ('true', '1')
     return [Node(package=PACKAGE, executable='policy_node', name=NODE_NAME,
                  namespace=LaunchConfiguration('namespace'), parameters=[params], output='screen',
                  emulate_tty=True)]
@@ -57,5 +63,7 @@ def generate_launch_description():
         DeclareLaunchArgument('namespace', default_value='', description='namespace of the node'),
         DeclareLaunchArgument('use_sim_time', default_value='false',
                               description='use /clock (a bag player with --clock publishes it)'),
+        DeclareLaunchArgument('autostart', default_value='true',
+                              description='the node configures and activates itself (lifecycle); false: it waits'),
         OpaqueFunction(function=_launch_node),
     ])

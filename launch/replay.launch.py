@@ -8,6 +8,8 @@ Starts ``seq serve <policy> --port <port>`` (ExecuteProcess: the worker is no RO
 (policy.launch.py with ``endpoint:=127.0.0.1:<port>``) and ``bag_player <bag> --rate <rate>`` (with
 ``--clock`` when use_sim_time is true). Send the node a goal to run an episode:
 ``ros2 action send_goal /policy_node/act sequence_ai_msgs/action/Act "{instruction: 'pick', max_seconds: 10}"``.
+The node autostarts by default (``autostart:=false`` leaves it unconfigured, for ``ros2 lifecycle``); with a
+``namespace`` the bag's topics are remapped into it, so the replay feeds that robot only.
 """
 
 from launch import LaunchDescription
@@ -23,6 +25,9 @@ PACKAGE = 'sequence_ai_ros'
 def _player(context):
     args = [LaunchConfiguration('bag').perform(context), '--rate', LaunchConfiguration('rate').perform(context),
             '--wait-subscribers', '10']
+    namespace = LaunchConfiguration('namespace').perform(context).strip('/')
+    if namespace:
+        args += ['--namespace', namespace]
     if LaunchConfiguration('use_sim_time').perform(context).lower() in ('true', '1'):
         args.append('--clock')
     if LaunchConfiguration('loop').perform(context).lower() in ('true', '1'):
@@ -40,6 +45,8 @@ def generate_launch_description():
         DeclareLaunchArgument('params_file', default_value='', description="the robot's params file"),
         DeclareLaunchArgument('namespace', default_value='', description='namespace of the node'),
         DeclareLaunchArgument('use_sim_time', default_value='false', description='player publishes /clock'),
+        DeclareLaunchArgument('autostart', default_value='true',
+                              description='the node configures and activates itself'),
         DeclareLaunchArgument('rate', default_value='1.0', description='playback speed factor'),
         DeclareLaunchArgument('loop', default_value='false', description='replay the bag in a loop'),
         ExecuteProcess(cmd=['seq', 'serve', LaunchConfiguration('policy'), '--port', port], output='screen'),
@@ -49,6 +56,7 @@ def generate_launch_description():
             launch_arguments={'model': LaunchConfiguration('model'), 'endpoint': ['127.0.0.1:', port],
                               'params_file': LaunchConfiguration('params_file'),
                               'namespace': LaunchConfiguration('namespace'),
-                              'use_sim_time': LaunchConfiguration('use_sim_time')}.items()),
+                              'use_sim_time': LaunchConfiguration('use_sim_time'),
+                              'autostart': LaunchConfiguration('autostart')}.items()),
         OpaqueFunction(function=_player),
     ])

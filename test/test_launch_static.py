@@ -58,7 +58,33 @@ def test_launch_files_exist_and_define_a_description():
 
 def test_policy_launch_declares_the_issue_arguments():
     tree = ast.parse((REPO / 'launch' / 'policy.launch.py').read_text())
-    assert {'model', 'endpoint', 'params_file', 'namespace', 'use_sim_time'} <= _declared(tree)
+    assert {'model', 'endpoint', 'params_file', 'namespace', 'use_sim_time', 'autostart'} <= _declared(tree)
+
+
+@pytest.mark.parametrize('path', LAUNCH, ids=lambda p: p.name)
+def test_launch_files_autostart_the_lifecycle_node_by_default(path):
+    """launch_ros's autostart= exists only from Jazzy on: the launch files set the node's own parameter."""
+    tree = ast.parse(path.read_text())
+    declared = {c.args[0].value: _kw(c, 'default_value') for c in _calls(tree, 'DeclareLaunchArgument')}
+    assert 'autostart' in declared, f'{path.name} does not declare autostart'
+    assert isinstance(declared['autostart'], ast.Constant) and declared['autostart'].value == 'true'
+    if path.name == 'policy.launch.py':
+        source = path.read_text()
+        assert "params['autostart'] = LaunchConfiguration('autostart')" in source
+    from sequence_ai_ros.node.parameter_schema import load
+
+    assert load().default('autostart') is False, 'the node itself waits for transitions unless told to autostart'
+
+
+def test_default_topics_are_relative_so_a_namespace_moves_them():
+    from sequence_ai_ros.node.config import CommandConfig, JointsConfig
+
+    assert not JointsConfig().topic.startswith('/')
+    for interface in ('forward_command', 'joint_trajectory'):
+        assert not CommandConfig(interface=interface, controller='arm').resolved_topic().startswith('/')
+    for path in CONFIGS:
+        text = path.read_text()
+        assert not re.search(r'^\s*topic: /', text, re.M), f'{path.name} has an absolute topic'
 
 
 @pytest.mark.parametrize('path', LAUNCH, ids=lambda p: p.name)

@@ -135,22 +135,24 @@ def test_non_finite_chunk_ends_with_validate_and_holds(tmp_path, processes, prob
 
 
 @pytest.mark.parametrize('case', ['action_space', 'camera'])
-def test_refused_before_any_command(tmp_path, processes, probe, case):
+def test_a_policy_that_does_not_fit_fails_configure_and_nothing_is_commanded(tmp_path, processes, probe, case):
+    """The contract/interface agreement is part of configure: the node never activates, and says why."""
     kwargs = {'action_space': 'joint_velocity'} if case == 'action_space' else {'camera': 'cam_high'}
     with serve_policy_file(RAMP, 'ramp', names=NAMES, **kwargs) as server:
         proc = spawn_node(processes, tmp_path / 'node.log', _params(tmp_path, server.port))
         probe.publish_joints(NAMES)
-        assert probe.wait_connected(), node_log(proc)
-        result = probe.result(probe.send_goal(instruction='reach', max_seconds=5.0))
-        assert result.reason == 'validate', result
+        assert wait_for(lambda: 'configure failed' in node_log(proc), 30), node_log(proc)
+        why = wait_for(lambda: probe.status and probe.status[-1].message, 10)
         if case == 'action_space':
-            assert 'joint_velocity' in result.message and 'forward_command' in result.message, result.message
+            assert 'joint_velocity' in why and 'forward_command' in why, why
         else:
-            assert "needs camera 'cam_high'" in result.message and 'no camera topic' in result.message
+            assert "needs camera 'cam_high'" in why and 'no camera topic' in why, why
+        assert wait_for(lambda: probe.diag_value('connection', 'lifecycle') == 'unconfigured', 10)
+        assert not probe.send_goal(instruction='reach', max_seconds=5.0).accepted
         resp = probe.call('start_episode', instruction='reach', max_seconds=5.0)
-        assert not resp.accepted and resp.message.startswith('validate:'), resp.message
+        assert not resp.accepted and 'not active' in resp.message, resp.message
         time.sleep(0.3)
-        assert not probe.commands, 'a refused episode published commands'
+        assert not probe.commands, 'a node whose policy does not fit published commands'
 
 
 def test_dry_run_publishes_nothing_to_the_controller(tmp_path, processes, rclpy_context):

@@ -28,8 +28,13 @@ RAMP = POLICIES / 'node_ramp.py'
 NODE = '/policy_node'
 
 
-def node_params(tmp_path: Path, name: str = 'params.yaml', **params: Any) -> Path:
-    """Write ``{policy_node: {ros__parameters: params}}``; dotted keys become nested mappings."""
+def node_params(tmp_path: Path, name: str = 'params.yaml', *, node_key: str = 'policy_node', **params: Any) -> Path:
+    """Write ``{policy_node: {ros__parameters: params}}``; dotted keys become nested mappings.
+
+    ``autostart`` defaults to true here (the node then configures and activates itself, as the launch files
+    make it do). ``node_key`` is the node key (``/**/policy_node`` matches the node in any namespace).
+    """
+    params.setdefault('autostart', True)
     nested: dict[str, Any] = {}
     for key, value in params.items():
         parts = key.split('.')
@@ -38,16 +43,19 @@ def node_params(tmp_path: Path, name: str = 'params.yaml', **params: Any) -> Pat
             d = d.setdefault(p, {})
         d[parts[-1]] = value
     path = tmp_path / name
-    path.write_text(yaml.safe_dump({'policy_node': {'ros__parameters': nested}}))
+    path.write_text(yaml.safe_dump({node_key: {'ros__parameters': nested}}))
     return path
 
 
-def spawn_node(processes: Any, log: Path, *param_files: Path) -> Any:
+def spawn_node(processes: Any, log: Path, *param_files: Path, namespace: str = '') -> Any:
     """Start the policy node in its own process with ``param_files`` (later files override earlier).
 
     Its output goes to the file ``log`` (a pipe could fill up and stall the node); ``proc.log`` names it.
+    ``namespace`` runs it as ``ros2 run ... --ros-args -r __ns:=/<namespace>`` does.
     """
     argv = [sys.executable, '-m', 'sequence_ai_ros.node.main', '--ros-args']
+    if namespace:
+        argv += ['-r', f'__ns:=/{namespace.strip("/")}']
     for f in param_files:
         argv += ['--params-file', str(f)]
     out = open(log, 'w')  # noqa: SIM115  (closed by the OS when the test process ends)
@@ -96,9 +104,12 @@ class Probe:
     :param context: the test's rclpy Context.
     :param command_type: the message type of the command topic.
     :param command_topic: the topic to record.
+    :param namespace: the policy node's namespace ('' for the root): its services, status and diagnostic
+        names, and the joint_states topic published here, are looked up in it.
     """
 
-    def __init__(self, context: Any, command_type: Any = None, command_topic: str = '') -> None:
+    def __init__(self, context: Any, command_type: Any = None, command_topic: str = '', namespace: str = '',
+                 name: str = 'probe') -> None:
         import rclpy
         from diagnostic_msgs.msg import DiagnosticArray
         from rclpy.action import ActionClient
@@ -109,7 +120,10 @@ class Probe:
         from sequence_ai_msgs.srv import EndEpisode, Label, StartEpisode
         from std_srvs.srv import Trigger
 
-        self.node = rclpy.create_node('probe', context=context)
+        ns = namespace.strip('/')
+        NODE = f'/{ns}/policy_node' if ns else '/policy_node'   # noqa: N806  (shadows the module default)
+        self.node_path, self.diag_prefix = NODE, NODE.lstrip('/')
+        self.node = rclpy.create_node(name, context=context)
         self.commands: list[tuple[float, Any]] = []
         self.diagnostics: list[Any] = []
         self.status: list[Any] = []
@@ -129,7 +143,8 @@ class Probe:
         }
         self.types = {'start_episode': StartEpisode, 'end_episode': EndEpisode, 'interrupt': Trigger,
                       'label': Label}
-        self.joint_pub = self.node.create_publisher(JointState, '/joint_states', 10)
+        self.joint_topic = f'/{ns}/joint_states' if ns else '/joint_states'
+        self.joint_pub = self.node.create_publisher(JointState, self.joint_topic, 10)
         self.JointState, self.Image = JointState, Image
         self._timers: list[Any] = []
         self.executor = SingleThreadedExecutor(context=context)
@@ -188,14 +203,14 @@ class Probe:
     def call(self, name: str, timeout: float = 15.0, **fields: Any) -> Any:
         """Call one of the node's services; return the response (AssertionError on timeout)."""
         client = self.clients[name]
-        assert client.wait_for_service(timeout_sec=timeout), f'{NODE}/{name} never appeared'
+        assert client.wait_for_service(timeout_sec=timeout), f'{self.node_path}/{name} never appeared'
         future = client.call_async(self.types[name].Request(**fields))
         assert wait_for(future.done, timeout), f'{name} did not answer within {timeout} s'
         return future.result()
 
     def send_goal(self, timeout: float = 15.0, **fields: Any) -> Any:
         """Send an Act goal; return its goal handle (accepted or not)."""
-        assert self.act.wait_for_server(timeout_sec=timeout), f'{NODE}/act never appeared'
+        assert self.act.wait_for_server(timeout_sec=timeout), f'{self.node_path}/act never appeared'
         future = self.act.send_goal_async(self.Act.Goal(**fields), feedback_callback=self.feedback.append)
         assert wait_for(future.done, timeout), 'goal not answered'
         return future.result()
@@ -225,7 +240,7 @@ class Probe:
         """The latest /diagnostics value ``key`` of status ``policy_node: part``."""
         for arr in reversed(list(self.diagnostics)):
             for st in arr.status:
-                if st.name == f'policy_node: {part}':
+                if st.name == f'{self.diag_prefix}: {part}':
                     for kv in st.values:
                         if kv.key == key:
                             return kv.value
@@ -235,7 +250,7 @@ class Probe:
         """The latest /diagnostics message of status ``policy_node: part``."""
         for arr in reversed(list(self.diagnostics)):
             for st in arr.status:
-                if st.name == f'policy_node: {part}':
+                if st.name == f'{self.diag_prefix}: {part}':
                     return st.message
         return None
 

@@ -194,7 +194,7 @@ def _contract(space: str, names=('a', 'b')) -> Contract:
 def test_command_interfaces_agree_with_action_spaces():
     fwd = CommandInterface(CommandConfig(controller='arm'), ('b', 'a'), 0.02)
     fwd.bind(_contract('joint_absolute'))
-    assert fwd.topic == '/arm/commands' and fwd.order(np.array([1.0, 2.0])).tolist() == [2.0, 1.0]
+    assert fwd.topic == 'arm/commands' and fwd.order(np.array([1.0, 2.0])).tolist() == [2.0, 1.0]
     fwd.bind(_contract('joint_delta'))
     with pytest.raises(ActionSpaceMismatch, match='joint_velocity cannot be commanded through forward_command'):
         fwd.bind(_contract('joint_velocity'))
@@ -208,7 +208,7 @@ def test_command_interfaces_agree_with_action_spaces():
         traj.bind(_contract('ee_absolute', tuple('xyzabcd')))
     traj.bind(_contract('joint_absolute'))
     msg, _ = traj.build(np.array([1.0, 2.0]), JointState().header.stamp)
-    assert traj.topic == '/arm/joint_trajectory' and msg.joint_names == ['a', 'b']
+    assert traj.topic == 'arm/joint_trajectory' and msg.joint_names == ['a', 'b']
     assert list(msg.points[0].positions) == [1.0, 2.0] and msg.points[0].time_from_start.nanosec == 20_000_000
 
 

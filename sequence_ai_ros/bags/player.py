@@ -1,7 +1,12 @@
 """Play a rosbag2 into ROS 2 at its recorded timing: the replay behind the tests and the demo.
 
-``bag_player BAG [--rate 2.0] [--loop] [--clock] [--remap /from:=/to] [--topics T ...] [--start S]
-[--duration S]`` (console script), or :class:`BagPlayer` from Python.
+``bag_player BAG [--rate 2.0] [--loop] [--clock] [--remap /from:=/to] [--namespace NS] [--topics T ...]
+[--start S] [--duration S]`` (console script), or :class:`BagPlayer` from Python.
+
+A topic whose message type is not installed here (e.g. ``nav_msgs/msg/Odometry`` without nav_msgs) is
+skipped, and listed (:attr:`BagPlayer.skipped`, and a line on stdout): the rest of the bag plays. Only a
+bag with no playable topic at all is refused. ``--namespace robot1`` moves every recorded topic under
+``/robot1`` (after ``--remap``), to feed one of several namespaced robots.
 
 The bag is read with ``rosbags`` (sqlite3 or mcap, any metadata version it reads) and each record is
 published as it is stored: ``publisher.publish(serialized_bytes)``, so nothing is deserialised. A message
@@ -59,12 +64,15 @@ class BagPlayer:
     :param start_s: skip the first ``start_s`` seconds of the bag.
     :param duration_s: play at most this many bag seconds (None: to the end).
     :param context: the rclpy Context (None: the default one, which must be initialised).
-    :raises ConfigError: for a bad rate, an unreadable bag, unknown topics or message types.
+    :param namespace: prefix every published topic with ``/<namespace>`` ('' for none).
+    :raises ConfigError: for a bad rate, an unreadable bag, unknown topics, or no topic whose message type
+        is installed (topics of uninstalled types are skipped and listed in :attr:`skipped`).
     """
 
     def __init__(self, bag: str | Path, *, rate: float = 1.0, loop: bool = False, clock: bool = False,
                  remap: dict[str, str] | None = None, topics: Sequence[str] | None = None, start_s: float = 0.0,
-                 duration_s: float | None = None, context: Any = None, node_name: str = 'bag_player') -> None:
+                 duration_s: float | None = None, context: Any = None, node_name: str = 'bag_player',
+                 namespace: str = '') -> None:
         if not rate > 0:
             raise ConfigError(f'rate must be > 0, got {rate}')
         try:
@@ -78,6 +86,7 @@ class BagPlayer:
         self.rate, self.loop, self.clock = float(rate), loop, clock
         self.start_s, self.duration_s = float(start_s), duration_s
         self.remap = dict(remap or {})
+        self.namespace = namespace.strip('/')
         try:
             self._reader = Reader(self.bag)
             self._reader.open()
@@ -86,22 +95,40 @@ class BagPlayer:
         known = {c.topic for c in self._reader.connections}
         if topics is not None and not set(topics) <= known:
             raise ConfigError(f'bag {self.bag} has no topics {sorted(set(topics) - known)} (has {sorted(known)})')
-        self.connections = [c for c in self._reader.connections if topics is None or c.topic in topics]
+        wanted = [c for c in self._reader.connections if topics is None or c.topic in topics]
+        #: {recorded topic: message type} of the topics skipped because their type is not installed here.
+        self.skipped: dict[str, str] = {}
+        classes: dict[int, Any] = {}
+        for conn in wanted:
+            try:
+                classes[conn.id] = message_class(conn.msgtype)
+            except ConfigError:
+                self.skipped[conn.topic] = conn.msgtype
+        self.connections = [c for c in wanted if c.id in classes]
+        if not self.connections:
+            self._reader.close()
+            raise ConfigError(f'bag {self.bag}: no topic to play; the message types of '
+                              f'{sorted(self.skipped.items())} are not installed')
         self.node = rclpy.create_node(node_name, context=context)
         qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.VOLATILE)
         self._publishers: dict[int, Any] = {}
         for conn in self.connections:
-            topic = self.remap.get(conn.topic, conn.topic)
-            self._publishers[conn.id] = self.node.create_publisher(message_class(conn.msgtype), topic, qos)
+            self._publishers[conn.id] = self.node.create_publisher(classes[conn.id], self._topic(conn.topic), qos)
         self._clock_pub = None
         self._clock_type = None
         if clock:
             self._clock_type = message_class('rosgraph_msgs/msg/Clock')
             self._clock_pub = self.node.create_publisher(self._clock_type, '/clock', qos)
-        self.counts: dict[str, int] = {self.remap.get(c.topic, c.topic): 0 for c in self.connections}
+        self.counts: dict[str, int] = {self._topic(c.topic): 0 for c in self.connections}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
+
+    def _topic(self, recorded: str) -> str:
+        topic = self.remap.get(recorded, recorded)
+        if self.namespace:
+            topic = f'/{self.namespace}/{topic.lstrip("/")}'
+        return topic
 
     @property
     def topics(self) -> list[str]:
@@ -137,7 +164,7 @@ class BagPlayer:
                     msg.clock.sec, msg.clock.nanosec = divmod(stamp, 1_000_000_000)
                     self._clock_pub.publish(msg)
                 self._publishers[conn.id].publish(bytes(raw))
-                self.counts[self.remap.get(conn.topic, conn.topic)] += 1
+                self.counts[self._topic(conn.topic)] += 1
             if not self.loop:
                 break
         return dict(self.counts)
@@ -201,6 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument('--loop', action='store_true', help='start over at the end')
     parser.add_argument('--clock', action='store_true', help='publish /clock with the bag time')
     parser.add_argument('--remap', action='append', default=[], metavar='/from:=/to')
+    parser.add_argument('--namespace', default='', help='publish every topic under /NAMESPACE (after --remap)')
     parser.add_argument('--topics', nargs='+', default=None, help='recorded topics to play (default: all)')
     parser.add_argument('--start', type=float, default=0.0, help='skip the first S seconds of the bag')
     parser.add_argument('--duration', type=float, default=None, help='play at most S bag seconds')
@@ -213,7 +241,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         player = BagPlayer(args.bag, rate=args.rate, loop=args.loop, clock=args.clock,
                            remap=_parse_remap(args.remap), topics=args.topics, start_s=args.start,
-                           duration_s=args.duration, context=context)
+                           duration_s=args.duration, context=context, namespace=args.namespace)
+        if player.skipped:
+            print('skipping topics whose message types are not installed: '
+                  + ', '.join(f'{t} ({m})' for t, m in sorted(player.skipped.items())), flush=True)
         if args.wait_subscribers > 0:
             player.wait_for_subscribers(args.wait_subscribers)
         print(f'playing {args.bag} at rate {args.rate:g}: {", ".join(player.topics)}', flush=True)

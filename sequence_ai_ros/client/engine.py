@@ -253,6 +253,18 @@ class EpisodeEngine:
         """The outcome once finished, else None."""
         return self._outcome
 
+    def horizon(self) -> tuple[int, float, float, np.ndarray] | None:
+        """The playing chunk, for a controller that interpolates it (the node's trajectory mode).
+
+        :returns: (chunk number, position of the next row to play in chunk steps, dt (s), float32 (T, D)
+            rows as received (seam blending applies at their first read)), or None before the first chunk.
+        """
+        with self._lock:
+            live = self._live
+            if live is None:
+                return None
+            return live.number, live.pos, live.dt, live.actions.copy()
+
     def stats(self) -> dict[str, float | int | str | bool]:
         """A live snapshot: buffer_s, actions, chunks, underruns, underrun_s, latency p50/p95 (ms), ..."""
         with self._lock:

@@ -238,6 +238,14 @@ class Policy:
         ep = self._episode
         return ep.engine.stats() if ep is not None else {}
 
+    def chunk_horizon(self) -> tuple[int, float, float, Any] | None:
+        """The playing chunk of the open episode: (number, next row position, dt (s), float32 (T, D) rows), or None.
+
+        For callers that hand the rest of a chunk to a controller at once (see ``EpisodeEngine.horizon``).
+        """
+        ep = self._episode
+        return ep.engine.horizon() if ep is not None else None
+
     def interrupt(self) -> None:
         """Stop the running episode between actions (thread-safe); act/run fire hold and return 'interrupted'."""
         ep = self._episode

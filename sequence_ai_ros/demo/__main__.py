@@ -41,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
         print('\ndemo interrupted: every process was stopped, the arm was left holding.', file=sys.stderr)
         return 130
     except Exception as exc:
-        print(f'\ndemo FAILED: {exc}', file=sys.stderr)
+        # every failure names its cause: an exception without a message still says what it is
+        cause = str(exc) or f'{type(exc).__name__} (no message)'
+        print(f'\ndemo FAILED: {cause}', file=sys.stderr)
         return 1
     print(format_summary(summary))
     print(f'\nsummary written to {args.out / "summary.json"}')

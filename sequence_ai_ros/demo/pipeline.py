@@ -14,6 +14,12 @@ Steps, each through the same command a user would type:
 
 Without a dataset, the same loop runs on the ``hold`` template with a synthetic robot publisher, and the
 summary says so. All children run in their own process groups and are stopped on any exit.
+
+Isolation: the demo runs in a private ROS domain (:func:`private_domain`: a ROS_DOMAIN_ID of its own,
+discovery limited to this host; ``SEQ_DEMO_DOMAIN_ID`` picks one), so other ROS processes on the
+machine neither feed its node nor add to the commands it counts. It checks the command topic before
+and after starting policy_node: it refuses to run while another process publishes there, and requires
+exactly one publisher (its node) while it measures.
 """
 
 from __future__ import annotations
@@ -53,6 +59,20 @@ class DemoArgs:
     max_seconds: float | None = None
 
 
+def private_domain(env: dict[str, str]) -> int:
+    """Put the demo (and its children, through ``env``) in a ROS domain of its own, discovery on this host only.
+
+    The domain is ``SEQ_DEMO_DOMAIN_ID`` when set, else one derived from the process id in 102..201, apart
+    from the default domain 0 and the 1..101 the tests and bench draw from. Set before rclpy loads.
+
+    :returns: the domain id.
+    """
+    domain = int(os.environ.get('SEQ_DEMO_DOMAIN_ID') or 102 + os.getpid() % 100)
+    for target in (os.environ, env):
+        target.update(ROS_DOMAIN_ID=str(domain), ROS_AUTOMATIC_DISCOVERY_RANGE='LOCALHOST', ROS_LOCALHOST_ONLY='1')
+    return domain
+
+
 def _seq(*args: str) -> list[str]:
     return [sys.executable, '-m', 'sequence_ai_ros.cli', *args]
 
@@ -64,7 +84,7 @@ def _node_params(base: str, model: str, endpoint: str, path: Path, cameras: bool
     """
     doc = yaml.safe_load((REPO_CONFIG / base).read_text())
     params = doc['policy_node']['ros__parameters']
-    params.update(model=model, endpoint=endpoint, control_rate_hz=CONTROL_RATE_HZ)
+    params.update(model=model, endpoint=endpoint, control_rate_hz=CONTROL_RATE_HZ, autostart=True)
     if not cameras:
         params['camera_names'] = []
         params.pop('cameras', None)
@@ -86,6 +106,7 @@ def run(args: DemoArgs) -> dict:
     if home.exists():
         shutil.rmtree(home)
     env = dict(os.environ, SEQ_HOME=str(home), PYTHONUNBUFFERED='1')
+    domain = private_domain(env)
     procs = Processes(logs, env)
     synthetic = args.dataset is None
     summary: dict = {'synthetic': synthetic, 'dataset': None if synthetic else str(args.dataset)}
@@ -134,11 +155,8 @@ def run(args: DemoArgs) -> dict:
             procs.run('to_rosbag', _seq('data', 'to-rosbag', str(args.dataset), '--episode', str(args.episode),
                                         '--out', str(bag)), 300)
 
-        step('policy_node with the G1 config (forward_command, 50 Hz)')
         params_file = out / 'policy_node.yaml'
         g1 = _node_params('g1.yaml', model, endpoint, params_file, cameras=not synthetic)
-        procs.start('policy_node', [sys.executable, '-m', 'sequence_ai_ros.node.main', '--ros-args',
-                                    '--params-file', str(params_file)])
         joint_names = g1['joints']['names']
         command_topic = f"/{g1['command']['controller']}/commands"
 
@@ -150,7 +168,23 @@ def run(args: DemoArgs) -> dict:
         rclpy.init(context=context)
         operator = Operator('policy_node', command_topic, context)
         try:
-            operator.wait_ready(60)
+            watched = (command_topic, '/joint_states')
+            seen = time.monotonic() + 3.0     # discovery: another publisher already there shows within this
+            while time.monotonic() < seen and not any(operator.publishers(t) for t in watched):
+                time.sleep(0.1)
+            for topic in watched:
+                others = operator.publishers(topic)
+                if others:
+                    raise RuntimeError(f'{others} other publisher(s) on {topic} in ROS domain {domain}: another '
+                                       'ROS process would mix its messages into the run; stop it, or give the demo '
+                                       'another domain with SEQ_DEMO_DOMAIN_ID')
+            step(f'policy_node with the G1 config (forward_command, 50 Hz; ROS domain {domain})')
+            node = procs.start('policy_node', [sys.executable, '-m', 'sequence_ai_ros.node.main', '--ros-args',
+                                               '--params-file', str(params_file)])
+            try:
+                operator.wait_ready(60)
+            except RuntimeError as exc:
+                raise RuntimeError(f'{exc}; see {node.log_path}') from None
             if synthetic:
                 procs.start('robot', [sys.executable, '-m', 'sequence_ai_ros.demo.synthetic', '--names',
                                       *joint_names]).wait_for('publishing', 30)
@@ -163,8 +197,15 @@ def run(args: DemoArgs) -> dict:
             time.sleep(1.0)  # the first joint_states and frames arrive; the node holds until they do
             # the goal ends with the bag (a stale source after it would end the episode with 'error')
             duration = max(1.0, duration - (time.monotonic() - played_from) - 0.5)
+            publishers = operator.command_publishers()
+            if publishers != 1:
+                raise RuntimeError(f'{publishers} publishers on {command_topic} (expected policy_node alone): '
+                                   'the command rate and jitter would not be the node\'s')
             step(f'Act goal: "{instruction}" for {duration:.1f}s')
-            result = operator.run_goal(instruction, max_seconds=duration)
+            try:
+                result = operator.run_goal(instruction, max_seconds=duration)
+            except RuntimeError as exc:
+                raise RuntimeError(f'{exc}; see {node.log_path}') from None
             step(f'Act result: {result.reason} ({result.message})' if result.message else
                  f'Act result: {result.reason}')
             success = result.reason in ('completed', 'timeout')
@@ -172,6 +213,9 @@ def run(args: DemoArgs) -> dict:
             if not label.ok:
                 raise RuntimeError(f'~/label failed: {label.message}')
             step('labelled the episode via ~/label')
+            if operator.command_publishers() != 1:
+                raise RuntimeError(f'another publisher joined {command_topic} during the run; the figures would '
+                                   'mix its commands in')
             commands = operator.commands
         finally:
             operator.close()

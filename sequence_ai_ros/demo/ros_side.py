@@ -49,12 +49,16 @@ class Operator:
         self.context = context
         self.node = rclpy.create_node('seq_demo_operator', context=context)
         base = f'/{node_name}'
+        self.command_topic = command_topic
         self.commands = CommandLog()
         self._lock = threading.Lock()
         self.node.create_subscription(Float64MultiArray, command_topic, self._on_command,
                                       QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE))
         self.act = ActionClient(self.node, Act, f'{base}/act')
         self.label_client = self.node.create_client(Label, f'{base}/label')
+        from lifecycle_msgs.srv import GetState
+
+        self.get_state = self.node.create_client(GetState, f'{base}/get_state')
         self.executor = SingleThreadedExecutor(context=context)
         self.executor.add_node(self.node)
         self._thread = threading.Thread(target=self._spin, name='demo-operator', daemon=True)
@@ -88,19 +92,50 @@ class Operator:
             raise RuntimeError('policy_node ~/act did not appear')
         if not self.label_client.wait_for_service(timeout_sec=timeout):
             raise RuntimeError('policy_node ~/label did not appear')
+        from lifecycle_msgs.srv import GetState
+
+        # policy_node is a lifecycle node: goals are accepted once it is active (it autostarts)
+        deadline = time.monotonic() + timeout
+        state = ''
+        while time.monotonic() < deadline:
+            if self.get_state.wait_for_service(timeout_sec=1.0):
+                state = self._wait(self.get_state.call_async(GetState.Request()), 10.0, 'get_state').current_state.label
+                if state == 'active':
+                    return
+            time.sleep(0.2)
+        raise RuntimeError(f'policy_node did not become active within {timeout:.0f}s (lifecycle state '
+                           f'{state or "unknown"}: configure failed? the worker unreachable, or its policy does '
+                           'not fit the G1 config)')
+
+    def publishers(self, topic: str) -> int:
+        """The number of publishers on ``topic``."""
+        return self.node.count_publishers(topic)
+
+    def command_publishers(self) -> int:
+        """The number of publishers on the command topic (the demo's policy_node must be the only one)."""
+        return self.node.count_publishers(self.command_topic)
 
     def run_goal(self, instruction: str, max_seconds: float, max_actions: int = 0) -> Act.Result:
         """Send one Act goal and wait for its result (bounded by max_seconds + 30 s).
 
-        :raises RuntimeError: when the goal is rejected or no result comes.
+        :raises RuntimeError: naming the cause when the goal is rejected, no result comes, or the goal
+            ended without a reason (policy_node failed inside it: the goal status says how).
         """
+        from action_msgs.msg import GoalStatus
+
         goal = Act.Goal(instruction=instruction, max_seconds=float(max_seconds), max_actions=int(max_actions),
                         prefetch=True)
         handle = self._wait(self.act.send_goal_async(goal), 30.0, 'Act goal')
         if not handle.accepted:
-            raise RuntimeError('policy_node rejected the Act goal')
+            raise RuntimeError('policy_node rejected the Act goal (not active, or an episode was running)')
         wrapped = self._wait(handle.get_result_async(), max_seconds + 30.0, 'Act result')
-        return wrapped.result
+        result = wrapped.result
+        if not result.reason:
+            status = {v: k for k, v in vars(GoalStatus).items() if k.startswith('STATUS_')}.get(
+                wrapped.status, str(wrapped.status))
+            raise RuntimeError(f'the Act goal ended with {status} and no reason: policy_node failed inside the '
+                               f'goal{f" ({result.message})" if result.message else ""}')
+        return result
 
     def label(self, success: bool, notes: str, episode_id: str = '') -> Label.Response:
         """Call ``~/label`` and return the response."""

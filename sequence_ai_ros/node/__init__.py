@@ -14,21 +14,26 @@ Modules, one concept each:
   :mod:`.observation` (latest message per source, ages, joint mapping by name);
 - :mod:`.runner` (one episode at a time; hold semantics), :mod:`.controller_commands` (ros2_control command
   interfaces), :mod:`.safety` (limits, step limits, non-finite values);
-- :mod:`.tick` (the control thread), :mod:`.diagnostics` (~/status, /diagnostics);
-- :mod:`.policy_node` (the node), :mod:`.episode_services` (services and the Act action), :mod:`.main`
-  (entry point).
+- :mod:`.trajectory` (trajectory mode: a chunk's horizon as one JointTrajectory);
+- :mod:`.tick` (the control thread), :mod:`.diagnostics` (~/status, /diagnostics, the WARN/ERROR levels);
+- :mod:`.policy_node` (the lifecycle node), :mod:`.episode_services` (its services and Act action),
+  :mod:`.main` (entry point, autostart).
 
 Threads and their owners:
 
-- main thread: a SingleThreadedExecutor spinning ``policy_node`` (joint and camera callbacks, which
-  convert each message once; the ~/status and /diagnostics timers);
-- ``seq-services`` (owned by :func:`.main.main`): a MultiThreadedExecutor spinning
-  ``policy_node_interface``, whose services and Act action block on gRPC or on an episode's end;
-- ``seq-tick`` (owned by :class:`.policy_node.PolicyNode`): the fixed-rate control thread. It reads the
-  latest observation, calls the client's non-blocking ``next_action`` and publishes; it never waits on
-  gRPC, and takes no lock that is held across I/O;
-- ``seq-session`` (owned by :class:`.policy_node.PolicyNode`): the blocking gRPC calls: connect (retried
-  every second), ``ready()`` (polled every second), ``end_episode``;
+- main thread (:func:`.main.main`): a MultiThreadedExecutor spinning ``policy_node``, a lifecycle node,
+  with named callback groups: observations (joint and camera callbacks, reentrant, each source
+  serialised by its own lock; they convert each message once), reporting (the ~/status and /diagnostics
+  timers), services and the Act action (reentrant: they block on gRPC or on an episode's end), and the
+  lifecycle services (their own group, so a blocking configure stalls nothing);
+- ``seq-autostart`` (owned by :func:`.main.main`, with ``autostart``): configures (retrying every second)
+  and activates the node;
+- ``seq-tick`` (owned by :class:`.policy_node.PolicyNode` while active): the fixed-rate control thread.
+  It reads the latest observation, calls the client's non-blocking ``next_action`` and publishes; it
+  never waits on gRPC, and takes no lock that is held across I/O. Deadlines come from the client's
+  :class:`~sequence_ai_ros.client.pacing.Pacer`;
+- ``seq-session`` (owned by :class:`.policy_node.PolicyNode` while configured): the blocking gRPC calls:
+  reconnects (every second), ``ready()`` (polled every second), ``end_episode``;
 - per episode, the client's ``seq-send-*``/``seq-recv-*`` threads (owned by the client).
 
 Executor choice, measured on this 2-core machine (50 Hz tick, two 640x480 rgb8 cameras at 30 Hz from
@@ -36,9 +41,12 @@ another process, camera callbacks doing about 5 ms of work; p99 of |dt - 20 ms|)
 rclpy timer on the SingleThreadedExecutor that also serves the cameras 7.9 ms (it waits behind
 callbacks; 0.4 ms with empty callbacks); EventsExecutor 17 ms; MultiThreadedExecutor 106 ms and only
 38 Hz; a dedicated thread on absolute deadlines 3.7 ms at 50.00 Hz (GIL-bound, so the node lowers the
-switch interval to 1 ms). The node uses the dedicated thread. ``bench_node`` measures the whole node
-(commands stamped in the node, and at a subscriber); test_node_replay guards the command rate under
-the same camera load.
+switch interval to 1 ms). The node uses the dedicated thread. Since the services, the Act action and
+the lifecycle services live on the node itself (issue 15), the node spins on a MultiThreadedExecutor;
+its observation group is reentrant, because a mutually exclusive one makes rclpy's executor spin hot
+while a callback runs and starves the control thread (make demo under load: 34 Hz, p99 214 ms; with
+the reentrant group 50.0 Hz). ``bench_node`` measures the whole node (commands stamped in the node,
+and at a subscriber); test_node_replay guards the command rate under the same camera load.
 
 Stale sources (documented behaviour, tested): a source older than its ``max_age_s`` (local receive
 time) makes the observation invalid; the node then sends no request, holds, and names the source in

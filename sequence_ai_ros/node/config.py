@@ -105,8 +105,11 @@ class CommandConfig:
     """Where and how commands go (see :mod:`.commands` for the message layouts).
 
     :param interface: one of :data:`INTERFACES`.
-    :param controller: the ros2_control controller name; topics default to ``/<controller>/commands``
-        (forward_command) and ``/<controller>/joint_trajectory`` (joint_trajectory).
+    :param mode: ``streaming`` (one command per control tick) or ``trajectory`` (joint_trajectory only:
+        each new chunk's remaining horizon as one multi-point JointTrajectory, see :mod:`.trajectory`).
+    :param controller: the ros2_control controller name; topics default to ``<controller>/commands``
+        (forward_command) and ``<controller>/joint_trajectory`` (joint_trajectory), relative names that
+        resolve in the node's namespace.
     :param topic: overrides the derived topic (required for joint_state, pose and twist).
     :param kind: for forward_command and joint_state: ``position`` or ``velocity``.
     :param joint_names: the commanded joints, in command order (defaults to the observed joints).
@@ -116,6 +119,7 @@ class CommandConfig:
     """
 
     interface: str = _default('command.interface')
+    mode: str = _default('command.mode')
     controller: str = _default('command.controller')
     topic: str = _default('command.topic')
     kind: str = _default('command.kind')
@@ -125,19 +129,22 @@ class CommandConfig:
     gripper_topic: str = _default('command.gripper_topic')
 
     def __post_init__(self) -> None:
-        _check(self, 'command.', 'interface', 'controller', 'topic', 'kind', 'joint_names', 'time_from_start_s',
+        _check(self, 'command.', 'interface', 'mode', 'controller', 'topic', 'kind', 'joint_names', 'time_from_start_s',
                'frame_id', 'gripper_topic')
+        if self.mode == 'trajectory' and self.interface != 'joint_trajectory':
+            raise ConfigError(f'parameter command.mode: trajectory needs command.interface joint_trajectory, '
+                              f'not {self.interface}')
         if self.interface in ('joint_state', 'pose', 'twist') and not self.topic:
             raise ConfigError(f'parameter command.topic: required for interface {self.interface}')
         if self.interface in ('forward_command', 'joint_trajectory') and not (self.topic or self.controller):
             raise ConfigError('parameter command.controller: required to derive the command topic')
 
     def resolved_topic(self) -> str:
-        """Return the command topic (``topic`` or the ros2_control default for the controller)."""
+        """Return the command topic: ``topic``, or the ros2_control default for the controller (relative)."""
         if self.topic:
             return self.topic
         suffix = 'commands' if self.interface == 'forward_command' else 'joint_trajectory'
-        return f'/{self.controller.strip("/")}/{suffix}'
+        return f'{self.controller.strip("/")}/{suffix}'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,9 +177,46 @@ class SafetyConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class DiagnosticsConfig:
+    """Thresholds of the /diagnostics levels (see :mod:`.diagnostics`); counts and rates are over ``window_s``.
+
+    :param window_s: the trailing window (s).
+    :param jitter_warn_ms: WARN above this tick jitter p99 (ms).  :param jitter_error_ms: ERROR above (ms).
+    :param skipped_ticks_warn: WARN at this many skipped ticks.  :param skipped_ticks_error: ERROR at this many.
+    :param underrun_warn: WARN above this share of time in underruns (0..1).  :param underrun_error: ERROR above.
+    :param clamp_warn: WARN above this share of clamped commands (0..1).  :param clamp_error: ERROR above.
+    :param dropped_telemetry_warn: WARN at this many dropped capture frames.  :param dropped_telemetry_error: ERROR.
+    :raises ConfigError: for a value out of its bounds, or a WARN threshold above its ERROR threshold.
+    """
+
+    window_s: float = _default('diagnostics.window_s')
+    jitter_warn_ms: float = _default('diagnostics.jitter_warn_ms')
+    jitter_error_ms: float = _default('diagnostics.jitter_error_ms')
+    skipped_ticks_warn: int = _default('diagnostics.skipped_ticks_warn')
+    skipped_ticks_error: int = _default('diagnostics.skipped_ticks_error')
+    underrun_warn: float = _default('diagnostics.underrun_warn')
+    underrun_error: float = _default('diagnostics.underrun_error')
+    clamp_warn: float = _default('diagnostics.clamp_warn')
+    clamp_error: float = _default('diagnostics.clamp_error')
+    dropped_telemetry_warn: int = _default('diagnostics.dropped_telemetry_warn')
+    dropped_telemetry_error: int = _default('diagnostics.dropped_telemetry_error')
+
+    def __post_init__(self) -> None:
+        names = [f.name for f in dataclasses.fields(self)]
+        _check(self, 'diagnostics.', *names)
+        for name in names:
+            if name.endswith('_warn'):
+                other = name[:-len('_warn')] + '_error'
+                if getattr(self, name) > getattr(self, other):
+                    raise ConfigError(f'parameter diagnostics.{name}: {getattr(self, name)} is above '
+                                      f'diagnostics.{other} ({getattr(self, other)})')
+
+
+@dataclasses.dataclass(frozen=True)
 class NodeConfig:
     """Everything the policy node needs (its ROS parameters, validated).
 
+    :param autostart: the node configures and activates itself (lifecycle) at start-up.
     :param model: deployment name on the worker.
     :param endpoint: ``host:port`` of the worker.
     :param token: bearer token, empty for none.
@@ -186,6 +230,7 @@ class NodeConfig:
     :param diagnostics_rate_hz: /diagnostics rate (Hz).
     """
 
+    autostart: bool = _default('autostart')
     model: str = _default('model')
     endpoint: str = _default('endpoint')
     token: str = _default('token')
@@ -202,11 +247,12 @@ class NodeConfig:
     qos: QosConfig = dataclasses.field(default_factory=QosConfig)
     command: CommandConfig = dataclasses.field(default_factory=CommandConfig)
     safety: SafetyConfig = dataclasses.field(default_factory=SafetyConfig)
+    diagnostics: DiagnosticsConfig = dataclasses.field(default_factory=DiagnosticsConfig)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, 'cameras', tuple(self.cameras))
-        _check(self, '', 'model', 'endpoint', 'token', 'control_rate_hz', 'enabled', 'on_underrun', 'stamp_source',
-               'stale_grace_s', 'connect_timeout_s', 'status_rate_hz', 'diagnostics_rate_hz')
+        _check(self, '', 'autostart', 'model', 'endpoint', 'token', 'control_rate_hz', 'enabled', 'on_underrun',
+               'stamp_source', 'stale_grace_s', 'connect_timeout_s', 'status_rate_hz', 'diagnostics_rate_hz')
         keys = [c.key for c in self.cameras]
         if len(set(keys)) != len(keys):
             raise ConfigError(f'cameras: duplicate observation keys {keys}')

@@ -4,12 +4,12 @@
 interface           message and topic                            action spaces accepted
 ==================  ===========================================  =====================================
 forward_command     std_msgs/Float64MultiArray on                kind=position: joint_absolute,
-                    ``/<controller>/commands``                   joint_delta (JointGroupPosition-
+                    ``<controller>/commands``                    joint_delta (JointGroupPosition-
                     (forward_command_controller)                 Controller); kind=velocity:
                                                                  joint_velocity (JointGroupVelocity-
                                                                  Controller)
 joint_trajectory    trajectory_msgs/JointTrajectory, one point,  joint_absolute, joint_delta
-                    on ``/<controller>/joint_trajectory``;
+                    on ``<controller>/joint_trajectory``;
                     time_from_start = one control period unless
                     ``command.time_from_start_s`` is set
 joint_state         sensor_msgs/JointState on ``command.topic``  kind=position: joint_absolute,
@@ -128,6 +128,11 @@ class CommandInterface:
             raise ActionSpaceMismatch(f'the policy has {contract.action_dim - base} gripper channel(s) after '
                                       f'the {base} {space.value} values; set command.gripper_topic')
         self._order = None
+
+    @property
+    def action_order(self) -> np.ndarray | None:
+        """Column indices from the policy's action order to command order (None: the same order)."""
+        return self._order
 
     def order(self, values: np.ndarray) -> np.ndarray:
         """Return the action reordered into command order, float64 (D,)."""

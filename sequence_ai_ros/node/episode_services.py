@@ -1,11 +1,10 @@
-"""The policy node's services and Act action, on a companion node with its own executor.
+"""The policy node's services and Act action, served by the policy node itself.
 
-Names resolve under the policy node (``<node>/act``, ``<node>/start_episode``, ``<node>/end_episode``,
-``<node>/interrupt``, ``<node>/label``) although they are served by ``<node>_interface``: the
-callbacks block on gRPC (begin, label) or wait for an episode to end (the Act goal), so they run on a
-MultiThreadedExecutor with a reentrant group, apart from the camera callbacks, which stay on the
-policy node's SingleThreadedExecutor (a MultiThreadedExecutor serving cameras lost ticks and frames,
-see :mod:`.tick`).
+``~/act``, ``~/start_episode``, ``~/end_episode``, ``~/interrupt`` and ``~/label`` belong to the node
+(``ros2 node info`` lists them). The callbacks block on gRPC (begin, label) or wait for an episode to
+end (the Act goal), so they run in a reentrant callback group of their own on the node's
+MultiThreadedExecutor, apart from the observation callbacks (a mutually exclusive group) and the
+lifecycle services (their own group). Goals are accepted only while the node is active (lifecycle).
 
 Errors become responses: a contract or action-space refusal is reason 'validate' (Act) or
 ``accepted: false`` with the message (StartEpisode); a second goal while one runs is rejected and
@@ -15,18 +14,19 @@ the rejection logged; a second StartEpisode is refused with a message.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
-from rclpy.callback_groups import ReentrantCallbackGroup
-from rclpy.node import Node
+from rclpy.callback_groups import CallbackGroup
 from sequence_ai_msgs.action import Act
 from sequence_ai_msgs.srv import EndEpisode, Label, StartEpisode
 from std_srvs.srv import Trigger
 
 from sequence_ai_ros.exceptions import ConfigError, ContractViolation, SequenceAIError
-from sequence_ai_ros.node.policy_node import PolicyNode
 from sequence_ai_ros.node.runner import EpisodeReport, episode_settings
+
+if TYPE_CHECKING:
+    from sequence_ai_ros.node.policy_node import PolicyNode
 
 #: Reasons that end an Act goal as succeeded; the others abort it (interrupted: canceled if asked).
 SUCCESS_REASONS = ('completed', 'until', 'timeout')
@@ -37,35 +37,43 @@ def _refusal(exc: BaseException) -> str:
     return 'validate' if isinstance(exc, (ContractViolation, ConfigError)) else 'error'
 
 
-class PolicyInterface(Node):
-    """Services and the Act action of a :class:`PolicyNode`.
+class EpisodeServices:
+    """Services and the Act action of a :class:`PolicyNode`, created on that node.
 
-    :param policy_node: the node whose runner the callbacks drive.
-    :param kwargs: passed to :class:`rclpy.node.Node` (``context``...).
+    :param policy_node: the node that serves them and whose runner the callbacks drive.
+    :param group: their callback group (reentrant: the callbacks block).
     """
 
-    def __init__(self, policy_node: PolicyNode, **kwargs: Any) -> None:
-        super().__init__(policy_node.get_name() + '_interface', namespace=policy_node.get_namespace(),
-                         **kwargs)
+    def __init__(self, policy_node: PolicyNode, group: CallbackGroup) -> None:
         self.policy_node = policy_node
-        self.runner = policy_node.runner
-        base = policy_node.get_fully_qualified_name()
-        group = ReentrantCallbackGroup()
-        self.act_server = ActionServer(self, Act, f'{base}/act', execute_callback=self._execute,
+        node = policy_node
+        self.act_server = ActionServer(node, Act, '~/act', execute_callback=self._execute,
                                        goal_callback=self._on_goal, cancel_callback=self._on_cancel,
                                        callback_group=group)
-        self.create_service(StartEpisode, f'{base}/start_episode', self._start, callback_group=group)
-        self.create_service(EndEpisode, f'{base}/end_episode', self._end, callback_group=group)
-        self.create_service(Trigger, f'{base}/interrupt', self._interrupt, callback_group=group)
-        self.create_service(Label, f'{base}/label', self._label, callback_group=group)
+        node.create_service(StartEpisode, '~/start_episode', self._start, callback_group=group)
+        node.create_service(EndEpisode, '~/end_episode', self._end, callback_group=group)
+        node.create_service(Trigger, '~/interrupt', self._interrupt, callback_group=group)
+        node.create_service(Label, '~/label', self._label, callback_group=group)
 
-    def destroy_node(self) -> None:
-        """Destroy the action server, then the node."""
+    @property
+    def runner(self) -> Any:
+        """The node's current runner (a lifecycle cleanup replaces it)."""
+        return self.policy_node.runner
+
+    def get_logger(self) -> Any:
+        """The node's logger."""
+        return self.policy_node.get_logger()
+
+    def destroy(self) -> None:
+        """Destroy the action server (the services go with the node)."""
         self.act_server.destroy()
-        super().destroy_node()
 
     # -- Act -----------------------------------------------------------------------------------------
     def _on_goal(self, goal: Act.Goal) -> GoalResponse:
+        if not self.runner.accepting:
+            self.get_logger().warning(f'Act goal rejected: the node is not active (lifecycle state '
+                                      f'{self.policy_node.lifecycle_state})')
+            return GoalResponse.REJECT
         ep = self.runner.episode
         if ep is not None and not ep.done.is_set():
             self.get_logger().warning(f'Act goal rejected: episode {ep.id} is running (one at a time)')

@@ -1,10 +1,16 @@
 """``policy_node`` entry point: ``ros2 run sequence_ai_ros policy_node --ros-args --params-file ...``.
 
-Executors: the policy node spins on a SingleThreadedExecutor in the main thread (camera and joint
-callbacks, status and diagnostics timers); its companion interface node (services, Act) spins on a
-MultiThreadedExecutor in the thread ``seq-services``; commands go out from the control thread
-``seq-tick``. SIGINT and SIGTERM stop the loop; shutdown then publishes a last hold, ends any episode
-('interrupted') and shuts rclpy down, so the arm is left holding.
+Executor: the node spins on a MultiThreadedExecutor in the main thread, its callbacks in named groups:
+observations (reentrant, each source serialised by its own lock), reporting timers (reentrant,
+serialised by a lock), services and the Act action (reentrant: they block on gRPC or on an episode's end),
+lifecycle services (reentrant, their own, so a blocking configure stalls nothing else). Commands go
+out from the control thread ``seq-tick``.
+
+With ``autostart`` the thread ``seq-autostart`` configures the node (retrying every second while the
+worker is unreachable or its policy does not fit, each failure logged with its cause) and activates
+it; without it the node waits, unconfigured, for ``ros2 lifecycle set <node> configure`` and
+``activate``. SIGINT and SIGTERM stop the loop; shutdown then goes through the lifecycle: a last
+hold, the episode ended ('interrupted'), rclpy shut down, so the arm is left holding.
 """
 
 from __future__ import annotations
@@ -16,13 +22,18 @@ from collections.abc import Sequence
 
 import rclpy
 from rclpy.exceptions import ParameterException
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor, SingleThreadedExecutor
+from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.lifecycle import TransitionCallbackReturn
 
 from sequence_ai_ros.exceptions import ConfigError
 
 #: GIL switch interval (s) while the node runs: a thread waiting for the GIL waits at most this long,
 #: which bounds the control thread's delay behind Python work in callbacks (CPython's default is 5 ms).
 SWITCH_INTERVAL_S = 0.001
+#: Seconds between two autostart configure attempts.
+AUTOSTART_RETRY_S = 1.0
+#: Executor threads: observations, reporting, lifecycle, and the blocking services and Act goal.
+EXECUTOR_THREADS = 5
 
 
 def _init(args: Sequence[str] | None) -> rclpy.context.Context:
@@ -36,12 +47,27 @@ def _init(args: Sequence[str] | None) -> rclpy.context.Context:
     return context
 
 
+def autostart(node: object, stop: threading.Event) -> bool:
+    """Configure (retrying every :data:`AUTOSTART_RETRY_S` s until ``stop``) and activate ``node``.
+
+    :returns: True once the node is active.
+    """
+    while not stop.is_set():
+        if node.lifecycle_state == 'unconfigured':
+            if node.trigger_configure() != TransitionCallbackReturn.SUCCESS:
+                stop.wait(AUTOSTART_RETRY_S)
+                continue
+        if node.lifecycle_state == 'inactive':
+            return node.trigger_activate() == TransitionCallbackReturn.SUCCESS
+        return node.lifecycle_state == 'active'
+    return False
+
+
 def main(args: Sequence[str] | None = None) -> int:
     """Run the policy node until SIGINT/SIGTERM; return the exit code.
 
     :returns: 0 after a clean shutdown; 2 for a bad parameter (the message, on stderr, names it).
     """
-    from sequence_ai_ros.node.episode_services import PolicyInterface
     from sequence_ai_ros.node.policy_node import PolicyNode
 
     sys.setswitchinterval(SWITCH_INTERVAL_S)
@@ -59,25 +85,26 @@ def main(args: Sequence[str] | None = None) -> int:
         print(f'policy_node: {exc}', file=sys.stderr)
         rclpy.try_shutdown(context=context)
         return 2
-    interface = PolicyInterface(node, context=context)
-    executor = SingleThreadedExecutor(context=context)
+    executor = MultiThreadedExecutor(num_threads=EXECUTOR_THREADS, context=context)
     executor.add_node(node)
-    services = MultiThreadedExecutor(num_threads=3, context=context)
-    services.add_node(interface)
-    services_thread = threading.Thread(target=services.spin, name='seq-services', daemon=True)
-    services_thread.start()
-    node.start()
+    starter = None
+    if node.cfg.autostart:
+        starter = threading.Thread(target=autostart, args=(node, stop), name='seq-autostart', daemon=True)
+        starter.start()
+    else:
+        node.get_logger().info('autostart is false: waiting for lifecycle transitions (configure, activate)')
     try:
         while not stop.is_set() and context.ok():
             executor.spin_once(timeout_sec=0.1)
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     finally:
+        stop.set()
+        if starter is not None:
+            starter.join(node.cfg.connect_timeout_s + 2.0)
         node.stop()
-        services.shutdown(timeout_sec=2.0)
-        services_thread.join(5.0)
         executor.shutdown(timeout_sec=2.0)
-        interface.destroy_node()
+        node.episode_services.destroy()
         node.destroy_node()
         rclpy.try_shutdown(context=context)
     return 0

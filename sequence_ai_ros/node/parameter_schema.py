@@ -334,9 +334,9 @@ def _flatten(tree: Mapping[str, Any], prefix: str = '') -> dict[str, Any]:
 
 
 def node_parameters(doc: Mapping[str, Any]) -> dict[str, Any]:
-    """The flat ``ros__parameters`` of the node in a params file's document (``policy_node`` or ``/**``)."""
+    """The flat ``ros__parameters`` of the node in a params file's document (``policy_node``, ``/**``...)."""
     out: dict[str, Any] = {}
-    for key in ('/**', NODE_NAME, '/' + NODE_NAME):
+    for key in ('/**', '/**/' + NODE_NAME, NODE_NAME, '/' + NODE_NAME):
         out.update(_flatten(((doc or {}).get(key) or {}).get('ros__parameters') or {}))
     return out
 

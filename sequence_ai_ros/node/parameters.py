@@ -24,6 +24,7 @@ from sequence_ai_ros.node.config import (
     SCHEMA,
     CameraConfig,
     CommandConfig,
+    DiagnosticsConfig,
     JointsConfig,
     NodeConfig,
     QosConfig,
@@ -93,7 +94,9 @@ def declare_and_read(node: Node) -> NodeConfig:
     qos = QosConfig(**{f: _declare(node, f'qos.{f}') for f in _names(QosConfig)})
     command = CommandConfig(**{f: _declare(node, f'command.{f}') for f in _names(CommandConfig)})
     safety = SafetyConfig(**{f: _declare(node, f'safety.{f}') for f in _names(SafetyConfig)})
-    return NodeConfig(**top, joints=joints, cameras=tuple(cameras), qos=qos, command=command, safety=safety)
+    diagnostics = DiagnosticsConfig(**{f: _declare(node, f'diagnostics.{f}') for f in _names(DiagnosticsConfig)})
+    return NodeConfig(**top, joints=joints, cameras=tuple(cameras), qos=qos, command=command, safety=safety,
+                      diagnostics=diagnostics)
 
 
 def _fields(cls: type) -> list[Any]:

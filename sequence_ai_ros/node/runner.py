@@ -134,6 +134,11 @@ class Runner:
         self.last_command: np.ndarray | None = None   # command order, float64
         self.last_snapshot: Snapshot | None = None
         self.holding = False
+        self.accepting = False      # the lifecycle node sets it while active: episodes may start
+        self.last_action: Any = None  # the client's Action of the last tick (None when it held without one)
+        self.episode_ticks = 0      # control ticks of running episodes after their first command
+        self.underrun_ticks = 0     # of which held for lack of an action (an underrun), for /diagnostics
+        self._trajectory = cfg.command.mode == 'trajectory'
         self._dropped: dict[str, int] = {}    # capture frames the client could not send, per episode id
         self._lock = threading.Lock()
         self._starting = False
@@ -165,6 +170,12 @@ class Runner:
                 self.connection, self.connection_error = ('ready' if self.ready else 'warming'), ''
             except SequenceAIError as exc:
                 self.ready, self.connection, self.connection_error = False, 'disconnected', str(exc)
+
+    def connect_now(self) -> str:
+        """Connect to the worker now (blocking, bounded by ``connect_timeout_s``); return '' or the error."""
+        self._try_connect()
+        self._next_connect = time.monotonic() + 1.0
+        return '' if self.policy is not None else (self.connection_error or self.connection)
 
     def _try_connect(self) -> None:
         cfg = self.cfg
@@ -240,10 +251,14 @@ class Runner:
             max_seconds is required; the node fills in its action space and control period.
         :param episode_id: its id ('' makes one).
         :raises EpisodeStateError: when an episode is running.
+        :raises NotReady: when the node is not active (lifecycle), or not connected.
         :raises ConfigError: for a missing max_seconds.
         :raises NotReady: (or ConnectionLost) when the worker is not connected.
         :raises ContractViolation: when :meth:`validate` refuses (reason 'validate').
         """
+        if not self.accepting:
+            raise NotReady('the node is not active (lifecycle): activate it first (autostart:=true, or '
+                           '`ros2 lifecycle set <node> activate`)')
         if settings.max_seconds is None:
             raise ConfigError('max_seconds is required and must be > 0')
         with self._lock:
@@ -343,6 +358,13 @@ class Runner:
             self._dropped[eid] = max(self._dropped.get(eid, 0), int(n))
         return sum(self._dropped.values())
 
+    def horizon(self) -> tuple[int, float, float, np.ndarray] | None:
+        """The playing chunk of the running episode (see ``Policy.chunk_horizon``), or None."""
+        ep, policy = self.episode, self.policy
+        if ep is None or ep.stopped or ep.done.is_set() or policy is None:
+            return None
+        return policy.chunk_horizon()
+
     def close(self) -> None:
         """End any running episode and close the client (blocking; call at shutdown)."""
         ep = self.episode
@@ -384,6 +406,7 @@ class Runner:
         ep = self.episode
         snap = self.assembler.snapshot(now, ep.instruction if ep is not None else '')
         self.last_snapshot = snap
+        self.last_action = None
         if ep is None:
             return None if self.last_command is None else self._hold(snap)
         if ep.stopped or ep.done.is_set():
@@ -408,13 +431,19 @@ class Runner:
         if policy.episode_outcome() is not None:
             ep.stopped = True
             return self._hold(snap)
+        if ep.sent:
+            self.episode_ticks += 1
         if action is None:
             return self._hold(snap)
         if action.hold:
+            if ep.sent:
+                self.underrun_ticks += 1
             return self._hold(snap)
+        self.last_action = action
         values = self.commands.order(action.values)
         last = self.last_command if self.last_command is not None else self._measured(snap)
-        checked = self.safety.check(values, last)
+        # trajectory mode publishes the chunk's points (checked there), not this per-tick value
+        checked = self.safety.check(values, last, count=not self._trajectory)
         if checked.values is None:
             self.request_end('validate', f'safety: {checked.stop}')
             return self._hold(snap)

@@ -55,6 +55,8 @@ class SafetyFilter:
         self._lock = threading.Lock()
         self._limit_clamps = np.zeros(n, np.int64)
         self._step_clamps = np.zeros(n, np.int64)
+        self.checked = 0             # position commands checked (and counted), for the clamp rate
+        self.clamped_commands = 0    # of which had at least one value clamped
 
     @property
     def clamps(self) -> int:
@@ -68,11 +70,15 @@ class SafetyFilter:
             rows = zip(self.names, self._limit_clamps, self._step_clamps, strict=True)
             return {name: {'limit': int(lim), 'step': int(st)} for name, lim, st in rows if lim or st}
 
-    def check(self, values: np.ndarray, last: np.ndarray | None) -> Checked:
+    def check(self, values: np.ndarray, last: np.ndarray | None, *, step_scale: float = 1.0,
+              count: bool = True) -> Checked:
         """Check one command.
 
         :param values: float64 (D,) in command order.
         :param last: the previous command (or measured state) in command order, or None.
+        :param step_scale: control periods between ``last`` and this command (trajectory points further
+            apart may move further; >= 1).
+        :param count: count clamps and commands (False for a value that is not published).
         :returns: the command to publish (always finite), or ``values=None`` with ``stop`` saying why
             the run must end ('validate'): a non-finite action, a violation under ``on_violation='stop'``,
             or a command that is non-finite after the limits.
@@ -103,18 +109,22 @@ class SafetyFilter:
                 bad = [self.names[i] for i in np.flatnonzero(~np.isfinite(last))]
                 return Checked(None, stop=f'non-finite reference for the step limit for {bad}')
             delta = out - last
-            step_hit = np.abs(delta) > self.max_step
+            max_step = self.max_step * step_scale
+            step_hit = np.abs(delta) > max_step
             if step_hit.any():
                 if self.cfg.on_violation == 'stop':
                     names = [self.names[i] for i in np.flatnonzero(step_hit)]
                     return Checked(None, stop=f'step limit exceeded for {names}')
-                out = last + np.clip(delta, -self.max_step, self.max_step)
+                out = last + np.clip(delta, -max_step, max_step)
         if not np.all(np.isfinite(out)):
             bad = [self.names[i] for i in np.flatnonzero(~np.isfinite(out))]
             return Checked(None, stop=f'non-finite command after the safety limits for {bad}')
         n = int(limit_hit.sum() + step_hit.sum())
-        if n:
+        if count:
             with self._lock:
-                self._limit_clamps += limit_hit
-                self._step_clamps += step_hit
+                self.checked += 1
+                if n:
+                    self.clamped_commands += 1
+                    self._limit_clamps += limit_hit
+                    self._step_clamps += step_hit
         return Checked(out, clamped=n)

@@ -65,10 +65,15 @@ class TickThread:
         """True while the thread runs."""
         return self._thread.is_alive()
 
-    def jitter_ms(self) -> tuple[float, float, float]:
-        """Return (p50, p99, max) of |dt - period| (ms) over the recent window; zeros before two ticks."""
+    def jitter_ms(self, last: int | None = None) -> tuple[float, float, float]:
+        """Return (p50, p99, max) of |dt - period| (ms) over the recent window; zeros before two ticks.
+
+        :param last: only the last this many ticks (None: the whole window).
+        """
         with self._lock:
             errors = np.fromiter(self._errors, float) if self._errors else None
+        if errors is not None and last:
+            errors = errors[-last:]
         if errors is None:
             return 0.0, 0.0, 0.0
         return (float(np.percentile(errors, 50)) * 1e3, float(np.percentile(errors, 99)) * 1e3,
