@@ -101,7 +101,7 @@ def test_dropped_telemetry_is_counted_from_the_real_client_and_escalates(tmp_pat
     from sequence_ai_ros.capture.settings import CaptureSettings, save_settings
     from sequence_ai_ros.node.controller_commands import CommandInterface
     from sequence_ai_ros.node.observation import ObservationAssembler
-    from sequence_ai_ros.node.runner import Runner
+    from sequence_ai_ros.node.runner import Runner, episode_settings
     from sequence_ai_ros.worker import serve_policy_file
 
     names = ('j0', 'j1', 'j2', 'j3')
@@ -117,7 +117,7 @@ def test_dropped_telemetry_is_counted_from_the_real_client_and_escalates(tmp_pat
         runner = Runner(cfg, commands, safety, assembler)
         runner.accepting = True
         assert runner.connect_now() == ''
-        runner.start('reach', 10.0)
+        runner.start(episode_settings('reach', 10.0))
         import time
 
         def tick_for(seconds: float) -> None:
