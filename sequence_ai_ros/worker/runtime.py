@@ -5,7 +5,8 @@ Threads owned here:
 - ``seq-load-<name>``: constructs and warms the policy (``__init__`` then ``load()``) the first time a
   client asks (handshake, Ready or an episode), without blocking the caller. Loading is not billed.
 - ``seq-infer-<name>``: the :class:`~sequence_ai_ros.worker.scheduler.InferenceScheduler`; every call into
-  the policy object after loading (``infer`` and the ``@seq.on_episode`` hook) runs there.
+  the policy object after loading (``infer``, or ``infer_batch`` for a policy declaring
+  :class:`~sequence_ai_ros.policy.api.Batching`, and the ``@seq.on_episode`` hook) runs there.
 
 Episodes are keyed by episode id: each has its own :class:`~sequence_ai_ros.policy.Episode` (with its
 ``state`` dict), so one robot never resets another, and an episode ends exactly once (:meth:`ActiveEpisode.end`).
@@ -139,7 +140,13 @@ class DeploymentRuntime:
         self.max_message_bytes = self.contract.max_message_bytes()
         self.usage = usage
         self.capture_store = capture_store
-        self.scheduler = InferenceScheduler(name, max_pending=max_pending)
+        batching = definition.spec.batching
+        self.batching = batching
+        plan = None if batching is None else (batching.max_batch_size, batching.max_wait_s, self._call_batch)
+        self.scheduler = InferenceScheduler(name, max_pending=max_pending, batching=plan,
+                                            on_batch=self._on_batch)
+        #: called with (batch size, seconds) after every inference call (metrics); None: nothing.
+        self.on_batch: Any = None
         self._lock = threading.Lock()
         self._state = 'cold'
         self._message = ''
@@ -286,7 +293,8 @@ class DeploymentRuntime:
         inp = messages.unpack_observation(req, self.contract)
         episode = active.episode
         instance = self._instance
-        future = self.scheduler.submit(episode.id, lambda: self._call(instance, inp, episode))
+        future = self.scheduler.submit(episode.id, lambda: self._call(instance, inp, episode),
+                                       payload=(inp, episode))
         wait_slice = min(0.5, max(0.02, self.inference_timeout_s / 5))
         while True:  # wait in slices: free the handler when the robot has gone; enforce the deadline
             try:
@@ -327,6 +335,40 @@ class DeploymentRuntime:
         finally:
             self.usage.add(inference_s=time.perf_counter() - start)
         return out, time.perf_counter() - start
+
+    def _call_batch(self, items: list[tuple[messages.PolicyInput, Episode]]) -> list[Any]:
+        """Run ``infer_batch`` on the live requests of ``items``; one ``(out, seconds)`` or exception per item."""
+        results: list[Any] = [None] * len(items)
+        live = []
+        for i, (_, episode) in enumerate(items):
+            if episode.reason is not None:
+                results[i] = EpisodeStateError(f'episode {episode.id!r} already ended ({episode.reason})')
+            else:
+                live.append(i)
+        if not live:
+            return results
+        start = time.perf_counter()
+        try:
+            outs = list(self._instance.infer_batch([items[i][0] for i in live], [items[i][1] for i in live]))
+            if len(outs) != len(live):
+                raise ValueError(f'infer_batch returned {len(outs)} chunks for {len(live)} inputs')
+        except BaseException as exc:  # SystemExit/KeyboardInterrupt inside a policy become POLICY_EXCEPTION
+            LOG.warning('policy %s raised on a batch of %d (episodes %s): %s', self.name, len(live),
+                        [items[i][1].id for i in live], describe(exc))
+            err = PolicyException(describe(exc))
+            for i in live:
+                results[i] = err
+            return results
+        finally:
+            elapsed = time.perf_counter() - start
+            self.usage.add(inference_s=elapsed)
+        for i, out in zip(live, outs, strict=True):
+            results[i] = (out, elapsed)
+        return results
+
+    def _on_batch(self, size: int, seconds: float) -> None:
+        if self.on_batch is not None:
+            self.on_batch(size, seconds)
 
     def close(self, timeout: float = 5.0) -> None:
         """End running episodes (reason ``shutdown``), stop the inference thread, flush usage."""
