@@ -113,13 +113,13 @@ def server_config(args: argparse.Namespace) -> Any:
     :raises ConfigError: for --tls-cert without --tls-key (or the reverse), an empty token file or an invalid
         value.
     """
-    from sequence_ai_ros.worker.config import ServerConfig, cli_options
+    from sequence_ai_ros.worker.config import cli_options, from_cli
 
     if bool(args.tls_cert) != bool(args.tls_key):
         raise ConfigError('--tls-cert and --tls-key go together')
     tls = (args.tls_cert, args.tls_key) if args.tls_cert else None
-    return ServerConfig(token=_read_token(args.token_file), tls=tls,
-                        **{name: getattr(args, name) for name, _, _ in cli_options()})
+    return from_cli({name: getattr(args, name) for name, _, _ in cli_options()}, token=_read_token(args.token_file),
+                    tls=tls)
 
 
 def add_server_options(parser: argparse.ArgumentParser) -> None:

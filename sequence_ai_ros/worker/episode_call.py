@@ -10,6 +10,8 @@ The episode ends exactly once (:meth:`ActiveEpisode.end`) with reason:
 - the robot's ``EpisodeEnd.reason`` (``completed`` when empty);
 - ``disconnect`` when the stream ends without EpisodeEnd (cancelled, dropped, half-closed);
 - ``idle_timeout`` after ``idle_timeout_s`` without any message (an Error and EpisodeEnded are sent);
+- a stream that sends no EpisodeStart within ``start_timeout_s`` is closed the same way (``start_timeout``),
+  so idle streams cannot hold the worker's stream slots (admission);
 - ``shutdown`` when the worker stops (an Error and EpisodeEnded are sent).
 
 Threads: the gRPC handler thread runs :meth:`EpisodeCallHandler.replies`; a reader thread
@@ -48,12 +50,17 @@ class EpisodeCallHandler:
     :param runtime: the deployment.
     :param episode_id: the call's ``x-episode-id`` metadata ('' when absent: EpisodeStart's id is used).
     :param idle_timeout_s: end the episode after this many seconds without a message (s).
+    :param start_timeout_s: close the stream when no EpisodeStart came within this many seconds (s).
+    :param client: who holds the stream (an address), for the per-client cap and logs.
     """
 
-    def __init__(self, runtime: DeploymentRuntime, episode_id: str, idle_timeout_s: float) -> None:
+    def __init__(self, runtime: DeploymentRuntime, episode_id: str, idle_timeout_s: float,
+                 start_timeout_s: float = float('inf'), client: str = '') -> None:
         self.runtime = runtime
         self.episode_id = episode_id
         self.idle_timeout_s = idle_timeout_s
+        self.start_timeout_s = start_timeout_s
+        self.client = client
         self.active: ActiveEpisode | None = None
         self._inbox: queue.Queue = queue.Queue()
         self._reader: threading.Thread | None = None
@@ -85,13 +92,22 @@ class EpisodeCallHandler:
         self._reader = threading.Thread(target=self._read, args=(requests,), name=f'seq-episode-{name}'[:60],
                                         daemon=True)
         self._reader.start()
-        last = time.monotonic()
+        last = opened = time.monotonic()
         try:
             while True:
+                now = time.monotonic()
+                wait = self.idle_timeout_s - (now - last)
+                if self.active is None:
+                    wait = min(wait, self.start_timeout_s - (now - opened))
                 try:
-                    item = self._inbox.get(timeout=max(0.0, self.idle_timeout_s - (time.monotonic() - last)))
+                    item = self._inbox.get(timeout=max(0.0, wait))
                 except queue.Empty:
-                    yield from self._close('idle_timeout', f'no message for {self.idle_timeout_s:g} s')
+                    if self.active is None and time.monotonic() - opened >= self.start_timeout_s:
+                        LOG.info('stream from %s closed: no EpisodeStart within %g s', self.client or '?',
+                                 self.start_timeout_s)
+                        yield from self._close('start_timeout', f'no EpisodeStart within {self.start_timeout_s:g} s')
+                    else:
+                        yield from self._close('idle_timeout', f'no message for {self.idle_timeout_s:g} s')
                     return
                 last = time.monotonic()
                 if item is _CLOSED:

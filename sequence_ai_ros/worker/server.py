@@ -157,7 +157,7 @@ class WorkerServer:
         max_workers = config.max_streams + UNARY_HEADROOM
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix='seq-grpc'),
                              options=options, interceptors=interceptors, maximum_concurrent_rpcs=max_workers)
-        servicer = PolicyServicer(self.runtimes, config.idle_timeout_s, config.token, max_streams=config.max_streams)
+        servicer = PolicyServicer(self.runtimes, config)
         pb_grpc.add_PolicyServiceServicer_to_server(servicer, server)
         health_servicer = health.HealthServicer(experimental_non_blocking=True)
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
