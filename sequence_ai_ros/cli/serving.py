@@ -97,6 +97,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         print(f'serving {" ".join(sorted(server.runtimes))} on {server.host}:{server.port}'
               f'{" (TLS)" if server.tls else ""}', flush=True)
+        if server.metrics_port is not None:
+            print(f'metrics on http://{server.host}:{server.metrics_port}/metrics', flush=True)
         while not stop.wait(timeout=1.0):
             pass
     finally:

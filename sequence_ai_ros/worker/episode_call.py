@@ -181,13 +181,16 @@ class EpisodeCallHandler:
         except SequenceAIError as exc:
             reply = _error(exc, rid)
             active.recorder.add_request(req, None, reply.error)
+            self.runtime.metrics.request(self.runtime.name, pb.ErrorCode.Name(reply.error.code))
             return reply
         except Exception as exc:  # a worker bug: typed, logged, and the stream goes on
             LOG.exception('episode %s request %d: internal error', active.episode.id, rid)
             reply = pb.EpisodeReply(error=pb.Error(code=pb.POLICY_EXCEPTION, request_id=rid,
                                                    message=f'worker internal error: {type(exc).__name__}: {exc}'))
             active.recorder.add_request(req, None, reply.error)
+            self.runtime.metrics.request(self.runtime.name, pb.ErrorCode.Name(reply.error.code))
             return reply
+        self.runtime.metrics.request(self.runtime.name, 'chunk')
         active.requests += 1
         active.recorder.add_request(req, chunk, None)
         return pb.EpisodeReply(chunk=chunk)

@@ -31,6 +31,7 @@ from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import Contract, clip
 from sequence_ai_ros.worker.capture_hook import EpisodeRecorder
 from sequence_ai_ros.worker.config import ServerConfig
+from sequence_ai_ros.worker.metrics import MetricsSink
 from sequence_ai_ros.worker.scheduler import InferenceScheduler
 from sequence_ai_ros.worker.usage import UsageMeter
 
@@ -94,6 +95,8 @@ class ActiveEpisode:
                 except Exception as exc:  # the hook's own failure is logged in _run_hook
                     LOG.debug('hook wait for %s: %s', self.episode.id, exc)
         self.captured = self.recorder.commit(reason, dict(stats or {}, requests=self.requests))
+        stats = stats or {}
+        rt.metrics.episode_ended(rt.name, reason, int(stats.get('underruns', 0)), float(stats.get('underrun_s', 0.0)))
         rt.usage.flush()
         LOG.info('episode %s on %s ended: %s (%d requests)', self.episode.id, rt.name, reason, self.requests)
         return True
@@ -145,8 +148,8 @@ class DeploymentRuntime:
         plan = None if batching is None else (batching.max_batch_size, batching.max_wait_s, self._call_batch)
         self.scheduler = InferenceScheduler(name, max_pending=max_pending, batching=plan,
                                             on_batch=self._on_batch)
-        #: called with (batch size, seconds) after every inference call (metrics); None: nothing.
-        self.on_batch: Any = None
+        #: where requests, batches and episode ends are reported (Prometheus when ``--metrics-port`` is set)
+        self.metrics: MetricsSink = MetricsSink()
         self._lock = threading.Lock()
         self._state = 'cold'
         self._message = ''
@@ -367,8 +370,7 @@ class DeploymentRuntime:
         return results
 
     def _on_batch(self, size: int, seconds: float) -> None:
-        if self.on_batch is not None:
-            self.on_batch(size, seconds)
+        self.metrics.batch(self.name, size, seconds)
 
     def close(self, timeout: float = 5.0) -> None:
         """End running episodes (reason ``shutdown``), stop the inference thread, flush usage."""

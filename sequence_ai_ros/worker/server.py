@@ -38,6 +38,7 @@ from sequence_ai_ros.protocol import AUTH_METADATA, errors, messages
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
 from sequence_ai_ros.worker.capture_hook import open_store
 from sequence_ai_ros.worker.config import ServerConfig, field_names
+from sequence_ai_ros.worker.metrics import MetricsSink, PrometheusMetrics
 from sequence_ai_ros.worker.registry import Registry
 from sequence_ai_ros.worker.runtime import DeploymentRuntime
 from sequence_ai_ros.worker.servicer import PolicyServicer
@@ -133,6 +134,20 @@ class WorkerServer:
         for runtime in runtimes.values():
             runtime.on_state_change = self._on_state
             self._on_state(runtime)
+        self.metrics: MetricsSink = MetricsSink()
+        self.metrics_port: int | None = None
+        if config.metrics_port is not None:
+            try:
+                self.metrics = PrometheusMetrics(runtimes, self.servicer.open_streams, config.host,
+                                                 config.metrics_port)
+            except BaseException:
+                for runtime in runtimes.values():
+                    runtime.close(timeout=1.0)
+                raise
+            self.metrics_port = self.metrics.port
+            self.servicer.on_refused = self.metrics.refused
+            for runtime in runtimes.values():
+                runtime.metrics = self.metrics
         self._server.start()
         self.health.set('', health_pb2.HealthCheckResponse.SERVING)
         self._housekeeping = threading.Thread(target=self._housekeep, name='seq-housekeeping', daemon=True)
@@ -220,6 +235,7 @@ class WorkerServer:
         self._housekeeping.join(timeout=5.0)
         for runtime in self.runtimes.values():
             runtime.close()
+        self.metrics.close()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the server terminates (or ``timeout`` s); return True when it did."""
