@@ -1,4 +1,4 @@
-"""The worker's ``seq`` sub-commands: init, deploy, serve, deployments, delete, usage, train.
+"""The worker's ``seq`` sub-commands: init, deploy, serve, fleet, deployments, delete, usage, train.
 
 Registered by :func:`add_parsers` (called by :mod:`sequence_ai_ros.cli`); each parser's ``func(args)``
 returns the exit code. Errors are :class:`~sequence_ai_ros.exceptions.SequenceAIError` subclasses, which
@@ -237,6 +237,9 @@ def add_parsers(sub: Any, groups: dict[str, Any]) -> None:
     add_server_options(p)
     p.set_defaults(func=cmd_serve)
 
+    from sequence_ai_ros.cli import fleet
+
+    fleet.add_parser(sub)
     p = sub.add_parser('deployments', help='list deployments')
     p.set_defaults(func=cmd_deployments)
     p = sub.add_parser('delete', help='delete a deployment (and its captured data)')

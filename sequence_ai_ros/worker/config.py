@@ -54,6 +54,8 @@ class ServerConfig:
     :param trusted_proxies: peer addresses (e.g. ``127.0.0.1``) whose ``x-forwarded-for`` names the client.
     :param metrics_port: serve Prometheus metrics on ``http://host:metrics_port/metrics`` (0: a free port,
         see ``WorkerServer.metrics_port``); None: no metrics endpoint.
+    :param agent_port: answer HAProxy ``agent-check`` probes on this port with the gRPC health of the served
+        deployments (:mod:`~sequence_ai_ros.worker.health_agent`); None: no agent.
     :raises ConfigError: for a non-positive timeout, ``max_streams`` or ``max_pending`` < 1, a port outside
         [0, 65535] or an empty token.
     """
@@ -80,6 +82,8 @@ class ServerConfig:
                                             'names the client (repeat the flag for several)', 'ADDR')
     metrics_port: int | None = _opt(None, '--metrics-port', 'serve Prometheus metrics on this port at /metrics '
                                     '(default: off; 0 picks a free one)', 'PORT')
+    agent_port: int | None = _opt(None, '--agent-port', 'answer HAProxy agent-check probes on this port with the '
+                                  "replica's gRPC health (default: off; see deploy/haproxy.cfg)", 'PORT')
 
     def __post_init__(self) -> None:
         for name in ('idle_timeout_s', 'inference_timeout_s', 'load_timeout_s', 'start_timeout_s'):
@@ -90,9 +94,9 @@ class ServerConfig:
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= 1):
                 raise ConfigError(f'{name} must be an integer >= 1, got {value!r}')
-        for name in ('port', 'metrics_port'):
+        for name in ('port', 'metrics_port', 'agent_port'):
             value = getattr(self, name)
-            if not ((value is None and name == 'metrics_port') or (isinstance(value, int) and 0 <= value <= 65535)):
+            if not ((value is None and name != 'port') or (isinstance(value, int) and 0 <= value <= 65535)):
                 raise ConfigError(f'{name} must be in [0, 65535], got {value!r}')
         if not (isinstance(self.max_streams_per_client, int) and self.max_streams_per_client >= 0):
             raise ConfigError(f'max_streams_per_client must be an integer >= 0, got {self.max_streams_per_client!r}')

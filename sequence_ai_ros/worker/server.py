@@ -38,6 +38,7 @@ from sequence_ai_ros.protocol import AUTH_METADATA, errors, messages
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
 from sequence_ai_ros.worker.capture_hook import open_store
 from sequence_ai_ros.worker.config import ServerConfig, field_names
+from sequence_ai_ros.worker.health_agent import HealthAgent
 from sequence_ai_ros.worker.metrics import MetricsSink, PrometheusMetrics
 from sequence_ai_ros.worker.registry import Registry
 from sequence_ai_ros.worker.runtime import DeploymentRuntime
@@ -150,6 +151,19 @@ class WorkerServer:
                 runtime.metrics = self.metrics
         self._server.start()
         self.health.set('', health_pb2.HealthCheckResponse.SERVING)
+        self.agent: HealthAgent | None = None
+        if config.agent_port is not None:
+            local = '127.0.0.1' if config.host in ('0.0.0.0', '::', '') else config.host
+            creds = (grpc.ssl_channel_credentials(_read_pem(config.tls[0])) if config.tls is not None else None)
+            try:
+                self.agent = HealthAgent(f'{local}:{self.port}', sorted(runtimes), config.host, config.agent_port,
+                                         token=config.token, credentials=creds)
+            except BaseException:
+                self._server.stop(0)
+                self.metrics.close()
+                for runtime in runtimes.values():
+                    runtime.close(timeout=1.0)
+                raise
         self._housekeeping = threading.Thread(target=self._housekeep, name='seq-housekeeping', daemon=True)
         self._housekeeping.start()
         if config.warm:
@@ -228,7 +242,7 @@ class WorkerServer:
         if self._stopped:
             return
         self._stopped = True
-        self.health.enter_graceful_shutdown()
+        self.health.enter_graceful_shutdown()  # the agent now answers drain: no new episodes from a balancer
         self.servicer.shutdown_streams()
         self._server.stop(grace).wait(grace + 5.0)
         self._stop.set()
@@ -236,6 +250,8 @@ class WorkerServer:
         for runtime in self.runtimes.values():
             runtime.close()
         self.metrics.close()
+        if self.agent is not None:
+            self.agent.close()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the server terminates (or ``timeout`` s); return True when it did."""
