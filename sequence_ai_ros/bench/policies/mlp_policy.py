@@ -10,8 +10,11 @@ The thread is busy the whole time: the policy is compute-bound, not sleeping.
 is ``state + 0.01 * refined``. ``batch_sizes`` records the size of every call; ``episode.state['requests']``
 counts each episode's requests (so tests see per-episode state survive batching).
 
+``SEQ_MLP_SERIAL=1`` in the worker's environment declares it without batching (the bench's serialized mode).
 Config (constructor kwargs): ``steps`` (default 1500), ``hidden`` (default 64), ``seed`` (default 0).
 """
+
+import os
 
 import numpy as np
 
@@ -23,7 +26,7 @@ T = 20
 
 @seq.policy(action_space='joint_absolute', action_names=NAMES, dt=0.05, chunk_length=T,
             observation=seq.ObservationContract(state_names=NAMES), gripper='none', streaming=True,
-            batching=seq.Batching(max_batch_size=8, max_wait_s=0.004))
+            batching=None if os.environ.get('SEQ_MLP_SERIAL') else seq.Batching(max_batch_size=8, max_wait_s=0.010))
 class NumpyMLP:
     """Chunk = state + 0.01 * (``steps`` MLP refinements of a zero chunk); see the module docstring."""
 
