@@ -273,57 +273,100 @@ class DeploymentRuntime:
             return list(self._episodes.values())
 
     # -- inference ----------------------------------------------------------------------------------------
-    def infer(self, active: ActiveEpisode, req: pb.ObservationRequest) -> pb.ActionChunk:
-        """Validate ``req``, run the policy on the inference thread, return the chunk.
+    def submit(self, active: ActiveEpisode, req: pb.ObservationRequest,
+               inp: messages.PolicyInput | None = None) -> concurrent.futures.Future:
+        """Validate ``req`` and queue it for the inference thread; return the scheduler's future.
 
-        Decoding and validation run in the caller's (stream) thread; only ``infer`` is serialized.
-
+        :param inp: ``req`` already decoded (:meth:`decode`), or None to decode it here.
         :raises ContractViolation: for a malformed request (the robot's fault).
         :raises NotReady: while warming, or after a failed load.
-        :raises PolicyException: when the policy raises (any BaseException, SystemExit included), or its
-            call exceeds ``inference_timeout_s`` (then the deployment is marked failed).
-        :raises ContractViolation: when the policy returns a chunk that breaks its contract (shape, NaN);
-            the robot ends the episode with 'validate'.
         :raises Overloaded: when the inference queue is full.
         """
         ready, eta, state, message = self.readiness()
         if not ready:
             self.ensure_loading()
             raise NotReady(message or f'policy {self.name!r} is {state}; ready in about {eta:.1f} s')
+        if inp is None:
+            inp = self.decode(req)
+        episode = active.episode
+        instance = self._instance
+        return self.scheduler.submit(episode.id, lambda: self._call(instance, inp, episode), payload=(inp, episode))
+
+    def decode(self, req: pb.ObservationRequest) -> messages.PolicyInput:
+        """Check the request's size and decode it against the contract (images decoded: the costly part).
+
+        :raises ContractViolation: for a request over the contract's size or a malformed one.
+        """
         if req.ByteSize() > self.max_message_bytes:
             raise ContractViolation(f'request {req.request_id}: {req.ByteSize()} bytes exceeds the contract\'s '
                                     f'{self.max_message_bytes}')
-        inp = messages.unpack_observation(req, self.contract)
-        episode = active.episode
-        instance = self._instance
-        future = self.scheduler.submit(episode.id, lambda: self._call(instance, inp, episode),
-                                       payload=(inp, episode))
-        wait_slice = min(0.5, max(0.02, self.inference_timeout_s / 5))
-        while True:  # wait in slices: free the handler when the robot has gone; enforce the deadline
-            try:
-                (out, inference_s), queue_wait_s = future.result(timeout=wait_slice)
-                break
-            except PolicyException:
-                if self.scheduler.wedged is not None:
-                    self.mark_failed(str(self.scheduler.wedged))
-                raise
-            except concurrent.futures.TimeoutError:
-                wedged = self.scheduler.expire(self.inference_timeout_s)
-                if wedged is not None:
-                    self.mark_failed(str(wedged))
-                    continue  # the future now holds the error
-                if active.ended:
-                    raise EpisodeStateError(f'episode {episode.id!r} ended while request {req.request_id} '
-                                            'waited for inference') from None
+        return messages.unpack_observation(req, self.contract)
+
+    @property
+    def wait_slice_s(self) -> float:
+        """Slice (s) in which a waiting stream re-checks the inference deadline and its episode."""
+        return min(0.5, max(0.02, self.inference_timeout_s / 5))
+
+    def check_wait(self, active: ActiveEpisode, req: pb.ObservationRequest) -> bool:
+        """Called when a wait slice passes: apply the inference deadline; True when the future now holds an error.
+
+        :raises EpisodeStateError: when the episode ended while its request waited.
+        """
+        wedged = self.scheduler.expire(self.inference_timeout_s)
+        if wedged is not None:
+            self.mark_failed(str(wedged))
+            return True
+        if active.ended:
+            raise EpisodeStateError(f'episode {active.episode.id!r} ended while request {req.request_id} '
+                                    'waited for inference') from None
+        return False
+
+    def on_failure(self, exc: BaseException) -> None:
+        """Mark the deployment failed when ``exc`` came from a wedged scheduler."""
+        if isinstance(exc, PolicyException) and self.scheduler.wedged is not None:
+            self.mark_failed(str(self.scheduler.wedged))
+
+    def finish(self, active: ActiveEpisode, req: pb.ObservationRequest, result: Any) -> pb.ActionChunk:
+        """Turn the scheduler's result ``((out, inference_s), queue_wait_s)`` into the ActionChunk.
+
+        :raises ContractViolation: when the policy returned a chunk that breaks its contract (shape, NaN).
+        """
+        (out, inference_s), queue_wait_s = result
         actions, done = (out.actions, out.done) if isinstance(out, Result) else (out, False)
         try:
             chunk = messages.pack_chunk(np.asarray(actions), self.contract, request_id=req.request_id,
-                                        episode_id=episode.id, robot_time_s=req.robot_time_s, done=bool(done),
-                                        queue_wait_ms=queue_wait_s * 1e3, inference_ms=inference_s * 1e3)
+                                        episode_id=active.episode.id, robot_time_s=req.robot_time_s,
+                                        done=bool(done), queue_wait_ms=queue_wait_s * 1e3,
+                                        inference_ms=inference_s * 1e3)
         except (ContractViolation, TypeError, ValueError) as exc:
             raise ContractViolation(f'policy {self.name!r} returned a malformed chunk: {exc}') from None
         self.usage.add(requests=1)
         return chunk
+
+    def infer(self, active: ActiveEpisode, req: pb.ObservationRequest) -> pb.ActionChunk:
+        """Validate ``req``, run the policy on the inference thread, wait for it, return the chunk (blocking).
+
+        The worker's event loop uses :meth:`submit` / :meth:`finish` and awaits instead; this blocking form
+        is for callers on their own thread.
+
+        :raises ContractViolation: for a malformed request (the robot's fault), or a chunk that breaks the
+            contract (shape, NaN): the robot ends the episode with 'validate'.
+        :raises NotReady: while warming, or after a failed load.
+        :raises PolicyException: when the policy raises (any BaseException, SystemExit included), or its
+            call exceeds ``inference_timeout_s`` (then the deployment is marked failed).
+        :raises Overloaded: when the inference queue is full.
+        """
+        future = self.submit(active, req)
+        while True:  # wait in slices: give up when the robot has gone; enforce the deadline
+            try:
+                result = future.result(timeout=self.wait_slice_s)
+                break
+            except PolicyException as exc:
+                self.on_failure(exc)
+                raise
+            except concurrent.futures.TimeoutError:
+                self.check_wait(active, req)
+        return self.finish(active, req, result)
 
     def _call(self, instance: Any, inp: messages.PolicyInput, episode: Episode) -> tuple[Any, float]:
         if episode.reason is not None:
