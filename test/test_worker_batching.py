@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_worker_support import Stream, channel, handshake, state_request, wait_ready
+from test_worker_support import Stream, channel, handshake, state_request, wait_for, wait_ready
 
 import sequence_ai_ros.policy as seq
 from sequence_ai_ros.exceptions import ConfigError
@@ -148,3 +148,27 @@ class Flaky:
         assert rb.HasField('chunk') and rb.chunk.request_id == 2
         a.end(), b.end()
         ch.close()
+
+
+@pytest.mark.parametrize('batched', [False, True])
+def test_an_episode_may_submit_again_as_soon_as_its_chunk_is_out(batched):
+    # the robot answers a chunk at once: its next request must not be refused as "already in flight"
+    plan = (4, 0.0, lambda payloads: [p for p in payloads]) if batched else None
+    sched = InferenceScheduler('t', batching=plan)
+    outcomes = []
+
+    def resubmit(future) -> None:
+        try:
+            outcomes.append(sched.submit('ep', lambda: 2, payload=2))
+        except Exception as exc:
+            outcomes.append(exc)
+
+    try:
+        first = sched.submit('ep', lambda: 1, payload=1)
+        first.add_done_callback(resubmit)  # runs on the inference thread, right when the future settles
+        assert first.result(5)[0] == 1
+        wait_for(lambda: outcomes, what='the second request')
+        assert not isinstance(outcomes[0], Exception), outcomes
+        assert outcomes[0].result(5)[0] == 2
+    finally:
+        sched.stop()

@@ -110,6 +110,11 @@ class Robot:
         self.channel = grpc.insecure_channel(f'127.0.0.1:{port}')
         stub = pb_grpc.PolicyServiceStub(self.channel)
         stub.Handshake(pb.HandshakeRequest(deployment=deployment, protocol_version=PROTOCOL_VERSION), timeout=30)
+        deadline = time.monotonic() + 60
+        while not stub.Ready(pb.ReadyRequest(deployment=deployment), timeout=10).ready:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f'{deployment} not ready after 60 s')
+            time.sleep(0.05)
         self._out: queue.Queue = queue.Queue()
         self._call = stub.Episode(iter(self._out.get, None), metadata=[('x-episode-id', episode_id),
                                                                        ('x-deployment', deployment)])
@@ -197,8 +202,21 @@ def drive(worker: Worker, robots: int, seconds: float) -> dict:
             'late': late[0], 'errors': errors[:3], 'worker_threads_peak': peak_threads[0]}
 
 
-def batch_cost(repeats: int = 10) -> dict:
-    """Time the MLP in-process: one call of 1 and of 8 states (ms) and their ratio."""
+#: BLAS on one thread in the worker and the cost probe: the policy is compute-bound on one core, and a BLAS
+#: pool spinning against the worker's own threads on 2 shared cores would measure contention, not batching.
+ONE_THREAD_BLAS = {'OPENBLAS_NUM_THREADS': '1', 'OMP_NUM_THREADS': '1', 'MKL_NUM_THREADS': '1'}
+
+
+def batch_cost() -> dict:
+    """Time the MLP in a fresh process (BLAS on one thread): one call of 1 and of 8 states (ms), their ratio."""
+    import json
+
+    out = subprocess.run([sys.executable, '-m', 'sequence_ai_ros.bench.bench_fleet', '--cost'], capture_output=True,
+                         text=True, env={**os.environ, **ONE_THREAD_BLAS}, timeout=120, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _batch_cost_here(repeats: int = 10) -> dict:
     import importlib.util
 
     spec = importlib.util.spec_from_file_location('seq_bench_mlp', MLP)
@@ -220,7 +238,7 @@ def batch_cost(repeats: int = 10) -> dict:
 
 def capacity(mode: str, seconds: float) -> dict:
     """Ramp robots against the MLP in ``mode`` (batched | serialized); return the ramp and the capacity."""
-    env = {'SEQ_MLP_SERIAL': '1'} if mode == 'serialized' else {}
+    env = {**ONE_THREAD_BLAS, **({'SEQ_MLP_SERIAL': '1'} if mode == 'serialized' else {})}
     with tempfile.TemporaryDirectory() as tmp:
         policy = Path(tmp) / 'mlp' / 'policy.py'
         policy.parent.mkdir()
@@ -228,7 +246,8 @@ def capacity(mode: str, seconds: float) -> dict:
         with Worker(policy, env) as worker:
             single = drive(worker, 1, 2 * seconds)
             bound = 1.5 * single['p99']
-            print(f'  {mode:<10}   1 robot:  p50 {single["p50"]:7.1f} ms  p99 {single["p99"]:7.1f} ms', flush=True)
+            print(f'  {mode:<10}   1 robot:  p50 {single["p50"]:7.1f} ms  p99 {single["p99"]:7.1f} ms'
+                  + (f'  errors: {single["errors"]}' if single['errors'] else ''), flush=True)
             ramp, best, misses = [], 1, 0
             for n in RAMP[1:]:  # up the ramp until two robot counts in a row miss the bound
                 fig = drive(worker, n, seconds)
@@ -283,3 +302,9 @@ def main_transport(seconds: float = 5.0) -> dict:
                       + (f'  errors: {fig["errors"]}' if fig['errors'] else ''), flush=True)
     print(f'worker threads when idle: {idle_threads}; goal: 128 robots with 0 late on 2 cores')
     return {'idle_threads': idle_threads, 'curve': curve}
+
+
+if __name__ == '__main__' and sys.argv[1:] == ['--cost']:
+    import json
+
+    print(json.dumps(_batch_cost_here()))

@@ -167,14 +167,22 @@ class InferenceScheduler:
         LOG.error('%s', self._wedged)
         return self._wedged
 
+    def _release(self, job: _Job) -> None:
+        """Let the job's episode submit again: before its future settles, as its robot may answer at once."""
+        if job.key is not None:
+            with self._lock:
+                self._pending_keys.discard(job.key)
+
     def _execute(self, job: _Job) -> None:
         job.queue_wait_s = time.monotonic() - job.submitted
         job.started = time.monotonic()
         try:
             result = job.fn()
         except BaseException as exc:  # handed to the waiting stream, which types it
+            self._release(job)
             _settle(job.future, exception=exc)
         else:
+            self._release(job)
             _settle(job.future, result=(result, job.queue_wait_s))
 
     def _execute_batch(self, jobs: list[_Job]) -> None:
@@ -189,6 +197,8 @@ class InferenceScheduler:
         if len(results) != len(jobs):
             results = [PolicyException(f'deployment {self.name!r}: {len(results)} results for {len(jobs)} '
                                        'requests')] * len(jobs)
+        for job in jobs:
+            self._release(job)
         for job, result in zip(jobs, results, strict=True):
             if isinstance(result, BaseException):
                 _settle(job.future, exception=result)
@@ -232,9 +242,6 @@ class InferenceScheduler:
                     LOG.warning('on_batch of %s failed: %s', self.name, exc)
             with self._lock:
                 self._current = []
-                for job in jobs:
-                    if job.key is not None:
-                        self._pending_keys.discard(job.key)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Finish queued work, then stop the thread (timed join); later control jobs run inline."""
