@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import threading
 from pathlib import Path
 
@@ -185,3 +186,30 @@ def test_a_not_serving_replica_gets_no_new_episodes(seq_home: Path):
         served = set().union(*(res['pids'] for res in results))
         assert all(res['error'] is None for res in results), results
         assert sick.process.pid not in served and len(served) == 2
+
+
+def test_seq_fleet_starts_replicas_and_haproxy_in_one_command_and_stops_cleanly(processes, seq_home: Path):
+    import re
+    import signal
+    import sys
+
+    from sequence_ai_ros.protocol import PROTOCOL_VERSION
+
+    proc = processes.spawn([sys.executable, '-m', 'sequence_ai_ros.cli', 'fleet', str(POLICY), '--replicas', '2',
+                            '--port', '0'])
+    lines = [proc.stdout.readline() for _ in range(3)]
+    match = re.search(r'on 127\.0\.0\.1:(\d+)', lines[0])
+    assert match, lines + [proc.stderr.read() if proc.poll() is not None else '']
+    replica_ports = [int(m) for line in lines[1:] for m in re.findall(r'gRPC 127\.0\.0\.1:(\d+)', line)]
+    assert len(replica_ports) == 2
+    with channel(int(match.group(1))) as ch:
+        stub = pb_grpc.PolicyServiceStub(ch)
+        reply = stub.Handshake(pb.HandshakeRequest(deployment='replica_echo', protocol_version=PROTOCOL_VERSION),
+                               timeout=10)
+        assert reply.contract.deployment == 'replica_echo'
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 0
+    assert 'stopping the fleet' in proc.stdout.read()
+    for port in replica_ports:  # every replica is gone with it
+        with pytest.raises(OSError):
+            socket.create_connection(('127.0.0.1', port), timeout=1).close()

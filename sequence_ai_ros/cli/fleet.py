@@ -7,6 +7,7 @@ where each replica's metrics are; Ctrl-C (or SIGTERM) stops HAProxy and every re
 from __future__ import annotations
 
 import argparse
+import shlex
 import signal
 import threading
 from typing import Any
@@ -17,9 +18,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     from sequence_ai_ros.protocol import DEFAULT_PORT
     from sequence_ai_ros.worker.fleet import Fleet
 
-    serve_args = list(args.serve_args or [])
-    if serve_args[:1] == ['--']:
-        serve_args = serve_args[1:]
+    serve_args = shlex.split(args.serve_options or '')
     fleet = Fleet(args.names, args.replicas, port=DEFAULT_PORT if args.port is None else args.port,
                   serve_args=serve_args, haproxy_config=args.haproxy_config)
     stop = threading.Event()
@@ -50,6 +49,6 @@ def add_parser(sub: Any) -> None:
     p.add_argument('--replicas', type=int, default=3, metavar='N', help='replicas to start (default 3)')
     p.add_argument('--port', type=int, default=None, help='the balancer\'s port (default 50551; 0 picks one)')
     p.add_argument('--haproxy-config', help='HAProxy template (default deploy/haproxy.cfg)')
-    p.add_argument('serve_args', nargs=argparse.REMAINDER,
-                   help='after --: more seq serve options for every replica (e.g. -- --token-file F)')
+    p.add_argument('--serve-options', metavar='"OPTIONS"',
+                   help='more seq serve options for every replica, quoted (e.g. "--token-file F --idle-timeout 60")')
     p.set_defaults(func=cmd_fleet)
