@@ -213,3 +213,44 @@ def test_seq_fleet_starts_replicas_and_haproxy_in_one_command_and_stops_cleanly(
     for port in replica_ports:  # every replica is gone with it
         with pytest.raises(OSError):
             socket.create_connection(('127.0.0.1', port), timeout=1).close()
+
+
+def test_the_balancer_caps_connections_per_source_address(seq_home: Path):
+    import grpc
+
+    from sequence_ai_ros.protocol import PROTOCOL_VERSION
+
+    assert seq_main(['deploy', str(POLICY), '--name', 'replica_echo']) == 0
+    with Fleet(['replica_echo'], 1, home=seq_home, conn_per_client=4) as fleet:
+        def handshake(ch: grpc.Channel) -> None:
+            pb_grpc.PolicyServiceStub(ch).Handshake(
+                pb.HandshakeRequest(deployment='replica_echo', protocol_version=PROTOCOL_VERSION), timeout=5)
+
+        held = [grpc.insecure_channel(fleet.address, options=[('grpc.use_local_subchannel_pool', 1)])
+                for _ in range(4)]
+        try:
+            for ch in held:  # each channel is one connection from 127.0.0.1
+                handshake(ch)
+            extra = grpc.insecure_channel(fleet.address, options=[('grpc.use_local_subchannel_pool', 1)])
+            with pytest.raises(grpc.RpcError) as info:  # the stick-table's sc0_conn_cur rejects the fifth
+                handshake(extra)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            extra.close()
+            held.pop().close()
+            wait_for(lambda: _answers(fleet.address, handshake), timeout=10, what='a slot after one closed')
+        finally:
+            for ch in held:
+                ch.close()
+
+
+def _answers(address: str, handshake) -> bool:
+    import grpc
+
+    ch = grpc.insecure_channel(address, options=[('grpc.use_local_subchannel_pool', 1)])
+    try:
+        handshake(ch)
+        return True
+    except grpc.RpcError:
+        return False
+    finally:
+        ch.close()
