@@ -159,6 +159,14 @@ def test_episodes_stay_on_their_replica_and_survive_a_replica_loss(fleet, seq_ho
                 {f'robot{k:02d}-ep2' for k, was_lost in homes2.items() if not was_lost} |
                 {f'robot{k:02d}-ep3' for k, was_lost in homes2.items() if was_lost})
     assert len(ids) == len(set(ids)) and set(ids) == expected  # the victims' ep2 died with their replica
+    # usage: the three replicas added into the one shared database (a killed replica loses only what it had not
+    # flushed: its running episodes)
+    from sequence_ai_ros.home import usage_file
+    from sequence_ai_ros.worker.usage import read_usage
+
+    usage = read_usage(usage_file(seq_home))['replica_echo']
+    assert usage.sessions >= ROBOTS and usage.episodes >= len(ids)
+    assert usage.requests >= sum(e['requests'] for e in episodes)
     labels = {e['episode_id']: e['label'] for e in episodes if e['episode_id'].endswith('-ep1')}
     assert labels == {f'robot{k:02d}-ep1': {'success': True, 'notes': f'robot {k}'} for k in range(ROBOTS)}
 
