@@ -108,7 +108,7 @@ def test_episodes_stay_on_their_replica_and_survive_a_replica_loss(fleet, seq_ho
         again = Robot(fleet.address, 'robot00')
         try:
             for k in (0, 5, 11):
-                res = again.drive(f'robot{k:02d}-ep1', 0.5)
+                res = again.drive(f'robot{k:02d}-ep1', 1.5)
                 assert res['error'] is None and res['pids'] == {home[k]}, (k, res)
         finally:
             again.close()
@@ -139,7 +139,7 @@ def test_episodes_stay_on_their_replica_and_survive_a_replica_loss(fleet, seq_ho
                  what='the h2 liveness check to mark the killed replica DOWN')
         for k, was_lost in homes2.items():
             if was_lost:
-                res = robots[k].drive(f'robot{k:02d}-ep3', 0.5)
+                res = robots[k].drive(f'robot{k:02d}-ep3', 2.0)
                 assert res['error'] is None and len(res['pids']) == 1 and victim_pid not in res['pids'], res
 
         # 4. labels reach the episode's store whichever replica the call lands on
@@ -187,7 +187,7 @@ def test_a_not_serving_replica_gets_no_new_episodes(seq_home: Path):
                  what='HAProxy to drain the NOT_SERVING replica')
         robots = [Robot(fleet.address, f'robot{k:02d}') for k in range(ROBOTS)]
         try:
-            results = drive_all(robots, 'ep1', 0.5)
+            results = drive_all(robots, 'ep1', 1.5)
         finally:
             for r in robots:
                 r.close()
