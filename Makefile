@@ -26,13 +26,14 @@ ENV := set +u && source $(VENV)/bin/activate && source install/local_setup.bash 
 DATASET ?= ../shared/data/g1_pick_bottle_v21
 export DATASET
 
-.PHONY: help setup build test lint demo bench check-export params-yaml clean
+.PHONY: help setup build test lint demo bench check-export params-yaml clean haproxy
 
 help:
 	@echo "make demo    run the main job end to end (set-up included)"
 	@echo "make test    lint and run the test suite (set-up included)"
 	@echo "make bench   benchmarks (latency, underrun curve, tick jitter, export throughput)"
 	@echo "make check-export  load the demo's export in LeRobot's own v2.1 loader (own, large venv)"
+	@echo "make haproxy install Debian's HAProxy for the fleet (seq fleet, test_fleet.py) when root"
 
 setup: $(STAMP_VENV)
 build: $(STAMP_BUILD)
@@ -68,7 +69,15 @@ $(STAMP_BUILD): $(STAMP_VENV) $(BUILD_INPUTS)
 lint: $(STAMP_VENV)
 	$(VENV)/bin/ruff check .
 
-test: $(STAMP_BUILD)
+# The fleet (seq fleet, test/test_fleet.py) runs behind a real HAProxy (Debian 12: 2.6). As root it is
+# installed when missing; otherwise the fleet tests skip and say so.
+haproxy:
+	@if command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends haproxy; \
+	else echo "note: HAProxy is not installed and this is not root: the fleet tests will skip"; fi
+
+test: $(STAMP_BUILD) haproxy
 	$(VENV)/bin/ruff check .
 	$(ENV) && python -m pytest test -rs
 

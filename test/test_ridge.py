@@ -121,3 +121,35 @@ def test_closed_loop_on_a_joint_that_does_not_follow_stays_bounded(trained: tupl
         last = chunk[0]
     assert np.all(chunk >= model.a_lo - 1e-5) and np.all(chunk <= model.a_hi + 1e-5)
     assert np.all(np.isfinite(chunk))
+
+
+def test_ridge_batches_give_each_robot_its_own_chunk(trained: tuple[Path, str], g1_dataset: Path) -> None:
+    from sequence_ai_ros.datasets.lerobot_reader import LeRobotDataset
+    from sequence_ai_ros.policy import Episode, load_policy_file
+    from sequence_ai_ros.protocol import messages
+    from sequence_ai_ros.protocol.types import Observation
+    from sequence_ai_ros.worker.validate import dry_run
+
+    out, _ = trained
+    definition = load_policy_file(out / 'policy.py')
+    assert definition.spec.batching is not None and definition.spec.batching.max_batch_size > 1
+    dry_run(definition)  # seq deploy's dry run calls infer_batch too
+    policy = definition.instantiate()
+    policy.load()
+    ep = LeRobotDataset(g1_dataset).episode(5)
+    inputs, episodes = [], []
+    for k, t in enumerate((40, 120, 200, 201)):
+        hist = [Observation(state=ep.state[t - 1], timestamp=9.0)] if k % 2 else []
+        now = Observation(state=ep.state[t], timestamp=10.0 + k)
+        inputs.append(messages.PolicyInput(observation=now, history=[*hist, now], chunk_tail=np.zeros((0, 26)),
+                                           expected_delay_actions=0, last_action=None if k == 3 else ep.action[t - 1],
+                                           request_id=1, episode_id=f'e{k}'))
+        episodes.append(Episode(id=f'e{k}', state={'t0': 10.0}))
+    batch = policy.infer_batch(inputs, episodes)
+    for inp, episode, chunk in zip(inputs, episodes, batch, strict=True):
+        alone = policy.infer(inp, Episode(id='alone', state=dict(episode.state)))
+        np.testing.assert_allclose(chunk, alone, atol=1e-6)
+        prev = inp.history[-2].state if len(inp.history) >= 2 else None
+        expected = policy.model.predict(inp.observation.state, inp.last_action, prev,
+                                        elapsed_s=inp.observation.timestamp - 10.0)
+        np.testing.assert_allclose(chunk, expected, atol=1e-6)

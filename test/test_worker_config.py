@@ -64,3 +64,16 @@ def test_serve_policy_file_splits_server_settings_from_policy_kwargs():
                            hook_log='/dev/null') as server:
         assert server.config.max_streams == 3 and server.config.idle_timeout_s == 9.0 and server.port > 0
         assert server.servicer.max_streams == 3 and server.servicer.idle_timeout_s == 9.0
+
+
+def test_fleet_and_admission_flags_fill_the_config():
+    config = serving.server_config(serve_args(
+        'NAME', '--trusted-proxy', '127.0.0.1', '--trusted-proxy', '10.0.0.2', '--metrics-port', '0',
+        '--agent-port', '9101', '--start-timeout', '2.5', '--max-streams-per-client', '0'))
+    assert config == ServerConfig(trusted_proxies=('127.0.0.1', '10.0.0.2'), metrics_port=0, agent_port=9101,
+                                  start_timeout_s=2.5, max_streams_per_client=0)
+    defaults = ServerConfig()
+    assert (defaults.trusted_proxies, defaults.metrics_port, defaults.agent_port, defaults.start_timeout_s,
+            defaults.max_streams_per_client) == ((), None, None, 5.0, 64)
+    with pytest.raises(ConfigError, match='agent_port'):
+        ServerConfig(agent_port=-1)

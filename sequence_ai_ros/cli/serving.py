@@ -1,4 +1,4 @@
-"""The worker's ``seq`` sub-commands: init, deploy, serve, deployments, delete, usage, train.
+"""The worker's ``seq`` sub-commands: init, deploy, serve, fleet, deployments, delete, usage, train.
 
 Registered by :func:`add_parsers` (called by :mod:`sequence_ai_ros.cli`); each parser's ``func(args)``
 returns the exit code. Errors are :class:`~sequence_ai_ros.exceptions.SequenceAIError` subclasses, which
@@ -97,6 +97,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         print(f'serving {" ".join(sorted(server.runtimes))} on {server.host}:{server.port}'
               f'{" (TLS)" if server.tls else ""}', flush=True)
+        if server.metrics_port is not None:
+            print(f'metrics on http://{server.host}:{server.metrics_port}/metrics', flush=True)
         while not stop.wait(timeout=1.0):
             pass
     finally:
@@ -113,13 +115,13 @@ def server_config(args: argparse.Namespace) -> Any:
     :raises ConfigError: for --tls-cert without --tls-key (or the reverse), an empty token file or an invalid
         value.
     """
-    from sequence_ai_ros.worker.config import ServerConfig, cli_options
+    from sequence_ai_ros.worker.config import cli_options, from_cli
 
     if bool(args.tls_cert) != bool(args.tls_key):
         raise ConfigError('--tls-cert and --tls-key go together')
     tls = (args.tls_cert, args.tls_key) if args.tls_cert else None
-    return ServerConfig(token=_read_token(args.token_file), tls=tls,
-                        **{name: getattr(args, name) for name, _, _ in cli_options()})
+    return from_cli({name: getattr(args, name) for name, _, _ in cli_options()}, token=_read_token(args.token_file),
+                    tls=tls)
 
 
 def add_server_options(parser: argparse.ArgumentParser) -> None:
@@ -235,6 +237,9 @@ def add_parsers(sub: Any, groups: dict[str, Any]) -> None:
     add_server_options(p)
     p.set_defaults(func=cmd_serve)
 
+    from sequence_ai_ros.cli import fleet
+
+    fleet.add_parser(sub)
     p = sub.add_parser('deployments', help='list deployments')
     p.set_defaults(func=cmd_deployments)
     p = sub.add_parser('delete', help='delete a deployment (and its captured data)')

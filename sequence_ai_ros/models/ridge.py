@@ -256,6 +256,24 @@ class RidgeModel:
         x = channels(self.channel_names, s, a, prev, elapsed_s, self.dt)
         return self.predict_batch(x, a, guard=True)[0]
 
+    def predict_many(self, states: np.ndarray, last_actions: np.ndarray, prev_states: np.ndarray,
+                     elapsed_s: np.ndarray) -> np.ndarray:
+        """Return B chunks at once, float32 (B, H, D), as :meth:`predict` would return each (batched serving).
+
+        :param states: (B, D) measured states s[t].
+        :param last_actions: (B, D) last executed actions a[t-1] (the state where none was executed yet).
+        :param prev_states: (B, D) states one dt earlier (the state itself where unknown: velocity 0).
+        :param elapsed_s: (B,) seconds since each episode's first request.
+        :raises ConfigError: when a state or last action does not have D values.
+        """
+        s = np.asarray(states, np.float64)
+        a = np.asarray(last_actions, np.float64)
+        if s.ndim != 2 or s.shape[1] != len(self.state_names) or a.shape != (s.shape[0], self.action_dim):
+            raise ConfigError(f'ridge: states {s.shape} and last actions {a.shape}; the model expects '
+                              f'(B, {len(self.state_names)}) and (B, {self.action_dim})')
+        x = channels(self.channel_names, s, a, np.asarray(prev_states, np.float64), elapsed_s, self.dt)
+        return self.predict_batch(x, a, guard=True)
+
     def describe(self) -> str:
         """Return a one-line summary, e.g. ``per-joint residual [tracking_error+state_velocity] lambda=0.001``."""
         kind = ('coupled' if self.coupled else 'per-joint') + (' residual' if self.residual else ' absolute')

@@ -8,16 +8,20 @@ Layout (one concept per module):
 - :mod:`.servicer`: the thin ``PolicyService`` servicer.  :mod:`.episode_call`: one Episode call
   (:class:`EpisodeCallHandler`).
 - :mod:`.runtime`: one deployment (warming, episodes, inference, usage).  :mod:`.scheduler`: its single
-  inference thread with per-episode round-robin (inference is serialized, not batched).
+  inference thread with per-episode round-robin, batching requests of different episodes when the policy
+  declares ``seq.Batching``.
 - :mod:`.registry` and :mod:`.validate`: ``seq deploy`` (dry run) and the $SEQ_HOME registry.
 - :mod:`.usage`: metering.  :mod:`.capture_hook`: the bridge to :mod:`sequence_ai_ros.capture.store`.
 
 Its ``seq`` sub-commands live in :mod:`sequence_ai_ros.cli.serving`; the models that templates import
 in :mod:`sequence_ai_ros.models`.
 
-Threads, all named and owned: ``seq-grpc*`` (gRPC handlers, one per open stream), ``seq-episode-<id>``
-(reads one stream), ``seq-load-<name>`` (warming), ``seq-infer-<name>`` (inference and episode hooks),
-``seq-housekeeping`` (usage flush, capture retention). :meth:`WorkerServer.stop` stops them all.
+Threads, all named and owned: ``seq-grpc-loop`` (gRPC asyncio: every call and open stream is a coroutine),
+``seq-io`` (its fixed executor for blocking work), ``seq-load-<name>`` (warming), ``seq-infer-<name>``
+(inference, batches and episode hooks), ``seq-housekeeping`` (usage flush, capture retention), and when
+asked ``seq-agent`` (HAProxy readiness) and the metrics endpoint. :meth:`WorkerServer.stop` stops them all.
+:mod:`.fleet` starts N worker processes behind HAProxy (``seq fleet``); :mod:`.metrics` and
+:mod:`.health_agent` serve operators and the balancer.
 """
 
 from __future__ import annotations

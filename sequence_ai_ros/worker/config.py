@@ -44,6 +44,18 @@ class ServerConfig:
     :param inference_timeout_s: deadline of one inference (s); past it the request gets POLICY_EXCEPTION
         and the deployment is marked failed.
     :param load_timeout_s: deadline of a policy's construct + ``load()`` (s); past it the deployment is failed.
+    :param start_timeout_s: an Episode stream that sends no EpisodeStart within this long is closed (s), so
+        idle streams cannot hold the worker's ``max_streams`` slots.
+    :param max_streams_per_client: most Episode streams one client may hold at once (0: no per-client cap).
+        A client is its address: the ``x-forwarded-for`` metadata when the peer is one of ``trusted_proxies``
+        (a balancer such as HAProxy with ``option forwardfor``), else the TCP peer's address. With a
+        ``token``, a caller without it never gets a stream (UNAUTHENTICATED), so holders of the token keep
+        the whole capacity.
+    :param trusted_proxies: peer addresses (e.g. ``127.0.0.1``) whose ``x-forwarded-for`` names the client.
+    :param metrics_port: serve Prometheus metrics on ``http://host:metrics_port/metrics`` (0: a free port,
+        see ``WorkerServer.metrics_port``); None: no metrics endpoint.
+    :param agent_port: answer HAProxy ``agent-check`` probes on this port with the gRPC health of the served
+        deployments (:mod:`~sequence_ai_ros.worker.health_agent`); None: no agent.
     :raises ConfigError: for a non-positive timeout, ``max_streams`` or ``max_pending`` < 1, a port outside
         [0, 65535] or an empty token.
     """
@@ -62,9 +74,19 @@ class ServerConfig:
                                       'POLICY_EXCEPTION and marks the deployment failed (default {default:g})', 'S')
     load_timeout_s: float = _opt(600.0, '--load-timeout', 'a policy load over S seconds marks the deployment '
                                  'failed (default {default:g})', 'S')
+    start_timeout_s: float = _opt(5.0, '--start-timeout', 'close an episode stream that sends no EpisodeStart '
+                                  'within S seconds (default {default:g})', 'S')
+    max_streams_per_client: int = _opt(64, '--max-streams-per-client', 'most episode streams one client address '
+                                       'may hold; more get OVERLOADED; 0: no cap (default {default})', 'N')
+    trusted_proxies: tuple[str, ...] = _opt((), '--trusted-proxy', 'a balancer address whose x-forwarded-for '
+                                            'names the client (repeat the flag for several)', 'ADDR')
+    metrics_port: int | None = _opt(None, '--metrics-port', 'serve Prometheus metrics on this port at /metrics '
+                                    '(default: off; 0 picks a free one)', 'PORT')
+    agent_port: int | None = _opt(None, '--agent-port', 'answer HAProxy agent-check probes on this port with the '
+                                  "replica's gRPC health (default: off; see deploy/haproxy.cfg)", 'PORT')
 
     def __post_init__(self) -> None:
-        for name in ('idle_timeout_s', 'inference_timeout_s', 'load_timeout_s'):
+        for name in ('idle_timeout_s', 'inference_timeout_s', 'load_timeout_s', 'start_timeout_s'):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and value > 0):
                 raise ConfigError(f'{name} must be > 0 s, got {value!r}')
@@ -72,8 +94,15 @@ class ServerConfig:
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= 1):
                 raise ConfigError(f'{name} must be an integer >= 1, got {value!r}')
-        if not (isinstance(self.port, int) and 0 <= self.port <= 65535):
-            raise ConfigError(f'port must be in [0, 65535], got {self.port!r}')
+        for name in ('port', 'metrics_port', 'agent_port'):
+            value = getattr(self, name)
+            if not ((value is None and name != 'port') or (isinstance(value, int) and 0 <= value <= 65535)):
+                raise ConfigError(f'{name} must be in [0, 65535], got {value!r}')
+        if not (isinstance(self.max_streams_per_client, int) and self.max_streams_per_client >= 0):
+            raise ConfigError(f'max_streams_per_client must be an integer >= 0, got {self.max_streams_per_client!r}')
+        if isinstance(self.trusted_proxies, str) or not all(isinstance(a, str) and a for a in self.trusted_proxies):
+            raise ConfigError(f'trusted_proxies is a tuple of addresses, got {self.trusted_proxies!r}')
+        object.__setattr__(self, 'trusted_proxies', tuple(self.trusted_proxies))
         if self.token is not None and not self.token:
             raise ConfigError('the token must not be empty')
         if self.tls is not None and len(self.tls) != 2:
@@ -106,6 +135,17 @@ class ServerConfig:
         return self.build({**dataclasses.asdict(self), **settings})
 
 
+def from_cli(values: dict[str, Any], **extra: Any) -> ServerConfig:
+    """Return the config for parsed ``seq serve`` option values (field name -> value) plus ``extra`` fields.
+
+    :raises ConfigError: for an invalid value.
+    """
+    defaults = {f.name: f.default for f in dataclasses.fields(ServerConfig)}
+    out = {name: (defaults[name] if value is None else tuple(value)) if isinstance(defaults[name], tuple) else value
+           for name, value in values.items()}
+    return ServerConfig.build({**out, **extra})
+
+
 def field_names() -> tuple[str, ...]:
     """Return the names of the :class:`ServerConfig` fields."""
     return tuple(f.name for f in dataclasses.fields(ServerConfig))
@@ -114,7 +154,8 @@ def field_names() -> tuple[str, ...]:
 def cli_options() -> Iterator[tuple[str, str, dict[str, Any]]]:
     """Yield ``(field name, flag, argparse kwargs)`` for every field that is a plain ``seq serve`` option.
 
-    The default, type and help text come from the field, so the CLI never re-types them.
+    The default, type and help text come from the field, so the CLI never re-types them. A tuple field is
+    a repeatable flag whose parsed value is None or a list (:func:`from_cli` turns it into the tuple).
     """
     for f in dataclasses.fields(ServerConfig):
         flag = f.metadata.get('flag')
@@ -124,8 +165,10 @@ def cli_options() -> Iterator[tuple[str, str, dict[str, Any]]]:
                                   'help': f.metadata['help'].format(default=f.default)}
         if isinstance(f.default, bool):
             kwargs['action'] = 'store_true'
+        elif isinstance(f.default, tuple):
+            kwargs.update(action='append', default=None, type=str, metavar=f.metadata['metavar'])
         else:
-            kwargs['type'] = type(f.default)
+            kwargs['type'] = int if f.default is None else type(f.default)  # None: an optional port
             if f.metadata.get('metavar'):
                 kwargs['metavar'] = f.metadata['metavar']
         yield f.name, flag, kwargs

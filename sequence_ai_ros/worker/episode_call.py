@@ -10,22 +10,26 @@ The episode ends exactly once (:meth:`ActiveEpisode.end`) with reason:
 - the robot's ``EpisodeEnd.reason`` (``completed`` when empty);
 - ``disconnect`` when the stream ends without EpisodeEnd (cancelled, dropped, half-closed);
 - ``idle_timeout`` after ``idle_timeout_s`` without any message (an Error and EpisodeEnded are sent);
+- a stream that sends no EpisodeStart within ``start_timeout_s`` is closed the same way (``start_timeout``),
+  so idle streams cannot hold the worker's stream slots (admission);
 - ``shutdown`` when the worker stops (an Error and EpisodeEnded are sent).
 
-Threads: the gRPC handler thread runs :meth:`EpisodeCallHandler.replies`; a reader thread
-``seq-episode-<id>`` moves incoming messages into a queue so that idle time can be measured without
-blocking on the network. The reader ends when the call ends; :meth:`EpisodeCallHandler.on_done` (wired to
-``context.add_callback``) joins it with a timeout.
+Threads: none of its own. :meth:`EpisodeCallHandler.replies` is a coroutine on the worker's event loop
+(``seq-grpc-loop``, gRPC asyncio); a reader *task* moves incoming messages into an asyncio queue so that
+idle and start time can be measured without blocking on the network. Inference runs on the deployment's
+inference thread and is awaited; capture writes and episode ends (hook wait, commit) run on the loop's
+small bounded executor (``seq-io``), so an open stream costs no thread at all.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
-import queue
-import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from sequence_ai_ros.exceptions import EpisodeStateError, NotReady, SequenceAIError
 from sequence_ai_ros.protocol import errors
@@ -43,94 +47,108 @@ def _error(exc: BaseException, request_id: int = 0) -> pb.EpisodeReply:
 
 
 class EpisodeCallHandler:
-    """Serve one Episode call.
+    """Serve one Episode call on the event loop.
 
     :param runtime: the deployment.
     :param episode_id: the call's ``x-episode-id`` metadata ('' when absent: EpisodeStart's id is used).
     :param idle_timeout_s: end the episode after this many seconds without a message (s).
+    :param start_timeout_s: close the stream when no EpisodeStart came within this many seconds (s).
+    :param client: who holds the stream (an address), for the per-client cap and logs.
     """
 
-    def __init__(self, runtime: DeploymentRuntime, episode_id: str, idle_timeout_s: float) -> None:
+    def __init__(self, runtime: DeploymentRuntime, episode_id: str, idle_timeout_s: float,
+                 start_timeout_s: float = float('inf'), client: str = '') -> None:
         self.runtime = runtime
         self.episode_id = episode_id
         self.idle_timeout_s = idle_timeout_s
+        self.start_timeout_s = start_timeout_s
+        self.client = client
         self.active: ActiveEpisode | None = None
-        self._inbox: queue.Queue = queue.Queue()
-        self._reader: threading.Thread | None = None
+        self._inbox: asyncio.Queue = asyncio.Queue()
+        self._loop = asyncio.get_running_loop()
 
     def shutdown(self) -> None:
-        """Ask the stream to end its episode (reason ``shutdown``) and close; returns at once."""
-        self._inbox.put(_SHUTDOWN)
+        """Ask the stream to end its episode (reason ``shutdown``) and close; returns at once; any thread."""
+        self._loop.call_soon_threadsafe(self._inbox.put_nowait, _SHUTDOWN)
 
     def on_done(self) -> None:
-        """Call-termination callback: end the episode as ``disconnect`` if still running; join the reader."""
-        self._inbox.put(_CLOSED)
-        if self.active is not None:
-            self.active.end('disconnect', wait=False)
-        if self._reader is not None and self._reader is not threading.current_thread():
-            self._reader.join(timeout=2.0)
+        """The call ended: end the episode as ``disconnect`` if still running (in the background)."""
+        if self.active is not None and not self.active.ended:
+            self._loop.run_in_executor(None, lambda: self.active.end('disconnect', wait=False))
 
-    def _read(self, requests: Iterator[pb.EpisodeRequest]) -> None:
+    async def _read(self, requests: AsyncIterator[pb.EpisodeRequest]) -> None:
         try:
-            for req in requests:
-                self._inbox.put(req)
+            async for req in requests:
+                self._inbox.put_nowait(req)
         except Exception as exc:  # grpc raises when the call is cancelled or the peer drops
             LOG.debug('episode %s: request stream ended: %s', self.episode_id, exc)
         finally:
-            self._inbox.put(_CLOSED)
+            self._inbox.put_nowait(_CLOSED)
 
-    def replies(self, requests: Iterator[pb.EpisodeRequest]) -> Iterator[pb.EpisodeReply]:
-        """Consume the robot's messages and yield the replies (the gRPC response iterator)."""
-        name = self.episode_id or 'pending'
-        self._reader = threading.Thread(target=self._read, args=(requests,), name=f'seq-episode-{name}'[:60],
-                                        daemon=True)
-        self._reader.start()
-        last = time.monotonic()
+    async def _io(self, fn: Any, *args: Any) -> Any:
+        """Run blocking work (capture files, SQLite, the end hook's wait) on the loop's bounded executor."""
+        return await self._loop.run_in_executor(None, fn, *args)
+
+    async def replies(self, requests: AsyncIterator[pb.EpisodeRequest]) -> AsyncIterator[pb.EpisodeReply]:
+        """Consume the robot's messages and yield the replies (the gRPC response stream)."""
+        reader = asyncio.ensure_future(self._read(requests))
+        last = opened = time.monotonic()
         try:
             while True:
+                now = time.monotonic()
+                wait = self.idle_timeout_s - (now - last)
+                if self.active is None:
+                    wait = min(wait, self.start_timeout_s - (now - opened))
                 try:
-                    item = self._inbox.get(timeout=max(0.0, self.idle_timeout_s - (time.monotonic() - last)))
-                except queue.Empty:
-                    yield from self._close('idle_timeout', f'no message for {self.idle_timeout_s:g} s')
+                    item = await asyncio.wait_for(self._inbox.get(), timeout=max(0.0, wait))
+                except asyncio.TimeoutError:
+                    if self.active is None and time.monotonic() - opened >= self.start_timeout_s:
+                        LOG.info('stream from %s closed: no EpisodeStart within %g s', self.client or '?',
+                                 self.start_timeout_s)
+                        async for reply in self._close('start_timeout',
+                                                       f'no EpisodeStart within {self.start_timeout_s:g} s'):
+                            yield reply
+                    else:
+                        async for reply in self._close('idle_timeout', f'no message for {self.idle_timeout_s:g} s'):
+                            yield reply
                     return
                 last = time.monotonic()
                 if item is _CLOSED:
-                    if self.active is not None:
-                        self.active.end('disconnect', wait=False)
                     return
                 if item is _SHUTDOWN:
-                    yield from self._close('shutdown', 'the worker is shutting down')
+                    async for reply in self._close('shutdown', 'the worker is shutting down'):
+                        yield reply
                     return
                 kind = item.WhichOneof('kind')
                 if kind == 'observation':
-                    yield self._observe(item.observation)
+                    yield await self._observe(item.observation)
                 elif kind == 'telemetry':
                     if self.active is None:
                         yield _error(EpisodeStateError('Telemetry before EpisodeStart'))
-                    else:
-                        self.active.recorder.add_telemetry(list(item.telemetry.frames))
+                    elif self.active.recorder.active:
+                        await self._io(self.active.recorder.add_telemetry, list(item.telemetry.frames))
                 elif kind == 'start':
-                    yield self._start(item.start)
+                    yield await self._start(item.start)
                 elif kind == 'end':
-                    yield self._end(item.end)
+                    yield await self._end(item.end)
                     return
                 else:
                     yield _error(EpisodeStateError('empty EpisodeRequest (no start/observation/telemetry/end)'))
         finally:
-            if self.active is not None and not self.active.ended:
-                self.active.end('disconnect', wait=False)
+            reader.cancel()
+            self.on_done()
 
-    def _close(self, reason: str, why: str) -> Iterator[pb.EpisodeReply]:
+    async def _close(self, reason: str, why: str) -> AsyncIterator[pb.EpisodeReply]:
         eid = self.active.episode.id if self.active is not None else self.episode_id
         cls = NotReady if reason == 'shutdown' else EpisodeStateError
         yield _error(cls(f'episode {clip(eid)!r} ended ({reason}): {why}'))
         captured = False
         if self.active is not None:
-            self.active.end(reason, wait=True)
+            await self._io(lambda: self.active.end(reason, wait=True))
             captured = self.active.captured
         yield pb.EpisodeReply(ended=pb.EpisodeEnded(episode_id=eid, captured=captured))
 
-    def _start(self, start: pb.EpisodeStart) -> pb.EpisodeReply:
+    async def _start(self, start: pb.EpisodeStart) -> pb.EpisodeReply:
         if self.active is not None:
             return _error(EpisodeStateError(f'episode {self.active.episode.id!r} already started on this stream; '
                                             'open a new stream for a new episode'))
@@ -140,7 +158,11 @@ class EpisodeCallHandler:
         eid = self.episode_id or start.episode_id or uuid.uuid4().hex
         self.runtime.ensure_loading()
         try:
-            self.active = self.runtime.start_episode(eid, start.instruction)
+            store = self.runtime.capture_store
+            if store is None:
+                self.active = self.runtime.start_episode(eid, start.instruction)
+            else:  # opening a captured episode touches its store's files
+                self.active = await self._io(self.runtime.start_episode, eid, start.instruction)
         except SequenceAIError as exc:
             return _error(exc)
         self.episode_id = eid
@@ -148,7 +170,25 @@ class EpisodeCallHandler:
         return pb.EpisodeReply(started=pb.EpisodeStarted(episode_id=eid, capture=rec.active,
                                                          capture_fps=rec.fps, capture_images=rec.images))
 
-    def _observe(self, req: pb.ObservationRequest) -> pb.EpisodeReply:
+    async def _infer(self, active: ActiveEpisode, req: pb.ObservationRequest) -> pb.ActionChunk:
+        """Decode (on the executor when it carries images), queue, await the inference thread, pack."""
+        runtime = self.runtime
+        images = len(req.images) or any(len(frame.images) for frame in req.history)
+        inp = await self._io(runtime.decode, req) if images else None  # JPEG/PNG decoding off the loop
+        future = runtime.submit(active, req, inp)
+        waiting = asyncio.wrap_future(future)
+        while True:  # wait in slices: give up when the robot has gone; enforce the deadline
+            try:
+                result = await asyncio.wait_for(asyncio.shield(waiting), timeout=runtime.wait_slice_s)
+                break
+            except asyncio.TimeoutError:
+                runtime.check_wait(active, req)
+            except SequenceAIError as exc:
+                runtime.on_failure(exc)
+                raise
+        return runtime.finish(active, req, result)
+
+    async def _observe(self, req: pb.ObservationRequest) -> pb.EpisodeReply:
         rid = req.request_id
         active = self.active
         if active is None:
@@ -160,27 +200,32 @@ class EpisodeCallHandler:
             return _error(EpisodeStateError(f'request id {rid} not above the previous {active.last_request_id}; '
                                             'request ids must increase strictly'), rid)
         active.last_request_id = rid
+        chunk = None
         try:
-            chunk = self.runtime.infer(active, req)
+            chunk = await self._infer(active, req)
+            reply = pb.EpisodeReply(chunk=chunk)
         except SequenceAIError as exc:
             reply = _error(exc, rid)
-            active.recorder.add_request(req, None, reply.error)
-            return reply
+        except (concurrent.futures.CancelledError, asyncio.CancelledError):
+            raise
         except Exception as exc:  # a worker bug: typed, logged, and the stream goes on
             LOG.exception('episode %s request %d: internal error', active.episode.id, rid)
             reply = pb.EpisodeReply(error=pb.Error(code=pb.POLICY_EXCEPTION, request_id=rid,
                                                    message=f'worker internal error: {type(exc).__name__}: {exc}'))
-            active.recorder.add_request(req, None, reply.error)
-            return reply
-        active.requests += 1
-        active.recorder.add_request(req, chunk, None)
-        return pb.EpisodeReply(chunk=chunk)
+        if chunk is not None:
+            active.requests += 1
+            self.runtime.metrics.request(self.runtime.name, 'chunk')
+        else:
+            self.runtime.metrics.request(self.runtime.name, pb.ErrorCode.Name(reply.error.code))
+        if active.recorder.active:
+            await self._io(active.recorder.add_request, req, chunk, None if chunk is not None else reply.error)
+        return reply
 
-    def _end(self, end: pb.EpisodeEnd) -> pb.EpisodeReply:
+    async def _end(self, end: pb.EpisodeEnd) -> pb.EpisodeReply:
         if self.active is None:
             return pb.EpisodeReply(ended=pb.EpisodeEnded(episode_id=self.episode_id, captured=False))
         stats = {'actions': end.actions, 'chunks': end.chunks, 'underruns': end.underruns,
                  'underrun_s': end.underrun_s, 'max_seam_jump': end.max_seam_jump}
-        self.active.end(end.reason or 'completed', stats, wait=True)
+        await self._io(lambda: self.active.end(end.reason or 'completed', stats, wait=True))
         return pb.EpisodeReply(ended=pb.EpisodeEnded(episode_id=self.active.episode.id,
                                                      captured=self.active.captured))

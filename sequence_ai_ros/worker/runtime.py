@@ -5,7 +5,8 @@ Threads owned here:
 - ``seq-load-<name>``: constructs and warms the policy (``__init__`` then ``load()``) the first time a
   client asks (handshake, Ready or an episode), without blocking the caller. Loading is not billed.
 - ``seq-infer-<name>``: the :class:`~sequence_ai_ros.worker.scheduler.InferenceScheduler`; every call into
-  the policy object after loading (``infer`` and the ``@seq.on_episode`` hook) runs there.
+  the policy object after loading (``infer``, or ``infer_batch`` for a policy declaring
+  :class:`~sequence_ai_ros.policy.api.Batching`, and the ``@seq.on_episode`` hook) runs there.
 
 Episodes are keyed by episode id: each has its own :class:`~sequence_ai_ros.policy.Episode` (with its
 ``state`` dict), so one robot never resets another, and an episode ends exactly once (:meth:`ActiveEpisode.end`).
@@ -30,6 +31,7 @@ from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import Contract, clip
 from sequence_ai_ros.worker.capture_hook import EpisodeRecorder
 from sequence_ai_ros.worker.config import ServerConfig
+from sequence_ai_ros.worker.metrics import MetricsSink
 from sequence_ai_ros.worker.scheduler import InferenceScheduler
 from sequence_ai_ros.worker.usage import UsageMeter
 
@@ -93,6 +95,8 @@ class ActiveEpisode:
                 except Exception as exc:  # the hook's own failure is logged in _run_hook
                     LOG.debug('hook wait for %s: %s', self.episode.id, exc)
         self.captured = self.recorder.commit(reason, dict(stats or {}, requests=self.requests))
+        stats = stats or {}
+        rt.metrics.episode_ended(rt.name, reason, int(stats.get('underruns', 0)), float(stats.get('underrun_s', 0.0)))
         rt.usage.flush()
         LOG.info('episode %s on %s ended: %s (%d requests)', self.episode.id, rt.name, reason, self.requests)
         return True
@@ -139,7 +143,13 @@ class DeploymentRuntime:
         self.max_message_bytes = self.contract.max_message_bytes()
         self.usage = usage
         self.capture_store = capture_store
-        self.scheduler = InferenceScheduler(name, max_pending=max_pending)
+        batching = definition.spec.batching
+        self.batching = batching
+        plan = None if batching is None else (batching.max_batch_size, batching.max_wait_s, self._call_batch)
+        self.scheduler = InferenceScheduler(name, max_pending=max_pending, batching=plan,
+                                            on_batch=self._on_batch)
+        #: where requests, batches and episode ends are reported (Prometheus when ``--metrics-port`` is set)
+        self.metrics: MetricsSink = MetricsSink()
         self._lock = threading.Lock()
         self._state = 'cold'
         self._message = ''
@@ -263,56 +273,100 @@ class DeploymentRuntime:
             return list(self._episodes.values())
 
     # -- inference ----------------------------------------------------------------------------------------
-    def infer(self, active: ActiveEpisode, req: pb.ObservationRequest) -> pb.ActionChunk:
-        """Validate ``req``, run the policy on the inference thread, return the chunk.
+    def submit(self, active: ActiveEpisode, req: pb.ObservationRequest,
+               inp: messages.PolicyInput | None = None) -> concurrent.futures.Future:
+        """Validate ``req`` and queue it for the inference thread; return the scheduler's future.
 
-        Decoding and validation run in the caller's (stream) thread; only ``infer`` is serialized.
-
+        :param inp: ``req`` already decoded (:meth:`decode`), or None to decode it here.
         :raises ContractViolation: for a malformed request (the robot's fault).
         :raises NotReady: while warming, or after a failed load.
-        :raises PolicyException: when the policy raises (any BaseException, SystemExit included), or its
-            call exceeds ``inference_timeout_s`` (then the deployment is marked failed).
-        :raises ContractViolation: when the policy returns a chunk that breaks its contract (shape, NaN);
-            the robot ends the episode with 'validate'.
         :raises Overloaded: when the inference queue is full.
         """
         ready, eta, state, message = self.readiness()
         if not ready:
             self.ensure_loading()
             raise NotReady(message or f'policy {self.name!r} is {state}; ready in about {eta:.1f} s')
+        if inp is None:
+            inp = self.decode(req)
+        episode = active.episode
+        instance = self._instance
+        return self.scheduler.submit(episode.id, lambda: self._call(instance, inp, episode), payload=(inp, episode))
+
+    def decode(self, req: pb.ObservationRequest) -> messages.PolicyInput:
+        """Check the request's size and decode it against the contract (images decoded: the costly part).
+
+        :raises ContractViolation: for a request over the contract's size or a malformed one.
+        """
         if req.ByteSize() > self.max_message_bytes:
             raise ContractViolation(f'request {req.request_id}: {req.ByteSize()} bytes exceeds the contract\'s '
                                     f'{self.max_message_bytes}')
-        inp = messages.unpack_observation(req, self.contract)
-        episode = active.episode
-        instance = self._instance
-        future = self.scheduler.submit(episode.id, lambda: self._call(instance, inp, episode))
-        wait_slice = min(0.5, max(0.02, self.inference_timeout_s / 5))
-        while True:  # wait in slices: free the handler when the robot has gone; enforce the deadline
-            try:
-                (out, inference_s), queue_wait_s = future.result(timeout=wait_slice)
-                break
-            except PolicyException:
-                if self.scheduler.wedged is not None:
-                    self.mark_failed(str(self.scheduler.wedged))
-                raise
-            except concurrent.futures.TimeoutError:
-                wedged = self.scheduler.expire(self.inference_timeout_s)
-                if wedged is not None:
-                    self.mark_failed(str(wedged))
-                    continue  # the future now holds the error
-                if active.ended:
-                    raise EpisodeStateError(f'episode {episode.id!r} ended while request {req.request_id} '
-                                            'waited for inference') from None
+        return messages.unpack_observation(req, self.contract)
+
+    @property
+    def wait_slice_s(self) -> float:
+        """Slice (s) in which a waiting stream re-checks the inference deadline and its episode."""
+        return min(0.5, max(0.02, self.inference_timeout_s / 5))
+
+    def check_wait(self, active: ActiveEpisode, req: pb.ObservationRequest) -> bool:
+        """Called when a wait slice passes: apply the inference deadline; True when the future now holds an error.
+
+        :raises EpisodeStateError: when the episode ended while its request waited.
+        """
+        wedged = self.scheduler.expire(self.inference_timeout_s)
+        if wedged is not None:
+            self.mark_failed(str(wedged))
+            return True
+        if active.ended:
+            raise EpisodeStateError(f'episode {active.episode.id!r} ended while request {req.request_id} '
+                                    'waited for inference') from None
+        return False
+
+    def on_failure(self, exc: BaseException) -> None:
+        """Mark the deployment failed when ``exc`` came from a wedged scheduler."""
+        if isinstance(exc, PolicyException) and self.scheduler.wedged is not None:
+            self.mark_failed(str(self.scheduler.wedged))
+
+    def finish(self, active: ActiveEpisode, req: pb.ObservationRequest, result: Any) -> pb.ActionChunk:
+        """Turn the scheduler's result ``((out, inference_s), queue_wait_s)`` into the ActionChunk.
+
+        :raises ContractViolation: when the policy returned a chunk that breaks its contract (shape, NaN).
+        """
+        (out, inference_s), queue_wait_s = result
         actions, done = (out.actions, out.done) if isinstance(out, Result) else (out, False)
         try:
             chunk = messages.pack_chunk(np.asarray(actions), self.contract, request_id=req.request_id,
-                                        episode_id=episode.id, robot_time_s=req.robot_time_s, done=bool(done),
-                                        queue_wait_ms=queue_wait_s * 1e3, inference_ms=inference_s * 1e3)
+                                        episode_id=active.episode.id, robot_time_s=req.robot_time_s,
+                                        done=bool(done), queue_wait_ms=queue_wait_s * 1e3,
+                                        inference_ms=inference_s * 1e3)
         except (ContractViolation, TypeError, ValueError) as exc:
             raise ContractViolation(f'policy {self.name!r} returned a malformed chunk: {exc}') from None
         self.usage.add(requests=1)
         return chunk
+
+    def infer(self, active: ActiveEpisode, req: pb.ObservationRequest) -> pb.ActionChunk:
+        """Validate ``req``, run the policy on the inference thread, wait for it, return the chunk (blocking).
+
+        The worker's event loop uses :meth:`submit` / :meth:`finish` and awaits instead; this blocking form
+        is for callers on their own thread.
+
+        :raises ContractViolation: for a malformed request (the robot's fault), or a chunk that breaks the
+            contract (shape, NaN): the robot ends the episode with 'validate'.
+        :raises NotReady: while warming, or after a failed load.
+        :raises PolicyException: when the policy raises (any BaseException, SystemExit included), or its
+            call exceeds ``inference_timeout_s`` (then the deployment is marked failed).
+        :raises Overloaded: when the inference queue is full.
+        """
+        future = self.submit(active, req)
+        while True:  # wait in slices: give up when the robot has gone; enforce the deadline
+            try:
+                result = future.result(timeout=self.wait_slice_s)
+                break
+            except PolicyException as exc:
+                self.on_failure(exc)
+                raise
+            except concurrent.futures.TimeoutError:
+                self.check_wait(active, req)
+        return self.finish(active, req, result)
 
     def _call(self, instance: Any, inp: messages.PolicyInput, episode: Episode) -> tuple[Any, float]:
         if episode.reason is not None:
@@ -327,6 +381,39 @@ class DeploymentRuntime:
         finally:
             self.usage.add(inference_s=time.perf_counter() - start)
         return out, time.perf_counter() - start
+
+    def _call_batch(self, items: list[tuple[messages.PolicyInput, Episode]]) -> list[Any]:
+        """Run ``infer_batch`` on the live requests of ``items``; one ``(out, seconds)`` or exception per item."""
+        results: list[Any] = [None] * len(items)
+        live = []
+        for i, (_, episode) in enumerate(items):
+            if episode.reason is not None:
+                results[i] = EpisodeStateError(f'episode {episode.id!r} already ended ({episode.reason})')
+            else:
+                live.append(i)
+        if not live:
+            return results
+        start = time.perf_counter()
+        try:
+            outs = list(self._instance.infer_batch([items[i][0] for i in live], [items[i][1] for i in live]))
+            if len(outs) != len(live):
+                raise ValueError(f'infer_batch returned {len(outs)} chunks for {len(live)} inputs')
+        except BaseException as exc:  # SystemExit/KeyboardInterrupt inside a policy become POLICY_EXCEPTION
+            LOG.warning('policy %s raised on a batch of %d (episodes %s): %s', self.name, len(live),
+                        [items[i][1].id for i in live], describe(exc))
+            err = PolicyException(describe(exc))
+            for i in live:
+                results[i] = err
+            return results
+        finally:
+            elapsed = time.perf_counter() - start
+            self.usage.add(inference_s=elapsed)
+        for i, out in zip(live, outs, strict=True):
+            results[i] = (out, elapsed)
+        return results
+
+    def _on_batch(self, size: int, seconds: float) -> None:
+        self.metrics.batch(self.name, size, seconds)
 
     def close(self, timeout: float = 5.0) -> None:
         """End running episodes (reason ``shutdown``), stop the inference thread, flush usage."""

@@ -1,8 +1,11 @@
-"""Serialized inference with per-episode fairness: one thread per deployment, round-robin over episodes.
+"""Inference with per-episode fairness: one thread per deployment, round-robin over episodes, batched on request.
 
-Inference for one model is **serialized** (not batched): every call into the policy object (infer and
-the ``@seq.on_episode`` hook) runs on the deployment's single thread ``seq-infer-<name>``, so a policy
-never sees concurrent calls. Fairness: each episode may have at most one pending request, and pending
+Every call into the policy object (infer, infer_batch and the ``@seq.on_episode`` hook) runs on the
+deployment's single thread ``seq-infer-<name>``, so a policy never sees concurrent calls. A policy without
+:class:`~sequence_ai_ros.policy.api.Batching` gets one request per call (serialized). A batching policy gets
+up to ``max_batch_size`` pending requests (of different episodes, oldest first) in one call; the thread waits
+until ``max_wait_s`` after the oldest pending request's arrival for the batch to fill, never longer.
+Fairness: each episode may have at most one pending request, and pending
 requests are served in arrival order, which with one request per episode is round-robin across robots.
 A robot that is slow to send never holds the thread; a slow *policy* delays every robot equally.
 Control jobs (episode-end hooks) go first. The queue is bounded: past ``max_pending`` episodes,
@@ -32,15 +35,21 @@ LOG = logging.getLogger(__name__)
 
 
 class _Job:
-    __slots__ = ('key', 'fn', 'future', 'submitted', 'queue_wait_s', 'started')
+    __slots__ = ('key', 'fn', 'payload', 'future', 'submitted', 'queue_wait_s', 'started')
 
-    def __init__(self, key: str | None, fn: Callable[[], Any]) -> None:
+    def __init__(self, key: str | None, fn: Callable[[], Any], payload: Any = None) -> None:
         self.key = key
         self.fn = fn
+        self.payload = payload
         self.future: Future = Future()
         self.submitted = time.monotonic()
         self.queue_wait_s = 0.0
         self.started: float | None = None
+
+
+#: ``batch_call(payloads) -> results``: one result per payload, in order; an exception instance as a
+#: result fails only that request.
+BatchCall = Callable[[list[Any]], list[Any]]
 
 
 class InferenceScheduler:
@@ -48,16 +57,24 @@ class InferenceScheduler:
 
     :param name: deployment name (the thread is ``seq-infer-<name>``).
     :param max_pending: most episodes that may wait at once; more raise Overloaded.
+    :param batching: ``(max_batch_size, max_wait_s, batch_call)`` to run requests in batches (the jobs'
+        payloads go to ``batch_call``), or None to run each job's ``fn`` alone.
+    :param on_batch: called on the inference thread after every request call with ``(batch size, seconds)``
+        (metrics); its exceptions are logged and ignored.
     """
 
-    def __init__(self, name: str, max_pending: int = 64) -> None:
+    def __init__(self, name: str, max_pending: int = 64,
+                 batching: tuple[int, float, BatchCall] | None = None,
+                 on_batch: Callable[[int, float], None] | None = None) -> None:
         self.name = name
         self.max_pending = max_pending
+        self.batching = batching
+        self.on_batch = on_batch
         self._lock = threading.Condition()
         self._jobs: collections.deque[_Job] = collections.deque()
         self._control: collections.deque[_Job] = collections.deque()
         self._pending_keys: set[str] = set()
-        self._current: _Job | None = None
+        self._current: list[_Job] = []
         self._wedged: PolicyException | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f'seq-infer-{name}', daemon=True)
@@ -68,13 +85,22 @@ class InferenceScheduler:
         """True until :meth:`stop`."""
         return not self._stop.is_set()
 
-    def submit(self, key: str, fn: Callable[[], Any]) -> Future:
+    @property
+    def queue_depth(self) -> int:
+        """Requests waiting for the inference thread (not counting the running call)."""
+        with self._lock:
+            return len(self._jobs)
+
+    def submit(self, key: str, fn: Callable[[], Any], payload: Any = None) -> Future:
         """Queue ``fn`` for episode ``key``; the future's result is ``(fn(), queue_wait_s)``.
+
+        With batching, ``payload`` goes to ``batch_call`` instead and the future's result is
+        ``(its result for this payload, queue_wait_s)``.
 
         :raises EpisodeStateError: when ``key`` already has a pending request (one at a time per episode).
         :raises Overloaded: when ``max_pending`` episodes are already waiting, or the scheduler stopped.
         """
-        job = _Job(key, fn)
+        job = _Job(key, fn, payload)
         with self._lock:
             if self._wedged is not None:
                 raise PolicyException(str(self._wedged))
@@ -124,13 +150,13 @@ class InferenceScheduler:
         with self._lock:
             if self._wedged is not None:
                 return self._wedged
-            job = self._current
+            job = self._current[0] if self._current else None
             if job is None or job.started is None or time.monotonic() - job.started <= deadline_s:
                 return None
             self._wedged = PolicyException(f'deployment {self.name!r}: inference exceeded {deadline_s:g} s; '
                                            'the policy is stuck and the deployment is marked failed '
                                            '(restart the worker)')
-            stuck = [job, *self._jobs]
+            stuck = [*self._current, *self._jobs]
             deferred = list(self._control)  # stay queued: they run if the policy ever returns
             self._jobs.clear()
             self._pending_keys.clear()
@@ -141,33 +167,81 @@ class InferenceScheduler:
         LOG.error('%s', self._wedged)
         return self._wedged
 
+    def _release(self, job: _Job) -> None:
+        """Let the job's episode submit again: before its future settles, as its robot may answer at once."""
+        if job.key is not None:
+            with self._lock:
+                self._pending_keys.discard(job.key)
+
     def _execute(self, job: _Job) -> None:
         job.queue_wait_s = time.monotonic() - job.submitted
         job.started = time.monotonic()
         try:
             result = job.fn()
         except BaseException as exc:  # handed to the waiting stream, which types it
+            self._release(job)
             _settle(job.future, exception=exc)
         else:
+            self._release(job)
             _settle(job.future, result=(result, job.queue_wait_s))
+
+    def _execute_batch(self, jobs: list[_Job]) -> None:
+        assert self.batching is not None
+        now = time.monotonic()
+        for job in jobs:
+            job.queue_wait_s, job.started = now - job.submitted, now
+        try:
+            results = self.batching[2]([job.payload for job in jobs])
+        except BaseException as exc:  # a batch_call bug fails its batch, typed by the waiting streams
+            results = [exc] * len(jobs)
+        if len(results) != len(jobs):
+            results = [PolicyException(f'deployment {self.name!r}: {len(results)} results for {len(jobs)} '
+                                       'requests')] * len(jobs)
+        for job in jobs:
+            self._release(job)
+        for job, result in zip(jobs, results, strict=True):
+            if isinstance(result, BaseException):
+                _settle(job.future, exception=result)
+            else:
+                _settle(job.future, result=(result, job.queue_wait_s))
+
+    def _take(self) -> list[_Job] | None:
+        """Under the lock: wait for work and return the next control job or request batch; None: stop."""
+        while True:
+            while not (self._jobs or self._control or self._stop.is_set()):
+                self._lock.wait()
+            if self._control:
+                return [self._control.popleft()]
+            if not self._jobs:
+                return None
+            if self.batching is None:
+                return [self._jobs.popleft()]
+            size, wait_s, _ = self.batching
+            fill_by = self._jobs[0].submitted + wait_s
+            if len(self._jobs) < size and not self._stop.is_set() and time.monotonic() < fill_by:
+                self._lock.wait(timeout=max(0.0, fill_by - time.monotonic()))
+                continue  # re-check: a control job, a stop or more requests may have come
+            return [self._jobs.popleft() for _ in range(min(size, len(self._jobs)))]
 
     def _run(self) -> None:
         while True:
             with self._lock:
-                while not (self._jobs or self._control or self._stop.is_set()):
-                    self._lock.wait()
-                if self._control:
-                    job = self._control.popleft()
-                elif self._jobs:
-                    job = self._jobs.popleft()
-                else:
+                jobs = self._take()
+                if jobs is None:
                     return
-                self._current = job
-            self._execute(job)
+                self._current = jobs
+            start = time.perf_counter()
+            if jobs[0].key is None or self.batching is None:
+                self._execute(jobs[0])
+            else:
+                self._execute_batch(jobs)
+            if jobs[0].key is not None and self.on_batch is not None:
+                try:
+                    self.on_batch(len(jobs), time.perf_counter() - start)
+                except Exception as exc:
+                    LOG.warning('on_batch of %s failed: %s', self.name, exc)
             with self._lock:
-                self._current = None
-                if job.key is not None:
-                    self._pending_keys.discard(job.key)
+                self._current = []
 
     def stop(self, timeout: float = 5.0) -> None:
         """Finish queued work, then stop the thread (timed join); later control jobs run inline."""

@@ -11,20 +11,23 @@ with UNAUTHENTICATED. With ``tls=(cert, key)`` it serves TLS.
 Health of a deployment follows its readiness: NOT_SERVING while cold or warming, and for good once its
 load or an inference exceeds its deadline (checked on every call and by housekeeping every 10 s).
 
-Threads: gRPC's handler pool (``max_streams + UNARY_HEADROOM`` threads: each open episode stream holds
-one, and at most ``max_streams`` streams are open, so Handshake, Ready, Label and health always find a
-thread; one stream more is refused with OVERLOADED at once), the per-deployment
-threads of :mod:`sequence_ai_ros.worker.runtime`, and ``seq-housekeeping`` (usage flush every 10 s,
-capture retention at start and hourly), all stopped by :meth:`WorkerServer.stop`.
+Threads: ``seq-grpc-loop`` runs the gRPC asyncio server (every call, every open Episode stream: a
+coroutine each, no thread per stream); ``seq-io`` is its executor, a fixed pool of :data:`IO_THREADS` for
+blocking work (capture files, SQLite, image decoding, episode-end hooks awaited); the per-deployment
+threads of :mod:`sequence_ai_ros.worker.runtime`; ``seq-housekeeping`` (usage flush every 10 s, capture
+retention at start and hourly); with ``agent_port``, ``seq-agent``; with ``metrics_port``, prometheus_client's
+HTTP thread. The thread count does not grow with open streams, and nothing grown by a burst is kept.
+All are stopped by :meth:`WorkerServer.stop`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import hmac
 import logging
 import threading
 import time
-from concurrent import futures
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +41,8 @@ from sequence_ai_ros.protocol import AUTH_METADATA, errors, messages
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
 from sequence_ai_ros.worker.capture_hook import open_store
 from sequence_ai_ros.worker.config import ServerConfig, field_names
+from sequence_ai_ros.worker.health_agent import HealthAgent
+from sequence_ai_ros.worker.metrics import MetricsSink, PrometheusMetrics
 from sequence_ai_ros.worker.registry import Registry
 from sequence_ai_ros.worker.runtime import DeploymentRuntime
 from sequence_ai_ros.worker.servicer import PolicyServicer
@@ -50,8 +55,12 @@ USAGE_FLUSH_S = 10.0
 RETENTION_EVERY_S = 3600.0
 #: Default cap of concurrently open Episode streams; kept for importers, defined by :class:`ServerConfig`.
 DEFAULT_MAX_STREAMS = ServerConfig.max_streams
-#: Handler threads kept free of episode streams for unary calls and health.
+#: Handler threads kept free of episode streams for unary calls and health (the threaded server of earlier
+#: versions; kept for importers: gRPC asyncio needs no headroom).
 UNARY_HEADROOM = 16
+#: Threads of the event loop's executor (capture writes, SQLite, episode-end waits, image decoding): a fixed
+#: bound, whatever the number of open streams.
+IO_THREADS = 8
 KEEPALIVE_OPTIONS = [
     ('grpc.keepalive_time_ms', 20_000),               # ping an idle connection every 20 s
     ('grpc.keepalive_timeout_ms', 10_000),            # drop it when a ping goes unanswered for 10 s
@@ -61,7 +70,7 @@ KEEPALIVE_OPTIONS = [
 ]
 
 
-class TokenInterceptor(grpc.ServerInterceptor):
+class TokenInterceptor(grpc.aio.ServerInterceptor):
     """Fail every call whose metadata lacks ``authorization: Bearer <token>`` with UNAUTHENTICATED.
 
     The comparison is constant-time (:func:`hmac.compare_digest`).
@@ -72,19 +81,19 @@ class TokenInterceptor(grpc.ServerInterceptor):
             raise ConfigError('the token must not be empty')
         self._expected = f'Bearer {token}'.encode()
 
-    def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
+    async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
         """Pass authenticated calls on; answer the others with an aborting handler of the same kind."""
         got = next((v for k, v in details.invocation_metadata or () if k == AUTH_METADATA), '')
         got_bytes = got.encode() if isinstance(got, str) else bytes(got)
-        handler = continuation(details)
+        handler = await continuation(details)
         if hmac.compare_digest(got_bytes, self._expected) or handler is None:
             return handler
         status, message = errors.abort_details(Unauthenticated(
             'missing or wrong token: send metadata "authorization: Bearer <token>"' if got else
             'this worker needs a token: send metadata "authorization: Bearer <token>"'))
 
-        def deny(request: Any, context: grpc.ServicerContext) -> Any:
-            context.abort(status, message)
+        async def deny(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            await context.abort(status, message)
 
         kind = (handler.request_streaming, handler.response_streaming)
         factory = {(False, False): grpc.unary_unary_rpc_method_handler,
@@ -122,19 +131,55 @@ class WorkerServer:
         self.runtimes = runtimes
         self._stop = threading.Event()
         self._stopped = False
+        self._terminated = threading.Event()
+        self._loop = asyncio.new_event_loop()
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix='seq-io')
+        self._loop.set_default_executor(self._executor)
+        self._loop_thread = threading.Thread(target=self._loop.run_forever, name='seq-grpc-loop', daemon=True)
+        self._loop_thread.start()
         try:
-            self._server, self.servicer, self.health = self._build(config)
+            self._server, self.servicer, self.health = self._run(self._build(config))
         except BaseException:
             for runtime in runtimes.values():
                 runtime.close(timeout=1.0)
+            self._close_loop()
             raise
         self.host = config.host
         self.tls = config.tls is not None
         for runtime in runtimes.values():
             runtime.on_state_change = self._on_state
             self._on_state(runtime)
-        self._server.start()
-        self.health.set('', health_pb2.HealthCheckResponse.SERVING)
+        self.metrics: MetricsSink = MetricsSink()
+        self.metrics_port: int | None = None
+        if config.metrics_port is not None:
+            try:
+                self.metrics = PrometheusMetrics(runtimes, self.servicer.open_streams, config.host,
+                                                 config.metrics_port)
+            except BaseException:
+                for runtime in runtimes.values():
+                    runtime.close(timeout=1.0)
+                self._close_loop()
+                raise
+            self.metrics_port = self.metrics.port
+            self.servicer.on_refused = self.metrics.refused
+            for runtime in runtimes.values():
+                runtime.metrics = self.metrics
+        self._run(self._server.start())
+        self._run(self.health.set('', health_pb2.HealthCheckResponse.SERVING))
+        self.agent: HealthAgent | None = None
+        if config.agent_port is not None:
+            local = '127.0.0.1' if config.host in ('0.0.0.0', '::', '') else config.host
+            creds = (grpc.ssl_channel_credentials(_read_pem(config.tls[0])) if config.tls is not None else None)
+            try:
+                self.agent = HealthAgent(f'{local}:{self.port}', sorted(runtimes), config.host, config.agent_port,
+                                         token=config.token, credentials=creds)
+            except BaseException:
+                self._run(self._server.stop(0))
+                self.metrics.close()
+                for runtime in runtimes.values():
+                    runtime.close(timeout=1.0)
+                self._close_loop()
+                raise
         self._housekeeping = threading.Thread(target=self._housekeep, name='seq-housekeeping', daemon=True)
         self._housekeeping.start()
         if config.warm:
@@ -142,7 +187,20 @@ class WorkerServer:
                 runtime.ensure_loading()
         LOG.info('serving %s on %s:%d%s', sorted(runtimes), self.host, self.port, ' (TLS)' if self.tls else '')
 
-    def _build(self, config: ServerConfig) -> tuple[grpc.Server, PolicyServicer, health.HealthServicer]:
+    def _run(self, coroutine: Any, timeout: float | None = 30.0) -> Any:
+        """Run ``coroutine`` on the worker's event loop and wait for its result (from any other thread)."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
+
+    def _close_loop(self) -> None:
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._loop_thread.join(timeout=5.0)
+        if not self._loop.is_running():
+            self._loop.close()
+        self._executor.shutdown(wait=False)
+        self._terminated.set()
+
+    async def _build(self, config: ServerConfig) -> tuple[grpc.aio.Server, PolicyServicer, Any]:
         # The transport accepts 4x the largest contract's request, so that an oversized observation gets a
         # typed in-stream CONTRACT_VIOLATION (checked per request against its own contract) instead of a
         # transport error that kills the stream.
@@ -151,15 +209,12 @@ class WorkerServer:
                    ('grpc.max_send_message_length', messages.MAX_CHUNK_BYTES),
                    ('grpc.so_reuseport', 0), *KEEPALIVE_OPTIONS]
         interceptors = [TokenInterceptor(config.token)] if config.token is not None else []
-        # Each open episode stream holds a handler thread; the servicer refuses streams past max_streams, so
-        # UNARY_HEADROOM threads stay for unary calls and health. Beyond max_workers calls, gRPC answers
-        # RESOURCE_EXHAUSTED (the client's Overloaded) instead of queueing them silently.
-        max_workers = config.max_streams + UNARY_HEADROOM
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix='seq-grpc'),
-                             options=options, interceptors=interceptors, maximum_concurrent_rpcs=max_workers)
-        servicer = PolicyServicer(self.runtimes, config.idle_timeout_s, config.token, max_streams=config.max_streams)
+        # gRPC asyncio: an open stream costs a coroutine, not a thread. The servicer refuses streams past
+        # max_streams (OVERLOADED), and unary calls and health always answer.
+        server = grpc.aio.server(options=options, interceptors=interceptors)
+        servicer = PolicyServicer(self.runtimes, config)
         pb_grpc.add_PolicyServiceServicer_to_server(servicer, server)
-        health_servicer = health.HealthServicer(experimental_non_blocking=True)
+        health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         address = f'{config.host}:{config.port}'
         if config.tls is not None:
@@ -179,7 +234,8 @@ class WorkerServer:
     def _on_state(self, runtime: DeploymentRuntime) -> None:
         ready = runtime.readiness()[0]
         status = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
-        self.health.set(runtime.name, status)
+        if not self._loop.is_closed():  # from any thread; applied in order on the loop
+            asyncio.run_coroutine_threadsafe(self.health.set(runtime.name, status), self._loop)
 
     def _housekeep(self) -> None:
         next_retention = time.monotonic()
@@ -213,17 +269,24 @@ class WorkerServer:
         if self._stopped:
             return
         self._stopped = True
-        self.health.enter_graceful_shutdown()
+        self._run(self.health.enter_graceful_shutdown())  # the agent answers drain: no new episodes from a balancer
         self.servicer.shutdown_streams()
-        self._server.stop(grace).wait(grace + 5.0)
+        try:
+            self._run(self._server.stop(grace), timeout=grace + 5.0)
+        except concurrent.futures.TimeoutError:
+            LOG.warning('gRPC server did not stop within %.1f s', grace + 5.0)
         self._stop.set()
         self._housekeeping.join(timeout=5.0)
         for runtime in self.runtimes.values():
             runtime.close()
+        self.metrics.close()
+        if self.agent is not None:
+            self.agent.close()
+        self._close_loop()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the server terminates (or ``timeout`` s); return True when it did."""
-        return self._server.wait_for_termination(timeout)
+        return self._terminated.wait(timeout)
 
     def __enter__(self) -> WorkerServer:
         return self
@@ -253,8 +316,7 @@ def create_server(deployments: list[str] | None = None, config: ServerConfig | N
         :meth:`ServerConfig.embedded` (the ``seq serve`` defaults on port 0).
     :param home: the $SEQ_HOME holding the registry (default $SEQ_HOME).
     :param settings: :class:`ServerConfig` fields that override ``config`` (``port=0``, ``token=...``,
-        ``max_streams=...``); the handler pool is ``max_streams + UNARY_HEADROOM`` threads, so unary calls and
-        health always answer.
+        ``max_streams=...``).
     :raises ConfigError: for an unknown or invalid setting, or when nothing is deployed.
     :raises UnknownDeployment: for a name that is not registered.
     :raises DeploymentError: for a policy file that is gone, changed since deploy, or does not import.

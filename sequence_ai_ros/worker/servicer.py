@@ -1,4 +1,7 @@
-"""The gRPC ``PolicyService`` servicer: thin; it resolves the deployment and delegates.
+"""The gRPC ``PolicyService`` servicer (gRPC asyncio): thin; it resolves the deployment and delegates.
+
+Its coroutines run on the worker's event loop; blocking work (the capture store's SQLite for Label) goes
+to the loop's bounded executor.
 
 Fatal errors abort the call with a typed status (``[CODE] message`` details, see
 :func:`sequence_ai_ros.protocol.errors.abort_details`); per-request errors travel in-stream
@@ -7,9 +10,12 @@ Fatal errors abort the call with a typed status (``[CODE] message`` details, see
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 
@@ -24,38 +30,65 @@ from sequence_ai_ros.protocol import DEPLOYMENT_METADATA, EPISODE_ID_METADATA, e
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
 from sequence_ai_ros.protocol.contract import PROTOCOL_VERSION, clip
+from sequence_ai_ros.worker.config import ServerConfig
 from sequence_ai_ros.worker.episode_call import EpisodeCallHandler
 from sequence_ai_ros.worker.runtime import DeploymentRuntime
 
 LOG = logging.getLogger(__name__)
 
 
-def _metadata(context: grpc.ServicerContext, key: str) -> str:
+#: metadata a balancer sets to the client's address (HAProxy ``option forwardfor``)
+FORWARDED_METADATA = 'x-forwarded-for'
+
+
+def _metadata(context: grpc.aio.ServicerContext, key: str) -> str:
     for k, v in context.invocation_metadata() or ():
         if k == key:
             return v
     return ''
 
 
+def peer_host(peer: str) -> str:
+    """Return the address of a gRPC peer string: ``ipv4:1.2.3.4:5`` -> ``1.2.3.4``, ``ipv6:[::1]:5`` -> ``::1``."""
+    kind, _, rest = peer.partition(':')
+    if kind == 'ipv6' and rest.startswith('['):
+        return rest[1:rest.find(']')]
+    if kind == 'ipv4':
+        return rest.rsplit(':', 1)[0]
+    return peer
+
+
+def client_of(context: grpc.aio.ServicerContext, trusted_proxies: tuple[str, ...]) -> str:
+    """Return the client's address: the last ``x-forwarded-for`` entry when a trusted proxy is the peer."""
+    host = peer_host(context.peer() or '')
+    if host in trusted_proxies:
+        forwarded = _metadata(context, FORWARDED_METADATA).split(',')[-1].strip()
+        if forwarded:
+            return forwarded
+    return host
+
+
 class PolicyServicer(pb_grpc.PolicyServiceServicer):
     """Serve the deployments in ``runtimes``.
 
     :param runtimes: deployment name -> runtime.
-    :param idle_timeout_s: an episode with no message for this long ends (s).
-    :param token: the worker's token (already enforced by the interceptor); a Handshake that also
-        carries one in its body must carry the same.
-    :param max_streams: most Episode streams open at once; one more is refused with OVERLOADED at once,
-        so that the handler pool keeps threads for Handshake, Ready, Label and health.
+    :param config: the worker's settings: ``idle_timeout_s``, ``start_timeout_s``, ``token`` (already
+        enforced by the interceptor; a Handshake that also carries one in its body must carry the same),
+        ``max_streams`` (one more stream is refused with OVERLOADED at once), ``max_streams_per_client`` and
+        ``trusted_proxies`` (admission: one client cannot take every slot).
     """
 
-    def __init__(self, runtimes: dict[str, DeploymentRuntime], idle_timeout_s: float,
-                 token: str | None = None, max_streams: int = 256) -> None:
+    def __init__(self, runtimes: dict[str, DeploymentRuntime], config: ServerConfig) -> None:
         self.runtimes = runtimes
-        self.max_streams = max_streams
-        self.idle_timeout_s = idle_timeout_s
-        self.token = token
+        self.config = config
+        self.max_streams = config.max_streams
+        self.idle_timeout_s = config.idle_timeout_s
+        self.token = config.token
         self._streams_lock = threading.Lock()
         self._streams: set[EpisodeCallHandler] = set()
+        self._per_client: collections.Counter[str] = collections.Counter()
+        #: called with the refusal's reason ('max_streams', 'per_client') when a stream is refused (metrics)
+        self.on_refused: Any = None
 
     def _runtime(self, name: str) -> DeploymentRuntime:
         if not name and len(self.runtimes) == 1:
@@ -65,7 +98,7 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
             raise UnknownDeployment(f'deployment {clip(name)!r} is not served here; serving {sorted(self.runtimes)}')
         return runtime
 
-    def Handshake(self, request: pb.HandshakeRequest, context: grpc.ServicerContext) -> pb.HandshakeReply:  # noqa: N802
+    async def Handshake(self, request: pb.HandshakeRequest, context: grpc.aio.ServicerContext) -> pb.HandshakeReply:  # noqa: N802
         """Check version (and body token), name the deployment, start warming, answer the contract."""
         try:
             if request.protocol_version != PROTOCOL_VERSION:
@@ -75,65 +108,85 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
                 raise Unauthenticated('the handshake carries a wrong token')
             runtime = self._runtime(request.deployment)
         except Exception as exc:
-            context.abort(*errors.abort_details(exc))
+            await context.abort(*errors.abort_details(exc))
         runtime.usage.add(sessions=1)
         runtime.ensure_loading()
         ready, eta, _, _ = runtime.readiness()
         LOG.info('handshake %s from %s (ready=%s)', runtime.name, request.client_id or context.peer(), ready)
         return pb.HandshakeReply(contract=runtime.contract.to_proto(ready=ready, eta_seconds=eta))
 
-    def Ready(self, request: pb.ReadyRequest, context: grpc.ServicerContext) -> pb.ReadyReply:  # noqa: N802
+    async def Ready(self, request: pb.ReadyRequest, context: grpc.aio.ServicerContext) -> pb.ReadyReply:  # noqa: N802
         """Answer (ready, eta) without blocking; asking while cold starts the load."""
         try:
             runtime = self._runtime(request.deployment)
         except UnknownDeployment as exc:
-            context.abort(*errors.abort_details(exc))
+            await context.abort(*errors.abort_details(exc))
         runtime.ensure_loading()
         ready, eta, state, message = runtime.readiness()
         return pb.ReadyReply(ready=ready, eta_seconds=eta, state=state, message=message)
 
-    def Episode(self, request_iterator: Iterator[pb.EpisodeRequest],  # noqa: N802
-                context: grpc.ServicerContext) -> Iterator[pb.EpisodeReply]:
+    async def Episode(self, request_iterator: AsyncIterator[pb.EpisodeRequest],  # noqa: N802
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[pb.EpisodeReply]:
         """Serve one episode (see :mod:`sequence_ai_ros.worker.episode_call`)."""
         try:
             runtime = self._runtime(_metadata(context, DEPLOYMENT_METADATA))
         except UnknownDeployment as exc:
-            context.abort(*errors.abort_details(exc))
-        stream = EpisodeCallHandler(runtime, _metadata(context, EPISODE_ID_METADATA), self.idle_timeout_s)
+            await context.abort(*errors.abort_details(exc))
+        client = client_of(context, self.config.trusted_proxies)
+        stream = EpisodeCallHandler(runtime, _metadata(context, EPISODE_ID_METADATA), self.idle_timeout_s,
+                                    self.config.start_timeout_s, client)
+        cap = self.config.max_streams_per_client
         with self._streams_lock:
-            full = len(self._streams) >= self.max_streams
-            if not full:
+            refused = ('max_streams' if len(self._streams) >= self.max_streams else
+                       'per_client' if cap and self._per_client[client] >= cap else '')
+            if not refused:
                 self._streams.add(stream)
-        if full:
-            context.abort(*errors.abort_details(Overloaded(
-                f'this worker already serves {self.max_streams} episode streams (max_streams); retry later')))
+                self._per_client[client] += 1
+        if refused:
+            if self.on_refused is not None:
+                self.on_refused(refused)
+            await context.abort(*errors.abort_details(Overloaded(
+                f'this worker already serves {self.max_streams} episode streams (max_streams); retry later'
+                if refused == 'max_streams' else
+                f'client {clip(client)} already holds {cap} episode streams (max_streams_per_client); '
+                'end one first')))
 
-        def done() -> None:
+        try:
+            async for reply in stream.replies(request_iterator):
+                yield reply
+        finally:
             stream.on_done()
             with self._streams_lock:
-                self._streams.discard(stream)
+                if stream in self._streams:
+                    self._streams.discard(stream)
+                    self._per_client[client] -= 1
+                    if self._per_client[client] <= 0:
+                        del self._per_client[client]
 
-        context.add_callback(done)
-        yield from stream.replies(request_iterator)
-
-    def Label(self, request: pb.LabelRequest, context: grpc.ServicerContext) -> pb.LabelReply:  # noqa: N802
+    async def Label(self, request: pb.LabelRequest, context: grpc.aio.ServicerContext) -> pb.LabelReply:  # noqa: N802
         """Store (success, notes) with a captured episode; ok=False with the reason otherwise."""
         try:
             runtime = self._runtime(request.deployment)
         except UnknownDeployment as exc:
-            context.abort(*errors.abort_details(exc))
+            await context.abort(*errors.abort_details(exc))
         store = runtime.capture_store
         if store is None:
             return pb.LabelReply(ok=False, message=f'capture is off for deployment {runtime.name!r}: episode '
                                                    f'{clip(request.episode_id)!r} was not captured, the label is not '
                                                    'stored')
         try:
-            store.label(request.episode_id, request.success, request.notes)
+            await asyncio.get_running_loop().run_in_executor(None, store.label, request.episode_id, request.success,
+                                                             request.notes)
         except (LookupError, CaptureError, ValueError) as exc:
             return pb.LabelReply(ok=False, message=f'label of episode {clip(request.episode_id)!r} not stored: '
                                                    f'{clip(str(exc), 300)}')
         return pb.LabelReply(ok=True, message=f'episode {clip(request.episode_id)!r} labelled '
                                               f'{"success" if request.success else "failure"}')
+
+    def open_streams(self) -> int:
+        """Return the number of Episode streams open now."""
+        with self._streams_lock:
+            return len(self._streams)
 
     def shutdown_streams(self) -> None:
         """Tell every open episode stream to end (reason ``shutdown``) and close."""

@@ -47,6 +47,25 @@ def _fail(what: str, exc: BaseException) -> DeploymentError:
     return DeploymentError(f'{what}: {last}')
 
 
+def _dry_batch(instance: Any, contract: Contract, inp: Any, step: list[str]) -> None:
+    """Call ``infer_batch`` with the synthetic request of two episodes; each result must be a valid chunk."""
+    step[0] = 'running the dry batched inference (infer_batch of 2)'
+    episodes = [Episode(id=f'dry-run-{k}', instruction='seq deploy dry run', deployment='dry-run') for k in (1, 2)]
+    try:
+        outs = list(instance.infer_batch([inp, inp], episodes))
+    except BaseException as exc:
+        raise _fail('dry batched inference failed', exc) from exc
+    if len(outs) != 2:
+        raise _fail('dry batched inference failed', ValueError(f'infer_batch returned {len(outs)} chunks for 2 '
+                                                                'inputs'))
+    for k, out in enumerate(outs):
+        try:
+            messages.pack_chunk(np.asarray(out.actions if isinstance(out, Result) else out), contract,
+                                request_id=1, episode_id=episodes[k].id, robot_time_s=0.0)
+        except Exception as exc:
+            raise _fail('dry batched inference returned a bad chunk', exc) from exc
+
+
 def dry_run(definition: PolicyDefinition, timeout_s: float | None = 60.0) -> dict[str, float]:
     """Construct, load and call the policy once; check its chunk; all within ``timeout_s``.
 
@@ -116,6 +135,8 @@ def _dry_run(definition: PolicyDefinition, step: list[str]) -> dict[str, float]:
                                     robot_time_s=0.0)
     except Exception as exc:
         raise _fail('dry inference returned a bad chunk', exc) from exc
+    if definition.spec.batching is not None:
+        _dry_batch(instance, contract, inp, step)
     if definition.hook is not None:
         episode.reason = 'completed'
         step[0] = 'running the @seq.on_episode hook'

@@ -28,7 +28,8 @@ def _model_path(value: str) -> Path:
 
 @seq.policy(action_space='joint_absolute', action_names=['placeholder'], dt=1 / 30, chunk_length=30,
             observation=seq.ObservationContract(state_names=['placeholder'], history=2),
-            gripper='hand joints predicted like arm joints (0..1 for the G1 Inspire hands)')
+            gripper='hand joints predicted like arm joints (0..1 for the G1 Inspire hands)',
+            batching=seq.Batching(max_batch_size=32, max_wait_s=0.002))
 class Ridge:
     """Predict the next chunk with a trained :class:`~sequence_ai_ros.models.ridge.RidgeModel`.
 
@@ -59,9 +60,16 @@ class Ridge:
         The last executed action falls back to the state before the first action (the robot holds);
         the previous state is the history frame one dt earlier, when the robot sent one.
         """
+        return self.infer_batch([inp], [episode])[0]
+
+    def infer_batch(self, inputs: list[seq.PolicyInput], episodes: list[seq.Episode]) -> list[np.ndarray]:
+        """Return one float32 (H, D) chunk per input (requests of different robots), in one matrix product."""
         if self.model is None:
             self.load()
-        obs = inp.observation
-        t0 = episode.state.setdefault('t0', obs.timestamp)
-        prev = inp.history[-2].state if len(inp.history) >= 2 else None
-        return self.model.predict(obs.state, inp.last_action, prev, elapsed_s=obs.timestamp - t0)
+        states = np.stack([inp.observation.state for inp in inputs])
+        last = np.stack([inp.observation.state if inp.last_action is None else inp.last_action for inp in inputs])
+        prev = np.stack([inp.history[-2].state if len(inp.history) >= 2 else inp.observation.state
+                         for inp in inputs])
+        elapsed = np.array([inp.observation.timestamp - ep.state.setdefault('t0', inp.observation.timestamp)
+                            for inp, ep in zip(inputs, episodes, strict=True)])
+        return list(self.model.predict_many(states, last, prev, elapsed))

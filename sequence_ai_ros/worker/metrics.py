@@ -1,0 +1,150 @@
+"""Prometheus metrics of a worker, with ``prometheus_client``, on the port ``seq serve --metrics-port`` names.
+
+Operators already scrape Triton, vLLM and Ray Serve this way. Every series is labelled by deployment:
+
+==========================================  =========  ==================================================
+``seq_requests_total{deployment,outcome}``  counter    observation requests; outcome ``chunk`` or the
+                                                       error code (``NOT_READY``, ``OVERLOADED``...)
+``seq_inference_seconds{deployment}``       histogram  duration of each policy call (a batch counts once)
+``seq_batch_size{deployment}``              histogram  requests per policy call (1 without batching)
+``seq_queue_depth{deployment}``             gauge      requests waiting for the inference thread
+``seq_active_episodes{deployment}``         gauge      episodes in progress
+``seq_open_streams``                        gauge      Episode streams open (all deployments)
+``seq_streams_refused_total{reason}``       counter    streams refused: ``max_streams``, ``per_client``
+``seq_episodes_ended_total{deployment,reason}``  counter  episodes ended, by reason (EpisodeEnd's, or
+                                                       ``disconnect``, ``idle_timeout``, ``start_timeout``)
+``seq_client_underruns_total{deployment}``  counter    underruns the robots reported at EpisodeEnd
+``seq_client_underrun_seconds_total{deployment}``  counter  seconds the robots held, reported at EpisodeEnd
+``seq_capture_bytes{deployment}``           gauge      bytes in the deployment's capture store on disk
+==========================================  =========  ==================================================
+
+Each :class:`PrometheusMetrics` has its own registry (several workers may share a process, as in tests).
+The HTTP endpoint is ``prometheus_client``'s own server; its thread is daemonic and :meth:`close` shuts it.
+:class:`MetricsSink` is the no-op default that the runtime calls when metrics are off.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sequence_ai_ros.exceptions import ConfigError, MissingDependency
+
+#: Seconds a capture-store size is cached (it walks the store's files).
+CAPTURE_BYTES_TTL_S = 10.0
+INFERENCE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+class MetricsSink:
+    """What the worker reports; this base class drops everything (metrics off)."""
+
+    def request(self, deployment: str, outcome: str) -> None:
+        """Count one observation request answered with ``outcome`` (``chunk`` or an error code name)."""
+
+    def batch(self, deployment: str, size: int, seconds: float) -> None:
+        """Record one policy call of ``size`` requests that took ``seconds`` (s)."""
+
+    def episode_ended(self, deployment: str, reason: str, underruns: int = 0, underrun_s: float = 0.0) -> None:
+        """Count an ended episode and the underruns its robot reported."""
+
+    def refused(self, reason: str) -> None:
+        """Count a refused stream (``max_streams`` or ``per_client``)."""
+
+    def close(self) -> None:
+        """Stop serving metrics."""
+
+
+class PrometheusMetrics(MetricsSink):
+    """Serve a worker's metrics over HTTP at ``http://host:port/metrics``.
+
+    :param runtimes: deployment name -> :class:`~sequence_ai_ros.worker.runtime.DeploymentRuntime` (read for
+        the queue depth, active episodes and capture bytes gauges at scrape time).
+    :param open_streams: returns the number of open Episode streams.
+    :param host: bind address (the worker's).
+    :param port: TCP port; 0 picks a free one (see :attr:`port`).
+    :raises MissingDependency: when ``prometheus_client`` is not installed.
+    :raises ConfigError: when the port cannot be bound.
+    """
+
+    def __init__(self, runtimes: dict[str, Any], open_streams: Callable[[], int], host: str = '127.0.0.1',
+                 port: int = 0) -> None:
+        try:
+            import prometheus_client as prom
+        except ImportError as exc:
+            raise MissingDependency(f'--metrics-port needs the python package prometheus_client '
+                                    f'(pip install prometheus_client): {exc}') from None
+        self.registry = reg = prom.CollectorRegistry(auto_describe=True)
+        self._requests = prom.Counter('seq_requests', 'Observation requests by outcome', ['deployment', 'outcome'],
+                                      registry=reg)
+        self._inference = prom.Histogram('seq_inference_seconds', 'Duration of one policy call (s)', ['deployment'],
+                                         buckets=INFERENCE_BUCKETS, registry=reg)
+        self._batch = prom.Histogram('seq_batch_size', 'Requests per policy call', ['deployment'],
+                                     buckets=BATCH_BUCKETS, registry=reg)
+        self._ended = prom.Counter('seq_episodes_ended', 'Episodes ended, by reason', ['deployment', 'reason'],
+                                   registry=reg)
+        self._underruns = prom.Counter('seq_client_underruns', 'Underruns reported by robots at EpisodeEnd',
+                                       ['deployment'], registry=reg)
+        self._underrun_s = prom.Counter('seq_client_underrun_seconds', 'Seconds robots held, reported at EpisodeEnd',
+                                        ['deployment'], registry=reg)
+        self._refused = prom.Counter('seq_streams_refused', 'Episode streams refused', ['reason'], registry=reg)
+        queue = prom.Gauge('seq_queue_depth', 'Requests waiting for inference', ['deployment'], registry=reg)
+        active = prom.Gauge('seq_active_episodes', 'Episodes in progress', ['deployment'], registry=reg)
+        capture = prom.Gauge('seq_capture_bytes', 'Bytes in the capture store', ['deployment'], registry=reg)
+        prom.Gauge('seq_open_streams', 'Episode streams open', registry=reg).set_function(open_streams)
+        self._capture_cache: dict[str, tuple[float, int]] = {}
+        #: seconds a capture-store size is reused before the store is walked again
+        self.capture_bytes_ttl_s = CAPTURE_BYTES_TTL_S
+        self._lock = threading.Lock()
+        for name, runtime in runtimes.items():
+            self._requests.labels(name, 'chunk')
+            self._underruns.labels(name)
+            queue.labels(name).set_function(lambda r=runtime: r.scheduler.queue_depth)
+            active.labels(name).set_function(lambda r=runtime: len(r.running_episodes()))
+            if runtime.capture_store is not None:
+                capture.labels(name).set_function(lambda n=name, r=runtime: self._capture_bytes(n, r))
+        try:
+            self._httpd, self._thread = prom.start_http_server(port, addr=host, registry=reg)
+        except OSError as exc:
+            raise ConfigError(f'cannot serve metrics on {host}:{port}: {exc}') from None
+        self.port: int = self._httpd.server_address[1]
+
+    def _capture_bytes(self, name: str, runtime: Any) -> int:
+        with self._lock:
+            at, value = self._capture_cache.get(name, (float('-inf'), 0))
+            if time.monotonic() - at >= self.capture_bytes_ttl_s:
+                try:
+                    value = runtime.capture_store.bytes_used()
+                except OSError:
+                    pass
+                self._capture_cache[name] = (time.monotonic(), value)
+            return value
+
+    def request(self, deployment: str, outcome: str) -> None:
+        """Count one observation request answered with ``outcome``."""
+        self._requests.labels(deployment, outcome).inc()
+
+    def batch(self, deployment: str, size: int, seconds: float) -> None:
+        """Record one policy call."""
+        self._inference.labels(deployment).observe(seconds)
+        self._batch.labels(deployment).observe(size)
+
+    def episode_ended(self, deployment: str, reason: str, underruns: int = 0, underrun_s: float = 0.0) -> None:
+        """Count an ended episode and its reported underruns."""
+        self._ended.labels(deployment, reason).inc()
+        if underruns > 0:
+            self._underruns.labels(deployment).inc(underruns)
+        if underrun_s > 0:
+            self._underrun_s.labels(deployment).inc(underrun_s)
+
+    def refused(self, reason: str) -> None:
+        """Count a refused stream."""
+        self._refused.labels(reason).inc()
+
+    def close(self) -> None:
+        """Shut the HTTP endpoint down (timed join)."""
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5.0)

@@ -1,0 +1,97 @@
+"""Admission on a real gRPC worker: the 256-idle-streams attack no longer locks robots out.
+
+- a stream that sends no EpisodeStart within ``start_timeout_s`` is closed (typed EPISODE_STATE);
+- one client holds at most ``max_streams_per_client`` streams; behind a trusted balancer the client is the
+  ``x-forwarded-for`` address, and a client that is not a trusted proxy cannot spoof it;
+- with a token, streams without it never get a slot, so the token's holders keep the whole capacity.
+"""
+
+from __future__ import annotations
+
+import grpc
+from test_worker_support import POLICIES, Stream, channel, state_request, wait_for, wait_ready
+
+from sequence_ai_ros.exceptions import Overloaded
+from sequence_ai_ros.protocol import errors as perrors
+from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
+from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
+from sequence_ai_ros.worker import serve_policy_file
+
+FAST = POLICIES / 'fast.py'
+NAMES = ['j0', 'j1']
+ATTACK = 256
+
+
+def _robot_runs(stub, episode_id: str, metadata=()) -> None:
+    robot = Stream(stub, 'fast', episode_id, metadata=metadata)
+    started = robot.start()
+    assert started is not None and started.HasField('started'), (started, robot.error)
+    reply = robot.ask(state_request(1, [0.1, 0.2], NAMES))
+    assert reply.HasField('chunk') and reply.chunk.request_id == 1
+    assert robot.end().HasField('ended')
+
+
+def _refusal(stream: Stream):
+    """Drain the stream (an admitted idle one gets an Error and EpisodeEnded); return its RpcError or None."""
+    replies = []
+    while (reply := stream.recv(timeout=10)) is not None:
+        replies.append(reply)
+    if stream.error is None:
+        assert 'no EpisodeStart within' in replies[0].error.message and replies[1].HasField('ended')
+    return stream.error
+
+
+def test_idle_streams_from_one_client_are_capped_and_closed_while_robots_run():
+    with serve_policy_file(FAST, 'fast', dim=2, start_timeout_s=1.5, max_streams_per_client=32,
+                           trusted_proxies=('127.0.0.1',)) as server, channel(server.port) as ch:
+        stub = pb_grpc.PolicyServiceStub(ch)
+        assert wait_ready(stub, 'fast').ready
+        attacker = [('x-forwarded-for', '203.0.113.66')]
+        idle = [Stream(stub, 'fast', f'idle{i}', metadata=attacker) for i in range(ATTACK)]
+        # a robot of another client starts and is served while the attack holds its 32 streams
+        _robot_runs(stub, 'robot-1', metadata=[('x-forwarded-for', '198.51.100.7')])
+        errors = [_refusal(s) for s in idle]
+        overloaded = [e for e in errors if e is not None and e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED]
+        assert len(overloaded) == ATTACK - 32
+        assert all('max_streams_per_client' in str(perrors.from_rpc_error(e)) and
+                   isinstance(perrors.from_rpc_error(e), Overloaded) for e in overloaded)
+        # the 32 admitted idle streams were told why (checked in _refusal) and closed
+        assert sum(e is None for e in errors) == 32
+        wait_for(lambda: server.servicer.open_streams() == 0, timeout=10, what='the idle streams to close')
+        # after the attack, the attacker's address gets streams again (its slots were released)
+        _robot_runs(stub, 'robot-2', metadata=attacker)
+
+
+def test_idle_stream_gets_a_typed_error_before_it_is_closed():
+    with serve_policy_file(FAST, 'fast', dim=2, start_timeout_s=0.5) as server, channel(server.port) as ch:
+        stub = pb_grpc.PolicyServiceStub(ch)
+        idle = Stream(stub, 'fast', 'silent')
+        err = idle.recv(timeout=10)
+        assert err.error.code == pb.EPISODE_STATE and 'no EpisodeStart within 0.5 s' in err.error.message
+        assert idle.recv(timeout=10).HasField('ended')
+        assert idle.recv(timeout=10) is None
+
+
+def test_forwarded_address_is_ignored_from_untrusted_peers():
+    with serve_policy_file(FAST, 'fast', dim=2, max_streams_per_client=3) as server, channel(server.port) as ch:
+        stub = pb_grpc.PolicyServiceStub(ch)
+        streams = [Stream(stub, 'fast', f's{i}', metadata=[('x-forwarded-for', f'10.0.0.{i}')]) for i in range(4)]
+        assert all(s.start().HasField('started') for s in streams[:3])
+        err = _refusal(streams[3])
+        assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and '127.0.0.1' in err.details()
+        for s in streams[:3]:
+            s.end()
+        assert server.servicer.open_streams() == 0 or wait_for(lambda: server.servicer.open_streams() == 0)
+
+
+def test_with_a_token_anonymous_streams_get_no_slot():
+    token = [('authorization', 'Bearer s3cret')]
+    with serve_policy_file(FAST, 'fast', dim=2, token='s3cret', max_streams=8, max_streams_per_client=0) as server, \
+            channel(server.port) as ch:
+        stub = pb_grpc.PolicyServiceStub(ch)
+        assert wait_ready(stub, 'fast', metadata=token).ready
+        anonymous = [Stream(stub, 'fast', f'anon{i}') for i in range(ATTACK)]
+        errors = [_refusal(s) for s in anonymous]
+        assert {e.code() for e in errors} == {grpc.StatusCode.UNAUTHENTICATED}
+        assert server.servicer.open_streams() == 0
+        _robot_runs(stub, 'robot-token', metadata=token)

@@ -1,0 +1,80 @@
+"""Prometheus metrics: scrape a live worker over HTTP and watch the numbers move with traffic."""
+
+from __future__ import annotations
+
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_worker_support import Stream, channel, handshake, state_request, wait_ready
+
+import sequence_ai_ros.policy as seq
+from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
+from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
+from sequence_ai_ros.worker import serve_policy_file
+
+prom_parser = pytest.importorskip('prometheus_client.parser', reason='prometheus_client is not installed')
+MLP = Path(seq.__file__).resolve().parents[1] / 'bench' / 'policies' / 'mlp_policy.py'
+NAMES = [f'j{i}' for i in range(14)]
+
+
+def scrape(port: int) -> dict[tuple[str, tuple], float]:
+    text = urllib.request.urlopen(f'http://127.0.0.1:{port}/metrics', timeout=5).read().decode()
+    out = {}
+    for family in prom_parser.text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def value(samples, name: str, **labels) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def test_a_live_worker_exposes_metrics_that_move_with_traffic(tmp_path):
+    from sequence_ai_ros.capture.settings import CaptureSettings, save_settings
+
+    save_settings(tmp_path / 'capture' / 'mlp', CaptureSettings(rate=1.0, enabled=True, fps=15.0))
+    with serve_policy_file(MLP, 'mlp', steps=5, metrics_port=0, capture_root=tmp_path / 'capture') as server, \
+            channel(server.port) as ch:
+        assert server.metrics_port
+        server.metrics.capture_bytes_ttl_s = 0.0  # walk the store at every scrape
+        stub = pb_grpc.PolicyServiceStub(ch)
+        handshake(stub, 'mlp')
+        assert wait_ready(stub, 'mlp').ready
+        before = scrape(server.metrics_port)
+        assert value(before, 'seq_requests_total', deployment='mlp', outcome='chunk') == 0
+        assert value(before, 'seq_active_episodes', deployment='mlp') == 0
+        robots = [Stream(stub, 'mlp', f'r{k}') for k in range(4)]
+        for r in robots:
+            assert r.start().HasField('started')
+        rng = np.random.default_rng(0)
+        for rid in (1, 2, 3):
+            for r in robots:
+                r.send(observation=state_request(rid, rng.standard_normal(14), NAMES))
+            for r in robots:
+                assert r.recv().HasField('chunk')
+        bad = robots[0].ask(state_request(4, np.zeros(3), NAMES[:3]))
+        assert bad.error.code == pb.CONTRACT_VIOLATION
+        during = scrape(server.metrics_port)
+        assert value(during, 'seq_active_episodes', deployment='mlp') == 4
+        assert value(during, 'seq_open_streams') == 4
+        assert value(during, 'seq_requests_total', deployment='mlp', outcome='chunk') == 12
+        assert value(during, 'seq_requests_total', deployment='mlp', outcome='CONTRACT_VIOLATION') == 1
+        calls = value(during, 'seq_batch_size_count', deployment='mlp')
+        assert value(during, 'seq_batch_size_sum', deployment='mlp') == 12 and 3 <= calls <= 12
+        assert value(during, 'seq_inference_seconds_count', deployment='mlp') == calls
+        assert value(during, 'seq_inference_seconds_sum', deployment='mlp') > 0
+        assert value(during, 'seq_queue_depth', deployment='mlp') == 0
+        for k, r in enumerate(robots):
+            r.send(end=pb.EpisodeEnd(reason='completed' if k else 'operator', underruns=k, underrun_s=0.5 * k))
+            assert r.recv().HasField('ended')
+        after = scrape(server.metrics_port)
+        assert value(after, 'seq_active_episodes', deployment='mlp') == 0
+        assert value(after, 'seq_episodes_ended_total', deployment='mlp', reason='completed') == 3
+        assert value(after, 'seq_episodes_ended_total', deployment='mlp', reason='operator') == 1
+        assert value(after, 'seq_client_underruns_total', deployment='mlp') == 0 + 1 + 2 + 3
+        assert value(after, 'seq_client_underrun_seconds_total', deployment='mlp') == pytest.approx(3.0)
+        captured = value(after, 'seq_capture_bytes', deployment='mlp')
+        assert captured > value(before, 'seq_capture_bytes', deployment='mlp')
