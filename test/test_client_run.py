@@ -20,7 +20,6 @@ from sequence_ai_ros.client import Observation, connect
 from sequence_ai_ros.exceptions import (
     CaptureError,
     ConnectionLost,
-    EpisodeStateError,
     Unauthenticated,
     UnknownDeployment,
 )
@@ -116,8 +115,7 @@ def test_reasons_completed_until_timeout_validate_and_act_arguments(serve):
         robot = CountingRobot()
         out = policy.act('pick', robot.observe, robot.act, max_seconds=0.3)
         assert out.reason == 'timeout' and 0.3 <= out.elapsed_s < 1.0 and robot.misaligned() == []
-        with pytest.raises(EpisodeStateError):
-            policy.next_action(robot.observe())                      # no episode open
+        assert policy.episode_outcome() is out                       # act() closed its episode
 
 
 def test_act_pins_the_instruction_and_history_is_sent_at_dt(serve):

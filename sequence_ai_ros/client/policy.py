@@ -1,8 +1,9 @@
 """``connect()`` and :class:`Policy`: a remote policy driven by a local control loop.
 
 One :class:`Policy` per control loop (many robots, many ``connect()`` calls). ``act``/``run`` pace
-themselves at the chunk's dt with absolute deadlines; loops that pace themselves (the ROS node) use
-:meth:`Policy.begin_episode`, :meth:`Policy.next_action` (never blocks) and :meth:`Policy.end_episode`.
+themselves at the chunk's dt with absolute deadlines; loops that pace themselves (the ROS node, the seed's
+``while running: next_action(observe())``) use :meth:`Policy.next_action` (never blocks; opens an episode
+when none is open), optionally :meth:`Policy.begin_episode` first, and :meth:`Policy.end_episode`.
 """
 
 from __future__ import annotations
@@ -35,10 +36,10 @@ ActFn = Callable[[Action], Any]
 
 
 class _OpenEpisode:
-    """An open episode: its engine, its stream, its capture state."""
+    """An open episode: its engine, its stream, its capture state; ``implicit`` when next_action opened it."""
 
-    def __init__(self, engine: EpisodeEngine, stream: EpisodeCall) -> None:
-        self.engine, self.stream = engine, stream
+    def __init__(self, engine: EpisodeEngine, stream: EpisodeCall, implicit: bool = False) -> None:
+        self.engine, self.stream, self.implicit = engine, stream, implicit
         self.telemetry: TelemetryBuffer | None = None
         self.closed: RunOutcome | None = None
 
@@ -76,6 +77,7 @@ class Policy:
         self._wake = threading.Event()
         self._episode: _OpenEpisode | None = None
         self._last_episode_id: str | None = None
+        self._closers: list[threading.Thread] = []
         self._closed = False
 
     # -- connection -------------------------------------------------------------------------------
@@ -123,6 +125,8 @@ class Policy:
             return
         try:
             self.end_episode('interrupted')
+            for closer in self._closers:
+                closer.join(timeout=3.0)
         finally:
             self._closed = True
             self._conn.close()
@@ -179,7 +183,8 @@ class Policy:
             given = settings
         return self._open(given, episode_id)
 
-    def _open(self, settings: EpisodeSettings, episode_id: str | None, fixed_step: bool = False) -> str:
+    def _open(self, settings: EpisodeSettings, episode_id: str | None, fixed_step: bool = False,
+              implicit: bool = False) -> str:
         if self._closed:
             raise EpisodeStateError('this Policy is closed')
         with self._lock:
@@ -187,7 +192,7 @@ class Policy:
                 if self._episode.engine.outcome() is None:
                     raise EpisodeStateError(f'episode {self._episode.engine.episode_id!r} is still running; '
                                             'end_episode() it first')
-                self._end_locked('completed')
+                self._end_locked('completed', wait=not implicit)   # next_action never waits on the network
             eid = episode_id or uuid.uuid4().hex
             self._wake.clear()
             holder: dict[str, Any] = {}
@@ -198,7 +203,7 @@ class Policy:
                                  on_chunk=engine.on_chunk, on_error=engine.fail,
                                  on_started=lambda m: self._on_started(episode, m), client_id=self.client_id)
             holder['stream'] = stream
-            episode = _OpenEpisode(engine, stream)
+            episode = _OpenEpisode(engine, stream, implicit)
             self._episode = episode
             self._last_episode_id = eid
             stream.start()
@@ -206,6 +211,13 @@ class Policy:
 
     def next_action(self, observation: Observation | Mapping[str, Any], now: float | None = None) -> Action | None:
         """Return the action for *now* on the chunk's own timeline; never blocks (I/O runs on seq-* threads).
+
+        The seed's loop works as written (``policy.wait_until_ready(); while running:
+        robot.act(policy.next_action(observe()))``): when no episode is open, this call opens one with the
+        default :class:`EpisodeSettings` (the first call after connect, after ``end_episode()`` or
+        ``close()``, and, for an episode opened this way, after ``interrupt()`` or after the worker ended it
+        for idleness). :meth:`begin_episode` stays, optional, to pass settings; an episode it opened keeps
+        answering holds once finished, until ``end_episode()``.
 
         :param observation: the current observation (or a dict that converts to one).
         :param now: ``time.monotonic()`` of this tick (s); default the clock now.
@@ -215,7 +227,7 @@ class Policy:
         :raises ContractViolation: for a bad observation (not an Observation or dict, a state that is not a
             finite (D,) vector of the contract's size and names...); the open episode ends with reason
             'validate' and the caller holds the arm.
-        :raises EpisodeStateError: without an open episode.
+        :raises EpisodeStateError: when this Policy is closed.
         :raises RuntimeError: when another thread is inside act/run/next_action on this handle.
         """
         with self._guard:
@@ -226,7 +238,19 @@ class Policy:
                 if ep is not None and ep.closed is None:
                     ep.engine.finish('validate', exc)
                 raise
+            if self._opens_next(ep):
+                self._open(EpisodeSettings(), None, implicit=True)
             return self._tick(obs, time.monotonic() if now is None else now)
+
+    def _opens_next(self, ep: _OpenEpisode | None) -> bool:
+        """True when next_action() opens an episode: none open, or an implicit one ended by interrupt/idle timeout."""
+        if ep is None or ep.closed is not None:
+            return True
+        out = ep.engine.outcome()
+        if not ep.implicit or out is None:
+            return False
+        idle = out.reason == 'error' and isinstance(out.error, EpisodeStateError) and ep.stream.ended.is_set()
+        return out.reason == 'interrupted' or idle
 
     def episode_outcome(self) -> RunOutcome | None:
         """None while the episode runs; its RunOutcome once it finished (completed, timeout, validate, error...)."""
@@ -380,7 +404,7 @@ class Policy:
     def _tick(self, obs: Observation, now: float) -> Action | None:
         ep = self._episode
         if ep is None or ep.closed is not None:
-            raise EpisodeStateError('no open episode: call begin_episode() first (act/run open their own)')
+            raise EpisodeStateError('no open episode')
         if ep.engine.settings.instruction and not obs.instruction:
             obs = dataclasses.replace(obs, instruction=ep.engine.settings.instruction)
         action = ep.engine.tick(obs, now)
@@ -395,7 +419,7 @@ class Policy:
         if msg.capture and msg.capture_fps > 0:
             episode.telemetry = TelemetryBuffer(msg.capture_fps, msg.capture_images)
 
-    def _end_locked(self, reason: str) -> RunOutcome | None:
+    def _end_locked(self, reason: str, wait: bool = True) -> RunOutcome | None:
         ep = self._episode
         if ep is None:
             return None
@@ -411,9 +435,15 @@ class Policy:
             LOG.warning('episode %s: %d capture frames were dropped (send queue full)', out.episode_id,
                         ep.stream.dropped_telemetry)
             out = dataclasses.replace(out, dropped_telemetry=ep.stream.dropped_telemetry)
-        ep.stream.close(pb.EpisodeEnd(reason=out.reason, actions=out.actions, chunks=out.chunks,
-                                      underruns=out.underruns, underrun_s=out.underrun_s,
-                                      max_seam_jump=out.max_seam_jump))
+        end = pb.EpisodeEnd(reason=out.reason, actions=out.actions, chunks=out.chunks, underruns=out.underruns,
+                            underrun_s=out.underrun_s, max_seam_jump=out.max_seam_jump)
+        if wait:
+            ep.stream.close(end)
+        else:          # the worker still hears how it ended; the wait for its answer runs on its own thread
+            closer = threading.Thread(target=ep.stream.close, args=(end,), name=f'seq-close-{out.episode_id[:24]}',
+                                      daemon=True)
+            self._closers = [t for t in self._closers if t.is_alive()] + [closer]
+            closer.start()
         ep.closed = out
         return out
 
