@@ -94,7 +94,8 @@ class EpisodeEngine:
     :param episode_id: its id.
     :param latency: the connection's round-trip window (shared across episodes).
     :param send: enqueues an :class:`OutRequest`; must not block.
-    :param wake: set whenever the episode finishes, so a pacing wait ends early.
+    :param wake: set whenever the episode finishes, and when a chunk arrives while nothing is playing (the
+        first chunk, the end of a dry spell), so a pacing wait ends early.
     :param clock: the robot's monotonic clock (s).
     :param fixed_step: advance exactly ``control_period`` per emitted action (act/run pacing) instead of
         by the clock (next_action).
@@ -197,6 +198,11 @@ class EpisodeEngine:
             self.chunks += 1
             self._done_seen = self._done_seen or chunk.done
             dt = chunk.dt if math.isfinite(chunk.dt) and chunk.dt > 0 else self.contract.dt
+            if not self._space.is_absolute:
+                # Rows of a delta or velocity chunk are whole recorded steps: row 0 is the step the
+                # observation fell in, so every chunk lies on one grid of chunk steps and an increment
+                # split across a seam is integrated once, half from each chunk.
+                e_obs = math.floor(e_obs + 1e-7)
             skip = max(0.0, self.executed - e_obs)
             length = chunk.actions.shape[0]
             if skip >= length - _EPS:
@@ -207,6 +213,8 @@ class EpisodeEngine:
                     self._maybe_request()
                 return
             old = self._live
+            if self._wake is not None and (old is None or old.pos >= old.length - _EPS):
+                self._wake.set()      # nothing was playing: a paced caller acts now, not a period later
             seam = None
             if old is not None and self.settings.smooth_seam > 0 and self._space.is_absolute:
                 seam = (old.actions, old.pos - skip)   # blended at its first read, once its start is known
@@ -271,20 +279,30 @@ class EpisodeEngine:
 
     # -- internals (lock held) --------------------------------------------------------------------
 
+    def _by_step(self) -> bool:
+        """True when the timeline advances by the emitted step rather than by the clock.
+
+        So it does for act/run pacing, and for every delta or velocity space: an increment integrated over
+        [p, p + s) must advance the timeline by exactly s, else a caller whose ticks jitter would drop or
+        repeat part of a row.
+        """
+        return self.fixed_step or not self._space.is_absolute
+
     def _pending_advance(self, now: float) -> float:
         live = self._live
         if self._emit_t is None or live is None:
             return 0.0
-        adv = self._emit_step if self.fixed_step else (now - self._emit_t) / live.dt
+        adv = self._emit_step if self._by_step() else (now - self._emit_t) / live.dt
         return max(0.0, min(adv, live.length - live.pos))
 
     def _advance(self, now: float) -> None:
         live = self._live
         if self._emit_t is not None and live is not None:
             whole = live.length - live.pos
-            want = self._emit_step if self.fixed_step else (now - self._emit_t) / live.dt
+            by_step = self._by_step()
+            want = self._emit_step if by_step else (now - self._emit_t) / live.dt
             adv = max(0.0, min(want, whole))
-            if not self.fixed_step and want > whole + _EPS and self._dry_since is None:
+            if not by_step and want > whole + _EPS and self._dry_since is None:
                 # The chunk ran out between two ticks: the dry spell began when it did, not at this tick.
                 self.underruns += 1
                 self._dry_since = self._emit_t + whole * live.dt

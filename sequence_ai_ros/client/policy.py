@@ -377,6 +377,11 @@ class Policy:
                         holding = False
                         act(action)
                     pacer.wait()
+                    if self._wake.is_set() and engine.outcome() is None:
+                        # A chunk arrived while nothing played (the first one, or after a dry spell): act on
+                        # it at once and pace the following actions from now.
+                        self._wake.clear()
+                        pacer = Pacer(period, wake=self._wake)
                 # Hold first, then talk to the worker: the stop unwinds through on_underrun at once.
                 out = engine.outcome()
                 if out.reason in ('interrupted', 'validate', 'error') and not holding:
