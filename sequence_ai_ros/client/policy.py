@@ -112,7 +112,8 @@ class Policy:
                 self._ready = True
                 return
             if reply.state == 'failed':
-                raise NotReady(f'{self.model}: the policy failed to load: {reply.message}')
+                # The worker's message says why (failed to load, or an inference exceeded its deadline).
+                raise NotReady(f'{self.model}: the deployment failed: {reply.message or "no reason given"}')
             left = deadline - time.monotonic()
             if left <= 0:
                 raise NotReady(f'{self.model}: not ready after {bound:g} s '

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import socket
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -60,6 +61,36 @@ def _credentials(tls: TlsLike) -> grpc.ChannelCredentials | None:
     return tls
 
 
+#: The HTTP/2 client preface and an empty SETTINGS frame (RFC 9113 sec. 3.4): a plaintext gRPC server answers
+#: with its own SETTINGS frame; a TLS server reads it as a broken record and closes (or sends an alert).
+_H2_PREFACE = b'PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n' + b'\x00\x00\x00\x04\x00\x00\x00\x00\x00'
+
+
+def probe_transport(endpoint: str, timeout: float = 1.0) -> str | None:
+    """Return 'plaintext' or 'tls' as the worker at ``endpoint`` speaks it, or None when unknown (unreachable...).
+
+    One TCP connection, bounded by ``timeout`` (s): it sends the HTTP/2 preface and reads the first bytes.
+    """
+    host, sep, port = endpoint.rpartition(':')
+    if not sep or not port.isdigit() or '/' in host:
+        return None
+    host = host.strip('[]') or '127.0.0.1'
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            sock.sendall(_H2_PREFACE)
+            data = sock.recv(9)
+    except ConnectionResetError:
+        return 'tls'
+    except OSError:
+        return None
+    if len(data) >= 4 and data[3] == 0x04:
+        return 'plaintext'
+    if not data or data[0] == 0x15:          # closed at once, or a TLS alert record
+        return 'tls'
+    return None
+
+
 class Connection:
     """One channel to a worker, with the token as call metadata.
 
@@ -74,6 +105,7 @@ class Connection:
         options = [('grpc.max_send_message_length', MAX_MESSAGE_BYTES),
                    ('grpc.max_receive_message_length', MAX_MESSAGE_BYTES)]
         creds = _credentials(tls)
+        self.tls = creds is not None
         self.channel = (grpc.secure_channel(endpoint, creds, options=options) if creds is not None
                         else grpc.insecure_channel(endpoint, options=options))
         self.stub = pb_grpc.PolicyServiceStub(self.channel)
@@ -97,9 +129,25 @@ class Connection:
         """
         from sequence_ai_ros.protocol.contract import PROTOCOL_VERSION
 
+        self.check_transport()
         req = pb.HandshakeRequest(deployment=deployment, protocol_version=PROTOCOL_VERSION,
                                   token=self.token or '', client_id=client_id)
         return self._unary(self.stub.Handshake, req, timeout, wait_for_ready=True).contract
+
+    def check_transport(self) -> None:
+        """Fail fast, naming TLS, when the worker speaks TLS and this client plaintext, or the reverse.
+
+        Without it gRPC retries the mismatched handshake until the deadline and reports only "unavailable".
+
+        :raises ConnectionLost: on a mismatch (an unreachable or unknown endpoint passes: the handshake decides).
+        """
+        spoken = probe_transport(self.endpoint)
+        if spoken == 'tls' and not self.tls:
+            raise ConnectionLost(f'the worker at {self.endpoint} speaks TLS but this client connects in plaintext: '
+                                 "pass connect(tls=True) or tls='ca.pem' (the worker's --tls-cert)")
+        if spoken == 'plaintext' and self.tls:
+            raise ConnectionLost(f'this client connects with TLS but the worker at {self.endpoint} speaks plaintext '
+                                 '(no TLS): drop tls=, or start seq serve with --tls-cert and --tls-key')
 
     def ready(self, deployment: str, timeout: float) -> pb.ReadyReply:
         """Return the worker's ReadyReply (ready, eta_seconds, state, message); never blocks past ``timeout``."""

@@ -8,6 +8,7 @@ Images are JPEG/PNG (Pillow) or raw uint8 (H, W, C).
 from __future__ import annotations
 
 import io
+import math
 
 import numpy as np
 
@@ -63,7 +64,7 @@ def from_tensor(tensor: pb.Tensor, *, what: str = 'tensor', dtype: str | None = 
     if any(s < 0 for s in shape):
         raise ContractViolation(f'{what}: negative dimension in shape {_clip(shape)}')
     dt = np.dtype(tensor.dtype).newbyteorder('<')
-    expected = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    expected = math.prod(shape) * dt.itemsize          # Python ints: a shape whose size overflows int64 is refused
     if len(tensor.data) != expected:
         raise ContractViolation(f'{what}: {len(tensor.data)} bytes for shape {shape} {tensor.dtype} '
                                 f'({expected} expected)')
@@ -140,6 +141,8 @@ def decode_image(image: pb.Image, *, max_pixels: int | None = None) -> np.ndarra
     :raises ContractViolation: for an unknown encoding, a zero width or height, channels other than 1 or 3,
         a size over ``max_pixels``, a truncated or corrupt payload, or pixels that disagree with the
         declared width/height/channels (an encoded grayscale image declared with 3 channels, RGBA, ...).
+        The size and channels of JPEG/PNG are checked from the header (Pillow's lazy open) before any
+        pixel is decoded, so a small file that decodes huge costs only its header.
     """
     what = f'image {_clip(image.key)!r}'
     if image.encoding not in ENCODINGS:
@@ -159,9 +162,12 @@ def decode_image(image: pb.Image, *, max_pixels: int | None = None) -> np.ndarra
     from PIL import Image as PILImage
 
     try:
-        with PILImage.open(io.BytesIO(image.data)) as pil:
+        with PILImage.open(io.BytesIO(image.data)) as pil:     # lazy: reads the header, decodes nothing
             if max_pixels is not None and pil.size[0] * pil.size[1] > max_pixels:
                 raise ContractViolation(f'{what}: {pil.size} exceeds {max_pixels} pixels')
+            if pil.size != (image.width, image.height):
+                raise ContractViolation(f'{what}: the {image.encoding} header says {pil.size[0]}x{pil.size[1]} but '
+                                        f'{image.width}x{image.height} is declared (refused before decoding)')
             bands = _CHANNELS_OF_MODE.get(pil.mode, len(pil.getbands()))
             if bands != image.channels:
                 raise ContractViolation(f'{what}: the {image.encoding} holds {bands} channels ({pil.mode}) but '

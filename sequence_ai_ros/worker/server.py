@@ -225,10 +225,11 @@ class WorkerServer:
 
 
 def _runtime(name: str, version: int, definition: PolicyDefinition, usage_path: Path | None,
-             capture_dir: Path | None, max_pending: int, timeouts: dict[str, float]) -> DeploymentRuntime:
+             capture_dir: Path | None, max_pending: int, timeouts: dict[str, float],
+             load_s: float = 0.0) -> DeploymentRuntime:
     store = open_store(capture_dir, name) if capture_dir is not None else None
     return DeploymentRuntime(name, version, definition, UsageMeter(name, usage_path), capture_store=store,
-                             max_pending=max_pending, **timeouts)
+                             max_pending=max_pending, eta_hint_s=load_s or None, **timeouts)
 
 
 def create_server(deployments: list[str] | None = None, *, home: str | Path | None = None, host: str = '127.0.0.1',
@@ -267,7 +268,7 @@ def create_server(deployments: list[str] | None = None, *, home: str | Path | No
         for name in names:
             rec, definition = registry.load(name)
             runtimes[name] = _runtime(name, rec.version, definition, registry.usage_file, registry.capture_dir(name),
-                                      max_pending, timeouts)
+                                      max_pending, timeouts, load_s=rec.load_s)
     except BaseException:
         for runtime in runtimes.values():
             runtime.close(timeout=1.0)
