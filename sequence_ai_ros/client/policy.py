@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from sequence_ai_ros.client import checks
+from sequence_ai_ros.client.adapter import ObservationAdapter, check_fit
 from sequence_ai_ros.client.engine import EpisodeEngine
 from sequence_ai_ros.client.latency import LatencyWindow
 from sequence_ai_ros.client.outcome import RunOutcome
@@ -53,12 +54,18 @@ class Policy:
     :param tls: None for plaintext, True for system roots, a PEM path, or grpc ChannelCredentials.
     :param timeout: seconds the handshake may take (the worker may still be starting) (s).
     :param ready_timeout: default bound on :meth:`wait_until_ready` (s).
+    :param image_fit: how a camera frame of another size is fitted to the contract's: ``resize`` (default,
+        as the node does) or ``pad`` (keep the aspect ratio), or ``{camera key: fit}``
+        (:mod:`~sequence_ai_ros.client.adapter`).
     :raises ConnectionLost: when the worker cannot be reached within ``timeout``.
     :raises UnknownDeployment, ProtocolVersionError, Unauthenticated: as the worker answers.
+    :raises ValueError: for an unknown image_fit.
     """
 
     def __init__(self, model: str, *, endpoint: str | None = None, token: str | None = None, tls: TlsLike = None,
-                 timeout: float = 10.0, ready_timeout: float = 600.0, client_id: str = '') -> None:
+                 timeout: float = 10.0, ready_timeout: float = 600.0, client_id: str = '',
+                 image_fit: str | Mapping[str, str] | None = None) -> None:
+        check_fit(image_fit)
         self.model = model
         self.endpoint = resolve_endpoint(endpoint)
         self.client_id = client_id or f'sequence_ai_ros.client/{uuid.uuid4().hex[:8]}'
@@ -71,6 +78,7 @@ class Policy:
             self._conn.close()
             raise
         self._ready = reply.ready
+        self.adapter = ObservationAdapter(self.contract, image_fit)
         self.latency = LatencyWindow()
         self._guard = ThreadGuard(f'Policy({model!r})')
         self._lock = threading.Lock()
@@ -202,7 +210,8 @@ class Policy:
                                    fixed_step=fixed_step)
             stream = EpisodeCall(self._conn, self.model, eid, settings.instruction, self.contract,
                                  on_chunk=engine.on_chunk, on_error=engine.fail,
-                                 on_started=lambda m: self._on_started(episode, m), client_id=self.client_id)
+                                 on_started=lambda m: self._on_started(episode, m), client_id=self.client_id,
+                                 fit_images=self.adapter.images)
             holder['stream'] = stream
             episode = _OpenEpisode(engine, stream, implicit)
             self._episode = episode
@@ -234,7 +243,7 @@ class Policy:
         with self._guard:
             ep = self._episode
             try:
-                obs = checks.observation(observation, self.contract)
+                obs = checks.observation(observation, self.contract, self.adapter)
             except ContractViolation as exc:
                 if ep is not None and ep.closed is None:
                     ep.engine.finish('validate', exc)
@@ -360,7 +369,7 @@ class Policy:
                         break
                     raw = observe()
                     try:
-                        obs = checks.observation(raw, self.contract)
+                        obs = checks.observation(raw, self.contract, self.adapter)
                     except ContractViolation as exc:
                         engine.finish('validate', exc)
                         break
@@ -455,7 +464,8 @@ class Policy:
 
 
 def connect(model: str, *, endpoint: str | None = None, token: str | None = None, tls: TlsLike = None,
-            timeout: float = 10.0, ready_timeout: float = 600.0) -> Policy:
+            timeout: float = 10.0, ready_timeout: float = 600.0,
+            image_fit: str | Mapping[str, str] | None = None) -> Policy:
     """Connect to the deployment ``model`` and return a :class:`Policy` (a context manager).
 
     The handshake starts a cold worker warming without blocking on it; :meth:`Policy.wait_until_ready`
@@ -466,10 +476,12 @@ def connect(model: str, *, endpoint: str | None = None, token: str | None = None
     :param tls: None for plaintext, True for system roots, a PEM path, or grpc ChannelCredentials.
     :param timeout: bound on the handshake (s).
     :param ready_timeout: default bound on wait_until_ready (s).
+    :param image_fit: ``resize`` (default) or ``pad`` per camera; see :class:`Policy`.
     :raises ConnectionLost: when the worker cannot be reached within ``timeout``.
     :raises UnknownDeployment, ProtocolVersionError, Unauthenticated: as the worker answers.
     """
-    return Policy(model, endpoint=endpoint, token=token, tls=tls, timeout=timeout, ready_timeout=ready_timeout)
+    return Policy(model, endpoint=endpoint, token=token, tls=tls, timeout=timeout, ready_timeout=ready_timeout,
+                  image_fit=image_fit)
 
 
 __all__ = ['Policy', 'connect']

@@ -38,6 +38,7 @@ from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
 from sequence_ai_ros.protocol.contract import Contract
 from sequence_ai_ros.protocol.messages import pack_observation
+from sequence_ai_ros.protocol.types import Observation
 
 LOG = logging.getLogger(__name__)
 _CLOSE = object()
@@ -194,11 +195,14 @@ class EpisodeCall:
     :param on_chunk: called on ``seq-recv`` with each ActionChunk.
     :param on_error: called once with the typed error when the stream fails (not after :meth:`close`).
     :param on_started: called with EpisodeStarted (capture flags).
+    :param fit_images: fits an observation's images to the contract (on ``seq-send``, before encoding).
     """
 
     def __init__(self, conn: Connection, deployment: str, episode_id: str, instruction: str, contract: Contract,
                  on_chunk: Callable[[pb.ActionChunk], None], on_error: Callable[[SequenceAIError], None],
-                 on_started: Callable[[pb.EpisodeStarted], None], client_id: str = '') -> None:
+                 on_started: Callable[[pb.EpisodeStarted], None], client_id: str = '',
+                 fit_images: Callable[[Observation], Observation] | None = None) -> None:
+        self._fit = fit_images or (lambda obs: obs)
         self.conn, self.deployment, self.episode_id, self.contract = conn, deployment, episode_id, contract
         self._start = pb.EpisodeStart(episode_id=episode_id, instruction=instruction, client_id=client_id)
         self._on_chunk, self._on_error, self._on_started = on_chunk, on_error, on_started
@@ -274,8 +278,8 @@ class EpisodeCall:
             try:
                 if isinstance(item, OutRequest):
                     msg = pb.EpisodeRequest(observation=pack_observation(
-                        item.obs, self.contract, episode_id=self.episode_id, request_id=item.request_id,
-                        history=item.history, chunk_tail=item.chunk_tail,
+                        self._fit(item.obs), self.contract, episode_id=self.episode_id, request_id=item.request_id,
+                        history=[self._fit(h) for h in item.history], chunk_tail=item.chunk_tail,
                         expected_delay_actions=item.expected_delay_actions, last_action=item.last_action))
                 elif isinstance(item, pb.EpisodeEnd):
                     msg = pb.EpisodeRequest(end=item)
