@@ -18,7 +18,7 @@ from typing import Any
 
 from sequence_ai_ros.client import checks
 from sequence_ai_ros.client.adapter import ObservationAdapter, check_fit
-from sequence_ai_ros.client.engine import EpisodeEngine
+from sequence_ai_ros.client.engine import MAX_IN_FLIGHT, EpisodeEngine
 from sequence_ai_ros.client.latency import LatencyWindow
 from sequence_ai_ros.client.outcome import RunOutcome
 from sequence_ai_ros.client.pacing import Pacer, ThreadGuard
@@ -79,6 +79,9 @@ class Policy:
             raise
         self._ready = reply.ready
         self.adapter = ObservationAdapter(self.contract, image_fit)
+        #: Requests in flight at most per episode (pipelining hides a round trip of up to ~0.9 of a chunk);
+        #: 1 restores one request at a time. Read when an episode opens.
+        self.max_in_flight = MAX_IN_FLIGHT
         self.latency = LatencyWindow()
         self._guard = ThreadGuard(f'Policy({model!r})')
         self._lock = threading.Lock()
@@ -208,6 +211,7 @@ class Policy:
             engine = EpisodeEngine(self.contract, settings, eid, self.latency,
                                    send=lambda req: holder['stream'].send_request(req), wake=self._wake,
                                    fixed_step=fixed_step)
+            engine.max_in_flight = self.max_in_flight
             stream = EpisodeCall(self._conn, self.model, eid, settings.instruction, self.contract,
                                  on_chunk=engine.on_chunk, on_error=engine.fail,
                                  on_started=lambda m: self._on_started(episode, m), client_id=self.client_id,

@@ -280,7 +280,8 @@ class EpisodeCall:
                     msg = pb.EpisodeRequest(observation=pack_observation(
                         self._fit(item.obs), self.contract, episode_id=self.episode_id, request_id=item.request_id,
                         history=[self._fit(h) for h in item.history], chunk_tail=item.chunk_tail,
-                        expected_delay_actions=item.expected_delay_actions, last_action=item.last_action))
+                        expected_delay_actions=item.expected_delay_actions, last_action=item.last_action,
+                        observation_step=item.observation_step, tail_request_id=item.tail_request_id))
                 elif isinstance(item, pb.EpisodeEnd):
                     msg = pb.EpisodeRequest(end=item)
                 else:

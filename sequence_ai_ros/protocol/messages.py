@@ -58,8 +58,8 @@ def check_state(obs: Observation, contract: Contract) -> None:
 
 def pack_observation(obs: Observation, contract: Contract, *, episode_id: str, request_id: int,
                      history: Sequence[Observation] = (), chunk_tail: np.ndarray | None = None,
-                     expected_delay_actions: int = 0,
-                     last_action: np.ndarray | None = None) -> pb.ObservationRequest:
+                     expected_delay_actions: int = 0, last_action: np.ndarray | None = None,
+                     observation_step: float | None = None, tail_request_id: int = 0) -> pb.ObservationRequest:
     """Build the request for one chunk.
 
     :param obs: the current observation (its images may be arrays or encoded bytes).
@@ -67,6 +67,10 @@ def pack_observation(obs: Observation, contract: Contract, *, episode_id: str, r
     :param chunk_tail: float32 (K, D), the not-yet-executed actions of the current chunk.
     :param expected_delay_actions: actions expected to execute before the new chunk can start.
     :param last_action: float32 (D,), the last executed action.
+    :param observation_step: the episode's chunk step of the observation (row 0 of tail and answer); when
+        given, the worker completes the tail with chunks newer than ``tail_request_id`` (pipelining, see
+        :mod:`~sequence_ai_ros.protocol.pipeline`).
+    :param tail_request_id: the request whose chunk the tail was cut from (0: none).
     :raises ContractViolation: when the state does not match the contract or a camera is missing.
     """
     check_state(obs, contract)
@@ -83,6 +87,8 @@ def pack_observation(obs: Observation, contract: Contract, *, episode_id: str, r
         req.chunk_tail.CopyFrom(codec.to_tensor(np.asarray(chunk_tail, np.float32).reshape(-1, contract.action_dim)))
     if last_action is not None:
         req.last_action.CopyFrom(codec.to_tensor(last_action, 'float32'))
+    if observation_step is not None:
+        req.observation_step, req.tail_request_id, req.splice_tail = observation_step, tail_request_id, True
     return req
 
 

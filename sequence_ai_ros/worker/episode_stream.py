@@ -31,6 +31,7 @@ from sequence_ai_ros.exceptions import EpisodeStateError, NotReady, SequenceAIEr
 from sequence_ai_ros.protocol import errors
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import clip
+from sequence_ai_ros.protocol.pipeline import TailSplicer
 from sequence_ai_ros.worker.runtime import ActiveEpisode, DeploymentRuntime
 
 LOG = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ class EpisodeStream:
         self.active: ActiveEpisode | None = None
         self._inbox: queue.Queue = queue.Queue()
         self._reader: threading.Thread | None = None
+        self._splicer = TailSplicer()
 
     def shutdown(self) -> None:
         """Ask the stream to end its episode (reason ``shutdown``) and close; returns at once."""
@@ -161,7 +163,9 @@ class EpisodeStream:
                                             'request ids must increase strictly'), rid)
         active.last_request_id = rid
         try:
+            self._splicer.complete(req, self.runtime.definition.contract.action_dim)   # pipelined requests
             chunk = self.runtime.infer(active, req)
+            self._splicer.record(req, chunk)
         except SequenceAIError as exc:
             reply = _error(exc, rid)
             active.recorder.add_request(req, None, reply.error)
