@@ -75,7 +75,14 @@ test: $(STAMP_BUILD)
 demo: $(STAMP_BUILD)
 	$(ENV) && python -m sequence_ai_ros.demo --dataset "$(DATASET)" --out out
 
-bench: $(STAMP_BUILD)
+# The wire benchmark's baseline (openpi-client's msgpack_numpy over websockets), in the dev venv only.
+STAMP_BENCH := $(VENV)/.stamp-bench
+$(STAMP_BENCH): $(STAMP_VENV) requirements-bench.txt
+	$(VENV)/bin/pip install -q -r requirements-bench.txt
+	$(VENV)/bin/pip install -q --no-deps openpi-client==0.1.2
+	touch $@
+
+bench: $(STAMP_BUILD) $(STAMP_BENCH)
 	$(ENV) && python -m sequence_ai_ros.bench
 
 # LeRobot's own v2.1 loader in its own venv (lerobot 0.3.3 pulls torch with CUDA wheels, ~6 GB): never

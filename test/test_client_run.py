@@ -72,6 +72,7 @@ def test_cold_start_runs_chunk_row_zero_and_a_cold_spike_does_not_inflate_prefet
     endpoint = serve(mean_s=0.02, jitter=0.2, first_s=0.8, dt=0.01, chunk_length=25)
     robot = CountingRobot()
     with connect('lat', endpoint=endpoint) as policy:
+        policy.max_in_flight = 1      # the prefetch lead of one request at a time (pipelining: test_client_pipeline)
         out = policy.run(robot.observe, robot.act, max_actions=150)
         stats = policy.stats()
     first = robot.actions[0]

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-BENCHES = ('worker', 'client', 'node', 'export')
+BENCHES = ('worker', 'client', 'pipeline', 'wire', 'node', 'export')
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,7 @@ code raising holds once, tells the worker 'error' and re-raises; a lost, erring 
 within the no-chunk deadline, ``chunk_timeout``) holds, then raises a typed error.
 
 Threads: the caller's control thread runs act/run/next_action and never waits on the network. Per
-episode, ``seq-send-<id>`` packs and sends and ``seq-recv-<id>`` reads; both are owned by the
+episode, gRPC's request thread packs and sends and ``seq-recv-<id>`` reads; both are owned by the
 episode's stream and joined (with a timeout) when the episode ends. All timing uses
 ``time.monotonic()`` on the robot; nothing is compared across hosts.
 """

@@ -224,7 +224,7 @@ class Policy:
             return eid
 
     def next_action(self, observation: Observation | Mapping[str, Any], now: float | None = None) -> Action | None:
-        """Return the action for *now* on the chunk's own timeline; never blocks (I/O runs on seq-* threads).
+        """Return the action for *now* on the chunk's own timeline; never blocks (I/O runs on the episode's threads).
 
         The seed's loop works as written (``policy.wait_until_ready(); while running:
         robot.act(policy.next_action(observe()))``): when no episode is open, this call opens one with the

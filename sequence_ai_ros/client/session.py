@@ -1,13 +1,15 @@
 """The gRPC side of the client: one channel per connect(), one Episode bidi stream per episode.
 
-Threads (named, owned by :class:`EpisodeCall`, stopped by :meth:`EpisodeCall.close` with timed joins):
+Threads, per episode (owned by :class:`EpisodeCall`, stopped by :meth:`EpisodeCall.close` with timed joins):
 
-- ``seq-send-<episode>`` packs what the engine enqueued (observation requests with images encoded,
-  telemetry batches, EpisodeEnd) into protobuf messages; nothing is encoded on the control thread.
+- gRPC's own request-consumer thread pulls what the engine enqueued (observation requests, telemetry
+  batches, EpisodeEnd) and packs each into its protobuf message in place (images encoded there, one
+  copy of the pixels), then hands it to gRPC: nothing is encoded on the control thread, and there is
+  no extra packing thread to hand each request through.
 - ``seq-recv-<episode>`` opens the call, reads replies (EpisodeStarted, ActionChunk, Error,
   EpisodeEnded) and hands them to callbacks; a broken stream becomes a typed error there.
 
-gRPC's own request-consumer thread only pulls already-packed messages from a queue. Every unary call
+Every unary call
 (Handshake, Ready, Label) carries a deadline; nothing waits forever.
 """
 
@@ -195,7 +197,7 @@ class EpisodeCall:
     :param on_chunk: called on ``seq-recv`` with each ActionChunk.
     :param on_error: called once with the typed error when the stream fails (not after :meth:`close`).
     :param on_started: called with EpisodeStarted (capture flags).
-    :param fit_images: fits an observation's images to the contract (on ``seq-send``, before encoding).
+    :param fit_images: fits an observation's images to the contract (on gRPC's request thread, before encoding).
     """
 
     def __init__(self, conn: Connection, deployment: str, episode_id: str, instruction: str, contract: Contract,
@@ -207,7 +209,6 @@ class EpisodeCall:
         self._start = pb.EpisodeStart(episode_id=episode_id, instruction=instruction, client_id=client_id)
         self._on_chunk, self._on_error, self._on_started = on_chunk, on_error, on_started
         self._outbox: queue.Queue = queue.Queue(maxsize=256)
-        self._wire: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self._closing = threading.Event()
         self.ended = threading.Event()
@@ -216,12 +217,10 @@ class EpisodeCall:
         self._call: grpc.Future | None = None
         self.dropped_telemetry = 0
         tag = episode_id[:24]
-        self._sender = threading.Thread(target=self._send_loop, name=f'seq-send-{tag}', daemon=True)
         self._reader = threading.Thread(target=self._read_loop, name=f'seq-recv-{tag}', daemon=True)
 
     def start(self) -> None:
-        """Start both threads; the call is opened on ``seq-recv``."""
-        self._sender.start()
+        """Start ``seq-recv``, which opens the call (gRPC then starts its request-consumer thread)."""
         self._reader.start()
 
     # -- control side (never blocks) ---------------------------------------------------------------
@@ -253,13 +252,15 @@ class EpisodeCall:
                 pass
             self.ended.wait(timeout)
         self._stop.set()
-        self._wire.put(_CLOSE)
+        try:
+            self._outbox.put_nowait(_CLOSE)
+        except queue.Full:
+            pass                      # the request iterator also ends on _stop
         with self._call_lock:
             if self._call is not None and not self.ended.is_set():
                 self._call.cancel()
-        for thread in (self._sender, self._reader):
-            if thread.is_alive() and thread is not threading.current_thread():
-                thread.join(timeout)
+        if self._reader.is_alive() and self._reader is not threading.current_thread():
+            self._reader.join(timeout)
         return self.ended.is_set()
 
     # -- threads ----------------------------------------------------------------------------------
@@ -269,43 +270,39 @@ class EpisodeCall:
             self._stop.set()
             self._on_error(error)
 
-    def _send_loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                item = self._outbox.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            try:
-                if isinstance(item, OutRequest):
-                    msg = pb.EpisodeRequest(observation=pack_observation(
-                        self._fit(item.obs), self.contract, episode_id=self.episode_id, request_id=item.request_id,
-                        history=[self._fit(h) for h in item.history], chunk_tail=item.chunk_tail,
-                        expected_delay_actions=item.expected_delay_actions, last_action=item.last_action,
-                        observation_step=item.observation_step, tail_request_id=item.tail_request_id))
-                elif isinstance(item, pb.EpisodeEnd):
-                    msg = pb.EpisodeRequest(end=item)
-                else:
-                    msg = pb.EpisodeRequest(telemetry=_pack_telemetry(item, self.contract))
-            except SequenceAIError as exc:
-                self._fail(exc)
-                return
-            self._wire.put(msg)
-            if msg.HasField('end'):
-                self._wire.put(_CLOSE)
-                return
+    def _pack(self, item: object) -> pb.EpisodeRequest:
+        msg = pb.EpisodeRequest()
+        if isinstance(item, OutRequest):
+            pack_observation(self._fit(item.obs), self.contract, episode_id=self.episode_id,
+                             request_id=item.request_id, history=[self._fit(h) for h in item.history],
+                             chunk_tail=item.chunk_tail, expected_delay_actions=item.expected_delay_actions,
+                             last_action=item.last_action, observation_step=item.observation_step,
+                             tail_request_id=item.tail_request_id, out=msg.observation)
+        elif isinstance(item, pb.EpisodeEnd):
+            msg.end.CopyFrom(item)
+        else:
+            msg.telemetry.CopyFrom(_pack_telemetry(item, self.contract))
+        return msg
 
     def _requests(self):  # noqa: ANN202 - consumed by gRPC's request thread
         yield pb.EpisodeRequest(start=self._start)
         while True:
             try:
-                msg = self._wire.get(timeout=0.1)
+                item = self._outbox.get(timeout=0.1)
             except queue.Empty:
                 if self._stop.is_set():
                     return
                 continue
-            if msg is _CLOSE:
+            if item is _CLOSE:
+                return
+            try:
+                msg = self._pack(item)
+            except SequenceAIError as exc:
+                self._fail(exc)
                 return
             yield msg
+            if msg.HasField('end'):
+                return
 
     def _read_loop(self) -> None:
         md = (*self.conn.metadata, (EPISODE_ID_METADATA, self.episode_id), (DEPLOYMENT_METADATA, self.deployment))
