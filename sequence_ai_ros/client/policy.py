@@ -16,12 +16,12 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sequence_ai_ros.client import checks
+from sequence_ai_ros.client import checks, driving
 from sequence_ai_ros.client.adapter import ObservationAdapter, check_fit
 from sequence_ai_ros.client.engine import MAX_IN_FLIGHT, EpisodeEngine
 from sequence_ai_ros.client.latency import LatencyWindow
 from sequence_ai_ros.client.outcome import RunOutcome
-from sequence_ai_ros.client.pacing import Pacer, ThreadGuard
+from sequence_ai_ros.client.pacing import ThreadGuard
 from sequence_ai_ros.client.sampling import TelemetryBuffer
 from sequence_ai_ros.client.session import Connection, EpisodeCall, TlsLike, resolve_endpoint
 from sequence_ai_ros.client.settings import EpisodeSettings
@@ -355,70 +355,8 @@ class Policy:
     def _drive(self, observe: ObserveFn, act: ActFn, settings: EpisodeSettings, *, pin: bool,
                until: Callable[[], bool] | None, on_underrun: Callable[[], Any] | None,
                episode_id: str | None) -> RunOutcome:
-        instruction = settings.instruction
-        with self._guard:
-            self.wait_until_ready()      # one Ready call when warm; waits out warming before the first action
-            period = self.contract.dt if settings.control_period is None else settings.control_period
-            self._open(dataclasses.replace(settings, control_period=period), episode_id, fixed_step=True)
-            engine = self._episode.engine
-            holding = False              # set before on_underrun is called, so a raising hold is not repeated
-            end_reason = 'interrupted'
-            try:
-                pacer = Pacer(period, wake=self._wake)
-                while True:
-                    if until is not None and engine.outcome() is None and until():
-                        engine.finish('until')
-                    out = engine.check(time.monotonic())
-                    if out is not None:
-                        break
-                    raw = observe()
-                    try:
-                        obs = checks.observation(raw, self.contract, self.adapter)
-                    except ContractViolation as exc:
-                        engine.finish('validate', exc)
-                        break
-                    if pin and obs.instruction != instruction:
-                        obs = dataclasses.replace(obs, instruction=instruction)   # the caller's object is untouched
-                    action = self._tick(obs, time.monotonic())
-                    if engine.outcome() is not None:
-                        break
-                    if action is None or action.hold:
-                        if not holding and engine.dry:
-                            holding = True
-                            if on_underrun is not None:
-                                on_underrun()
-                    else:
-                        holding = False
-                        act(action)
-                    pacer.wait()
-                    if self._wake.is_set() and engine.outcome() is None:
-                        # A chunk arrived while nothing played (the first one, or after a dry spell): act on
-                        # it at once and pace the following actions from now.
-                        self._wake.clear()
-                        pacer = Pacer(period, wake=self._wake)
-                # Hold first, then talk to the worker: the stop unwinds through on_underrun at once.
-                out = engine.outcome()
-                if out.reason in ('interrupted', 'validate', 'error') and not holding:
-                    holding = True
-                    if on_underrun is not None:
-                        on_underrun()
-            except BaseException as exc:
-                # The caller's code (or ours) raised: hold the arm, flag the episode, never swallow the error.
-                end_reason = 'error' if isinstance(exc, Exception) else 'interrupted'
-                if not holding:
-                    holding = True
-                    if on_underrun is not None:
-                        try:
-                            on_underrun()
-                        except Exception:
-                            LOG.exception('episode %s: on_underrun() raised while holding after an error',
-                                          engine.episode_id)
-                raise
-            finally:
-                out = self.end_episode(end_reason)
-            if out.reason == 'error' and out.error is not None:
-                raise out.error
-            return out
+        return driving.drive(self, observe, act, settings, pin=pin, until=until, on_underrun=on_underrun,
+                             episode_id=episode_id)
 
     def _tick(self, obs: Observation, now: float) -> Action | None:
         ep = self._episode
