@@ -23,7 +23,7 @@ from collections.abc import Callable
 import numpy as np
 
 from sequence_ai_ros.client import resample
-from sequence_ai_ros.client.latency import MIN_SAMPLES, LatencyWindow, percentile
+from sequence_ai_ros.client.latency import LatencyWindow, percentile
 from sequence_ai_ros.client.outcome import RunOutcome
 from sequence_ai_ros.client.records import (
     CHUNK_TIMEOUT_COVERS,
@@ -402,9 +402,9 @@ class EpisodeEngine:
             if self._in_flight:
                 # Never faster than the worker answers one episode's requests (its inference time, as the
                 # chunks report it): faster would only queue them there and inflate the round trip. Until a
-                # chunk has reported it, and until the round trip is measured (MIN_SAMPLES warm samples: the
-                # early, cold-inflated lead must not set off a burst), one request at a time.
-                if not self._serve_s or len(self._latency.samples()) < MIN_SAMPLES:
+                # chunk has reported it, and until a warm round trip is measured (a lead from the cold one
+                # alone must not set off a burst), one request at a time.
+                if not self._serve_s or not self._latency.samples():
                     return
                 newest = max(p.sent for p in self._in_flight.values())
                 spacing = max(self._period, 1.2 * percentile(list(self._serve_s), 50))
