@@ -165,6 +165,6 @@ def test_act_and_run_execute_the_first_action_when_the_first_chunk_arrives():
                 first = robot.acted[0] - robot.observed[0]
                 assert len(robot.acted) >= 3 and out.underruns == 0
                 assert first < 0.25, f'{drive}: first action {first:.3f} s after the first observation'
-                assert np.all(np.diff(robot.acted[:3]) > 0.4)   # then paced at dt from the first action
+                assert robot.acted[2] - robot.acted[0] > 0.9     # then paced at dt from the first action
     finally:
         server.stop(grace=0.5)
