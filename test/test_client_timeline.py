@@ -116,14 +116,15 @@ def test_delta_replay_of_a_real_trajectory_runs_every_recorded_step_once(space, 
             # next_action() at twice the rate: every row runs as two half increments.
             robot = DeltaRobot(path[0], names, space, step=0.5)
             policy.begin_episode('replay', control_period=DT / 2, max_actions=STEPS)
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 300
             while policy.episode_outcome() is None and time.monotonic() < deadline:
                 action = policy.next_action(robot.observe())
                 if action is not None and not action.hold:
                     robot.act(action)
                 time.sleep(DT / 2)
+            assert policy.episode_outcome() is not None, 'the episode did not reach max_actions'
             out = policy.end_episode()
-            assert out.reason == 'completed' and out.chunks >= 5 and out.skipped > 0
+            assert out.reason == 'completed' and out.actions == STEPS and out.chunks >= 5 and out.skipped > 0
             check(robot, path, rate_dims)
     finally:
         server.stop(grace=0.5)

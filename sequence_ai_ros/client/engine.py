@@ -183,7 +183,10 @@ class EpisodeEngine:
                 self.discarded += 1   # replaced before any tick read it
             seam = None
             if old is not None and self.settings.smooth_seam > 0 and self._space.is_absolute:
-                seam = (old.actions, old.pos - skip)   # blended at its first read, once its start is known
+                if old.read or old.seam is None:
+                    seam = (old.actions, old.pos - skip)   # blended at its first read, once its start is known
+                else:   # the old chunk never played: blend from what did (its own seam's rows), not from it
+                    seam = (old.seam[0], old.seam[1] + old.pos - skip)
             self._live = _Live(chunk.actions, chunk.action_space, dt, self.chunks - 1, chunk.done, skip, seam,
                                origin=e_obs, request_id=msg.request_id)
             self._maybe_request()
