@@ -31,7 +31,7 @@ export DATASET
 help:
 	@echo "make demo    run the main job end to end (set-up included)"
 	@echo "make test    lint and run the test suite (set-up included)"
-	@echo "make bench   benchmarks (latency, underrun curve, tick jitter, export throughput)"
+	@echo "make bench   benchmarks (latency, underrun curve, pipelining, wire vs openpi, tick jitter, export)"
 	@echo "make check-export  load the demo's export in LeRobot's own v2.1 loader (own, large venv)"
 
 setup: $(STAMP_VENV)
