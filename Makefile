@@ -31,7 +31,7 @@ export DATASET
 help:
 	@echo "make demo    run the main job end to end (set-up included)"
 	@echo "make test    lint and run the test suite (set-up included)"
-	@echo "make bench   benchmarks (latency, underrun curve, tick jitter, export throughput)"
+	@echo "make bench   benchmarks (latency, underrun curve, pipelining, wire vs openpi, tick jitter, export)"
 	@echo "make check-export  load the demo's export in LeRobot's own v2.1 loader (own, large venv)"
 	@echo "make haproxy install Debian's HAProxy for the fleet (seq fleet, test_fleet.py) when root"
 
@@ -84,7 +84,14 @@ test: $(STAMP_BUILD) haproxy
 demo: $(STAMP_BUILD)
 	$(ENV) && python -m sequence_ai_ros.demo --dataset "$(DATASET)" --out out
 
-bench: $(STAMP_BUILD)
+# The wire benchmark's baseline (openpi-client's msgpack_numpy over websockets), in the dev venv only.
+STAMP_BENCH := $(VENV)/.stamp-bench
+$(STAMP_BENCH): $(STAMP_VENV) requirements-bench.txt
+	$(VENV)/bin/pip install -q -r requirements-bench.txt
+	$(VENV)/bin/pip install -q --no-deps openpi-client==0.1.2
+	touch $@
+
+bench: $(STAMP_BUILD) $(STAMP_BENCH)
 	$(ENV) && python -m sequence_ai_ros.bench
 
 # config/policy_node.yaml is generated from the node's parameter schema (test_parameter_schema checks it).

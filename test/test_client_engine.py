@@ -340,3 +340,26 @@ def test_pacer_deadlines_are_absolute_and_guard_names_the_rule():
         with guard:                                                   # re-entrant for the owner
             errors.append(1)
     assert errors == [1]
+
+
+def test_a_chunk_replaced_before_it_played_is_not_what_the_next_seam_blends_from():
+    """Pipelined chunks can arrive two between ticks: the seam blends from what played, not from the unread one."""
+    rig = Rig(t=10, smooth_seam=4)
+    rig.tick()
+    rig.reply(ramp(0))                                   # chunk A, row k = k (the cold sample)
+    while len(rig.sent) < 2:
+        rig.tick()
+    for _ in range(9):                                   # a 0.9 s round trip: A runs dry meanwhile
+        rig.tick()
+    rig.reply(ramp(100), request=rig.sent[1])            # chunk P plays from here (rows 100 + k)
+    while len(rig.sent) < 4:                             # the measured round trip now needs more in flight
+        rig.tick()
+    assert rig.engine.stats()['in_flight'] >= 2
+    unread, replacing = rig.sent[2], rig.sent[3]
+    rig.reply(np.full((10, 2), 500.0, np.float32), request=unread)       # B arrives ...
+    rig.reply(np.full((10, 2), 0.0, np.float32), request=replacing)      # ... and C replaces it before a tick
+    first_c = rig.tick()
+    assert rig.engine.stats()['discarded'] >= 1
+    # The first row of C (0) is blended 1:4 with the continuation of what played (P's rows, themselves faded in
+    # from A: below 110); blending from the unread B would give 0.8 * 500 = 400.
+    assert 0.0 < first_c.values[0] < 150.0

@@ -64,6 +64,7 @@ def underrun_curve() -> list[dict]:
         try:
             with connect('lat', endpoint=f'127.0.0.1:{server.port}') as policy:
                 policy.wait_until_ready(timeout=30)
+                policy.max_in_flight = 1      # this curve is one request in flight (bench_pipeline: more)
                 for prefetch in (True, False):
                     _, observe, act = _robot()
                     out = policy.run(observe, act, max_actions=ACTIONS, prefetch=prefetch,
@@ -81,9 +82,9 @@ def underrun_curve() -> list[dict]:
     return rows
 
 
-def _worker_process(**kwargs: object) -> tuple[subprocess.Popen, str]:
+def _worker_process(policy: Path = POLICY, **kwargs: object) -> tuple[subprocess.Popen, str]:
     """Start a worker process (as on a real machine: its threads do not share this process's GIL)."""
-    proc = subprocess.Popen([sys.executable, '-c', SERVE, str(POLICY), json.dumps(kwargs)],
+    proc = subprocess.Popen([sys.executable, '-c', SERVE, str(policy), json.dumps(kwargs)],
                             stdout=subprocess.PIPE, text=True)
     line: list[str] = []
     reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), name='bench-read-port',

@@ -5,18 +5,21 @@ Public API (re-exported as ``sequence_ai_ros.connect`` and by the ``sequence_ai`
 ``interrupt``, ``label``, ``ready``, ``wait_until_ready``, ``stats``), :class:`RunOutcome`,
 :class:`Observation`, :class:`Action`, :class:`ActionSpace`.
 
-Modules, one concept each: :mod:`.policy` (the handle), :mod:`.engine` (one episode's timeline,
-prefetch, stale-action skip, underruns), :mod:`.resample` (reading a chunk at the caller's period;
-seam blending), :mod:`.latency` (round-trip window, prefetch lead), :mod:`.sampling` (history and
-telemetry on the policy's clocks), :mod:`.pacing` (absolute deadlines; the one-thread rule),
-:mod:`.session` (gRPC), :mod:`.outcome`, :mod:`.checks` (arguments and observations at the edge).
+Modules, one concept each: :mod:`.policy` (the handle), :mod:`.settings` (EpisodeSettings, the one
+definition of the episode options), :mod:`.driving` (the paced act/run loop), :mod:`.engine` (one
+episode's timeline, prefetch and pipelined requests, stale-action skip, underruns), :mod:`.records`
+(its requests and constants), :mod:`.resample` (reading a chunk at the caller's period; seam blending),
+:mod:`.latency` (round-trip window, prefetch lead), :mod:`.sampling` (history and telemetry on the
+policy's clocks), :mod:`.pacing` (absolute deadlines; the one-thread rule), :mod:`.session` (gRPC),
+:mod:`.adapter` (images and state fitted to the contract, shared with the node), :mod:`.outcome`,
+:mod:`.checks` (arguments and observations at the edge).
 
 Failures: a bad observation is a ContractViolation (act/run: hold, reason 'validate'); the caller's own
 code raising holds once, tells the worker 'error' and re-raises; a lost, erring or silent worker (no chunk
 within the no-chunk deadline, ``chunk_timeout``) holds, then raises a typed error.
 
 Threads: the caller's control thread runs act/run/next_action and never waits on the network. Per
-episode, ``seq-send-<id>`` packs and sends and ``seq-recv-<id>`` reads; both are owned by the
+episode, gRPC's request thread packs and sends and ``seq-recv-<id>`` reads; both are owned by the
 episode's stream and joined (with a timeout) when the episode ends. All timing uses
 ``time.monotonic()`` on the robot; nothing is compared across hosts.
 """

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from sequence_ai_ros.client.adapter import ObservationAdapter
 from sequence_ai_ros.client.settings import check_positive
 from sequence_ai_ros.exceptions import ContractViolation
 from sequence_ai_ros.protocol.contract import Contract
@@ -24,12 +25,14 @@ from sequence_ai_ros.protocol.types import Observation
 positive = check_positive
 
 
-def observation(value: Observation | Mapping[str, Any], contract: Contract) -> Observation:
+def observation(value: Observation | Mapping[str, Any], contract: Contract,
+                adapter: ObservationAdapter | None = None) -> Observation:
     """Return ``value`` as an Observation that fits the contract's state.
 
     :param value: what ``observe()`` returned: an Observation or a dict of its fields.
     :param contract: the policy's contract; its ``observation.state_names`` (when given) fix the state's
         size (D,) and, when the observation names its values, their names and order.
+    :param adapter: maps a named state onto the contract's names first (subset, reorder), as the node does.
     :raises ContractViolation: for anything else (None, a non-mapping, unknown keys, a state that is not
         a finite float32 (D,) vector, empty names, a size or names that differ from the contract).
     """
@@ -39,6 +42,8 @@ def observation(value: Observation | Mapping[str, Any], contract: Contract) -> O
         raise
     except (TypeError, ValueError, AttributeError) as exc:
         raise ContractViolation(f'bad observation: {type(exc).__name__}: {exc}') from exc
+    if adapter is not None:
+        obs = adapter.state(obs)
     check_state(obs, contract)
     return obs
 

@@ -14,7 +14,7 @@ counting, never by estimating from time. A cold start therefore executes chunk[0
 
 from __future__ import annotations
 
-import dataclasses
+import collections
 import math
 import threading
 import time
@@ -25,6 +25,16 @@ import numpy as np
 from sequence_ai_ros.client import resample
 from sequence_ai_ros.client.latency import LatencyWindow, percentile
 from sequence_ai_ros.client.outcome import RunOutcome
+from sequence_ai_ros.client.records import (
+    CHUNK_TIMEOUT_COVERS,
+    CHUNK_TIMEOUT_MIN_S,
+    MAX_IN_FLIGHT,
+    MIN_LEAD_FRACTION,
+    LiveChunk,
+    OutRequest,
+    Pending,
+    chunk_timeout_s,
+)
 from sequence_ai_ros.client.sampling import History
 from sequence_ai_ros.client.settings import EpisodeSettings
 from sequence_ai_ros.exceptions import ActionSpaceMismatch, ContractViolation, PolicyException, SequenceAIError
@@ -35,55 +45,7 @@ from sequence_ai_ros.protocol.spaces import ActionSpace
 from sequence_ai_ros.protocol.types import Action, Observation
 
 _EPS = 1e-9
-#: The prefetch lead is never less than this share of the playing chunk's covers_seconds: a stall of the
-#: robot's own process (GC, a loaded core) between two ticks must not eat the whole measured margin. With
-#: a 0 ms policy the measured lead alone is ~2 ticks; the floor costs only more, earlier requests.
-MIN_LEAD_FRACTION = 0.25
-#: The no-chunk deadline: a request unanswered for longer than
-#: ``max(CHUNK_TIMEOUT_MIN_S, CHUNK_TIMEOUT_COVERS * covers_seconds)`` (s) ends the episode with reason
-#: 'error' and a :class:`~sequence_ai_ros.exceptions.PolicyException` (a hung inference must not leave
-#: the arm in one endless underrun). Overridden per episode by ``chunk_timeout``.
-CHUNK_TIMEOUT_MIN_S = 10.0
-CHUNK_TIMEOUT_COVERS = 10.0
-
-
-def chunk_timeout_s(contract: Contract, chunk_timeout: float | None = None) -> float:
-    """The no-chunk deadline (s): ``chunk_timeout`` when given, else the default from the contract."""
-    if chunk_timeout is not None:
-        return float(chunk_timeout)
-    return max(CHUNK_TIMEOUT_MIN_S, CHUNK_TIMEOUT_COVERS * contract.covers_seconds)
-
-
-@dataclasses.dataclass
-class OutRequest:
-    """A request the engine wants sent (packed on the sender thread, not on the control thread).
-
-    :param obs: the observation. :param history: earlier frames, oldest first.
-    :param chunk_tail: float32 (K, D) not-yet-executed rows, or None. :param expected_delay_actions: steps.
-    :param last_action: float32 (D,) the last executed row, or None. :param request_id: the id.
-    """
-
-    obs: Observation
-    history: list[Observation]
-    chunk_tail: np.ndarray | None
-    expected_delay_actions: int
-    last_action: np.ndarray | None
-    request_id: int
-
-
-@dataclasses.dataclass
-class _Live:
-    actions: np.ndarray          # float32 (T, D), seam-blended
-    space: ActionSpace
-    dt: float
-    number: int
-    done: bool
-    pos: float                   # position the next tick reads (chunk steps)
-    seam: tuple[np.ndarray, float] | None = None   # (old rows, old pos - new pos) to blend at the first read
-
-    @property
-    def length(self) -> int:
-        return self.actions.shape[0]
+_Live, _Pending = LiveChunk, Pending
 
 
 class EpisodeEngine:
@@ -94,7 +56,8 @@ class EpisodeEngine:
     :param episode_id: its id.
     :param latency: the connection's round-trip window (shared across episodes).
     :param send: enqueues an :class:`OutRequest`; must not block.
-    :param wake: set whenever the episode finishes, so a pacing wait ends early.
+    :param wake: set whenever the episode finishes, and when a chunk arrives while nothing is playing (the
+        first chunk, the end of a dry spell), so a pacing wait ends early.
     :param clock: the robot's monotonic clock (s).
     :param fixed_step: advance exactly ``control_period`` per emitted action (act/run pacing) instead of
         by the clock (next_action).
@@ -120,7 +83,12 @@ class EpisodeEngine:
         self._emit_step = 0.0
         self._last_obs: tuple[Observation, list[Observation], float, int] | None = None
         self._obs_seq = self._used_seq = 0
-        self._in_flight: tuple[int, float, float] | None = None
+        self._in_flight: dict[int, _Pending] = {}
+        self.max_in_flight = MAX_IN_FLIGHT
+        self.peak_in_flight = self.discarded = 0
+        self.max_seam_gap = 0.0
+        self._serve_s: collections.deque[float] = collections.deque(maxlen=16)   # the worker's inference (s)
+        self._prev_read: tuple[np.ndarray, float] | None = None
         self._next_rid = 1
         self._done_seen = False
         self._last_values: np.ndarray | None = None
@@ -182,10 +150,11 @@ class EpisodeEngine:
         """Take a chunk from the worker: measure, validate, skip stale rows, blend the seam, maybe prefetch."""
         arrival = self._clock()
         with self._lock:
-            if self._outcome is not None or self._in_flight is None or msg.request_id != self._in_flight[0]:
+            pending = self._in_flight.pop(msg.request_id, None)
+            if self._outcome is not None or pending is None:
                 return
-            _, sent, e_obs = self._in_flight
-            self._in_flight = None
+            sent, e_obs = pending.sent, pending.origin
+            self._serve_s.append(max(0.0, msg.timings.inference_ms) / 1000.0)
             self._latency.add(arrival - sent)
             self._rtts.append(arrival - sent)
             try:
@@ -201,16 +170,25 @@ class EpisodeEngine:
             length = chunk.actions.shape[0]
             if skip >= length - _EPS:
                 self.skipped += length
+                self.discarded += 1
                 if chunk.done:
                     self.finish('completed')
                 else:
                     self._maybe_request()
                 return
             old = self._live
+            if self._wake is not None and (old is None or old.pos >= old.length - _EPS):
+                self._wake.set()      # nothing was playing: a paced caller acts now, not a period later
+            if old is not None and not old.read:
+                self.discarded += 1   # replaced before any tick read it
             seam = None
             if old is not None and self.settings.smooth_seam > 0 and self._space.is_absolute:
-                seam = (old.actions, old.pos - skip)   # blended at its first read, once its start is known
-            self._live = _Live(chunk.actions, chunk.action_space, dt, self.chunks - 1, chunk.done, skip, seam)
+                if old.read or old.seam is None:
+                    seam = (old.actions, old.pos - skip)   # blended at its first read, once its start is known
+                else:   # the old chunk never played: blend from what did (its own seam's rows), not from it
+                    seam = (old.seam[0], old.seam[1] + old.pos - skip)
+            self._live = _Live(chunk.actions, chunk.action_space, dt, self.chunks - 1, chunk.done, skip, seam,
+                               origin=e_obs, request_id=msg.request_id)
             self._maybe_request()
 
     def fail(self, error: SequenceAIError) -> None:
@@ -239,7 +217,8 @@ class EpisodeEngine:
                     reason=reason, underruns=self.underruns, underrun_s=self.underrun_s,
                     max_seam_jump=self.max_seam_jump, latency_p50_ms=1000 * percentile(self._rtts, 50),
                     latency_p95_ms=1000 * percentile(self._rtts, 95), episode_id=self.episode_id,
-                    skipped=int(round(self.skipped)), smooth_seam_ignored=self.smooth_seam_ignored, error=error)
+                    skipped=int(round(self.skipped)), smooth_seam_ignored=self.smooth_seam_ignored, error=error,
+                    peak_in_flight=self.peak_in_flight, discarded=self.discarded, max_seam_gap=self.max_seam_gap)
                 if self._wake is not None:
                     self._wake.set()
             return self._outcome
@@ -276,27 +255,39 @@ class EpisodeEngine:
                 'chunks': self.chunks, 'underruns': self.underruns, 'underrun_s': self.underrun_s,
                 'skipped': int(round(self.skipped)), 'max_seam_jump': self.max_seam_jump,
                 'latency_p50_ms': 1000 * percentile(rtts, 50), 'latency_p95_ms': 1000 * percentile(rtts, 95),
-                'prefetch_lead_s': self._latency.lead_s(self._period), 'in_flight': self._in_flight is not None,
+                'prefetch_lead_s': self._latency.lead_s(self._period), 'in_flight': len(self._in_flight),
+                'peak_in_flight': self.peak_in_flight, 'discarded': self.discarded,
+                'max_seam_gap': self.max_seam_gap,
                 'dry': self._dry_since is not None, 'finished': self._outcome is not None,
                 'reason': self._outcome.reason if self._outcome else '',
             }
 
     # -- internals (lock held) --------------------------------------------------------------------
 
+    def _by_step(self) -> bool:
+        """True when the timeline advances by the emitted step rather than by the clock.
+
+        So it does for act/run pacing, and for every delta or velocity space: an increment integrated over
+        [p, p + s) must advance the timeline by exactly s, else a caller whose ticks jitter would drop or
+        repeat part of a row.
+        """
+        return self.fixed_step or not self._space.is_absolute
+
     def _pending_advance(self, now: float) -> float:
         live = self._live
         if self._emit_t is None or live is None:
             return 0.0
-        adv = self._emit_step if self.fixed_step else (now - self._emit_t) / live.dt
+        adv = self._emit_step if self._by_step() else (now - self._emit_t) / live.dt
         return max(0.0, min(adv, live.length - live.pos))
 
     def _advance(self, now: float) -> None:
         live = self._live
         if self._emit_t is not None and live is not None:
             whole = live.length - live.pos
-            want = self._emit_step if self.fixed_step else (now - self._emit_t) / live.dt
+            by_step = self._by_step()
+            want = self._emit_step if by_step else (now - self._emit_t) / live.dt
             adv = max(0.0, min(want, whole))
-            if not self.fixed_step and want > whole + _EPS and self._dry_since is None:
+            if not by_step and want > whole + _EPS and self._dry_since is None:
                 # The chunk ran out between two ticks: the dry spell began when it did, not at this tick.
                 self.underruns += 1
                 self._dry_since = self._emit_t + whole * live.dt
@@ -317,8 +308,8 @@ class EpisodeEngine:
             self.finish('completed', now=now)
         elif live is not None and live.done and live.pos >= live.length - _EPS:
             self.finish('completed', now=now)
-        elif self._in_flight is not None and self._clock() - self._in_flight[1] > self.chunk_timeout:
-            rid, sent, _ = self._in_flight
+        elif self._in_flight and self._clock() - min(p.sent for p in self._in_flight.values()) > self.chunk_timeout:
+            rid, sent = min(((r, p.sent) for r, p in self._in_flight.items()), key=lambda item: item[1])
             self.finish('error', PolicyException(
                 f'no action chunk for request {rid} within {self.chunk_timeout:g} s '
                 f'(waited {self._clock() - sent:.1f} s): the policy is not answering (hung inference?)'), now=now)
@@ -358,7 +349,15 @@ class EpisodeEngine:
             self.skipped += live.pos          # rows of this chunk that will never run (stale at its arrival)
         if live.number != self._last_chunk and self._last_raw is not None:
             self.max_seam_jump = max(self.max_seam_jump, float(np.max(np.abs(raw - self._last_raw))))
+            prev = self._prev_read
+            p_old = live.origin + live.pos - prev[1] if prev is not None else -1.0
+            if prev is not None and 0.0 <= p_old < prev[0].shape[0] - _EPS:
+                # The discontinuity: the new chunk against the old one's own row for the same step.
+                cont = resample.sample(prev[0], live.space, p_old, s, self._mask)
+                self.max_seam_gap = max(self.max_seam_gap, float(np.max(np.abs(raw - cont))))
         self._last_chunk = live.number
+        live.read = True
+        self._prev_read = (live.actions, live.origin)
         if self._dry_since is not None:
             self.underrun_s += max(0.0, now - self._dry_since)
             self._dry_since = None
@@ -394,28 +393,60 @@ class EpisodeEngine:
                       chunk=chunk, index=index, hold=True, delta=delta)
 
     def _maybe_request(self) -> None:
-        if self._outcome is not None or self._in_flight is not None or self._done_seen or self._last_obs is None:
+        if (self._outcome is not None or self._done_seen or self._last_obs is None
+                or len(self._in_flight) >= max(1, self.max_in_flight)):
             return
         obs, history, e_obs, seq = self._last_obs
         if seq == self._used_seq:
             return
         live = self._live
+        dt = live.dt if live is not None else self.contract.dt
         remaining = max(0.0, live.length - live.pos) if live is not None else 0.0
+        # Steps covered ahead of the timeline by the playing chunk and by the chunks awaited.
+        cover_end = self.executed + remaining
+        for p in self._in_flight.values():
+            cover_end = max(cover_end, p.origin + self.contract.chunk_length)
+        ahead = max(0.0, cover_end - self.executed)
         s = self.settings
-        if s.max_actions is not None and self.executed + remaining >= s.max_actions - _EPS:
+        if s.max_actions is not None and self.executed + ahead >= s.max_actions - _EPS:
             return
-        if live is not None and remaining > _EPS:
-            lead = max(self._latency.lead_s(self._period), MIN_LEAD_FRACTION * live.length * live.dt)
-            if not s.prefetch or remaining * live.dt > lead:
+        if ahead > _EPS:
+            lead = max(self._latency.lead_s(self._period), MIN_LEAD_FRACTION * self.contract.chunk_length * dt)
+            if not s.prefetch or ahead * dt > lead:
                 return
+            if self._in_flight:
+                # Never faster than the worker answers one episode's requests (its inference time, as the
+                # chunks report it): faster would only queue them there and inflate the round trip. Until a
+                # chunk has reported it, and until a warm round trip is measured (a lead from the cold one
+                # alone must not set off a burst), one request at a time.
+                if not self._serve_s or not self._latency.samples():
+                    return
+                newest = max(p.sent for p in self._in_flight.values())
+                spacing = max(self._period, 1.2 * percentile(list(self._serve_s), 50))
+                if self._clock() - newest < spacing:
+                    return
+        # Row 0 of the answer is the step the observation fell in (whole steps for delta and velocity
+        # spaces: one grid, so an increment split across a seam runs once).
+        origin = e_obs if self._space.is_absolute else float(math.floor(e_obs + 1e-7))
         tail = None
         delay = 0
         if live is not None and remaining > _EPS:
-            tail = live.actions[int(math.ceil(live.pos - 1e-7)):]
-            delay = int(math.ceil(self._latency.quantile(50) / live.dt - 1e-9))
+            tail = live.actions[max(0, int(math.ceil(origin - live.origin - 1e-7))):]
+        if live is not None or self._in_flight:
+            # An upper estimate (the window's largest round trip + two ticks: a request leaves at a tick and
+            # its chunk is read at one), so that a policy in-painting chunk_tail[:delay] covers every step
+            # that runs before its chunk is read.
+            delay = int(math.ceil((self._latency.upper_s() + 2 * self._period) / dt - 1e-9))
+            delay = min(delay, self.contract.chunk_length)
         rid = self._next_rid
         self._next_rid += 1
         self._used_seq = seq
-        self._in_flight = (rid, self._clock(), e_obs)
+        self._in_flight[rid] = _Pending(self._clock(), origin, origin + delay)
+        self.peak_in_flight = max(self.peak_in_flight, len(self._in_flight))
         self._send(OutRequest(obs=obs, history=history, chunk_tail=tail, expected_delay_actions=delay,
-                              last_action=self._last_raw, request_id=rid))
+                              last_action=self._last_raw, request_id=rid, observation_step=origin,
+                              tail_request_id=live.request_id if live is not None else 0))
+
+
+__all__ = ['CHUNK_TIMEOUT_COVERS', 'CHUNK_TIMEOUT_MIN_S', 'MAX_IN_FLIGHT', 'MIN_LEAD_FRACTION', 'EpisodeEngine',
+           'EpisodeSettings', 'OutRequest', 'chunk_timeout_s']

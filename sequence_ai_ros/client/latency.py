@@ -69,6 +69,19 @@ class LatencyWindow:
                 return percentile(list(self._warm), q)
             return self._cold or 0.0
 
+    def upper_s(self) -> float:
+        """An upper estimate of the next round trip (s); 0 before any.
+
+        The largest warm sample once there are MIN_SAMPLES, before that EARLY_FACTOR times the largest seen
+        (the cold one included).
+        """
+        with self._lock:
+            warm = list(self._warm)
+            cold = self._cold or 0.0
+        if len(warm) >= MIN_SAMPLES:
+            return max(warm)
+        return EARLY_FACTOR * max([cold, *warm])
+
     def lead_s(self, period_s: float) -> float:
         """Seconds of buffered actions left at which the next chunk is requested.
 

@@ -32,6 +32,10 @@ class RunOutcome:
     :param smooth_seam_ignored: True when smooth_seam > 0 was asked on a delta or velocity space (a no-op).
     :param dropped_telemetry: capture frames (telemetry) lost on the robot because the send queue was full
         (0 when nothing was lost or the episode was not captured).
+    :param max_seam_gap: the largest per-dimension discontinuity at a seam: the new chunk's row against the
+        old chunk's own row for the same step (0 for a policy that in-paints the committed prefix, RTC).
+    :param peak_in_flight: the most requests that were in flight at once (pipelining; 1 without).
+    :param discarded: chunks received but never played (stale on arrival, or replaced before a tick read them).
     :param error: the typed exception behind reason ``validate`` or ``error``; None otherwise, and for an
         ``error`` that the caller's own code raised (that exception propagates from act()/run()).
     """
@@ -50,6 +54,9 @@ class RunOutcome:
     smooth_seam_ignored: bool = False
     error: SequenceAIError | None = None
     dropped_telemetry: int = 0
+    peak_in_flight: int = 0
+    discarded: int = 0
+    max_seam_gap: float = 0.0
 
     def __post_init__(self) -> None:
         if self.reason not in REASONS:

@@ -1,8 +1,9 @@
 """``connect()`` and :class:`Policy`: a remote policy driven by a local control loop.
 
 One :class:`Policy` per control loop (many robots, many ``connect()`` calls). ``act``/``run`` pace
-themselves at the chunk's dt with absolute deadlines; loops that pace themselves (the ROS node) use
-:meth:`Policy.begin_episode`, :meth:`Policy.next_action` (never blocks) and :meth:`Policy.end_episode`.
+themselves at the chunk's dt with absolute deadlines; loops that pace themselves (the ROS node, the seed's
+``while running: next_action(observe())``) use :meth:`Policy.next_action` (never blocks; opens an episode
+when none is open), optionally :meth:`Policy.begin_episode` first, and :meth:`Policy.end_episode`.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sequence_ai_ros.client import checks
-from sequence_ai_ros.client.engine import EpisodeEngine
+from sequence_ai_ros.client import checks, driving
+from sequence_ai_ros.client.adapter import ObservationAdapter, check_fit
+from sequence_ai_ros.client.engine import MAX_IN_FLIGHT, EpisodeEngine
 from sequence_ai_ros.client.latency import LatencyWindow
 from sequence_ai_ros.client.outcome import RunOutcome
-from sequence_ai_ros.client.pacing import Pacer, ThreadGuard
+from sequence_ai_ros.client.pacing import ThreadGuard
 from sequence_ai_ros.client.sampling import TelemetryBuffer
 from sequence_ai_ros.client.session import Connection, EpisodeCall, TlsLike, resolve_endpoint
 from sequence_ai_ros.client.settings import EpisodeSettings
@@ -35,10 +37,10 @@ ActFn = Callable[[Action], Any]
 
 
 class _OpenEpisode:
-    """An open episode: its engine, its stream, its capture state."""
+    """An open episode: its engine, its stream, its capture state; ``implicit`` when next_action opened it."""
 
-    def __init__(self, engine: EpisodeEngine, stream: EpisodeCall) -> None:
-        self.engine, self.stream = engine, stream
+    def __init__(self, engine: EpisodeEngine, stream: EpisodeCall, implicit: bool = False) -> None:
+        self.engine, self.stream, self.implicit = engine, stream, implicit
         self.telemetry: TelemetryBuffer | None = None
         self.closed: RunOutcome | None = None
 
@@ -52,12 +54,18 @@ class Policy:
     :param tls: None for plaintext, True for system roots, a PEM path, or grpc ChannelCredentials.
     :param timeout: seconds the handshake may take (the worker may still be starting) (s).
     :param ready_timeout: default bound on :meth:`wait_until_ready` (s).
+    :param image_fit: how a camera frame of another size is fitted to the contract's: ``resize`` (default,
+        as the node does) or ``pad`` (keep the aspect ratio), or ``{camera key: fit}``
+        (:mod:`~sequence_ai_ros.client.adapter`).
     :raises ConnectionLost: when the worker cannot be reached within ``timeout``.
     :raises UnknownDeployment, ProtocolVersionError, Unauthenticated: as the worker answers.
+    :raises ValueError: for an unknown image_fit.
     """
 
     def __init__(self, model: str, *, endpoint: str | None = None, token: str | None = None, tls: TlsLike = None,
-                 timeout: float = 10.0, ready_timeout: float = 600.0, client_id: str = '') -> None:
+                 timeout: float = 10.0, ready_timeout: float = 600.0, client_id: str = '',
+                 image_fit: str | Mapping[str, str] | None = None) -> None:
+        check_fit(image_fit)
         self.model = model
         self.endpoint = resolve_endpoint(endpoint)
         self.client_id = client_id or f'sequence_ai_ros.client/{uuid.uuid4().hex[:8]}'
@@ -70,12 +78,17 @@ class Policy:
             self._conn.close()
             raise
         self._ready = reply.ready
+        self.adapter = ObservationAdapter(self.contract, image_fit)
+        #: Requests in flight at most per episode (pipelining hides a round trip of up to ~0.9 of a chunk);
+        #: 1 restores one request at a time. Read when an episode opens.
+        self.max_in_flight = MAX_IN_FLIGHT
         self.latency = LatencyWindow()
         self._guard = ThreadGuard(f'Policy({model!r})')
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._episode: _OpenEpisode | None = None
         self._last_episode_id: str | None = None
+        self._closers: list[threading.Thread] = []
         self._closed = False
 
     # -- connection -------------------------------------------------------------------------------
@@ -110,7 +123,8 @@ class Policy:
                 self._ready = True
                 return
             if reply.state == 'failed':
-                raise NotReady(f'{self.model}: the policy failed to load: {reply.message}')
+                # The worker's message says why (failed to load, or an inference exceeded its deadline).
+                raise NotReady(f'{self.model}: the deployment failed: {reply.message or "no reason given"}')
             left = deadline - time.monotonic()
             if left <= 0:
                 raise NotReady(f'{self.model}: not ready after {bound:g} s '
@@ -123,6 +137,8 @@ class Policy:
             return
         try:
             self.end_episode('interrupted')
+            for closer in self._closers:
+                closer.join(timeout=3.0)
         finally:
             self._closed = True
             self._conn.close()
@@ -179,7 +195,8 @@ class Policy:
             given = settings
         return self._open(given, episode_id)
 
-    def _open(self, settings: EpisodeSettings, episode_id: str | None, fixed_step: bool = False) -> str:
+    def _open(self, settings: EpisodeSettings, episode_id: str | None, fixed_step: bool = False,
+              implicit: bool = False) -> str:
         if self._closed:
             raise EpisodeStateError('this Policy is closed')
         with self._lock:
@@ -187,25 +204,34 @@ class Policy:
                 if self._episode.engine.outcome() is None:
                     raise EpisodeStateError(f'episode {self._episode.engine.episode_id!r} is still running; '
                                             'end_episode() it first')
-                self._end_locked('completed')
+                self._end_locked('completed', wait=not implicit)   # next_action never waits on the network
             eid = episode_id or uuid.uuid4().hex
             self._wake.clear()
             holder: dict[str, Any] = {}
             engine = EpisodeEngine(self.contract, settings, eid, self.latency,
                                    send=lambda req: holder['stream'].send_request(req), wake=self._wake,
                                    fixed_step=fixed_step)
+            engine.max_in_flight = self.max_in_flight
             stream = EpisodeCall(self._conn, self.model, eid, settings.instruction, self.contract,
                                  on_chunk=engine.on_chunk, on_error=engine.fail,
-                                 on_started=lambda m: self._on_started(episode, m), client_id=self.client_id)
+                                 on_started=lambda m: self._on_started(episode, m), client_id=self.client_id,
+                                 fit_images=self.adapter.images)
             holder['stream'] = stream
-            episode = _OpenEpisode(engine, stream)
+            episode = _OpenEpisode(engine, stream, implicit)
             self._episode = episode
             self._last_episode_id = eid
             stream.start()
             return eid
 
     def next_action(self, observation: Observation | Mapping[str, Any], now: float | None = None) -> Action | None:
-        """Return the action for *now* on the chunk's own timeline; never blocks (I/O runs on seq-* threads).
+        """Return the action for *now* on the chunk's own timeline; never blocks (I/O runs on the episode's threads).
+
+        The seed's loop works as written (``policy.wait_until_ready(); while running:
+        robot.act(policy.next_action(observe()))``): when no episode is open, this call opens one with the
+        default :class:`EpisodeSettings` (the first call after connect, after ``end_episode()`` or
+        ``close()``, and, for an episode opened this way, after ``interrupt()`` or after the worker ended it
+        for idleness). :meth:`begin_episode` stays, optional, to pass settings; an episode it opened keeps
+        answering holds once finished, until ``end_episode()``.
 
         :param observation: the current observation (or a dict that converts to one).
         :param now: ``time.monotonic()`` of this tick (s); default the clock now.
@@ -215,18 +241,30 @@ class Policy:
         :raises ContractViolation: for a bad observation (not an Observation or dict, a state that is not a
             finite (D,) vector of the contract's size and names...); the open episode ends with reason
             'validate' and the caller holds the arm.
-        :raises EpisodeStateError: without an open episode.
+        :raises EpisodeStateError: when this Policy is closed.
         :raises RuntimeError: when another thread is inside act/run/next_action on this handle.
         """
         with self._guard:
             ep = self._episode
             try:
-                obs = checks.observation(observation, self.contract)
+                obs = checks.observation(observation, self.contract, self.adapter)
             except ContractViolation as exc:
                 if ep is not None and ep.closed is None:
                     ep.engine.finish('validate', exc)
                 raise
+            if self._opens_next(ep):
+                self._open(EpisodeSettings(), None, implicit=True)
             return self._tick(obs, time.monotonic() if now is None else now)
+
+    def _opens_next(self, ep: _OpenEpisode | None) -> bool:
+        """True when next_action() opens an episode: none open, or an implicit one ended by interrupt/idle timeout."""
+        if ep is None or ep.closed is not None:
+            return True
+        out = ep.engine.outcome()
+        if not ep.implicit or out is None:
+            return False
+        idle = out.reason == 'error' and isinstance(out.error, EpisodeStateError) and ep.stream.ended.is_set()
+        return out.reason == 'interrupted' or idle
 
     def episode_outcome(self) -> RunOutcome | None:
         """None while the episode runs; its RunOutcome once it finished (completed, timeout, validate, error...)."""
@@ -325,70 +363,13 @@ class Policy:
     def _drive(self, observe: ObserveFn, act: ActFn, settings: EpisodeSettings, *, pin: bool,
                until: Callable[[], bool] | None, on_underrun: Callable[[], Any] | None,
                episode_id: str | None) -> RunOutcome:
-        instruction = settings.instruction
-        with self._guard:
-            self.wait_until_ready()      # one Ready call when warm; waits out warming before the first action
-            period = self.contract.dt if settings.control_period is None else settings.control_period
-            self._open(dataclasses.replace(settings, control_period=period), episode_id, fixed_step=True)
-            engine = self._episode.engine
-            holding = False              # set before on_underrun is called, so a raising hold is not repeated
-            end_reason = 'interrupted'
-            try:
-                pacer = Pacer(period, wake=self._wake)
-                while True:
-                    if until is not None and engine.outcome() is None and until():
-                        engine.finish('until')
-                    out = engine.check(time.monotonic())
-                    if out is not None:
-                        break
-                    raw = observe()
-                    try:
-                        obs = checks.observation(raw, self.contract)
-                    except ContractViolation as exc:
-                        engine.finish('validate', exc)
-                        break
-                    if pin and obs.instruction != instruction:
-                        obs = dataclasses.replace(obs, instruction=instruction)   # the caller's object is untouched
-                    action = self._tick(obs, time.monotonic())
-                    if engine.outcome() is not None:
-                        break
-                    if action is None or action.hold:
-                        if not holding and engine.dry:
-                            holding = True
-                            if on_underrun is not None:
-                                on_underrun()
-                    else:
-                        holding = False
-                        act(action)
-                    pacer.wait()
-                # Hold first, then talk to the worker: the stop unwinds through on_underrun at once.
-                out = engine.outcome()
-                if out.reason in ('interrupted', 'validate', 'error') and not holding:
-                    holding = True
-                    if on_underrun is not None:
-                        on_underrun()
-            except BaseException as exc:
-                # The caller's code (or ours) raised: hold the arm, flag the episode, never swallow the error.
-                end_reason = 'error' if isinstance(exc, Exception) else 'interrupted'
-                if not holding:
-                    holding = True
-                    if on_underrun is not None:
-                        try:
-                            on_underrun()
-                        except Exception:
-                            LOG.exception('episode %s: on_underrun() raised while holding after an error',
-                                          engine.episode_id)
-                raise
-            finally:
-                out = self.end_episode(end_reason)
-            if out.reason == 'error' and out.error is not None:
-                raise out.error
-            return out
+        return driving.drive(self, observe, act, settings, pin=pin, until=until, on_underrun=on_underrun,
+                             episode_id=episode_id)
 
     def _tick(self, obs: Observation, now: float) -> Action | None:
         ep = self._episode
         if ep is None or ep.closed is not None:
-            raise EpisodeStateError('no open episode: call begin_episode() first (act/run open their own)')
+            raise EpisodeStateError('no open episode')
         if ep.engine.settings.instruction and not obs.instruction:
             obs = dataclasses.replace(obs, instruction=ep.engine.settings.instruction)
         action = ep.engine.tick(obs, now)
@@ -403,7 +384,7 @@ class Policy:
         if msg.capture and msg.capture_fps > 0:
             episode.telemetry = TelemetryBuffer(msg.capture_fps, msg.capture_images)
 
-    def _end_locked(self, reason: str) -> RunOutcome | None:
+    def _end_locked(self, reason: str, wait: bool = True) -> RunOutcome | None:
         ep = self._episode
         if ep is None:
             return None
@@ -419,15 +400,22 @@ class Policy:
             LOG.warning('episode %s: %d capture frames were dropped (send queue full)', out.episode_id,
                         ep.stream.dropped_telemetry)
             out = dataclasses.replace(out, dropped_telemetry=ep.stream.dropped_telemetry)
-        ep.stream.close(pb.EpisodeEnd(reason=out.reason, actions=out.actions, chunks=out.chunks,
-                                      underruns=out.underruns, underrun_s=out.underrun_s,
-                                      max_seam_jump=out.max_seam_jump))
+        end = pb.EpisodeEnd(reason=out.reason, actions=out.actions, chunks=out.chunks, underruns=out.underruns,
+                            underrun_s=out.underrun_s, max_seam_jump=out.max_seam_jump)
+        if wait:
+            ep.stream.close(end)
+        else:          # the worker still hears how it ended; the wait for its answer runs on its own thread
+            closer = threading.Thread(target=ep.stream.close, args=(end,), name=f'seq-close-{out.episode_id[:24]}',
+                                      daemon=True)
+            self._closers = [t for t in self._closers if t.is_alive()] + [closer]
+            closer.start()
         ep.closed = out
         return out
 
 
 def connect(model: str, *, endpoint: str | None = None, token: str | None = None, tls: TlsLike = None,
-            timeout: float = 10.0, ready_timeout: float = 600.0) -> Policy:
+            timeout: float = 10.0, ready_timeout: float = 600.0,
+            image_fit: str | Mapping[str, str] | None = None) -> Policy:
     """Connect to the deployment ``model`` and return a :class:`Policy` (a context manager).
 
     The handshake starts a cold worker warming without blocking on it; :meth:`Policy.wait_until_ready`
@@ -438,10 +426,12 @@ def connect(model: str, *, endpoint: str | None = None, token: str | None = None
     :param tls: None for plaintext, True for system roots, a PEM path, or grpc ChannelCredentials.
     :param timeout: bound on the handshake (s).
     :param ready_timeout: default bound on wait_until_ready (s).
+    :param image_fit: ``resize`` (default) or ``pad`` per camera; see :class:`Policy`.
     :raises ConnectionLost: when the worker cannot be reached within ``timeout``.
     :raises UnknownDeployment, ProtocolVersionError, Unauthenticated: as the worker answers.
     """
-    return Policy(model, endpoint=endpoint, token=token, tls=tls, timeout=timeout, ready_timeout=ready_timeout)
+    return Policy(model, endpoint=endpoint, token=token, tls=tls, timeout=timeout, ready_timeout=ready_timeout,
+                  image_fit=image_fit)
 
 
 __all__ = ['Policy', 'connect']

@@ -1,13 +1,15 @@
 """The gRPC side of the client: one channel per connect(), one Episode bidi stream per episode.
 
-Threads (named, owned by :class:`EpisodeCall`, stopped by :meth:`EpisodeCall.close` with timed joins):
+Threads, per episode (owned by :class:`EpisodeCall`, stopped by :meth:`EpisodeCall.close` with timed joins):
 
-- ``seq-send-<episode>`` packs what the engine enqueued (observation requests with images encoded,
-  telemetry batches, EpisodeEnd) into protobuf messages; nothing is encoded on the control thread.
+- gRPC's own request-consumer thread pulls what the engine enqueued (observation requests, telemetry
+  batches, EpisodeEnd) and packs each into its protobuf message in place (images encoded there, one
+  copy of the pixels), then hands it to gRPC: nothing is encoded on the control thread, and there is
+  no extra packing thread to hand each request through.
 - ``seq-recv-<episode>`` opens the call, reads replies (EpisodeStarted, ActionChunk, Error,
   EpisodeEnded) and hands them to callbacks; a broken stream becomes a typed error there.
 
-gRPC's own request-consumer thread only pulls already-packed messages from a queue. Every unary call
+Every unary call
 (Handshake, Ready, Label) carries a deadline; nothing waits forever.
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import socket
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +40,7 @@ from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
 from sequence_ai_ros.protocol.contract import Contract
 from sequence_ai_ros.protocol.messages import pack_observation
+from sequence_ai_ros.protocol.types import Observation
 
 LOG = logging.getLogger(__name__)
 _CLOSE = object()
@@ -60,6 +64,36 @@ def _credentials(tls: TlsLike) -> grpc.ChannelCredentials | None:
     return tls
 
 
+#: The HTTP/2 client preface and an empty SETTINGS frame (RFC 9113 sec. 3.4): a plaintext gRPC server answers
+#: with its own SETTINGS frame; a TLS server reads it as a broken record and closes (or sends an alert).
+_H2_PREFACE = b'PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n' + b'\x00\x00\x00\x04\x00\x00\x00\x00\x00'
+
+
+def probe_transport(endpoint: str, timeout: float = 1.0) -> str | None:
+    """Return 'plaintext' or 'tls' as the worker at ``endpoint`` speaks it, or None when unknown (unreachable...).
+
+    One TCP connection, bounded by ``timeout`` (s): it sends the HTTP/2 preface and reads the first bytes.
+    """
+    host, sep, port = endpoint.rpartition(':')
+    if not sep or not port.isdigit() or '/' in host:
+        return None
+    host = host.strip('[]') or '127.0.0.1'
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            sock.sendall(_H2_PREFACE)
+            data = sock.recv(9)
+    except ConnectionResetError:
+        return 'tls'
+    except OSError:
+        return None
+    if len(data) >= 4 and data[3] == 0x04:
+        return 'plaintext'
+    if not data or data[0] == 0x15:          # closed at once, or a TLS alert record
+        return 'tls'
+    return None
+
+
 class Connection:
     """One channel to a worker, with the token as call metadata.
 
@@ -74,6 +108,7 @@ class Connection:
         options = [('grpc.max_send_message_length', MAX_MESSAGE_BYTES),
                    ('grpc.max_receive_message_length', MAX_MESSAGE_BYTES)]
         creds = _credentials(tls)
+        self.tls = creds is not None
         self.channel = (grpc.secure_channel(endpoint, creds, options=options) if creds is not None
                         else grpc.insecure_channel(endpoint, options=options))
         self.stub = pb_grpc.PolicyServiceStub(self.channel)
@@ -97,9 +132,25 @@ class Connection:
         """
         from sequence_ai_ros.protocol.contract import PROTOCOL_VERSION
 
+        self.check_transport()
         req = pb.HandshakeRequest(deployment=deployment, protocol_version=PROTOCOL_VERSION,
                                   token=self.token or '', client_id=client_id)
         return self._unary(self.stub.Handshake, req, timeout, wait_for_ready=True).contract
+
+    def check_transport(self) -> None:
+        """Fail fast, naming TLS, when the worker speaks TLS and this client plaintext, or the reverse.
+
+        Without it gRPC retries the mismatched handshake until the deadline and reports only "unavailable".
+
+        :raises ConnectionLost: on a mismatch (an unreachable or unknown endpoint passes: the handshake decides).
+        """
+        spoken = probe_transport(self.endpoint)
+        if spoken == 'tls' and not self.tls:
+            raise ConnectionLost(f'the worker at {self.endpoint} speaks TLS but this client connects in plaintext: '
+                                 "pass connect(tls=True) or tls='ca.pem' (the worker's --tls-cert)")
+        if spoken == 'plaintext' and self.tls:
+            raise ConnectionLost(f'this client connects with TLS but the worker at {self.endpoint} speaks plaintext '
+                                 '(no TLS): drop tls=, or start seq serve with --tls-cert and --tls-key')
 
     def ready(self, deployment: str, timeout: float) -> pb.ReadyReply:
         """Return the worker's ReadyReply (ready, eta_seconds, state, message); never blocks past ``timeout``."""
@@ -146,16 +197,18 @@ class EpisodeCall:
     :param on_chunk: called on ``seq-recv`` with each ActionChunk.
     :param on_error: called once with the typed error when the stream fails (not after :meth:`close`).
     :param on_started: called with EpisodeStarted (capture flags).
+    :param fit_images: fits an observation's images to the contract (on gRPC's request thread, before encoding).
     """
 
     def __init__(self, conn: Connection, deployment: str, episode_id: str, instruction: str, contract: Contract,
                  on_chunk: Callable[[pb.ActionChunk], None], on_error: Callable[[SequenceAIError], None],
-                 on_started: Callable[[pb.EpisodeStarted], None], client_id: str = '') -> None:
+                 on_started: Callable[[pb.EpisodeStarted], None], client_id: str = '',
+                 fit_images: Callable[[Observation], Observation] | None = None) -> None:
+        self._fit = fit_images or (lambda obs: obs)
         self.conn, self.deployment, self.episode_id, self.contract = conn, deployment, episode_id, contract
         self._start = pb.EpisodeStart(episode_id=episode_id, instruction=instruction, client_id=client_id)
         self._on_chunk, self._on_error, self._on_started = on_chunk, on_error, on_started
         self._outbox: queue.Queue = queue.Queue(maxsize=256)
-        self._wire: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self._closing = threading.Event()
         self.ended = threading.Event()
@@ -164,12 +217,10 @@ class EpisodeCall:
         self._call: grpc.Future | None = None
         self.dropped_telemetry = 0
         tag = episode_id[:24]
-        self._sender = threading.Thread(target=self._send_loop, name=f'seq-send-{tag}', daemon=True)
         self._reader = threading.Thread(target=self._read_loop, name=f'seq-recv-{tag}', daemon=True)
 
     def start(self) -> None:
-        """Start both threads; the call is opened on ``seq-recv``."""
-        self._sender.start()
+        """Start ``seq-recv``, which opens the call (gRPC then starts its request-consumer thread)."""
         self._reader.start()
 
     # -- control side (never blocks) ---------------------------------------------------------------
@@ -201,13 +252,15 @@ class EpisodeCall:
                 pass
             self.ended.wait(timeout)
         self._stop.set()
-        self._wire.put(_CLOSE)
+        try:
+            self._outbox.put_nowait(_CLOSE)
+        except queue.Full:
+            pass                      # the request iterator also ends on _stop
         with self._call_lock:
             if self._call is not None and not self.ended.is_set():
                 self._call.cancel()
-        for thread in (self._sender, self._reader):
-            if thread.is_alive() and thread is not threading.current_thread():
-                thread.join(timeout)
+        if self._reader.is_alive() and self._reader is not threading.current_thread():
+            self._reader.join(timeout)
         return self.ended.is_set()
 
     # -- threads ----------------------------------------------------------------------------------
@@ -217,42 +270,39 @@ class EpisodeCall:
             self._stop.set()
             self._on_error(error)
 
-    def _send_loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                item = self._outbox.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            try:
-                if isinstance(item, OutRequest):
-                    msg = pb.EpisodeRequest(observation=pack_observation(
-                        item.obs, self.contract, episode_id=self.episode_id, request_id=item.request_id,
-                        history=item.history, chunk_tail=item.chunk_tail,
-                        expected_delay_actions=item.expected_delay_actions, last_action=item.last_action))
-                elif isinstance(item, pb.EpisodeEnd):
-                    msg = pb.EpisodeRequest(end=item)
-                else:
-                    msg = pb.EpisodeRequest(telemetry=_pack_telemetry(item, self.contract))
-            except SequenceAIError as exc:
-                self._fail(exc)
-                return
-            self._wire.put(msg)
-            if msg.HasField('end'):
-                self._wire.put(_CLOSE)
-                return
+    def _pack(self, item: object) -> pb.EpisodeRequest:
+        msg = pb.EpisodeRequest()
+        if isinstance(item, OutRequest):
+            pack_observation(self._fit(item.obs), self.contract, episode_id=self.episode_id,
+                             request_id=item.request_id, history=[self._fit(h) for h in item.history],
+                             chunk_tail=item.chunk_tail, expected_delay_actions=item.expected_delay_actions,
+                             last_action=item.last_action, observation_step=item.observation_step,
+                             tail_request_id=item.tail_request_id, out=msg.observation)
+        elif isinstance(item, pb.EpisodeEnd):
+            msg.end.CopyFrom(item)
+        else:
+            msg.telemetry.CopyFrom(_pack_telemetry(item, self.contract))
+        return msg
 
     def _requests(self):  # noqa: ANN202 - consumed by gRPC's request thread
         yield pb.EpisodeRequest(start=self._start)
         while True:
             try:
-                msg = self._wire.get(timeout=0.1)
+                item = self._outbox.get(timeout=0.1)
             except queue.Empty:
                 if self._stop.is_set():
                     return
                 continue
-            if msg is _CLOSE:
+            if item is _CLOSE:
+                return
+            try:
+                msg = self._pack(item)
+            except SequenceAIError as exc:
+                self._fail(exc)
                 return
             yield msg
+            if msg.HasField('end'):
+                return
 
     def _read_loop(self) -> None:
         md = (*self.conn.metadata, (EPISODE_ID_METADATA, self.episode_id), (DEPLOYMENT_METADATA, self.deployment))

@@ -34,7 +34,7 @@ Threads and their owners:
   :class:`~sequence_ai_ros.client.pacing.Pacer`;
 - ``seq-session`` (owned by :class:`.policy_node.PolicyNode` while configured): the blocking gRPC calls:
   reconnects (every second), ``ready()`` (polled every second), ``end_episode``;
-- per episode, the client's ``seq-send-*``/``seq-recv-*`` threads (owned by the client).
+- per episode, the client's ``seq-recv-*`` thread and gRPC's request thread (owned by the client).
 
 Executor choice, measured on this 2-core machine (50 Hz tick, two 640x480 rgb8 cameras at 30 Hz from
 another process, camera callbacks doing about 5 ms of work; p99 of |dt - 20 ms|):

@@ -6,7 +6,9 @@
 - ``sensor_msgs/CompressedImage`` whose ``format`` names jpeg or png: a JPEG whose size matches the
   contract's camera (or whose contract camera accepts any size) and whose wire encoding is jpeg passes
   through as the original bytes: no decode and re-encode. Anything else is decoded with Pillow.
-- When the contract gives a size and the frame differs, the frame is resized (Pillow, bilinear).
+- When the contract gives a size and the frame differs, it is fitted by the adapter the Python API uses
+  too (:func:`sequence_ai_ros.client.adapter.fit_image`): resized (the default) or padded to keep the
+  aspect ratio, per camera.
 
 Messages are duck-typed (only their fields are read), so this module does not import rclpy.
 """
@@ -18,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from sequence_ai_ros.client.adapter import DEFAULT_FIT, fit_image
 from sequence_ai_ros.exceptions import ContractViolation
 from sequence_ai_ros.protocol import codec
 from sequence_ai_ros.protocol.contract import CameraSpec
@@ -75,12 +78,6 @@ def compressed_format(fmt: str) -> str:
     raise ContractViolation(f'compressed image format {fmt!r}: only jpeg and png are supported')
 
 
-def _resize(arr: np.ndarray, width: int, height: int) -> np.ndarray:
-    from PIL import Image as PILImage
-
-    return np.asarray(PILImage.fromarray(arr).resize((width, height), PILImage.BILINEAR))
-
-
 def _decode(data: bytes) -> np.ndarray:
     from PIL import Image as PILImage
 
@@ -97,19 +94,19 @@ class ImageConverter:
 
     :param spec: the contract's camera, or None before the contract is known (no resize; JPEG passes
         through).
+    :param fit: ``resize`` or ``pad`` (:data:`~sequence_ai_ros.client.adapter.FITS`), same default as the
+        Python API.
     """
 
-    def __init__(self, spec: CameraSpec | None = None) -> None:
+    def __init__(self, spec: CameraSpec | None = None, fit: str = DEFAULT_FIT) -> None:
         self.spec = spec
+        self.fit = fit
         #: frames passed through as original JPEG bytes, and frames decoded (for diagnostics and tests).
         self.passthrough = 0
         self.decoded = 0
 
     def _fit(self, arr: np.ndarray) -> np.ndarray:
-        spec = self.spec
-        if spec is not None and spec.width and spec.height and arr.shape[:2] != (spec.height, spec.width):
-            return _resize(arr, spec.width, spec.height)
-        return arr
+        return fit_image(arr, self.spec, self.fit)
 
     def from_image(self, msg: Any) -> np.ndarray:
         """Convert a ``sensor_msgs/Image`` (see :func:`image_to_array`), resized to the contract's size.

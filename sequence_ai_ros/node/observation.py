@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from sequence_ai_ros.client.adapter import NameIndex
 from sequence_ai_ros.exceptions import ContractViolation
 from sequence_ai_ros.protocol.types import ImageLike, Observation
 
@@ -49,27 +50,7 @@ class JointMapper:
 
     def __init__(self, names: Sequence[str]) -> None:
         self.names = tuple(names)
-        self._cache_key: tuple[str, ...] | None = None
-        self._index: np.ndarray | None = None
-
-    def _indices(self, msg_names: tuple[str, ...]) -> np.ndarray:
-        if msg_names != self._cache_key:
-            if not msg_names or any(not n for n in msg_names):
-                raise ContractViolation('joint_states message has an empty name field; joints are mapped by '
-                                        'name and are never mapped by position')
-            if len(set(msg_names)) != len(msg_names):
-                seen: set[str] = set()
-                dups = sorted({n for n in msg_names if n in seen or seen.add(n)})
-                raise ContractViolation(f'joint_states names joints {dups} more than once (message names '
-                                        f'{list(msg_names)}); a duplicated joint has no unambiguous position')
-            lookup = {n: i for i, n in enumerate(msg_names)}
-            missing = [n for n in self.names if n not in lookup]
-            if missing:
-                raise ContractViolation(f'joint_states lacks joints {missing} (message names {list(msg_names)})')
-            self._index = np.array([lookup[n] for n in self.names], dtype=np.intp)
-            self._cache_key = msg_names
-        assert self._index is not None
-        return self._index
+        self._index = NameIndex(self.names, what='joint_states', noun='joints')   # shared with the Python API
 
     def map(self, msg: Any) -> np.ndarray:
         """Return float32 (D,) positions in the configured order (rad or m, as published).
@@ -78,7 +59,7 @@ class JointMapper:
             positions, or non-finite values.
         """
         msg_names = tuple(msg.name)
-        index = self._indices(msg_names)
+        index = self._index.index(msg_names)
         position = np.asarray(msg.position, dtype=np.float64)
         if position.shape[0] != len(msg_names):
             raise ContractViolation(f'joint_states has {len(msg_names)} names but {position.shape[0]} positions')

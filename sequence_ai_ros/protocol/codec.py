@@ -8,6 +8,7 @@ Images are JPEG/PNG (Pillow) or raw uint8 (H, W, C).
 from __future__ import annotations
 
 import io
+import math
 
 import numpy as np
 
@@ -27,11 +28,13 @@ def _clip(text: object, limit: int = 100) -> str:
     return text if len(text) <= limit else f'{text[:limit]}...(+{len(text) - limit} chars)'
 
 
-def to_tensor(array: np.ndarray | list | tuple, dtype: str | None = None) -> pb.Tensor:
+def to_tensor(array: np.ndarray | list | tuple, dtype: str | None = None, out: pb.Tensor | None = None) -> pb.Tensor:
     """Pack an array into a ``Tensor``.
 
     :param array: any array-like; converted to ``dtype`` when given.
     :param dtype: numpy dtype name, e.g. ``'float32'``.
+    :param out: fill this message in place (a field of the message being built: no copy of the data
+        into a second message); default a new one.
     :raises ContractViolation: for a dtype outside :data:`ALLOWED_DTYPES`.
     """
     arr = np.asarray(array, dtype=dtype)
@@ -39,7 +42,11 @@ def to_tensor(array: np.ndarray | list | tuple, dtype: str | None = None) -> pb.
     if name not in ALLOWED_DTYPES:
         raise ContractViolation(f'dtype {name} cannot go on the wire; use one of {sorted(ALLOWED_DTYPES)}')
     arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder('<'))
-    return pb.Tensor(shape=list(arr.shape), dtype=name, data=arr.tobytes())
+    if out is None:
+        return pb.Tensor(shape=arr.shape, dtype=name, data=arr.tobytes())
+    out.shape[:] = arr.shape
+    out.dtype, out.data = name, arr.tobytes()
+    return out
 
 
 def from_tensor(tensor: pb.Tensor, *, what: str = 'tensor', dtype: str | None = None,
@@ -63,30 +70,32 @@ def from_tensor(tensor: pb.Tensor, *, what: str = 'tensor', dtype: str | None = 
     if any(s < 0 for s in shape):
         raise ContractViolation(f'{what}: negative dimension in shape {_clip(shape)}')
     dt = np.dtype(tensor.dtype).newbyteorder('<')
-    expected = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-    if len(tensor.data) != expected:
-        raise ContractViolation(f'{what}: {len(tensor.data)} bytes for shape {shape} {tensor.dtype} '
+    expected = math.prod(shape) * dt.itemsize          # Python ints: a shape whose size overflows int64 is refused
+    data = tensor.data                                  # read once: each read of a bytes field copies it
+    if len(data) != expected:
+        raise ContractViolation(f'{what}: {len(data)} bytes for shape {shape} {tensor.dtype} '
                                 f'({expected} expected)')
-    arr = np.frombuffer(tensor.data, dtype=dt).reshape(shape).astype(tensor.dtype, copy=False)
+    arr = np.frombuffer(data, dtype=dt).reshape(shape).astype(tensor.dtype, copy=False)
     if finite and arr.dtype.kind == 'f' and not np.all(np.isfinite(arr)):
         raise ContractViolation(f'{what}: non-finite values (NaN or inf)')
     return arr
 
 
 def encode_image(key: str, image: np.ndarray | bytes, encoding: str = 'jpeg',
-                 quality: int = 90) -> pb.Image:
+                 quality: int = 90, out: pb.Image | None = None) -> pb.Image:
     """Pack a camera frame into an ``Image``.
 
     :param image: uint8 (H, W, 3) RGB or (H, W) mono array, or already-encoded JPEG/PNG bytes
         (passed through untouched; width and height are read from the header).
     :param encoding: ``jpeg``, ``png`` or ``raw`` for arrays; ignored for bytes.
     :param quality: JPEG quality (1-95, Pillow's scale).
+    :param out: fill this message in place (e.g. ``request.images.add()``); default a new one.
     :raises ContractViolation: for a non-uint8 array, a bad shape, unknown encoding or unreadable bytes.
     """
     if isinstance(image, (bytes, bytearray, memoryview)):
         data = bytes(image)
         width, height, channels, enc = probe_encoded(data)
-        return pb.Image(key=key, encoding=enc, width=width, height=height, channels=channels, data=data)
+        return _image(out, key, enc, width, height, channels, data)
     arr = np.asarray(image)
     if arr.dtype != np.uint8:
         raise ContractViolation(f'image {key!r}: dtype {arr.dtype}, uint8 required')
@@ -111,7 +120,15 @@ def encode_image(key: str, image: np.ndarray | bytes, encoding: str = 'jpeg',
         data = buf.getvalue()
     else:
         raise ContractViolation(f'image {key!r}: unknown encoding {encoding!r}; expected {ENCODINGS}')
-    return pb.Image(key=key, encoding=encoding, width=width, height=height, channels=channels, data=data)
+    return _image(out, key, encoding, width, height, channels, data)
+
+
+def _image(out: pb.Image | None, key: str, encoding: str, width: int, height: int, channels: int,
+           data: bytes) -> pb.Image:
+    if out is None:
+        return pb.Image(key=key, encoding=encoding, width=width, height=height, channels=channels, data=data)
+    out.key, out.encoding, out.width, out.height, out.channels, out.data = key, encoding, width, height, channels, data
+    return out
 
 
 def probe_encoded(data: bytes) -> tuple[int, int, int, str]:
@@ -140,6 +157,8 @@ def decode_image(image: pb.Image, *, max_pixels: int | None = None) -> np.ndarra
     :raises ContractViolation: for an unknown encoding, a zero width or height, channels other than 1 or 3,
         a size over ``max_pixels``, a truncated or corrupt payload, or pixels that disagree with the
         declared width/height/channels (an encoded grayscale image declared with 3 channels, RGBA, ...).
+        The size and channels of JPEG/PNG are checked from the header (Pillow's lazy open) before any
+        pixel is decoded, so a small file that decodes huge costs only its header.
     """
     what = f'image {_clip(image.key)!r}'
     if image.encoding not in ENCODINGS:
@@ -152,16 +171,20 @@ def decode_image(image: pb.Image, *, max_pixels: int | None = None) -> np.ndarra
         raise ContractViolation(f'{what}: {image.width}x{image.height} exceeds {max_pixels} pixels')
     if image.encoding == 'raw':
         expected = image.width * image.height * image.channels
-        if len(image.data) != expected:
-            raise ContractViolation(f'{what}: raw payload of {len(image.data)} bytes, expected {expected} '
+        data = image.data                               # read once: each read of a bytes field copies it
+        if len(data) != expected:
+            raise ContractViolation(f'{what}: raw payload of {len(data)} bytes, expected {expected} '
                                     f'for {image.width}x{image.height}x{image.channels}')
-        return np.frombuffer(image.data, np.uint8).reshape(image.height, image.width, image.channels)
+        return np.frombuffer(data, np.uint8).reshape(image.height, image.width, image.channels)
     from PIL import Image as PILImage
 
     try:
-        with PILImage.open(io.BytesIO(image.data)) as pil:
+        with PILImage.open(io.BytesIO(image.data)) as pil:     # lazy: reads the header, decodes nothing
             if max_pixels is not None and pil.size[0] * pil.size[1] > max_pixels:
                 raise ContractViolation(f'{what}: {pil.size} exceeds {max_pixels} pixels')
+            if pil.size != (image.width, image.height):
+                raise ContractViolation(f'{what}: the {image.encoding} header says {pil.size[0]}x{pil.size[1]} but '
+                                        f'{image.width}x{image.height} is declared (refused before decoding)')
             bands = _CHANNELS_OF_MODE.get(pil.mode, len(pil.getbands()))
             if bands != image.channels:
                 raise ContractViolation(f'{what}: the {image.encoding} holds {bands} channels ({pil.mode}) but '

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -26,21 +27,25 @@ MAX_CHUNK_BYTES = 64 << 20
 _CHUNK_OVERHEAD = 4096
 
 
-def pack_images(obs: Observation, contract: Contract) -> list[pb.Image]:
+def pack_images(obs: Observation, contract: Contract, out: Any = None) -> list[pb.Image]:
     """Encode the observation's images in the contract's wire encodings.
 
     Already-encoded JPEG/PNG bytes pass through untouched. Arrays are encoded as the contract's
     CameraSpec asks (jpeg by default). Cameras the contract does not name are not sent.
 
+    :param out: a repeated Image field to fill in place (no second copy of the pixels); default a new list.
     :raises ContractViolation: when a camera the contract needs is missing, or an image is invalid.
     """
-    out = []
+    images = [] if out is None else out
     for cam in contract.observation.cameras:
         if cam.key not in obs.images:
             raise ContractViolation(f'camera {cam.key!r} required by the contract is missing '
                                     f'(observation has {sorted(obs.images)})')
-        out.append(codec.encode_image(cam.key, obs.images[cam.key], cam.encoding))
-    return out
+        target = None if out is None else out.add()
+        image = codec.encode_image(cam.key, obs.images[cam.key], cam.encoding, out=target)
+        if out is None:
+            images.append(image)
+    return images
 
 
 def check_state(obs: Observation, contract: Contract) -> None:
@@ -58,8 +63,9 @@ def check_state(obs: Observation, contract: Contract) -> None:
 
 def pack_observation(obs: Observation, contract: Contract, *, episode_id: str, request_id: int,
                      history: Sequence[Observation] = (), chunk_tail: np.ndarray | None = None,
-                     expected_delay_actions: int = 0,
-                     last_action: np.ndarray | None = None) -> pb.ObservationRequest:
+                     expected_delay_actions: int = 0, last_action: np.ndarray | None = None,
+                     observation_step: float | None = None, tail_request_id: int = 0,
+                     out: pb.ObservationRequest | None = None) -> pb.ObservationRequest:
     """Build the request for one chunk.
 
     :param obs: the current observation (its images may be arrays or encoded bytes).
@@ -67,22 +73,35 @@ def pack_observation(obs: Observation, contract: Contract, *, episode_id: str, r
     :param chunk_tail: float32 (K, D), the not-yet-executed actions of the current chunk.
     :param expected_delay_actions: actions expected to execute before the new chunk can start.
     :param last_action: float32 (D,), the last executed action.
+    :param observation_step: the episode's chunk step of the observation (row 0 of tail and answer); when
+        given, the worker completes the tail with chunks newer than ``tail_request_id`` (pipelining, see
+        :mod:`~sequence_ai_ros.protocol.pipeline`).
+    :param tail_request_id: the request whose chunk the tail was cut from (0: none).
+    :param out: an empty ObservationRequest to fill in place (``EpisodeRequest().observation``: no copy).
     :raises ContractViolation: when the state does not match the contract or a camera is missing.
     """
     check_state(obs, contract)
     names = contract.observation.state_names
-    req = pb.ObservationRequest(
-        episode_id=episode_id, request_id=request_id, instruction=obs.instruction,
-        robot_time_s=obs.timestamp, state=codec.to_tensor(obs.state, 'float32'),
-        state_names=list(obs.state_names or names), images=pack_images(obs, contract),
-        params=obs.params, expected_delay_actions=int(expected_delay_actions))
+    req = pb.ObservationRequest() if out is None else out
+    # Built in place, field by field: constructing messages and copying them in copies every image twice.
+    req.episode_id, req.request_id, req.instruction = episode_id, request_id, obs.instruction
+    req.robot_time_s, req.expected_delay_actions = obs.timestamp, int(expected_delay_actions)
+    codec.to_tensor(obs.state, 'float32', out=req.state)
+    req.state_names.extend(obs.state_names or names)
+    pack_images(obs, contract, out=req.images)
+    if obs.params:
+        req.params.update(obs.params)
     for past in history:
-        req.history.append(pb.Frame(robot_time_s=past.timestamp, state=codec.to_tensor(past.state, 'float32'),
-                                    images=pack_images(past, contract)))
+        frame = req.history.add()
+        frame.robot_time_s = past.timestamp
+        codec.to_tensor(past.state, 'float32', out=frame.state)
+        pack_images(past, contract, out=frame.images)
     if chunk_tail is not None:
-        req.chunk_tail.CopyFrom(codec.to_tensor(np.asarray(chunk_tail, np.float32).reshape(-1, contract.action_dim)))
+        codec.to_tensor(np.asarray(chunk_tail, np.float32).reshape(-1, contract.action_dim), out=req.chunk_tail)
     if last_action is not None:
-        req.last_action.CopyFrom(codec.to_tensor(last_action, 'float32'))
+        codec.to_tensor(last_action, 'float32', out=req.last_action)
+    if observation_step is not None:
+        req.observation_step, req.tail_request_id, req.splice_tail = observation_step, tail_request_id, True
     return req
 
 

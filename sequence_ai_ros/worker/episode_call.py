@@ -35,6 +35,7 @@ from sequence_ai_ros.exceptions import EpisodeStateError, NotReady, SequenceAIEr
 from sequence_ai_ros.protocol import errors
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import clip
+from sequence_ai_ros.protocol.pipeline import TailSplicer
 from sequence_ai_ros.worker.runtime import ActiveEpisode, DeploymentRuntime
 
 LOG = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ class EpisodeCallHandler:
         self.active: ActiveEpisode | None = None
         self._inbox: asyncio.Queue = asyncio.Queue()
         self._loop = asyncio.get_running_loop()
+        self._splicer = TailSplicer()   # fills chunk_tail of pipelined requests from answers not yet received
 
     def shutdown(self) -> None:
         """Ask the stream to end its episode (reason ``shutdown``) and close; returns at once; any thread."""
@@ -202,7 +204,9 @@ class EpisodeCallHandler:
         active.last_request_id = rid
         chunk = None
         try:
+            self._splicer.complete(req, self.runtime.definition.contract.action_dim)   # pipelined requests
             chunk = await self._infer(active, req)
+            self._splicer.record(req, chunk)
             reply = pb.EpisodeReply(chunk=chunk)
         except SequenceAIError as exc:
             reply = _error(exc, rid)

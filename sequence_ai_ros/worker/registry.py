@@ -53,6 +53,7 @@ class DeploymentRecord:
     action_dim: int = 0
     chunk_length: int = 0
     dt: float = 0.0
+    load_s: float = 0.0          # construct + load() at the deploy's dry run (s); 0: not measured
 
 
 class Registry:
@@ -127,8 +128,11 @@ class Registry:
                                     f'(deploy with: seq deploy {name}/policy.py)')
         return DeploymentRecord(**data[name])
 
-    def record(self, name: str, definition: PolicyDefinition) -> DeploymentRecord:
-        """Record a validated deployment; a redeploy bumps the version."""
+    def record(self, name: str, definition: PolicyDefinition, load_s: float = 0.0) -> DeploymentRecord:
+        """Record a validated deployment; a redeploy bumps the version.
+
+        :param load_s: the measured load time (s), which Ready's eta starts from when serving; 0: unknown.
+        """
         c = definition.contract
         with self._locked():
             data = self._read()
@@ -136,7 +140,7 @@ class Registry:
             rec = DeploymentRecord(name=name, version=(prev['version'] + 1) if prev else 1, path=str(definition.path),
                                    sha256=definition.sha256, deployed_at=time.time(),
                                    action_space=c.action_space.value, action_dim=c.action_dim,
-                                   chunk_length=c.chunk_length, dt=c.dt)
+                                   chunk_length=c.chunk_length, dt=c.dt, load_s=float(load_s))
             data[name] = dataclasses.asdict(rec)
             self._write(data)
         return rec
@@ -190,4 +194,4 @@ def deploy(path: str | Path, name: str | None = None, home: str | Path | None = 
     name = check_name(name or (path.parent.name if path.name == 'policy.py' else path.stem))
     definition = load_policy_file(path)
     figures = dry_run(definition, timeout_s=dry_timeout_s) if dry else {}
-    return Registry(home).record(name, definition), figures
+    return Registry(home).record(name, definition, load_s=figures.get('load_s', 0.0)), figures

@@ -118,7 +118,8 @@ class DeploymentRuntime:
     :param usage: its usage meter.
     :param capture_store: its CaptureStore, or None when capture is off.
     :param max_pending: bound of the inference queue (episodes waiting); beyond it requests get OVERLOADED.
-    :param eta_hint_s: expected load time (s) when known from a previous load.
+    :param eta_hint_s: expected load time (s) when known (the deploy's measured dry-run load); Ready's
+        eta counts down from it; each completed load replaces it with its own measured time.
     :param inference_timeout_s: deadline of one ``infer`` call (s). Past it, that request and those queued
         behind it get POLICY_EXCEPTION "inference exceeded N s" and the deployment is marked failed
         (health NOT_SERVING, Ready ``failed`` with the reason); a stuck thread cannot be reclaimed.
@@ -196,7 +197,9 @@ class DeploymentRuntime:
                 LOG.error('policy %s finished loading after its deadline; it stays failed', self.name)
             else:
                 self.ready_event.set()
-                LOG.info('policy %s ready after %.2f s', self.name, time.monotonic() - start)
+                with self._lock:
+                    self._eta_hint = time.monotonic() - start     # a later (re)load is timed from this one
+                LOG.info('policy %s ready after %.2f s', self.name, self._eta_hint)
         self.usage.add(warming_s=time.monotonic() - start)
         self.usage.flush()
         self._notify()

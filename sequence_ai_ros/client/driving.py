@@ -1,0 +1,95 @@
+"""The paced loop of act() and run(): observe, tick, act, pace; hold and end on every way out.
+
+The loop of :meth:`Policy.act`/:meth:`Policy.run`, kept apart from the handle. It runs on the caller's
+control thread; it waits only in the pacer (absolute deadlines), which a chunk arriving while nothing
+plays, an interrupt or the episode's end wakes early.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from sequence_ai_ros.client import checks
+from sequence_ai_ros.client.outcome import RunOutcome
+from sequence_ai_ros.client.pacing import Pacer
+from sequence_ai_ros.client.settings import EpisodeSettings
+from sequence_ai_ros.exceptions import ContractViolation
+
+if TYPE_CHECKING:
+    from sequence_ai_ros.client.policy import ActFn, ObserveFn, Policy
+
+LOG = logging.getLogger('sequence_ai_ros.client.policy')
+
+
+def drive(policy: Policy, observe: ObserveFn, act: ActFn, settings: EpisodeSettings, *, pin: bool,
+          until: Callable[[], bool] | None, on_underrun: Callable[[], Any] | None,
+          episode_id: str | None) -> RunOutcome:
+    """Run one act()/run() episode on ``policy``; the failure rules are :meth:`Policy.act`'s."""
+    instruction = settings.instruction
+    with policy._guard:
+        policy.wait_until_ready()      # one Ready call when warm; waits out warming before the first action
+        period = policy.contract.dt if settings.control_period is None else settings.control_period
+        policy._open(dataclasses.replace(settings, control_period=period), episode_id, fixed_step=True)
+        engine = policy._episode.engine
+        holding = False              # set before on_underrun is called, so a raising hold is not repeated
+        end_reason = 'interrupted'
+        try:
+            pacer = Pacer(period, wake=policy._wake)
+            while True:
+                if until is not None and engine.outcome() is None and until():
+                    engine.finish('until')
+                out = engine.check(time.monotonic())
+                if out is not None:
+                    break
+                raw = observe()
+                try:
+                    obs = checks.observation(raw, policy.contract, policy.adapter)
+                except ContractViolation as exc:
+                    engine.finish('validate', exc)
+                    break
+                if pin and obs.instruction != instruction:
+                    obs = dataclasses.replace(obs, instruction=instruction)   # the caller's object is untouched
+                action = policy._tick(obs, time.monotonic())
+                if engine.outcome() is not None:
+                    break
+                if action is None or action.hold:
+                    if not holding and engine.dry:
+                        holding = True
+                        if on_underrun is not None:
+                            on_underrun()
+                else:
+                    holding = False
+                    act(action)
+                pacer.wait()
+                if policy._wake.is_set() and engine.outcome() is None:
+                    # A chunk arrived while nothing played (the first one, or after a dry spell): act on
+                    # it at once and pace the following actions from now.
+                    policy._wake.clear()
+                    pacer = Pacer(period, wake=policy._wake)
+            # Hold first, then talk to the worker: the stop unwinds through on_underrun at once.
+            out = engine.outcome()
+            if out.reason in ('interrupted', 'validate', 'error') and not holding:
+                holding = True
+                if on_underrun is not None:
+                    on_underrun()
+        except BaseException as exc:
+            # The caller's code (or ours) raised: hold the arm, flag the episode, never swallow the error.
+            end_reason = 'error' if isinstance(exc, Exception) else 'interrupted'
+            if not holding:
+                holding = True
+                if on_underrun is not None:
+                    try:
+                        on_underrun()
+                    except Exception:
+                        LOG.exception('episode %s: on_underrun() raised while holding after an error',
+                                      engine.episode_id)
+            raise
+        finally:
+            out = policy.end_episode(end_reason)
+        if out.reason == 'error' and out.error is not None:
+            raise out.error
+        return out

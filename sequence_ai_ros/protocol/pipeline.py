@@ -1,0 +1,78 @@
+"""Pipelined requests: completing a request's committed prefix on the worker (``splice_tail``).
+
+With more than one request in flight, the robot builds a request's ``chunk_tail`` from the chunk it is
+playing, but by the time that request's chunk starts, chunks the robot has not received yet (answers
+to its earlier requests) will have taken over. The worker answers one episode's requests in order, so it
+knows them: :class:`TailSplicer` overwrites the tail with each newer chunk's rows, in order (the robot
+switches to a chunk when it arrives, at the latest at its start step). A policy that in-paints
+``chunk_tail[:expected_delay_actions]`` (real-time chunking, Black et al. 2025, arXiv:2506.07339) then
+in-paints exactly what the robot will execute.
+
+Steps are the episode's chunk steps (``observation_step``); a chunk's row ``i`` is step ``origin + i`` and
+it is used from ``origin + expected_delay_actions`` on.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+
+from sequence_ai_ros.protocol import codec
+from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
+
+#: Answered chunks remembered per episode (more than any in-flight bound).
+KEEP = 32
+
+
+class TailSplicer:
+    """One episode's answered chunks, to complete later requests' tails. Not thread-safe (one stream)."""
+
+    def __init__(self, keep: int = KEEP) -> None:
+        self._chunks: collections.OrderedDict[int, tuple[float, float, np.ndarray]] = collections.OrderedDict()
+        self._keep = keep
+
+    def complete(self, req: pb.ObservationRequest, action_dim: int) -> None:
+        """Overwrite ``req.chunk_tail`` in place with the rows of chunks newer than ``req.tail_request_id``.
+
+        A request without ``splice_tail`` is left untouched.
+
+        :raises ContractViolation: for a malformed chunk_tail.
+        """
+        if not req.splice_tail:
+            return
+        newer = [c for rid, c in self._chunks.items() if req.tail_request_id < rid < req.request_id]
+        if not newer:
+            return
+        tail = (codec.from_tensor(req.chunk_tail, what='chunk_tail', dtype='float32', ndim=2)
+                if req.HasField('chunk_tail') else np.zeros((0, action_dim), np.float32))
+        if tail.shape[1:] != (action_dim,):
+            return
+        rows = {i: tail[i] for i in range(tail.shape[0])}
+        origin = req.observation_step
+        for c_origin, _, actions in newer:
+            # The robot plays a chunk from its arrival on, which can be before its start step: its rows
+            # before the start are the plan it in-painted, so overlaying from its row 0 is exact for an
+            # in-painting policy and, for any other, what the robot will really play once it arrives.
+            for i in range(actions.shape[0]):
+                k = int(round(c_origin + i - origin))
+                if k >= 0:
+                    rows[k] = actions[i]
+        n = max(rows) + 1 if rows else 0
+        if any(k not in rows for k in range(n)):      # a gap (should not happen): keep what the robot sent
+            return
+        spliced = np.stack([rows[k] for k in range(n)]).astype(np.float32) if n else tail
+        req.chunk_tail.CopyFrom(codec.to_tensor(spliced, 'float32'))
+
+    def record(self, req: pb.ObservationRequest, chunk: pb.ActionChunk) -> None:
+        """Remember the answer to a spliced request (its rows, origin and start step)."""
+        if not req.splice_tail:
+            return
+        actions = codec.from_tensor(chunk.actions, what='chunk', dtype='float32', ndim=2)
+        self._chunks[req.request_id] = (req.observation_step, req.observation_step + req.expected_delay_actions,
+                                        actions)
+        while len(self._chunks) > self._keep:
+            self._chunks.popitem(last=False)
+
+
+__all__ = ['KEEP', 'TailSplicer']

@@ -1,0 +1,131 @@
+"""Error edges found by a break-it review, on a real worker over loopback.
+
+- a plaintext client against a TLS worker (and the reverse) is told TLS at once, not after the timeout;
+- a tensor shape whose size overflows int64 is a CONTRACT_VIOLATION (it was "worker internal error");
+- an image is checked against its declared size from its header, before any pixel is decoded;
+- after an inference timeout the next error says "inference exceeded", not "failed to load";
+- ready() counts down from the deployment's measured load time.
+"""
+
+from __future__ import annotations
+
+import io
+import textwrap
+import time
+
+import numpy as np
+import pytest
+from PIL import Image
+from test_worker_server import _self_signed
+from test_worker_support import POLICIES, Stream, channel, state_request, wait_ready
+
+from sequence_ai_ros.client import Observation, connect
+from sequence_ai_ros.exceptions import ConnectionLost, ContractViolation, NotReady
+from sequence_ai_ros.protocol import codec
+from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
+from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
+from sequence_ai_ros.worker import create_server, serve_policy_file
+from sequence_ai_ros.worker.registry import deploy
+
+FAST = POLICIES / 'fast.py'
+STUCK = POLICIES / 'worker_stuck.py'
+
+
+def test_a_tls_mismatch_says_tls_at_once_both_ways(tmp_path):
+    cert, key = _self_signed(tmp_path)
+    with serve_policy_file(FAST, 'fast', tls=(cert, key)) as server:
+        start = time.monotonic()
+        with pytest.raises(ConnectionLost, match='speaks TLS but this client connects in plaintext'):
+            connect('fast', endpoint=f'127.0.0.1:{server.port}', timeout=20)
+        assert time.monotonic() - start < 10            # told at once, not after the 20 s handshake bound
+        with connect('fast', endpoint=f'localhost:{server.port}', tls=cert) as policy:   # the right way works
+            assert policy.contract.action_dim == 26
+    with serve_policy_file(FAST, 'fast') as server:
+        start = time.monotonic()
+        with pytest.raises(ConnectionLost, match='with TLS but the worker .* speaks plaintext'):
+            connect('fast', endpoint=f'127.0.0.1:{server.port}', tls=cert, timeout=20)
+        assert time.monotonic() - start < 10
+
+
+def test_a_shape_that_overflows_int64_is_a_contract_violation():
+    huge = pb.Tensor(shape=[2 ** 62, 2 ** 62], dtype='float32', data=b'')   # int64 product wraps to 0
+    with pytest.raises(ContractViolation, match='bytes for shape'):
+        codec.from_tensor(huge)
+    server = serve_policy_file(STUCK, 'stuck')
+    ch = channel(server.port)
+    try:
+        stub = pb_grpc.PolicyServiceStub(ch)
+        assert wait_ready(stub, 'stuck').ready
+        stream = Stream(stub, 'stuck', 'overflow')
+        assert stream.start().HasField('started')
+        req = state_request(1, [0.5, -0.5], ['a', 'b'])
+        req.state.CopyFrom(huge)
+        reply = stream.ask(req)
+        assert reply.HasField('error') and reply.error.code == pb.CONTRACT_VIOLATION, reply
+        assert 'internal' not in reply.error.message
+        assert stream.ask(state_request(2, [0.5, -0.5], ['a', 'b'])).HasField('chunk')   # the stream goes on
+        stream.end()
+    finally:
+        ch.close()
+        server.stop(grace=0.5)
+
+
+def test_an_image_is_checked_against_its_header_before_decoding():
+    buf = io.BytesIO()
+    Image.new('RGB', (3840, 2160)).save(buf, format='PNG')          # ~24 KB that would decode to 25 MB
+    bomb = pb.Image(key='cam', encoding='png', width=64, height=64, channels=3, data=buf.getvalue())
+    with pytest.raises(ContractViolation, match='header says 3840x2160 but 64x64 is declared'):
+        codec.decode_image(bomb)
+    small = io.BytesIO()
+    Image.fromarray(np.full((64, 64, 3), 7, np.uint8)).save(small, format='PNG')
+    ok = pb.Image(key='cam', encoding='png', width=64, height=64, channels=3, data=small.getvalue())
+    assert codec.decode_image(ok).shape == (64, 64, 3)
+
+
+def test_after_an_inference_timeout_the_error_says_inference_exceeded():
+    server = serve_policy_file(STUCK, 'stuck', inference_timeout_s=0.3)
+    try:
+        with connect('stuck', endpoint=f'127.0.0.1:{server.port}') as policy:
+            policy.wait_until_ready(timeout=30)
+            obs = Observation(state=np.array([0.5, -0.5], np.float32), state_names=('a', 'b'), params={'hang': '20'})
+            deadline = time.monotonic() + 15
+            while policy.episode_outcome() is None and time.monotonic() < deadline:
+                policy.next_action(obs)
+                time.sleep(0.02)
+            assert policy.episode_outcome().reason == 'error'
+            with pytest.raises(NotReady) as info:
+                policy.wait_until_ready(timeout=5)
+            assert 'inference exceeded 0.3 s' in str(info.value) and 'failed to load' not in str(info.value)
+    finally:
+        for instance in getattr(server.runtimes['stuck'].definition.cls, 'instances', ()):
+            instance.release.set()
+        server.stop(grace=0.5)
+
+
+def test_ready_counts_down_from_the_measured_load_time(tmp_path, seq_home):
+    policy_file = tmp_path / 'slow' / 'policy.py'
+    policy_file.parent.mkdir()
+    policy_file.write_text(textwrap.dedent('''
+        import time
+        import numpy as np
+        import sequence_ai_ros.policy as seq
+
+        @seq.policy(action_space='joint_absolute', action_names=['a'], dt=0.1, chunk_length=2)
+        class Slow:
+            def load(self):
+                time.sleep(1.5)
+
+            def infer(self, inp, episode):
+                return np.zeros((2, 1), np.float32)
+    '''))
+    record, figures = deploy(policy_file, home=seq_home)
+    assert 1.4 < record.load_s < 10 and record.load_s == figures['load_s']
+    server = create_server(home=seq_home)
+    try:
+        with connect('slow', endpoint=f'127.0.0.1:{server.port}') as policy:   # the handshake starts the load
+            ready, eta = policy.ready()
+            assert not ready and 0 < eta <= record.load_s    # not the 10 s default: the deploy measured the load
+            policy.wait_until_ready(timeout=30)
+            assert policy.ready() == (True, 0.0)
+    finally:
+        server.stop(grace=0.5)

@@ -1,0 +1,107 @@
+"""next_action() as the seed writes it: the first call opens the episode; close/interrupt/idle timeout end it.
+
+Against a real worker on loopback (``test/policies/client_latency.py``: rows ``[frame + i, request]``).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from doubles import CountingRobot
+
+from sequence_ai_ros.client import connect
+from sequence_ai_ros.exceptions import EpisodeStateError
+from sequence_ai_ros.worker import serve_policy_file
+
+LATENCY_POLICY = Path(__file__).parent / 'policies' / 'client_latency.py'
+
+
+@pytest.fixture
+def serve():
+    servers = []
+
+    def start(**kwargs):
+        server = serve_policy_file(LATENCY_POLICY, deployment='lat', host='127.0.0.1', port=0, **kwargs)
+        servers.append(server)
+        return f'127.0.0.1:{server.port}'
+
+    yield start
+    for server in servers:
+        server.stop(grace=0.5)
+
+
+def loop(policy, robot: CountingRobot, ticks: int, period: float = 0.01) -> None:
+    """The seed's loop, verbatim but bounded: ``robot.act(policy.next_action(observe()))``."""
+    for _ in range(ticks):
+        action = policy.next_action(robot.observe())
+        if action is not None and not action.hold:
+            robot.act(action)
+        time.sleep(period)
+
+
+def test_the_seed_loop_runs_as_written_and_close_ends_its_episode(serve):
+    endpoint = serve(dt=0.01, chunk_length=20)
+    robot = CountingRobot()
+    policy = connect('lat', endpoint=endpoint)
+    policy.wait_until_ready(timeout=30)
+    loop(policy, robot, 60)                            # no begin_episode(): the first call opened one
+    stats = policy.stats()
+    assert stats['chunks'] >= 1 and len(robot.actions) > 10
+    assert policy.episode_outcome() is None            # still running
+    policy.close()
+    out = policy.episode_outcome()
+    assert out is not None and out.reason == 'interrupted' and out.episode_id == stats['episode_id']
+    with pytest.raises(EpisodeStateError, match='closed'):
+        policy.next_action(robot.observe())
+
+
+def test_interrupt_ends_the_implicit_episode_and_the_next_call_opens_another(serve):
+    endpoint = serve(dt=0.01, chunk_length=20)
+    with connect('lat', endpoint=endpoint) as policy:
+        policy.wait_until_ready(timeout=30)
+        robot = CountingRobot()
+        loop(policy, robot, 30)
+        first = policy.stats()['episode_id']
+        policy.interrupt()
+        assert policy.episode_outcome().reason == 'interrupted'
+        robot2 = CountingRobot()
+        loop(policy, robot2, 30)
+        second = policy.stats()['episode_id']
+        assert second != first and policy.episode_outcome() is None and len(robot2.actions) > 5
+        assert robot2.actions[0].values[0] == 0.0     # a fresh timeline: the new episode starts at row 0
+        # end_episode() ends it too; the next call opens a third one.
+        assert policy.end_episode().reason == 'completed'
+        loop(policy, CountingRobot(), 5)
+        assert policy.stats()['episode_id'] not in (first, second)
+
+
+def test_the_workers_idle_timeout_ends_it_and_the_loop_goes_on(serve):
+    endpoint = serve(dt=0.01, chunk_length=20, idle_timeout_s=0.4)
+    with connect('lat', endpoint=endpoint) as policy:
+        policy.wait_until_ready(timeout=30)
+        loop(policy, CountingRobot(), 20)
+        first = policy.stats()['episode_id']
+        deadline = time.monotonic() + 10
+        while policy.episode_outcome() is None and time.monotonic() < deadline:
+            time.sleep(0.05)                          # the robot pauses: no message reaches the worker
+        out = policy.episode_outcome()
+        assert out is not None and out.reason == 'error' and 'idle_timeout' in str(out.error)
+        robot = CountingRobot()
+        loop(policy, robot, 30)
+        assert policy.stats()['episode_id'] != first and len(robot.actions) > 5
+
+
+def test_an_episode_begun_explicitly_keeps_holding_once_finished(serve):
+    endpoint = serve(dt=0.01, chunk_length=20)
+    with connect('lat', endpoint=endpoint) as policy:
+        policy.wait_until_ready(timeout=30)
+        eid = policy.begin_episode('pick', max_actions=5)
+        robot = CountingRobot()
+        loop(policy, robot, 40)
+        out = policy.episode_outcome()              # max_actions counts chunk steps on the clock
+        assert out.reason == 'completed' and out.actions >= 5 and 1 <= len(robot.actions) <= 5
+        assert policy.stats()['episode_id'] == eid     # no new episode: the caller ends it
+        held = policy.next_action(robot.observe())
+        assert held is not None and held.hold
