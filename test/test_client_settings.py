@@ -51,6 +51,34 @@ def test_settings_are_validated_once_on_construction():
         s.max_seconds = 3
 
 
+@pytest.mark.parametrize('kwargs, error, match', [
+    ({'prefetch': 'false'}, TypeError, 'prefetch must be True or False'),
+    ({'prefetch': None}, TypeError, 'prefetch'),
+    ({'smooth_seam': -0.5}, TypeError, 'smooth_seam must be an int'),
+    ({'smooth_seam': 2.7}, TypeError, 'smooth_seam'), ({'smooth_seam': True}, TypeError, 'smooth_seam'),
+    ({'smooth_seam': '3'}, TypeError, 'smooth_seam'), ({'smooth_seam': math.nan}, TypeError, 'smooth_seam'),
+    ({'smooth_seam': None}, TypeError, 'smooth_seam'), ({'max_actions': 1.5}, ValueError, 'whole number'),
+    ({'expect_action_space': 3}, TypeError, 'expect_action_space must be an ActionSpace or its name'),
+    ({'control_period': 1e-9}, ValueError, r'control_period must lie in \[0.0001, 60\] s'),
+    ({'control_period': 1e300}, ValueError, 'control_period'),
+])
+def test_settings_refuse_what_they_would_otherwise_coerce(kwargs, error, match):
+    """A break-it review found these silently converted (bool('false') is True, int(-0.5) is 0)."""
+    with pytest.raises(error, match=match):
+        EpisodeSettings(**kwargs)
+    assert EpisodeSettings(max_actions=4.0).max_actions == 4
+
+
+def test_max_seconds_ends_a_run_whose_control_period_is_longer(endpoint):
+    """The pacer never sleeps past max_seconds: a 20 s period with max_seconds=1 ends by 'timeout' then."""
+    with connect('lat', endpoint=endpoint) as policy:
+        policy.wait_until_ready(timeout=30)
+        robot = CountingRobot()
+        out = policy.run(robot.observe, robot.act, control_period=20.0, max_seconds=1.0)
+    assert out.reason == 'timeout' and out.elapsed_s < 10.0, out     # before: the full 20 s period
+    assert len(robot.actions) <= 1
+
+
 def test_begin_episode_takes_settings_or_the_seed_keywords_never_both(endpoint):
     with connect('lat', endpoint=endpoint) as policy:
         policy.wait_until_ready(timeout=30)

@@ -127,3 +127,33 @@ def test_writable_parameters_are_checked_when_set(rclpy_context):
         assert not node.set_parameters([Parameter('control_rate_hz', value=10.0)])[0].successful   # read_only
     finally:
         node.destroy_node()
+
+
+def _node(*ros_args: str) -> subprocess.CompletedProcess:
+    """Start policy_node as a process (its own ROS domain from conftest) and return once it exits."""
+    return subprocess.run([sys.executable, '-m', 'sequence_ai_ros.node.main', *ros_args],
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.ros
+@pytest.mark.parametrize('extra, message', [
+    (['-p', 'contrl_rate_hz:=10.0'], 'unknown parameters: contrl_rate_hz (did you mean control_rate_hz?)'),
+    (['-p', 'safety.max_stepp:=[0.1]'], 'unknown parameters: safety.max_stepp (did you mean safety.max_step?)'),
+    (['-p', 'cameras.back.topic:=/x'], 'unknown parameters: cameras.back.topic'),
+    (['-p', 'endpoint:=notaport'], 'parameter endpoint: must be host:port'),
+    (['-p', 'endpoint:=127.0.0.1:99999'], 'parameter endpoint: must be host:port'),
+    (['-p', 'camera_names:=[cam.high]', '-p', 'cameras.cam.high.topic:=/x'], 'cannot be part of a parameter name'),
+])
+def test_the_node_refuses_unknown_and_malformed_parameters_naming_them(extra: list[str], message: str) -> None:
+    """A misspelt safety limit must stop the node, not be dropped in silence (exit 2, the name on stderr)."""
+    done = _node('--ros-args', '-p', 'model:=x', '-p', 'joints.names:=[a]', *extra)
+    assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
+    assert message in done.stderr, done.stderr[-2000:]
+
+
+def test_policy_node_help_lists_every_parameter() -> None:
+    done = _node('--help')
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith('usage: policy_node --ros-args')
+    for name in ('model', 'endpoint', 'control_rate_hz', 'safety.max_step', 'cameras.<name>.topic', 'autostart'):
+        assert f'  {name}  (' in done.stdout, name

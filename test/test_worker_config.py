@@ -42,9 +42,13 @@ def test_cli_flags_fill_the_config(tmp_path):
 
 
 @pytest.mark.parametrize('field,value,match', [
-    ('idle_timeout_s', 0, 'idle_timeout_s must be > 0'), ('inference_timeout_s', -1.0, 'inference_timeout_s'),
-    ('load_timeout_s', float('nan'), 'load_timeout_s'), ('max_streams', 0, 'max_streams must be an integer >= 1'),
-    ('max_pending', 1.5, 'max_pending'), ('port', 70000, 'port must be in'), ('token', '', 'token must not be empty'),
+    ('idle_timeout_s', 0, r'idle_timeout_s \(--idle-timeout\) must be a finite number of seconds > 0'),
+    ('idle_timeout_s', float('inf'), r'idle_timeout_s \(--idle-timeout\)'), ('idle_timeout_s', True, 'idle_timeout_s'),
+    ('inference_timeout_s', -1.0, 'inference_timeout_s'),
+    ('load_timeout_s', float('nan'), 'load_timeout_s'), ('max_streams', 0, 'max_streams .* must be an integer >= 1'),
+    ('max_streams', True, 'max_streams'), ('max_pending', 1.5, 'max_pending'), ('port', 70000, 'port .*must be in'),
+    ('port', True, 'port'), ('host', '', r'host \(--host\) must name an address'), ('warm', 'yes', 'warm'),
+    ('token', '', 'token must not be empty'),
 ])
 def test_invalid_settings_are_refused_at_construction(field, value, match):
     with pytest.raises(ConfigError, match=match):
@@ -77,3 +81,8 @@ def test_fleet_and_admission_flags_fill_the_config():
             defaults.max_streams_per_client) == ((), None, None, 5.0, 64)
     with pytest.raises(ConfigError, match='agent_port'):
         ServerConfig(agent_port=-1)
+
+
+def test_an_address_that_cannot_be_bound_is_a_config_error_naming_the_flags():
+    with pytest.raises(ConfigError, match=r'cannot bind not\.\.a\.\.host:0 \(--host/--port\)'):
+        serve_policy_file(POLICIES / 'fast.py', deployment='fast', host='not..a..host', port=0)

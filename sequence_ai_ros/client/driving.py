@@ -37,6 +37,7 @@ def drive(policy: Policy, observe: ObserveFn, act: ActFn, settings: EpisodeSetti
         engine = policy._episode.engine
         holding = False              # set before on_underrun is called, so a raising hold is not repeated
         end_reason = 'interrupted'
+        stop_at = None if settings.max_seconds is None else time.monotonic() + settings.max_seconds
         try:
             pacer = Pacer(period, wake=policy._wake)
             while True:
@@ -64,7 +65,7 @@ def drive(policy: Policy, observe: ObserveFn, act: ActFn, settings: EpisodeSetti
                 else:
                     holding = False
                     act(action)
-                pacer.wait()
+                pacer.wait(until=stop_at)
                 if policy._wake.is_set() and engine.outcome() is None:
                     # A chunk arrived while nothing played (the first one, or after a dry spell): act on
                     # it at once and pace the following actions from now.

@@ -32,10 +32,16 @@ class Pacer:
         self._k = 0
         self.skipped = 0
 
-    def wait(self) -> float:
-        """Sleep until the next deadline (or ``wake``); return that deadline (monotonic s)."""
+    def wait(self, until: float | None = None) -> float:
+        """Sleep until the next deadline (or ``wake``, or ``until``); return the time it woke for (monotonic s).
+
+        :param until: a hard stop (monotonic s), e.g. the episode's max_seconds: the wait never runs past it,
+            whatever the period.
+        """
         self._k += 1
         deadline = self._start + self._k * self.period_s
+        if until is not None and until < deadline:
+            deadline = max(until, time.monotonic())
         now = time.monotonic()
         if now - deadline > self.period_s:           # overran by more than a period: re-anchor
             self.skipped += int((now - deadline) // self.period_s)
@@ -49,12 +55,17 @@ class Pacer:
             if self._wake is not None and self._wake.is_set():
                 return time.monotonic()
             if left > 0.0015:
+                nap = min(left - 0.001, MAX_NAP_S)   # bounded: Event.wait overflows on huge timeouts
                 if self._wake is not None:
-                    self._wake.wait(left - 0.001)
+                    self._wake.wait(nap)
                 else:
-                    time.sleep(left - 0.001)
+                    time.sleep(nap)
             else:
                 time.sleep(0)
+
+
+#: Longest single sleep inside :meth:`Pacer.wait` (s); a longer wait loops.
+MAX_NAP_S = 1.0
 
 
 class ThreadGuard:

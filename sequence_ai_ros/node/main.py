@@ -63,12 +63,33 @@ def autostart(node: object, stop: threading.Event) -> bool:
     return False
 
 
+def usage() -> str:
+    """Return ``policy_node --help``: how to start it and every parameter of the schema."""
+    from sequence_ai_ros.node.parameter_schema import load
+
+    lines = ['usage: policy_node --ros-args [--params-file FILE] [-p NAME:=VALUE ...] [-r __ns:=/NAMESPACE]',
+             '', 'The ROS 2 policy node (a lifecycle node). Parameters (defaults: config/policy_node.yaml;',
+             'cameras.<name>.* exist for each name in camera_names):', '']
+    for spec in load():
+        name = spec.name.replace('__map_camera_names', '<name>')
+        ro = ', read-only' if spec.read_only else ''
+        lines.append(f'  {name}  ({spec.type}{ro}, default {spec.default!r})')
+        lines.append(f'      {spec.description}')
+    return '\n'.join(lines)
+
+
 def main(args: Sequence[str] | None = None) -> int:
     """Run the policy node until SIGINT/SIGTERM; return the exit code.
 
-    :returns: 0 after a clean shutdown; 2 for a bad parameter (the message, on stderr, names it).
+    :returns: 0 after a clean shutdown (or ``--help``); 2 for a bad parameter (the message, on stderr, names it).
     """
     from sequence_ai_ros.node.policy_node import PolicyNode
+
+    argv = list(sys.argv[1:] if args is None else args)
+    ros_args = argv.index('--ros-args') if '--ros-args' in argv else len(argv)
+    if {'-h', '--help'} & set(argv[:ros_args]):
+        print(usage())
+        return 0
 
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     context = _init(args)

@@ -32,6 +32,7 @@ import argparse
 import dataclasses
 import functools
 import math
+import re
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -178,6 +179,24 @@ def _finite(v: tuple[float, ...]) -> str:
             '(use a large finite value for an unlimited joint)')
 
 
+_NAME_PART = re.compile(r'^[A-Za-z][A-Za-z0-9_]*$')
+
+
+def _name_parts(v: tuple[str, ...]) -> str:
+    bad = [x for x in v if not _NAME_PART.match(x)]
+    if not bad:
+        return ''
+    return (f'{bad} cannot be part of a parameter name (cameras.<name>.topic): use letters, digits and "_", '
+            'starting with a letter')
+
+
+def _endpoint(v: str) -> str:
+    host, sep, port = v.rpartition(':')
+    if sep and host and port.isdigit() and 1 <= int(port) <= 65535:
+        return ''
+    return f'must be host:port with a port in [1, 65535] (e.g. 127.0.0.1:50551), got {v!r}'
+
+
 _VALIDATORS: dict[str, Any] = {
     'bounds<>': _bounds,
     **{rule: _compare(rule) for rule in _COMPARE},
@@ -186,6 +205,8 @@ _VALIDATORS: dict[str, Any] = {
     'unique<>': lambda v: '' if len(set(v)) == len(v) else f'values must be unique, got {list(v)}',
     'sequence_ai_ros::no_empty_strings': lambda v: '' if all(v) else f'names must be non-empty, got {list(v)}',
     'sequence_ai_ros::all_finite': _finite,
+    'sequence_ai_ros::name_parts': _name_parts,
+    'sequence_ai_ros::endpoint': _endpoint,
     'sequence_ai_ros::all_positive': lambda v: '' if all(x > 0 for x in v) else
     f'every value must be > 0, got {list(v)}',
 }

@@ -95,8 +95,32 @@ def declare_and_read(node: Node) -> NodeConfig:
     command = CommandConfig(**{f: _declare(node, f'command.{f}') for f in _names(CommandConfig)})
     safety = SafetyConfig(**{f: _declare(node, f'safety.{f}') for f in _names(SafetyConfig)})
     diagnostics = DiagnosticsConfig(**{f: _declare(node, f'diagnostics.{f}') for f in _names(DiagnosticsConfig)})
+    _refuse_unknown(node)
     return NodeConfig(**top, joints=joints, cameras=tuple(cameras), qos=qos, command=command, safety=safety,
                       diagnostics=diagnostics)
+
+
+def _refuse_unknown(node: Node) -> None:
+    """Refuse parameters given to the node (params file, ``-p``) that it does not declare.
+
+    A misspelt safety limit must not be dropped in silence. rclpy keeps a node's overrides in
+    ``_parameter_overrides`` (Humble to Kilted); ``use_sim_time`` and ``qos_overrides.*`` are rclpy's own.
+
+    :raises ConfigError: naming each unknown parameter and the closest declared name.
+    """
+    import difflib
+
+    given = getattr(node, '_parameter_overrides', {}) or {}
+    unknown = sorted(n for n in given if not node.has_parameter(n) and not n.startswith('qos_overrides.'))
+    if not unknown:
+        return
+    declared = [name for name in node._parameters] if hasattr(node, '_parameters') else []
+    hints = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, declared, n=1)
+        hints.append(f'{name} (did you mean {close[0]}?)' if close else name)
+    raise ConfigError(f'unknown parameters: {", ".join(hints)}; policy_node declares only the parameters of '
+                      'config/policy_node.yaml (a camera\'s settings need its name in camera_names)')
 
 
 def _fields(cls: type) -> list[Any]:

@@ -12,6 +12,7 @@ This module imports no gRPC, so ``seq --help`` stays fast.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,6 +26,12 @@ EMBEDDED_PORT = 0
 def _opt(default: Any, flag: str | None = None, help: str = '', metavar: str | None = None) -> Any:  # noqa: A002
     """A field whose ``seq serve`` option is ``flag`` (None: not a plain option)."""
     return dataclasses.field(default=default, metadata={'flag': flag, 'help': help, 'metavar': metavar})
+
+
+def _named(name: str) -> str:
+    """``name`` with its ``seq serve`` flag, e.g. ``idle_timeout_s (--idle-timeout)``."""
+    flag = next((f.metadata.get('flag') for f in dataclasses.fields(ServerConfig) if f.name == name), None)
+    return f'{name} ({flag})' if flag else name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,8 +63,9 @@ class ServerConfig:
         see ``WorkerServer.metrics_port``); None: no metrics endpoint.
     :param agent_port: answer HAProxy ``agent-check`` probes on this port with the gRPC health of the served
         deployments (:mod:`~sequence_ai_ros.worker.health_agent`); None: no agent.
-    :raises ConfigError: for a non-positive timeout, ``max_streams`` or ``max_pending`` < 1, a port outside
-        [0, 65535] or an empty token.
+    :raises ConfigError: for an empty host, a timeout that is not finite and > 0, ``max_streams`` or
+        ``max_pending`` < 1, a port outside [0, 65535], a bool where a number belongs, or an empty token;
+        the message names the ``seq serve`` flag where there is one.
     """
 
     host: str = _opt('127.0.0.1', '--host', 'bind address (default {default}; 0.0.0.0 exposes it)')
@@ -86,20 +94,31 @@ class ServerConfig:
                                   "replica's gRPC health (default: off; see deploy/haproxy.cfg)", 'PORT')
 
     def __post_init__(self) -> None:
+        def number(value: Any) -> bool:
+            return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+        def integer(value: Any) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool)
+
+        if not (isinstance(self.host, str) and self.host.strip()):
+            raise ConfigError(f'{_named("host")} must name an address (e.g. 127.0.0.1), got {self.host!r}')
         for name in ('idle_timeout_s', 'inference_timeout_s', 'load_timeout_s', 'start_timeout_s'):
             value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and value > 0):
-                raise ConfigError(f'{name} must be > 0 s, got {value!r}')
+            if not (number(value) and 0 < value < math.inf):
+                raise ConfigError(f'{_named(name)} must be a finite number of seconds > 0, got {value!r}')
         for name in ('max_streams', 'max_pending'):
             value = getattr(self, name)
-            if not (isinstance(value, int) and value >= 1):
-                raise ConfigError(f'{name} must be an integer >= 1, got {value!r}')
+            if not (integer(value) and value >= 1):
+                raise ConfigError(f'{_named(name)} must be an integer >= 1, got {value!r}')
         for name in ('port', 'metrics_port', 'agent_port'):
             value = getattr(self, name)
-            if not ((value is None and name != 'port') or (isinstance(value, int) and 0 <= value <= 65535)):
-                raise ConfigError(f'{name} must be in [0, 65535], got {value!r}')
-        if not (isinstance(self.max_streams_per_client, int) and self.max_streams_per_client >= 0):
-            raise ConfigError(f'max_streams_per_client must be an integer >= 0, got {self.max_streams_per_client!r}')
+            if not ((value is None and name != 'port') or (integer(value) and 0 <= value <= 65535)):
+                raise ConfigError(f'{_named(name)} must be in [0, 65535], got {value!r}')
+        if not (integer(self.max_streams_per_client) and self.max_streams_per_client >= 0):
+            raise ConfigError(f'{_named("max_streams_per_client")} must be an integer >= 0, '
+                              f'got {self.max_streams_per_client!r}')
+        if not isinstance(self.warm, bool):
+            raise ConfigError(f'warm is True or False, got {self.warm!r}')
         if isinstance(self.trusted_proxies, str) or not all(isinstance(a, str) and a for a in self.trusted_proxies):
             raise ConfigError(f'trusted_proxies is a tuple of addresses, got {self.trusted_proxies!r}')
         object.__setattr__(self, 'trusted_proxies', tuple(self.trusted_proxies))

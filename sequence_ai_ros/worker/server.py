@@ -217,13 +217,16 @@ class WorkerServer:
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         address = f'{config.host}:{config.port}'
-        if config.tls is not None:
-            creds = grpc.ssl_server_credentials([(_read_pem(config.tls[1]), _read_pem(config.tls[0]))])
-            self.port = server.add_secure_port(address, creds)
-        else:
-            self.port = server.add_insecure_port(address)
+        try:
+            if config.tls is not None:
+                creds = grpc.ssl_server_credentials([(_read_pem(config.tls[1]), _read_pem(config.tls[0]))])
+                self.port = server.add_secure_port(address, creds)
+            else:
+                self.port = server.add_insecure_port(address)
+        except RuntimeError as exc:   # grpc: "Failed to bind to address ..." (bad host, port in use)
+            raise ConfigError(f'cannot bind {address} (--host/--port): {exc}') from None
         if not self.port:
-            raise ConfigError(f'cannot bind {address}')
+            raise ConfigError(f'cannot bind {address} (--host/--port)')
         return server, servicer, health_servicer
 
     @property
