@@ -111,7 +111,7 @@ def _camera_keys(contract: Contract, episode: CapturedEpisode) -> list[str]:
     return keys
 
 
-class _Episode:
+class CapturedFrames:
     """One captured episode turned into frame arrays (images kept encoded until written)."""
 
     def __init__(self, ep: CapturedEpisode, state_dim: int, action_dim: int, absolute: bool,
@@ -209,7 +209,7 @@ def export_lerobot(store: CaptureStore, out: str | Path, *, since: float | None 
         schema = features = None
         for e in chosen:  # one episode in memory at a time
             try:
-                ep = _Episode(e, len(state_names), len(action_names), contract.action_space.is_absolute, camera_keys)
+                ep = CapturedFrames(e, len(state_names), len(action_names), contract.action_space.is_absolute, camera_keys)
             except CaptureError as exc:
                 skipped.append((e.episode_id, str(exc)))
                 print(f'warning: skipping episode {e.episode_id}: {exc}', file=sys.stderr)
@@ -249,7 +249,7 @@ def export_lerobot(store: CaptureStore, out: str | Path, *, since: float | None 
             'videos': k * len(camera_keys), 'fps': int(fps), 'vcodec': vcodec if camera_keys else None}
 
 
-def _write_episode(root: Path, k: int, ep: _Episode, index: int, task_index: int, schema: Any,
+def _write_episode(root: Path, k: int, ep: CapturedFrames, index: int, task_index: int, schema: Any,
                    sizes: dict[str, tuple[int, int]], fps: int, vcodec: str, bar: Any) -> tuple[dict, dict]:
     """Write episode k's parquet file and videos; return its episodes.jsonl entry and its stats (arrays)."""
     pa, pq = import_pyarrow()
