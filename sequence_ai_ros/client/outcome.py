@@ -30,6 +30,9 @@ class RunOutcome:
     :param episode_id: the episode's id.
     :param skipped: stale actions skipped at chunk switches, in chunk steps (counted, never estimated).
     :param smooth_seam_ignored: True when smooth_seam > 0 was asked on a delta or velocity space (a no-op).
+    :param telemetry_rejected: capture telemetry frames the worker refused (wrong shape or dtype, NaN,
+        an image whose header disagrees with its size or format); the episode was kept without them.
+    :param telemetry_error: the first refusal, ``"CONTRACT_VIOLATION: <why>"``; '' when none.
     :param error: the typed exception behind reason ``validate`` or ``error``; None otherwise, and for an
         ``error`` that the caller's own code raised (that exception propagates from act()/run()).
     """
@@ -47,6 +50,8 @@ class RunOutcome:
     skipped: int = 0
     smooth_seam_ignored: bool = False
     error: SequenceAIError | None = None
+    telemetry_rejected: int = 0
+    telemetry_error: str = ''
 
     def __post_init__(self) -> None:
         if self.reason not in REASONS:

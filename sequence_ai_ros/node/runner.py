@@ -383,8 +383,11 @@ class Runner:
         last = self.last_command if self.last_command is not None else self._measured(snap)
         checked = self.safety.check(values, last)
         if checked.values is None:
+            policy.report_command(None)   # capture: this tick held, the policy's action was refused
             self.request_end('validate', f'safety: {checked.stop}')
             return self._hold(snap)
+        if checked.clamped:   # capture keeps what reached the controller, and the policy's action beside it
+            policy.report_command(self.commands.unorder(checked.values), clamped=True)
         self.holding = False
         self.last_command = checked.values
         ep.sent += 1

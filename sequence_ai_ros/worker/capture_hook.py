@@ -52,13 +52,15 @@ class EpisodeRecorder:
         self._ep = None
         self.fps = 0.0
         self.images = False
+        self.rejected = 0
+        self.rejected_first = ''
         if store is None:
             return
         try:
             self._ep = store.begin(episode_id, instruction, contract)
             if self._ep is not None:
                 settings = store.settings
-                self.fps = float(settings.fps)
+                self.fps = float(settings.row_fps(contract.dt))
                 self.images = bool(settings.images)
         except Exception as exc:
             LOG.error('capture of episode %s not started: %s', episode_id, exc)
@@ -93,9 +95,13 @@ class EpisodeRecorder:
             self._guard('add_request', lambda: self._ep and self._ep.add_request(req, chunk, error))
 
     def add_telemetry(self, frames: list[pb.TelemetryFrame]) -> None:
-        """Record telemetry frames streamed by the robot."""
+        """Record telemetry frames streamed by the robot; frames that fail the contract check are counted."""
         if self._ep is not None:
             self._guard('add_telemetry', lambda: self._ep and self._ep.add_telemetry(list(frames)))
+            ep = self._ep
+            if ep is not None:
+                got = ep.rejections()
+                self.rejected, self.rejected_first = got['telemetry_rejected'], got['telemetry_error']
 
     def commit(self, reason: str, stats: dict[str, Any]) -> bool:
         """Commit the episode atomically; return True when it was stored."""
