@@ -146,7 +146,8 @@ class V30Layout:
         (meta / 'info.json').write_text(json.dumps(out, indent=4, ensure_ascii=False) + '\n')
         agg = lerobot_stats.aggregate(self.all_stats)
         (meta / 'stats.json').write_text(json.dumps(lerobot_stats.to_json(agg), indent=4) + '\n')
-        pq.write_table(pa.Table.from_pylist(self.episodes), self.root / EPISODES_PATH.format(chunk_index=0, file_index=0))
+        episodes_path = self.root / EPISODES_PATH.format(chunk_index=0, file_index=0)
+        pq.write_table(pa.Table.from_pylist(self.episodes), episodes_path)
         names = list(tasks)
         pandas_meta = {'index_columns': ['task'], 'column_indexes': [
             {'name': None, 'field_name': None, 'pandas_type': 'unicode', 'numpy_type': 'object',
