@@ -182,7 +182,7 @@ class EpisodeCapture:
         self.started_at = started_at
         self.dir_name = _dir_name(episode_id)
         self.staging = store.root / 'staging' / f'{os.getpid()}-{self.dir_name}'
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()   # commit() reads the counters under it
         self._closed = False
         self.requests = 0
         self.frames = 0
@@ -280,7 +280,7 @@ class EpisodeCapture:
                        'started_at': self.started_at, 'ended_at': ended, 'reason': str(reason),
                        'requests': self.requests, 'frames': self.frames,
                        'bytes': self.bytes, 'images': self.images, 'fps': self.fps,
-                       'stats': {**dict(stats or {}), **self.rejections()}}
+                       'stats': {**dict(stats or {}), **(self.rejections() if self.rejected else {})}}
                 meta = {**row, 'contract': contract_to_json(self.contract), 'format': FORMAT}
                 write_json_atomic(self.staging / META_FILE, meta)
                 final = final_parent / self.dir_name

@@ -422,7 +422,7 @@ class Policy:
             ep.stream.send_telemetry(tel)
         ep.stream.close(pb.EpisodeEnd(reason=out.reason, actions=out.actions, chunks=out.chunks,
                                       underruns=out.underruns, underrun_s=out.underrun_s,
-                                      max_seam_jump=out.max_seam_jump))
+                                      max_seam_jump=out.max_seam_jump, latency_p95_ms=out.latency_p95_ms))
         if ep.stream.telemetry_rejected:
             out = dataclasses.replace(out, telemetry_rejected=ep.stream.telemetry_rejected,
                                       telemetry_error=ep.stream.telemetry_error)

@@ -180,7 +180,8 @@ class EpisodeStream:
         if self.active is None:
             return pb.EpisodeReply(ended=pb.EpisodeEnded(episode_id=self.episode_id, captured=False))
         stats = {'actions': end.actions, 'chunks': end.chunks, 'underruns': end.underruns,
-                 'underrun_s': end.underrun_s, 'max_seam_jump': end.max_seam_jump}
+                 'underrun_s': end.underrun_s, 'max_seam_jump': end.max_seam_jump,
+                 'latency_p95_ms': end.latency_p95_ms}
         self.active.end(end.reason or 'completed', stats, wait=True)
         return pb.EpisodeReply(ended=self._ended(self.active.episode.id, self.active.captured))
 
