@@ -54,6 +54,8 @@ __all__ = ['CaptureStore', 'CaptureSettings', 'EpisodeCapture', 'CapturedEpisode
            'UnknownEpisode', 'EpisodeNotCaptured']
 
 
+#: Written by the process that paused capture (the worker), read by ``seq policy capture NAME``.
+PAUSE_FILE = 'pause.json'
 #: Bytes written to probe for room before lifting a disk-full pause.
 PROBE_BYTES = 1 << 20
 
@@ -108,6 +110,12 @@ class CaptureStore:
         """Return ``{'state': 'off'|'capturing'|'paused', 'diagnostic': str, 'since': float|None}``."""
         with self._lock:
             pause = self._pause
+        if pause is None:   # another process (the worker) may have paused: it leaves pause.json
+            try:
+                saved = json.loads((self.root / PAUSE_FILE).read_text(encoding='utf-8'))
+                pause = (str(saved['kind']), str(saved['diagnostic']), float(saved['since']))
+            except (OSError, ValueError, KeyError, TypeError):
+                pause = None
         if pause is not None:
             return {'state': 'paused', 'kind': pause[0], 'diagnostic': pause[1], 'since': pause[2]}
         state = 'capturing' if self.settings.active else 'off'
@@ -274,6 +282,7 @@ class CaptureStore:
             raise self._fault(exc, 'repairing the index') from None
         with self._lock:
             self._pause = None
+        self._save_pause(None)
         return int(count)
 
     def close(self) -> None:
@@ -395,11 +404,29 @@ class CaptureStore:
 
     def _set_pause(self, kind: str | None, diagnostic: str) -> None:
         with self._lock:
+            before = self._pause
             if kind is None:
                 if self._pause is not None and self._pause[0] != 'corrupt':
                     self._pause = None
             elif self._pause is None or self._pause[0] != kind:
                 self._pause = (kind, diagnostic, self.clock())
+            after = self._pause
+        if after != before:
+            self._save_pause(after)
+
+    def _save_pause(self, pause: tuple[str, str, float] | None) -> None:
+        """Leave the pause (or its end) in ``pause.json`` for other processes.
+
+        Best effort: a full disk may refuse it, then only this process knows.
+        """
+        path = self.root / PAUSE_FILE
+        try:
+            if pause is None:
+                path.unlink(missing_ok=True)
+            elif self.root.exists():
+                write_json_atomic(path, {'kind': pause[0], 'diagnostic': pause[1], 'since': pause[2]})
+        except OSError:
+            pass
 
     def _fault(self, exc: BaseException, what: str) -> CaptureError:
         """Pause capture for a storage fault; return the CaptureError to raise (with the diagnostic)."""
@@ -417,4 +444,6 @@ class CaptureStore:
             kind, text = 'io', f'capture paused while {what}: {type(exc).__name__}: {exc}'
         with self._lock:
             self._pause = (kind, text, self.clock())
+            pause = self._pause
+        self._save_pause(pause)
         return CaptureError(text)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 
@@ -56,8 +56,12 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         self.token = token
         self._streams_lock = threading.Lock()
         self._streams: set[EpisodeStream] = set()
+        #: called before each lookup: retires deployments deleted from the registry (``seq delete``)
+        self.before_lookup: Callable[[], None] | None = None
 
     def _runtime(self, name: str) -> DeploymentRuntime:
+        if self.before_lookup is not None:
+            self.before_lookup()
         if not name and len(self.runtimes) == 1:
             return next(iter(self.runtimes.values()))
         runtime = self.runtimes.get(name)
