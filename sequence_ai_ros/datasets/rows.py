@@ -155,7 +155,7 @@ def build_rows(episode: CapturedEpisode, fps: float, space: ActionSpace, state_d
         if cell is None or k > cell['k']:
             if absolute:
                 a = cmd if fresh else last_cmd
-                p = pol if fresh else last_policy
+                p = pol if fresh else a
             else:
                 a = np.zeros(action_dim, np.float32)
                 p = np.zeros(action_dim, np.float32)
