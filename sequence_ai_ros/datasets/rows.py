@@ -105,7 +105,6 @@ def build_rows(episode: CapturedEpisode, fps: float, space: ActionSpace, state_d
     t0: float | None = None
     cell: dict | None = None   # the row being built
     last_cmd = np.zeros(action_dim, np.float32)
-    last_policy = last_cmd
     pending_v: tuple[float, np.ndarray, np.ndarray] | None = None   # velocity: the tick awaiting its duration
 
     def close(c: dict) -> None:
@@ -169,7 +168,7 @@ def build_rows(episode: CapturedEpisode, fps: float, space: ActionSpace, state_d
             if not absolute and fresh:
                 cell['held'] = False
         if fresh:
-            last_cmd, last_policy = cmd, pol
+            last_cmd = cmd
             if not absolute:
                 if velocity:
                     pending_v = (frame.robot_time_s, cmd, pol)
