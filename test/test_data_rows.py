@@ -131,7 +131,8 @@ def test_safety_clamps_and_holds_are_the_rows(tmp_path: Path) -> None:
               _frame(3 / 30, [0, 0, 0], [0.9, 0.5, 0.5])]
     _, ep = _episode(store, 'clamp', _contract(), frames)
     rows = build_rows(ep, 30, ActionSpace.JOINT_ABSOLUTE, 3, 3, [])
-    np.testing.assert_array_equal(rows.action[:, 0], np.array([0.5, 1.0, 1.0, 0.9], np.float32))   # the hold repeats the command
+    # the hold repeats the command
+    np.testing.assert_array_equal(rows.action[:, 0], np.array([0.5, 1.0, 1.0, 0.9], np.float32))
     np.testing.assert_array_equal(rows.policy_action[:, 0], np.array([0.5, 1.38, 1.0, 0.9], np.float32))
     assert rows.clamped.tolist() == [False, True, False, False] and rows.held.tolist() == [False, False, True, False]
 
