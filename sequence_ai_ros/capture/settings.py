@@ -28,6 +28,8 @@ DEFAULT_FPS = 15.0
 #: Days a captured episode is kept.
 DEFAULT_RETENTION_DAYS = 30.0
 MAX_FPS = 60.0
+#: The highest row rate taken from a policy's dt (a 100 Hz policy exports at 100 fps).
+MAX_POLICY_FPS = 1000.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +77,7 @@ class CaptureSettings:
         return self.enabled and self.rate > 0.0
 
     def row_fps(self, dt: float | None) -> float:
-        """Return the row rate (Hz): ``fps`` when set, else the policy's ``round(1 / dt)`` within 1..60.
+        """Return the row rate (Hz): ``fps`` when set, else the policy's ``round(1 / dt)`` within 1..1000.
 
         When 1/dt is not a whole number (e.g. dt = 0.15 s, 6.67 Hz) the rows come at the nearest whole
         rate (7 Hz) and the ticks are mapped to rows by time (see :mod:`sequence_ai_ros.datasets.rows`).
@@ -84,7 +86,7 @@ class CaptureSettings:
             return float(self.fps)
         if not dt or not math.isfinite(dt) or dt <= 0:
             return float(DEFAULT_FPS)
-        return float(min(MAX_FPS, max(1.0, round(1.0 / dt))))
+        return float(min(MAX_POLICY_FPS, max(1.0, round(1.0 / dt))))
 
     def keeps(self, episode_id: str) -> bool:
         """Return True when this episode is sampled (see the module docstring; ignores ``enabled``)."""
