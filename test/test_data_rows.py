@@ -205,8 +205,11 @@ def test_stats_match_lerobot_compute_stats_on_the_same_frames() -> None:
         width = (np.asarray(ref[key]['max']) - np.asarray(ref[key]['min'])) / lerobot_stats.QUANTILE_BINS
         for stat, value in ref[key].items():
             tol = max(float(np.max(width)), 1e-6) if stat.startswith('q') else 1e-6   # one histogram bin
+            # LeRobot reduces pixels in float32 (E[x^2] - E[x]^2): its image std is off by ~1e-4 relative;
+            # ours comes from exact per-value counts (ImageStats)
+            rtol = 1e-3 if key.startswith('observation.images') and stat == 'std' else 1e-6
             np.testing.assert_allclose(np.asarray(ours[stat], np.float64), np.asarray(value, np.float64),
-                                       atol=tol, rtol=1e-6, err_msg=f'{key} {stat}')
+                                       atol=tol, rtol=rtol, err_msg=f'{key} {stat}')
 
 
 def test_a_store_written_before_this_change_still_exports(tmp_path: Path, capsys) -> None:

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -176,44 +174,37 @@ def write_camera(e: CapturedEpisode, key: str, ticks: np.ndarray, writer: VideoW
 
     A frame that cannot be decoded is replaced by the previous good frame (black before one), and counted.
 
-    Frames are decoded one ahead in a named thread (Pillow frees the GIL); memory is one or two frames
-    plus the stats samples (LeRobot's sampling: at most ~N**0.75 frames downsampled to ~150 px).
+    Frames are decoded in this thread, one at a time, and the stats samples (LeRobot's sampling: ~N**0.75
+    frames downsampled to ~150 px) are counted as they pass (:class:`~.stats.ImageStats`): memory stays one
+    frame, whatever the episode's length.
     """
     n = len(ticks)
-    wanted = lerobot_stats.sample_indices(n)
-    want = set(wanted)
-    samples: dict[int, np.ndarray] = {}
+    want = set(lerobot_stats.sample_indices(n))
+    acc = lerobot_stats.ImageStats()
     bad = 0
     last = np.zeros((size[0], size[1], 3), np.uint8)
     row = 0
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix='export-decode') as pool:
-        for fut, repeat in _ahead(pool, row_images(e, key, ticks)):
-            try:
-                rgb = fut.result()
-                if rgb.shape[:2] != size:
-                    raise ContractViolation(f'{rgb.shape[1]}x{rgb.shape[0]}, the video is {size[1]}x{size[0]}')
-                last = rgb
-            except ContractViolation:
-                bad += 1
-            for _ in range(repeat):
-                writer.write(last)
-                if row in want:
-                    samples[row] = lerobot_stats.downsample(last.transpose(2, 0, 1))
-                row += 1
+    for image, repeat in row_images(e, key, ticks):
+        try:
+            rgb = _rgb(image)
+            if rgb.shape[:2] != size:
+                raise ContractViolation(f'{rgb.shape[1]}x{rgb.shape[0]}, the video is {size[1]}x{size[0]}')
+            last = rgb
+        except ContractViolation:
+            bad += 1
+        for _ in range(repeat):
+            writer.write(last)
+            if row in want:
+                acc.add(_sample(last))
+            row += 1
     while row < n:   # a frame the records no longer hold: repeat the last
         writer.write(last)
         if row in want:
-            samples[row] = lerobot_stats.downsample(last.transpose(2, 0, 1))
+            acc.add(_sample(last))
         row += 1
-    return lerobot_stats.image_stats(np.stack([samples[i] for i in wanted])), bad
+    return acc.result(), bad
 
 
-def _ahead(pool: ThreadPoolExecutor, images: Iterator[tuple[pb.Image, int]]) -> Iterator[tuple[Any, int]]:
-    pending = None
-    for image, repeat in images:
-        fut = pool.submit(_rgb, image)
-        if pending is not None:
-            yield pending
-        pending = (fut, repeat)
-    if pending is not None:
-        yield pending
+def _sample(rgb: np.ndarray) -> np.ndarray:
+    """Return a stats sample of one (H, W, 3) frame: (3, h, w), downsampled as LeRobot does."""
+    return lerobot_stats.downsample(rgb.transpose(2, 0, 1))

@@ -108,16 +108,61 @@ def feature_stats(array: np.ndarray) -> dict[str, np.ndarray]:
     return out
 
 
+class ImageStats:
+    """Per-channel stats of uint8 sampled frames, accumulated one frame at a time in constant memory.
+
+    A uint8 channel takes 256 values, so a per-value count (``np.bincount``) holds everything: min, max,
+    mean and mean of squares come from it exactly, and LeRobot's 5,000-bin histogram over
+    ``[min - 1e-10, max + 1e-10]`` is the per-value counts placed in those bins (the same counts
+    ``np.histogram`` gives on the pixels). LeRobot holds every sampled pixel in float32 at once
+    (gigabytes for a long episode); this holds 256 counts per channel.
+    """
+
+    def __init__(self) -> None:
+        self.frames = 0
+        self._counts: np.ndarray | None = None   # (C, 256) int64
+
+    def add(self, chw: np.ndarray) -> None:
+        """Count one uint8 (C, H, W) frame (already downsampled as LeRobot samples it)."""
+        counts = np.stack([np.bincount(chw[c].reshape(-1), minlength=256) for c in range(chw.shape[0])])
+        self._counts = counts if self._counts is None else self._counts + counts
+        self.frames += 1
+
+    def result(self) -> dict[str, np.ndarray]:
+        """Return min, max, mean, std, q01..q99 divided by 255, shaped (C, 1, 1), and ``count`` = [frames]."""
+        counts = self._counts
+        values = np.arange(256, dtype=np.float64)
+        out: dict[str, list] = {}
+        for c in range(counts.shape[0]):
+            n = counts[c].sum()
+            present = np.flatnonzero(counts[c])
+            lo, hi = float(present[0]), float(present[-1])
+            mean = float((values * counts[c]).sum() / n)
+            var = float((values ** 2 * counts[c]).sum() / n) - mean ** 2
+            row = {'min': lo, 'max': hi, 'mean': mean, 'std': float(np.sqrt(max(0.0, var)))}
+            if n < 2:
+                row.update({k: mean for k in _quantile_keys()})
+            else:
+                edges = np.linspace(lo - 1e-10, hi + 1e-10, QUANTILE_BINS + 1)
+                cum = np.cumsum(np.histogram(values, bins=edges, weights=counts[c])[0])
+                row.update({k: _from_histogram(cum, edges, q * n) for k, q in zip(_quantile_keys(), QUANTILES,
+                                                                                    strict=True)})
+            for k, v in row.items():
+                out.setdefault(k, []).append(v)
+        stats = {k: (np.array(v) / 255.0).reshape(-1, 1, 1) for k, v in out.items()}
+        stats['count'] = np.array([self.frames])
+        return stats
+
+
 def image_stats(samples: np.ndarray) -> dict[str, np.ndarray]:
     """Return per-channel stats of uint8 (S, 3, H, W) sampled frames, divided by 255, shaped (3, 1, 1).
 
-    ``count`` is S (the number of sampled frames), as LeRobot's.
+    ``count`` is S (the number of sampled frames), as LeRobot's. See :class:`ImageStats`.
     """
-    channels = samples.shape[1]
-    out = _vector_stats(samples.transpose(0, 2, 3, 1).reshape(-1, channels))
-    stats = {k: (v / 255.0).reshape(channels, 1, 1) for k, v in out.items()}
-    stats['count'] = np.array([len(samples)])
-    return stats
+    acc = ImageStats()
+    for chw in samples:
+        acc.add(chw)
+    return acc.result()
 
 
 def aggregate(episodes: list[dict[str, dict[str, np.ndarray]]]) -> dict[str, dict[str, np.ndarray]]:
