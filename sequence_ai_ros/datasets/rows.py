@@ -23,7 +23,9 @@ either side of ``t_k``). Then:
 2, 2, 3, 4, 4, 5, 5... (row 1 spans [16.7, 50) ms); rows take the ticks at 0, 20, 60, 100, 120, 160 ms...,
 each the command in effect at 0, 33.3, 66.7, 100, 133.3, 166.7 ms. A 30 Hz caller against a 30 Hz
 policy gives each tick its own row. A cell with no tick (a stall longer than a row) becomes a held
-row (previous state and frames; absolute: the previous command, delta/velocity: zero). Trailing held
+row (previous state and frames; absolute: the previous command, delta/velocity: zero), so the timeline
+stays true; the ticks that catch up after such a stall can share a cell: in delta and velocity spaces
+they are summed (nothing lost), in absolute spaces the first one is the row's command. Trailing held
 rows (after the last command) are dropped. When 1/dt is not a whole number the rows come at
 ``round(1/dt)`` Hz (see :meth:`CaptureSettings.row_fps`) by the same rule.
 
