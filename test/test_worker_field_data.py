@@ -97,3 +97,42 @@ def test_seq_delete_while_serving_stops_serving_and_capturing_it(tmp_path, seq_h
         server.stop()   # flushes usage: the deleted deployment's row must not come back
     assert 'fast' not in read_usage(seq_home / 'usage.sqlite')
     assert not (seq_home / 'capture' / 'fast').exists()
+
+
+def test_a_loop_that_clamps_reports_what_it_commanded(tmp_path):
+    """next_action() + report_command(): the rows hold the clamped command, the policy's action beside it."""
+    import time
+
+    import pyarrow.parquet as pq
+
+    from sequence_ai_ros.client import connect
+    from sequence_ai_ros.datasets.lerobot_writer import export_lerobot
+    from sequence_ai_ros.protocol.types import Observation
+
+    root = tmp_path / 'capture'
+    save_settings(root / 'fast', CaptureSettings(rate=1.0, enabled=True))
+    sent = []
+    with serve_policy_file(POLICIES / 'fast.py', 'fast', dim=4, capture_root=root) as server, \
+            connect('fast', endpoint=f'127.0.0.1:{server.port}') as policy:
+        policy.wait_until_ready()
+        policy.begin_episode('reach')
+        t0 = time.monotonic()
+        for k in range(60):
+            now = t0 + k / 30
+            time.sleep(max(0.0, now - time.monotonic()))
+            obs = Observation(state=np.full(4, 0.8, np.float32), state_names=tuple(NAMES), timestamp=now)
+            action = policy.next_action(obs, now=now)
+            if action is None or action.hold:
+                continue
+            commanded = np.clip(action.values, -0.5, 0.5)          # the robot's safety limit
+            policy.report_command(commanded, clamped=bool((commanded != action.values).any()))
+            sent.append(commanded)
+        out = policy.end_episode('completed')
+    assert out.telemetry_rejected == 0 and sent
+    store = CaptureStore(root / 'fast', 'fast')
+    export_lerobot(store, tmp_path / 'ds', progress=False)
+    rows = pq.read_table(tmp_path / 'ds/data/chunk-000/episode_000000.parquet').to_pydict()
+    fresh = ~np.array(rows['action.held'])
+    np.testing.assert_array_equal(np.array(rows['action'], np.float32)[fresh], np.array(sent, np.float32)[:fresh.sum()])
+    assert np.array(rows['action.clamped'])[fresh].all()
+    np.testing.assert_allclose(np.array(rows['action.policy'])[fresh], 0.8, atol=1e-6)
