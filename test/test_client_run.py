@@ -235,23 +235,23 @@ def test_captured_episode_rows_are_the_executed_actions_and_it_takes_a_label(ser
     from sequence_ai_ros.datasets.scoreboard import plot_episode, scoreboard
 
     save_settings(tmp_path / 'lat', CaptureSettings(rate=1.0, enabled=True))
-    endpoint = serve(mean_s=0.003, dt=0.01, chunk_length=20, capture_root=tmp_path)
+    endpoint = serve(mean_s=0.003, dt=0.05, chunk_length=20, capture_root=tmp_path)
     robot = CountingRobot()
     with connect('lat', endpoint=endpoint) as policy:
-        out = policy.run(robot.observe, robot.act, max_actions=150, instruction='wipe')
+        out = policy.run(robot.observe, robot.act, max_actions=60, instruction='wipe')
         assert policy.label(True, notes='clean') is True              # stored with the captured episode
         assert out.telemetry_rejected == 0
     store = CaptureStore(tmp_path / 'lat', deployment='lat')
     [episode] = store.episodes()
     assert episode.episode_id == out.episode_id and episode.instruction == 'wipe'
-    assert episode.label['success'] is True and episode.stats['actions'] == 150 and episode.fps == 100
+    assert episode.label['success'] is True and episode.stats['actions'] == 60 and episode.fps == 20
     res = export_lerobot(store, tmp_path / 'ds', lerobot_version='3.0', progress=False)
     rows = pq.read_table(tmp_path / 'ds/data/chunk-000/file-000.parquet').to_pydict()
     held = np.array(rows['action.held'])
     executed = np.array([a.values for a in robot.actions], np.float32)
-    assert res['fps'] == 100 and res['frames'] == len(robot.actions) + int(held.sum()) == out.actions + int(held.sum())
+    assert res['fps'] == 20 and res['frames'] == len(robot.actions) + int(held.sum()) == out.actions + int(held.sum())
     np.testing.assert_array_equal(np.array(rows['action'], np.float32)[~held], executed)
-    np.testing.assert_allclose(rows['timestamp'], np.arange(res['frames']) / 100, atol=1e-6)
+    np.testing.assert_allclose(rows['timestamp'], np.arange(res['frames']) / 20, atol=1e-6)
     [row] = scoreboard(store.runs())
     assert (row['episodes'], row['successes'], row['labelled']) == (1, 1, 1) and row['ended'] == {'completed': 1}
     assert row['latency_p95_ms'] and row['latency_p95_ms'] > 0

@@ -24,8 +24,10 @@ either side of ``t_k``). Then:
 each the command in effect at 0, 33.3, 66.7, 100, 133.3, 166.7 ms. A 30 Hz caller against a 30 Hz
 policy gives each tick its own row. A cell with no tick (a stall longer than a row) becomes a held
 row (previous state and frames; absolute: the previous command, delta/velocity: zero), so the timeline
-stays true; the ticks that catch up after such a stall can share a cell: in delta and velocity spaces
-they are summed (nothing lost), in absolute spaces the first one is the row's command. Trailing held
+stays true. A tick that arrives late (after a stall) and then shares its cell with the next, on-time
+tick fills the stall's last held row instead (absolute and delta spaces), so a fixed-step loop that
+falls behind and catches up loses no executed step; otherwise ticks sharing a cell are summed (delta,
+velocity) or the first one is the row's command (absolute). Trailing held
 rows (after the last command) are dropped. When 1/dt is not a whole number the rows come at
 ``round(1/dt)`` Hz (see :meth:`CaptureSettings.row_fps`) by the same rule.
 
@@ -100,8 +102,8 @@ def build_rows(episode: CapturedEpisode, fps: float, space: ActionSpace, state_d
     absolute = space.is_absolute
     velocity = not absolute and 'velocity' in space.value
     period = 1.0 / fps
-    rows: dict[str, list] = {k: [] for k in ('state', 'action', 'policy', 'clamped', 'held')}
-    ticks: dict[str, list[int]] = {k: [] for k in camera_keys}
+    rows: dict[str, list] = {k: [] for k in ('state', 'action', 'policy', 'clamped', 'held', 'k', 'frames')}
+    gap_rows: list[int] = []   # indices of rows a stall left held (a late tick may still claim the last one)
     latest: dict[str, int] = {}
     skipped, problem = 0, ''
     t0: float | None = None
@@ -109,14 +111,14 @@ def build_rows(episode: CapturedEpisode, fps: float, space: ActionSpace, state_d
     last_cmd = np.zeros(action_dim, np.float32)
     pending_v: tuple[float, np.ndarray, np.ndarray] | None = None   # velocity: the tick awaiting its duration
 
-    def close(c: dict) -> None:
-        rows['state'].append(c['state'])
-        rows['action'].append(c['action'])
-        rows['policy'].append(c['policy'])
-        rows['clamped'].append(c['clamped'])
-        rows['held'].append(c['held'])
-        for key in camera_keys:
-            ticks[key].append(c['frames'].get(key, -1))
+    def close(c: dict, at: int | None = None) -> None:
+        values = {'state': c['state'], 'action': c['action'], 'policy': c['policy'], 'clamped': c['clamped'],
+                  'held': c['held'], 'k': c['k'], 'frames': c['frames']}
+        for name, value in values.items():
+            if at is None:
+                rows[name].append(value)
+            else:
+                rows[name][at] = value
 
     for i, frame in enumerate(_frames(episode)):
         try:
@@ -132,7 +134,7 @@ def build_rows(episode: CapturedEpisode, fps: float, space: ActionSpace, state_d
             problem = problem or f'telemetry frame {i}: {exc}'
             continue
         for image in frame.images:
-            if image.key in ticks:
+            if image.key in camera_keys:
                 latest[image.key] = i
         fresh = cmd is not None and not frame.hold
         if t0 is None:
@@ -152,6 +154,14 @@ def build_rows(episode: CapturedEpisode, fps: float, space: ActionSpace, state_d
             for gap in range(cell['k'] + 1, k):   # a stall: held rows keep the timeline
                 hold_cmd = prev['action'] if absolute else np.zeros(action_dim, np.float32)
                 close({**prev, 'k': gap, 'action': hold_cmd, 'policy': hold_cmd, 'held': True, 'clamped': False})
+                gap_rows.append(len(rows['state']) - 1)
+            cell = None
+        late = (cell is not None and fresh and not velocity and cell['fresh'] == 1 and bool(gap_rows)
+                and gap_rows[-1] == len(rows['state']) - 1 and rows['k'][-1] == cell['k'] - 1)
+        if late:
+            # The cell's only tick was late (after a stall) and this one is on time: the late tick fills the
+            # stall's last held row, this one takes the cell, so no executed step is merged away.
+            close({**cell, 'k': cell['k'] - 1}, at=gap_rows.pop())
             cell = None
         if cell is None or k > cell['k']:
             if absolute:
@@ -161,7 +171,7 @@ def build_rows(episode: CapturedEpisode, fps: float, space: ActionSpace, state_d
                 a = np.zeros(action_dim, np.float32)
                 p = np.zeros(action_dim, np.float32)
             cell = {'k': k, 'state': state, 'action': np.array(a, np.float32), 'policy': np.array(p, np.float32),
-                    'clamped': bool(frame.clamped), 'held': not fresh,
+                    'clamped': bool(frame.clamped), 'held': not fresh, 'fresh': 0,
                     'frames': {key: latest.get(key, -1) for key in camera_keys}}
             if not absolute and fresh:
                 cell['held'] = False
@@ -171,6 +181,7 @@ def build_rows(episode: CapturedEpisode, fps: float, space: ActionSpace, state_d
                 cell['held'] = False
         if fresh:
             last_cmd = cmd
+            cell['fresh'] += 1
             if not absolute:
                 if velocity:
                     pending_v = (frame.robot_time_s, cmd, pol)
@@ -187,7 +198,7 @@ def build_rows(episode: CapturedEpisode, fps: float, space: ActionSpace, state_d
         n -= 1
     frame_ticks = {}
     for key in camera_keys:
-        arr = np.array(ticks[key][:n], np.int64)
+        arr = np.array([f.get(key, -1) for f in rows['frames'][:n]], np.int64)
         known = arr[arr >= 0]
         if len(known) and (arr < 0).any():
             arr[arr < 0] = known[0]   # rows before the camera's first frame show that frame
