@@ -123,6 +123,19 @@ def test_a_loop_that_falls_behind_and_catches_up_loses_no_step(tmp_path: Path) -
     np.testing.assert_array_equal(rows.state[:, 0], np.arange(10))
 
 
+def test_a_longer_stall_with_several_late_ticks_loses_no_step(tmp_path: Path) -> None:
+    """Ticks 3, 4, 5 come 0.32 s late, 0.15 s late and on time (catching up): still ten rows, ten steps."""
+    store = make_store(tmp_path / 'late2')
+    times = [0.2 * i for i in range(10)]
+    times[3] += 0.32
+    times[4] += 0.15
+    frames = [_frame(t, np.full(3, i), np.full(3, 10 + i)) for i, t in enumerate(times)]
+    _, ep = _episode(store, 'late2', _contract(dt=0.2), frames)
+    rows = build_rows(ep, 5, ActionSpace.JOINT_ABSOLUTE, 3, 3, [])
+    np.testing.assert_array_equal(rows.action[:, 0], np.arange(10, 20))
+    assert len(rows) == 10 and not rows.held.any()
+
+
 def test_delta_rows_sum_the_ticks_so_the_commanded_path_is_kept(tmp_path: Path) -> None:
     store = make_store(tmp_path / 'd')
     rng = np.random.default_rng(5)

@@ -24,10 +24,11 @@ either side of ``t_k``). Then:
 each the command in effect at 0, 33.3, 66.7, 100, 133.3, 166.7 ms. A 30 Hz caller against a 30 Hz
 policy gives each tick its own row. A cell with no tick (a stall longer than a row) becomes a held
 row (previous state and frames; absolute: the previous command, delta/velocity: zero), so the timeline
-stays true. A tick that arrives late (after a stall) and then shares its cell with the next, on-time
-tick fills the stall's last held row instead (absolute and delta spaces), so a fixed-step loop that
-falls behind and catches up loses no executed step; otherwise ticks sharing a cell are summed (delta,
-velocity) or the first one is the row's command (absolute). Trailing held
+stays true. Ticks that arrive late (after a stall, one per row) and then share a cell with the next
+tick move back one row each, filling the stall's last held row (absolute and delta spaces, at most
+``MAX_CATCH_UP`` rows back), so a fixed-step loop that falls behind and catches up loses no executed
+step; otherwise ticks sharing a cell are summed (delta, velocity) or the first one is the row's
+command (absolute). Trailing held
 rows (after the last command) are dropped. When 1/dt is not a whole number the rows come at
 ``round(1/dt)`` Hz (see :meth:`CaptureSettings.row_fps`) by the same rule.
 
@@ -54,6 +55,9 @@ from sequence_ai_ros.exceptions import ContractViolation
 from sequence_ai_ros.protocol import codec
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.spaces import ActionSpace
+
+#: How many rows back a late tick may be moved to fill a stall's held row (see the module docstring).
+MAX_CATCH_UP = 8
 
 
 @dataclasses.dataclass
@@ -102,7 +106,7 @@ def build_rows(episode: CapturedEpisode, fps: float, space: ActionSpace, state_d
     absolute = space.is_absolute
     velocity = not absolute and 'velocity' in space.value
     period = 1.0 / fps
-    rows: dict[str, list] = {k: [] for k in ('state', 'action', 'policy', 'clamped', 'held', 'k', 'frames')}
+    rows: dict[str, list] = {k: [] for k in ('state', 'action', 'policy', 'clamped', 'held', 'k', 'frames', 'fresh')}
     gap_rows: list[int] = []   # indices of rows a stall left held (a late tick may still claim the last one)
     latest: dict[str, int] = {}
     skipped, problem = 0, ''
@@ -113,7 +117,7 @@ def build_rows(episode: CapturedEpisode, fps: float, space: ActionSpace, state_d
 
     def close(c: dict, at: int | None = None) -> None:
         values = {'state': c['state'], 'action': c['action'], 'policy': c['policy'], 'clamped': c['clamped'],
-                  'held': c['held'], 'k': c['k'], 'frames': c['frames']}
+                  'held': c['held'], 'k': c['k'], 'frames': c['frames'], 'fresh': c.get('fresh', 0)}
         for name, value in values.items():
             if at is None:
                 rows[name].append(value)
@@ -153,15 +157,23 @@ def build_rows(episode: CapturedEpisode, fps: float, space: ActionSpace, state_d
             prev = cell
             for gap in range(cell['k'] + 1, k):   # a stall: held rows keep the timeline
                 hold_cmd = prev['action'] if absolute else np.zeros(action_dim, np.float32)
-                close({**prev, 'k': gap, 'action': hold_cmd, 'policy': hold_cmd, 'held': True, 'clamped': False})
+                close({**prev, 'k': gap, 'action': hold_cmd, 'policy': hold_cmd, 'held': True, 'clamped': False,
+                       'fresh': 0})
                 gap_rows.append(len(rows['state']) - 1)
             cell = None
-        late = (cell is not None and fresh and not velocity and cell['fresh'] == 1 and bool(gap_rows)
-                and gap_rows[-1] == len(rows['state']) - 1 and rows['k'][-1] == cell['k'] - 1)
+        g = gap_rows[-1] if gap_rows else -1
+        late = (cell is not None and fresh and not velocity and cell['fresh'] == 1 and g >= 0
+                and len(rows['state']) - g <= MAX_CATCH_UP and rows['k'][-1] == cell['k'] - 1
+                and all(rows['fresh'][j] == 1 for j in range(g + 1, len(rows['state']))))
         if late:
-            # The cell's only tick was late (after a stall) and this one is on time: the late tick fills the
-            # stall's last held row, this one takes the cell, so no executed step is merged away.
-            close({**cell, 'k': cell['k'] - 1}, at=gap_rows.pop())
+            # The ticks since a stall's last held row were each one late: move them back one row (the
+            # held row is filled), and this tick takes the cell, so no executed step is merged away.
+            gap_rows.pop()
+            for name in rows:
+                rows[name][g:-1] = rows[name][g + 1:]
+            close({**cell, 'k': cell['k'] - 1}, at=len(rows['state']) - 1)
+            for j in range(g, len(rows['state']) - 1):
+                rows['k'][j] -= 1
             cell = None
         if cell is None or k > cell['k']:
             if absolute:
