@@ -221,23 +221,41 @@ def test_next_action_at_50hz_plays_a_30hz_policy_at_its_recorded_speed(serve):
     assert stats['chunks'] >= 2 and out.reason == 'interrupted' and out.actions >= 30
 
 
-def test_captured_episode_gets_telemetry_at_capture_fps_and_a_label(serve, tmp_path):
+def test_captured_episode_rows_are_the_executed_actions_and_it_takes_a_label(serve, tmp_path):
+    """Capture at rate 1, default row rate (1/dt): one row per executed action, at k/fps, as act() got it.
+
+    Plus the label, the scoreboard and the episode picture.
+    """
+    import pyarrow.parquet as pq
+
     from sequence_ai_ros.capture.settings import CaptureSettings, save_settings
     from sequence_ai_ros.capture.store import CaptureStore
+    from sequence_ai_ros.datasets.lerobot_writer import export_lerobot
+    from sequence_ai_ros.datasets.scoreboard import plot_episode, scoreboard
 
-    save_settings(tmp_path / 'lat', CaptureSettings(rate=1.0, enabled=True, fps=20))
-    endpoint = serve(mean_s=0.003, dt=0.01, chunk_length=20, capture_root=tmp_path)
+    save_settings(tmp_path / 'lat', CaptureSettings(rate=1.0, enabled=True))
+    endpoint = serve(mean_s=0.003, dt=0.05, chunk_length=20, capture_root=tmp_path)
     robot = CountingRobot()
     with connect('lat', endpoint=endpoint) as policy:
-        out = policy.run(robot.observe, robot.act, max_actions=150, instruction='wipe')
+        out = policy.run(robot.observe, robot.act, max_actions=60, instruction='wipe')
         assert policy.label(True, notes='clean') is True              # stored with the captured episode
-    [episode] = CaptureStore(tmp_path / 'lat', deployment='lat').episodes()
-    frames = [f for _, f in episode.telemetry()]
+        assert out.telemetry_rejected == 0
+    store = CaptureStore(tmp_path / 'lat', deployment='lat')
+    [episode] = store.episodes()
     assert episode.episode_id == out.episode_id and episode.instruction == 'wipe'
-    assert episode.label['success'] is True and episode.stats['actions'] == 150
-    assert abs(len(frames) - 20 * out.elapsed_s) <= 3                 # streamed at capture_fps
-    executed = [f for f in frames if not f.hold]
-    assert executed and all(len(f.action.shape) == 1 for f in executed)
+    assert episode.label['success'] is True and episode.stats['actions'] == 60 and episode.fps == 20
+    res = export_lerobot(store, tmp_path / 'ds', lerobot_version='3.0', progress=False)
+    rows = pq.read_table(tmp_path / 'ds/data/chunk-000/file-000.parquet').to_pydict()
+    held = np.array(rows['action.held'])
+    executed = np.array([a.values for a in robot.actions], np.float32)
+    assert res['fps'] == 20 and res['frames'] == len(robot.actions) + int(held.sum()) == out.actions + int(held.sum())
+    np.testing.assert_array_equal(np.array(rows['action'], np.float32)[~held], executed)
+    np.testing.assert_allclose(rows['timestamp'], np.arange(res['frames']) / 20, atol=1e-6)
+    [row] = scoreboard(store.runs())
+    assert (row['episodes'], row['successes'], row['labelled']) == (1, 1, 1) and row['ended'] == {'completed': 1}
+    assert row['latency_p95_ms'] and row['latency_p95_ms'] > 0
+    png = plot_episode(store, out.episode_id, tmp_path / 'ep.png')
+    assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b'\x89PNG'
 
 
 def test_connect_endpoint_token_and_typed_errors(serve, monkeypatch):

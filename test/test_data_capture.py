@@ -14,7 +14,7 @@ from test_data_support import FakeClock, feed_g1, make_store
 
 from sequence_ai_ros.capture.records import REQUEST, read_records
 from sequence_ai_ros.capture.settings import CaptureSettings, load_settings, sample_value, save_settings
-from sequence_ai_ros.capture.store import CaptureStore, EpisodeNotCaptured, UnknownEpisode
+from sequence_ai_ros.capture.store import CaptureStore, UnknownEpisode
 from sequence_ai_ros.datasets.lerobot_reader import LeRobotDataset
 from sequence_ai_ros.exceptions import CaptureError, ConfigError
 from sequence_ai_ros.protocol import codec
@@ -71,8 +71,8 @@ def test_off_keeps_nothing_new_and_keeps_what_was_kept(tmp_path: Path) -> None:
     assert _tiny(store, 'b') is None
     assert store.status()['state'] == 'off'
     assert [e.episode_id for e in store.episodes()] == ['a']
-    with pytest.raises(EpisodeNotCaptured, match='capture is off'):
-        store.label('b', True)
+    store.label('b', True)   # seen while capture was off: labelled, still not captured
+    assert store.index.pending_label('b')['success'] is True
 
 
 def test_captured_episode_is_kept_whole_with_images(tmp_path: Path, g1: LeRobotDataset) -> None:
@@ -144,14 +144,17 @@ def test_labels_reach_the_episode_with_clear_errors(tmp_path: Path) -> None:
         store.label('never-seen', True)
     save_settings(store.root, CaptureSettings(rate=0.0, enabled=True))
     assert store.begin('skipped', 'x', None) is None
-    with pytest.raises(EpisodeNotCaptured, match='not sampled'):
-        store.label('skipped', True)
+    store.label('skipped', True, 'seen, not captured')   # every episode the worker saw takes a label
+    assert store.index.pending_label('skipped')['notes'] == 'seen, not captured'
+    assert 'skipped' not in {e.episode_id for e in store.episodes()}
     with pytest.raises(LookupError):  # the worker catches LookupError
         store.label('never-seen', False)
     unconfigured = CaptureStore(tmp_path / 'none', 'none')
-    with pytest.raises(EpisodeNotCaptured, match='not configured'):
+    with pytest.raises(UnknownEpisode):
         unconfigured.label('x', True)
-    assert unconfigured.begin('x') is None and not (tmp_path / 'none').exists()
+    assert unconfigured.begin('x') is None    # capture never configured: not captured, but seen
+    unconfigured.label('x', False, 'labelled anyway')
+    assert unconfigured.episodes() == []
 
 
 def test_duplicate_and_empty_episode_ids_are_refused(tmp_path: Path) -> None:
@@ -181,8 +184,7 @@ def test_quota_pauses_capture_and_keeps_what_was_kept(tmp_path: Path, g1: LeRobo
     assert len(store.episodes()[0].telemetry()) == 10
     save_settings(root, CaptureSettings(rate=1.0, enabled=True, images=True, quota_bytes=used))
     assert store.begin('third', 'x', None) is None  # at the quota: stays paused
-    with pytest.raises(EpisodeNotCaptured, match='paused'):
-        store.label('third', True)
+    store.label('third', True)   # seen while paused: labelled (for the scoreboard), not captured
     save_settings(root, CaptureSettings(rate=1.0, enabled=True, images=True, quota_bytes=used * 10))
     assert feed_g1(store, 'fourth', g1, frames=5) is not None  # room again: capture resumes
     assert store.status()['state'] == 'capturing'
@@ -313,8 +315,7 @@ def test_kill9_during_capture_then_export_loads_every_committed_episode(tmp_path
     store = CaptureStore(root, 'wx', clock=FakeClock())
     assert [e.episode_id for e in store.episodes()] == ['done-0', 'done-1', 'done-2']
     assert not any((root / 'staging').iterdir())  # the dead writer's staging is gone
-    with pytest.raises(EpisodeNotCaptured, match='not kept'):
-        store.label('half', True)
+    store.label('half', True)   # seen (its capture died with the process): the label is kept
     store.label('done-1', True)
     res = export_lerobot(store, tmp_path / 'lerobot', progress=False)
     assert res['episodes'] == 3 and res['frames'] == 90 and res['skipped'] == []

@@ -10,7 +10,11 @@ exported end to end (JPEG decode, parquet, stats, video encode; after a small un
 It also times ``EpisodeCapture.add_request`` + ``add_telemetry`` with images (the capture work the worker
 does per request; p50/p99 in ms), and capture's overhead on chunk latency through a real worker (gRPC on
 127.0.0.1): a hold policy with one 224x224 JPEG camera, 300 sequential requests per episode (each followed
-by one telemetry frame), round trip p50/p99 with capture off vs on (images kept). Bounded: about 30 s.
+by one telemetry frame), round trip p50/p99 with capture off vs on (images kept; goal: p50 within 10 %).
+
+Streaming: a 10-minute 640x480 episode at 30 fps (18,000 frames; ``BENCH_EXPORT_MINUTES`` to change) is
+captured, then exported (h264, LeRobot v3.0) in a child process whose peak RSS (``ru_maxrss``) is printed;
+goal <= 500 MB whatever the length (the export holds one episode's numbers and one or two frames).
 """
 
 from __future__ import annotations
@@ -154,6 +158,49 @@ def capture_overhead(tmp: Path, n: int = 300) -> dict[str, Any]:
     return out
 
 
+EXPORT_CHILD = """
+import sys, resource, json
+from pathlib import Path
+from sequence_ai_ros.capture.store import CaptureStore
+from sequence_ai_ros.datasets.lerobot_writer import export_lerobot
+res = export_lerobot(CaptureStore(Path(sys.argv[1]), 'long'), Path(sys.argv[2]), vcodec='h264',
+                     lerobot_version='3.0', progress=False)
+print(json.dumps({'frames': res['frames'], 'peak_rss_mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def export_memory(tmp: Path, jpegs: list[bytes], minutes: float) -> dict[str, Any]:
+    """Capture a ``minutes``-long 640x480 30 fps episode, export it in a child; return frames, s, peak RSS."""
+    import json
+    import subprocess
+    import sys
+
+    n = int(minutes * 60 * 30)
+    root = tmp / 'capture-long'
+    save_settings(root, CaptureSettings(rate=1.0, enabled=True, images=True))
+    store = CaptureStore(root, 'long')
+    names = tuple(f'j{i}' for i in range(7))
+    contract = Contract('joint_absolute', names, 1 / 30, 30,
+                        ObservationContract((CameraSpec('cam', 640, 480, 'jpeg'),), names))
+    ep = store.begin('long-episode', 'bench', contract)
+    imgs = [pb.Image(key='cam', encoding='jpeg', width=640, height=480, channels=3, data=d) for d in jpegs]
+    for start in range(0, n, 30):
+        frames = []
+        for i in range(start, min(n, start + 30)):
+            state = codec.to_tensor(np.full(7, np.sin(i / 30), np.float32))
+            frames.append(pb.TelemetryFrame(robot_time_s=i / 30, state=state, action=state,
+                                            images=[imgs[i % len(imgs)]]))
+        ep.add_telemetry(frames)
+    ep.commit('completed', {})
+    store.close()
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, '-c', EXPORT_CHILD, str(root), str(tmp / 'export-long')],
+                          capture_output=True, text=True, timeout=3600, check=True)
+    child = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {'frames': child['frames'], 'seconds': round(time.perf_counter() - t, 1),
+            'peak_rss_mb': round(child['peak_rss_mb'], 1), 'goal_mb': 500}
+
+
 def main() -> dict[str, Any]:
     """Run the export benchmark; print a table and return the figures."""
     results: dict[str, Any] = {}
@@ -178,6 +225,11 @@ def main() -> dict[str, Any]:
             results['capture_latency'] = capture_overhead(Path(tmp))
         except Exception as exc:  # noqa: BLE001  (reported; the export figures stand on their own)
             results['capture_latency'] = {'error': f'{type(exc).__name__}: {exc}'}
+        minutes = float(os.environ.get('BENCH_EXPORT_MINUTES', '10'))
+        try:
+            results['streaming'] = export_memory(Path(tmp), jpegs, minutes)
+        except Exception as exc:  # noqa: BLE001
+            results['streaming'] = {'error': f'{type(exc).__name__}: {exc}'}
     print(f'{"export":<28}{"frames":>8}{"s":>9}{"frames/s":>11}')
     print(f'{"h264 (libx264 ultrafast)":<28}{results["h264"]["frames"]:>8}{results["h264"]["seconds"]:>9.2f}'
           f'{results["h264"]["frames_per_s"]:>11.1f}   target >= 200')
@@ -193,7 +245,14 @@ def main() -> dict[str, Any]:
         print(f'chunk round trip through the worker (224x224 JPEG camera, images kept when on): '
               f'capture off p50 {lat["off"]["p50_ms"]:.2f} / p99 {lat["off"]["p99_ms"]:.2f} ms, '
               f'on p50 {lat["on"]["p50_ms"]:.2f} / p99 {lat["on"]["p99_ms"]:.2f} ms '
-              f'({lat["captured_episodes"]} episodes captured)')
+              f'({lat["captured_episodes"]} episodes captured); overhead p50 '
+              f'{100 * (lat["on"]["p50_ms"] / lat["off"]["p50_ms"] - 1):+.1f} % (goal within 10 %)')
+    st = results['streaming']
+    if 'error' in st:
+        print(f'streaming export: not measured ({st["error"]})')
+    else:
+        print(f'streaming export of one {minutes:g}-minute 640x480 episode ({st["frames"]} frames, h264, v3.0): '
+              f'{st["seconds"]:.1f} s, peak RSS {st["peak_rss_mb"]:.0f} MB (goal <= {st["goal_mb"]} MB)')
     return results
 
 

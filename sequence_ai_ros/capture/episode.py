@@ -32,9 +32,10 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sequence_ai_ros.capture.frame_check import FrameChecker
 from sequence_ai_ros.capture.records import CHUNK, ERROR, REQUEST, TELEMETRY, Record, encode_record, read_records
 from sequence_ai_ros.capture.settings import CaptureSettings
-from sequence_ai_ros.exceptions import CaptureError
+from sequence_ai_ros.exceptions import CaptureError, ContractViolation
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import CameraSpec, Contract, ObservationContract
 
@@ -44,15 +45,35 @@ if TYPE_CHECKING:
 RECORDS_FILE = 'episode.rec'
 META_FILE = 'episode.json'
 LABEL_FILE = 'label.json'
+#: episode.json ``format``: 1 = telemetry sampled at the capture fps, ``action`` as the client resampled it;
+#: 2 = telemetry at every control tick, ``action`` as commanded after the robot's safety filter,
+#: ``policy_action`` and ``clamped`` when the robot reports them, frames checked before they are kept.
+FORMAT = 2
 _SAFE = re.compile(r'[A-Za-z0-9][A-Za-z0-9._-]{0,99}')
 
 
 def _dir_name(episode_id: str) -> str:
+    """Return the storage directory name of an episode id.
+
+    A safe id (letters, digits, ``._-``, starting with a letter or digit) is its own name; any other id
+    gets ``_h-<sha256 prefix>``, which starts with ``_`` and so can never equal a safe id. A name already
+    taken on disk (e.g. a legacy ``ep-<hash>`` directory) is made unique at commit.
+    """
     import hashlib
 
     if _SAFE.fullmatch(episode_id):
         return episode_id
-    return 'ep-' + hashlib.sha256(episode_id.encode()).hexdigest()[:32]
+    return '_h-' + hashlib.sha256(episode_id.encode()).hexdigest()[:32]
+
+
+def _free_name(parent: Path, name: str) -> str:
+    """Return ``name``, or ``name~N`` with the smallest N >= 1 not taken in ``parent``."""
+    if not (parent / name).exists():
+        return name
+    n = 1
+    while (parent / f'{name}~{n}').exists():
+        n += 1
+    return f'{name}~{n}'
 
 
 def _fsync_dir(path: Path) -> None:
@@ -157,14 +178,18 @@ class EpisodeCapture:
         self.contract = contract
         self.settings = settings
         self.images = settings.images
+        self.fps = settings.row_fps(contract.dt if contract is not None else None)
         self.started_at = started_at
         self.dir_name = _dir_name(episode_id)
         self.staging = store.root / 'staging' / f'{os.getpid()}-{self.dir_name}'
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()   # commit() reads the counters under it
         self._closed = False
         self.requests = 0
         self.frames = 0
         self.bytes = 0
+        self.rejected = 0
+        self.rejected_first = ''
+        self._checker = FrameChecker(contract)
         self.staging.mkdir(parents=True)
         self._file = (self.staging / RECORDS_FILE).open('ab')
 
@@ -196,21 +221,40 @@ class EpisodeCapture:
             blob += encode_record(ERROR, now, error)
         self._write(blob, requests=1)
 
-    def add_telemetry(self, frames: list[pb.TelemetryFrame]) -> None:
-        """Keep telemetry frames (measured state, executed action, hold flag, images when kept).
+    def add_telemetry(self, frames: list[pb.TelemetryFrame]) -> int:
+        """Keep the telemetry frames that pass the contract check; count the others (see frame_check).
 
+        :returns: the number of frames refused in this batch (:meth:`rejections` has the totals).
         :raises CaptureError: on a storage fault (the episode is dropped and capture paused).
         """
         now = self.store.clock()
         parts = []
+        refused = 0
         for frame in frames:
             if not self.images and frame.images:
                 copy = pb.TelemetryFrame()
                 copy.CopyFrom(frame)
                 copy.ClearField('images')
                 frame = copy
+            try:
+                self._checker.check(frame)
+            except ContractViolation as exc:
+                refused += 1
+                with self._lock:
+                    self.rejected += 1
+                    if not self.rejected_first:
+                        self.rejected_first = (f'CONTRACT_VIOLATION: telemetry frame at robot time '
+                                               f'{frame.robot_time_s:.3f} s: {exc}')
+                continue
             parts.append(encode_record(TELEMETRY, now, frame))
-        self._write(b''.join(parts), frames=len(parts))
+        if parts:
+            self._write(b''.join(parts), frames=len(parts))
+        return refused
+
+    def rejections(self) -> dict[str, Any]:
+        """Return ``{'telemetry_rejected': n, 'telemetry_error': first refusal}`` so far."""
+        with self._lock:
+            return {'telemetry_rejected': self.rejected, 'telemetry_error': self.rejected_first}
 
     def commit(self, reason: str, stats: dict[str, Any] | None = None) -> CapturedEpisode | None:
         """End the episode and make it visible, atomically (see the module docstring).
@@ -229,15 +273,17 @@ class EpisodeCapture:
                 self._file.flush()
                 os.fsync(self._file.fileno())
                 self._file.close()
+                final_parent = self.store.root / 'episodes'
+                final_parent.mkdir(exist_ok=True)
+                self.dir_name = _free_name(final_parent, self.dir_name)
                 row = {'episode_id': self.episode_id, 'dir': self.dir_name, 'instruction': self.instruction,
                        'started_at': self.started_at, 'ended_at': ended, 'reason': str(reason),
                        'requests': self.requests, 'frames': self.frames,
-                       'bytes': self.bytes, 'images': self.images, 'fps': self.settings.fps,
-                       'stats': dict(stats or {})}
-                meta = {**row, 'contract': contract_to_json(self.contract), 'format': 1}
+                       'bytes': self.bytes, 'images': self.images, 'fps': self.fps,
+                       'stats': {**dict(stats or {}), **(self.rejections() if self.rejected else {})}}
+                meta = {**row, 'contract': contract_to_json(self.contract), 'format': FORMAT}
                 write_json_atomic(self.staging / META_FILE, meta)
-                final = self.store.root / 'episodes' / self.dir_name
-                final.parent.mkdir(exist_ok=True)
+                final = final_parent / self.dir_name
                 os.rename(self.staging, final)  # the commit point
                 _fsync_dir(final.parent)
             except (OSError, TypeError, ValueError) as exc:

@@ -1,7 +1,8 @@
 """The capture store's index: one SQLite database (stdlib ``sqlite3``, WAL journal) per deployment.
 
-It holds what is cheap to query: the committed episodes (with counts and bytes), every sampling decision
-(so a label for an episode that was not captured gets a clear answer), and the labels. The episode data
+It holds what is cheap to query: the committed episodes (with counts and bytes), every sampling decision,
+every episode the worker ran (``runs``: version, times, how it ended, underruns, latency p95, captured or
+not; the scoreboard of ``seq policy stats``), and the labels (of any episode the worker saw). The episode data
 itself lives in files (see :mod:`sequence_ai_ros.capture.store`), and each committed episode directory
 carries its own ``episode.json`` and ``label.json``, so the index can always be rebuilt from the files
 (:meth:`CaptureStore.repair`): a corrupted index never loses a kept episode.
@@ -44,6 +45,18 @@ CREATE TABLE IF NOT EXISTS decisions(
     captured INTEGER NOT NULL,
     why TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS runs(
+    episode_id TEXT PRIMARY KEY,
+    version INTEGER NOT NULL DEFAULT 0,
+    started_at REAL NOT NULL,
+    ended_at REAL NOT NULL,
+    reason TEXT NOT NULL,
+    actions INTEGER NOT NULL DEFAULT 0,
+    underruns INTEGER NOT NULL DEFAULT 0,
+    latency_p95_ms REAL NOT NULL DEFAULT 0,
+    captured INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS runs_started ON runs(started_at);
 CREATE TABLE IF NOT EXISTS labels(
     episode_id TEXT PRIMARY KEY,
     success INTEGER NOT NULL,
@@ -52,6 +65,8 @@ CREATE TABLE IF NOT EXISTS labels(
 );
 """
 
+RUN_COLUMNS = ('episode_id', 'version', 'started_at', 'ended_at', 'reason', 'actions', 'underruns',
+               'latency_p95_ms', 'captured')
 EPISODE_COLUMNS = ('episode_id', 'dir', 'instruction', 'started_at', 'ended_at', 'reason', 'requests',
                    'frames', 'bytes', 'images', 'fps', 'stats')
 
@@ -187,6 +202,32 @@ class Index:
             row = conn.execute('SELECT success, notes, labelled_at FROM labels WHERE episode_id=?',
                                (episode_id,)).fetchone()
         return None if row is None else {'success': bool(row[0]), 'notes': row[1], 'labelled_at': row[2]}
+
+    def add_run(self, run: dict[str, Any]) -> None:
+        """Record (or replace) one episode the worker ran: the keys of the ``runs`` table."""
+        cols = RUN_COLUMNS
+        with self.connect() as conn:
+            conn.execute(f'INSERT OR REPLACE INTO runs({",".join(cols)}) VALUES ({",".join("?" * len(cols))})',
+                         [run.get(c, 0) for c in cols])
+
+    def seen(self, episode_id: str) -> bool:
+        """True when the worker ran this episode or decided on its capture."""
+        with self.connect() as conn:
+            return any(conn.execute(f'SELECT 1 FROM {t} WHERE episode_id=?', (episode_id,)).fetchone()
+                       for t in ('runs', 'decisions', 'episodes'))
+
+    def runs(self) -> list[dict[str, Any]]:
+        """Return every recorded run (oldest first) with its label: ``success`` None, True or False."""
+        cols = ','.join(f'r.{c}' for c in RUN_COLUMNS)
+        with self.connect() as conn:
+            rows = conn.execute(f'SELECT {cols}, l.success FROM runs r LEFT JOIN labels l '
+                                f'ON l.episode_id = r.episode_id ORDER BY r.started_at').fetchall()
+        out = []
+        for r in rows:
+            d = dict(zip(RUN_COLUMNS, r[:-1], strict=True))
+            d['success'] = None if r[-1] is None else bool(r[-1])
+            out.append(d)
+        return out
 
     def delete_episode(self, episode_id: str) -> None:
         """Remove an episode's row and label (its directory is removed by the caller afterwards)."""

@@ -28,6 +28,8 @@ DEFAULT_FPS = 15.0
 #: Days a captured episode is kept.
 DEFAULT_RETENTION_DAYS = 30.0
 MAX_FPS = 60.0
+#: The highest row rate taken from a policy's dt (a 100 Hz policy exports at 100 fps).
+MAX_POLICY_FPS = 1000.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,8 +39,9 @@ class CaptureSettings:
     :param rate: share of episodes kept, in [0, 1].
     :param images: keep camera frames (observation images and telemetry frames); off: no pixels stored.
     :param retention_days: captured episodes older than this (days, by their end time) are deleted.
-    :param fps: telemetry rate the robot streams for captured episodes (Hz), a whole number in 1..60;
-        it becomes the fps of a LeRobot export.
+    :param fps: the row rate of captured episodes (Hz), a whole number in 1..60, or None (the default)
+        for the policy's action rate ``round(1 / dt)``; it becomes the fps of a LeRobot export and the
+        rate of the camera frames the robot streams (state and commands come at every control tick).
     :param enabled: False after ``--off``: no new episode is captured; what was kept stays.
     :param quota_bytes: the most bytes the store may hold (None = no quota); reaching it pauses capture.
     :raises ConfigError: for a value out of range.
@@ -47,7 +50,7 @@ class CaptureSettings:
     rate: float = 0.0
     images: bool = False
     retention_days: float = DEFAULT_RETENTION_DAYS
-    fps: float = DEFAULT_FPS
+    fps: float | None = None
     enabled: bool = False
     quota_bytes: int | None = None
 
@@ -58,20 +61,32 @@ class CaptureSettings:
                 and self.retention_days > 0):
             raise ConfigError(f'retention_days must be > 0, got {self.retention_days!r}')
         fps = self.fps
-        if not (isinstance(fps, (int, float)) and math.isfinite(fps) and 1 <= fps <= MAX_FPS
+        if fps is not None and not (isinstance(fps, (int, float)) and math.isfinite(fps) and 1 <= fps <= MAX_FPS
                 and float(fps).is_integer()):
             raise ConfigError(f'capture fps must be a whole number of Hz in 1..{MAX_FPS:g} '
                               f'(LeRobot datasets have an integer fps), got {fps!r}')
         if self.quota_bytes is not None and (not isinstance(self.quota_bytes, int) or self.quota_bytes < 0):
             raise ConfigError(f'quota_bytes must be a non-negative integer or null, got {self.quota_bytes!r}')
         object.__setattr__(self, 'rate', float(self.rate))
-        object.__setattr__(self, 'fps', float(self.fps))
+        object.__setattr__(self, 'fps', None if self.fps is None else float(self.fps))
         object.__setattr__(self, 'retention_days', float(self.retention_days))
 
     @property
     def active(self) -> bool:
         """True when new episodes may be captured (enabled with a rate above 0)."""
         return self.enabled and self.rate > 0.0
+
+    def row_fps(self, dt: float | None) -> float:
+        """Return the row rate (Hz): ``fps`` when set, else the policy's ``round(1 / dt)`` within 1..1000.
+
+        When 1/dt is not a whole number (e.g. dt = 0.15 s, 6.67 Hz) the rows come at the nearest whole
+        rate (7 Hz) and the ticks are mapped to rows by time (see :mod:`sequence_ai_ros.datasets.rows`).
+        """
+        if self.fps is not None:
+            return float(self.fps)
+        if not dt or not math.isfinite(dt) or dt <= 0:
+            return float(DEFAULT_FPS)
+        return float(min(MAX_POLICY_FPS, max(1.0, round(1.0 / dt))))
 
     def keeps(self, episode_id: str) -> bool:
         """Return True when this episode is sampled (see the module docstring; ignores ``enabled``)."""

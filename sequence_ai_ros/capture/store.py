@@ -54,6 +54,8 @@ __all__ = ['CaptureStore', 'CaptureSettings', 'EpisodeCapture', 'CapturedEpisode
            'UnknownEpisode', 'EpisodeNotCaptured']
 
 
+#: Written by the process that paused capture (the worker), read by ``seq policy capture NAME``.
+PAUSE_FILE = 'pause.json'
 #: Bytes written to probe for room before lifting a disk-full pause.
 PROBE_BYTES = 1 << 20
 
@@ -90,6 +92,8 @@ class CaptureStore:
         self._settings: CaptureSettings | None = None
         self._pause: tuple[str, str, float] | None = None  # (kind, diagnostic, since)
         self._base_bytes = 0
+        self.retired = False   # set by retire() when the deployment is deleted
+        self._open_lock = threading.Lock()
 
     # ------------------------------------------------------------------ settings and status
     @property
@@ -106,6 +110,12 @@ class CaptureStore:
         """Return ``{'state': 'off'|'capturing'|'paused', 'diagnostic': str, 'since': float|None}``."""
         with self._lock:
             pause = self._pause
+        if pause is None:   # another process (the worker) may have paused: it leaves pause.json
+            try:
+                saved = json.loads((self.root / PAUSE_FILE).read_text(encoding='utf-8'))
+                pause = (str(saved['kind']), str(saved['diagnostic']), float(saved['since']))
+            except (OSError, ValueError, KeyError, TypeError):
+                pause = None
         if pause is not None:
             return {'state': 'paused', 'kind': pause[0], 'diagnostic': pause[1], 'since': pause[2]}
         state = 'capturing' if self.settings.active else 'off'
@@ -132,8 +142,8 @@ class CaptureStore:
             self._set_pause('settings', f'capture paused: {exc}')
             return None
         self._settings = settings
-        if not self.root.exists():
-            return None  # capture never configured for this deployment: nothing to record
+        if self.retired:
+            return None
         now = self.clock()
         try:
             self._open()
@@ -155,41 +165,64 @@ class CaptureStore:
             return None
 
     def label(self, episode_id: str, success: bool, notes: str = '') -> None:
-        """Store an episode's label (replacing an earlier one); an episode still running gets it at commit.
+        """Store an episode's label (replacing an earlier one), captured or not; a running one gets it too.
+
+        Any episode this worker ran is labelled (its label counts in ``seq policy stats``); a captured one
+        also gets ``label.json`` beside its data.
 
         :raises UnknownEpisode: when this store never saw the episode (or it is past retention).
-        :raises EpisodeNotCaptured: when the episode ran but was not kept; the message says why.
         :raises CaptureError: when the store cannot be written.
         """
-        if not (self.root / INDEX_FILE).exists():
-            raise EpisodeNotCaptured(f'deployment {self.deployment}: capture is not configured, so episode '
-                                     f'{episode_id!r} was not captured and its label cannot be stored '
-                                     f'(enable it with: seq policy capture {self.deployment} --rate R)')
         when = self.clock()
         try:
             self._open()
             row = self.index.episode(episode_id)
             with self._lock:
                 running = any(ep.episode_id == episode_id for ep in self._active)
-            if row is not None or running:
-                self.index.label(episode_id, bool(success), str(notes), when)
-                if row is not None:
-                    write_json_atomic(self.root / 'episodes' / row['dir'] / LABEL_FILE,
-                                      {'success': bool(success), 'notes': str(notes), 'labelled_at': when})
-                self.index.checkpoint()
-                return
-            decision = self.index.decision(episode_id)
+            if row is None and not running and not self.index.seen(episode_id):
+                raise UnknownEpisode(f'deployment {self.deployment}: no episode {episode_id!r} (never seen by '
+                                     f'this worker, or older than the {self.settings.retention_days:g}-day '
+                                     f'retention)')
+            self.index.label(episode_id, bool(success), str(notes), when)
+            if row is not None:
+                write_json_atomic(self.root / 'episodes' / row['dir'] / LABEL_FILE,
+                                  {'success': bool(success), 'notes': str(notes), 'labelled_at': when})
+            self.index.checkpoint()
         except (OSError, sqlite3.Error) as exc:
             raise self._fault(exc, f'labelling episode {episode_id}') from None
-        if decision is None:
-            raise UnknownEpisode(f'deployment {self.deployment}: no episode {episode_id!r} (never seen by '
-                                 f'this worker, or older than the {self.settings.retention_days:g}-day retention)')
-        captured, why = decision
-        if not captured:
-            raise EpisodeNotCaptured(f'deployment {self.deployment}: episode {episode_id!r} was not captured '
-                                     f'({why}); its label is not stored')
-        raise EpisodeNotCaptured(f'deployment {self.deployment}: episode {episode_id!r} was being captured but '
-                                 f'was not kept (dropped by a store fault or a worker restart)')
+
+    def record_run(self, run: dict[str, Any]) -> None:
+        """Record one episode the worker ran (captured or not), for labels and ``seq policy stats``.
+
+        :param run: ``episode_id, version, started_at, ended_at`` (s since the epoch), ``reason``, ``actions``,
+            ``underruns``, ``latency_p95_ms``, ``captured``.
+        :raises CaptureError: when the store cannot be written (capture pauses as for any fault).
+        """
+        if self.retired:
+            return
+        try:
+            self._open()
+            self.index.add_run(run)
+        except (OSError, sqlite3.Error) as exc:
+            raise self._fault(exc, f'recording run {run.get("episode_id")}') from None
+
+    def runs(self) -> list[dict[str, Any]]:
+        """Return every run recorded (oldest first), each with ``success`` (None when unlabelled).
+
+        :raises CaptureError: when the index cannot be read.
+        """
+        if not (self.root / INDEX_FILE).exists():
+            return []
+        try:
+            self._open()
+            return self.index.runs()
+        except (OSError, sqlite3.Error) as exc:
+            raise self._fault(exc, 'reading runs') from None
+
+    def retire(self) -> None:
+        """Stop for good (the deployment was deleted): no capture, no run, nothing re-created on disk."""
+        self.retired = True
+        self.index.close()
 
     # ------------------------------------------------------------------ housekeeping
     def apply_retention(self, now: float | None = None) -> int:
@@ -249,6 +282,7 @@ class CaptureStore:
             raise self._fault(exc, 'repairing the index') from None
         with self._lock:
             self._pause = None
+        self._save_pause(None)
         return int(count)
 
     def close(self) -> None:
@@ -309,13 +343,14 @@ class CaptureStore:
 
     # ------------------------------------------------------------------ internals
     def _open(self) -> None:
-        if self._ready:
-            return
-        (self.root / 'episodes').mkdir(parents=True, exist_ok=True)
-        (self.root / 'staging').mkdir(exist_ok=True)
-        self.index.create()
-        self.recover()
-        self._ready = True
+        with self._open_lock:   # two worker threads' first episodes must not create the index at once
+            if self._ready:
+                return
+            (self.root / 'episodes').mkdir(parents=True, exist_ok=True)
+            (self.root / 'staging').mkdir(exist_ok=True)
+            self.index.create()
+            self.recover()
+            self._ready = True
 
     def _refuse(self, settings: CaptureSettings, episode_id: str) -> str | None:
         """Return why an episode is not captured, or None to capture it (lifts lapsed pauses)."""
@@ -369,11 +404,29 @@ class CaptureStore:
 
     def _set_pause(self, kind: str | None, diagnostic: str) -> None:
         with self._lock:
+            before = self._pause
             if kind is None:
                 if self._pause is not None and self._pause[0] != 'corrupt':
                     self._pause = None
             elif self._pause is None or self._pause[0] != kind:
                 self._pause = (kind, diagnostic, self.clock())
+            after = self._pause
+        if after != before:
+            self._save_pause(after)
+
+    def _save_pause(self, pause: tuple[str, str, float] | None) -> None:
+        """Leave the pause (or its end) in ``pause.json`` for other processes.
+
+        Best effort: a full disk may refuse it, then only this process knows.
+        """
+        path = self.root / PAUSE_FILE
+        try:
+            if pause is None:
+                path.unlink(missing_ok=True)
+            elif self.root.exists():
+                write_json_atomic(path, {'kind': pause[0], 'diagnostic': pause[1], 'since': pause[2]})
+        except OSError:
+            pass
 
     def _fault(self, exc: BaseException, what: str) -> CaptureError:
         """Pause capture for a storage fault; return the CaptureError to raise (with the diagnostic)."""
@@ -391,4 +444,6 @@ class CaptureStore:
             kind, text = 'io', f'capture paused while {what}: {type(exc).__name__}: {exc}'
         with self._lock:
             self._pause = (kind, text, self.clock())
+            pause = self._pause
+        self._save_pause(pause)
         return CaptureError(text)

@@ -32,8 +32,14 @@ def _check_registered(name: str) -> None:
 
 
 def _store(name: str) -> Any:
-    from sequence_ai_ros.capture.store import CaptureStore
+    """The store of deployment ``name``; the name is checked like a deployment name (never a path).
 
+    :raises ConfigError: for a name that is not a valid deployment name (e.g. ``../x``), even with --force.
+    """
+    from sequence_ai_ros.capture.store import CaptureStore
+    from sequence_ai_ros.worker.registry import check_name
+
+    check_name(name)
     return CaptureStore(capture_root(seq_home(), name), deployment=name)
 
 
@@ -70,7 +76,8 @@ def add_parsers(sub: argparse._SubParsersAction, groups: dict[str, argparse._Sub
     cap.add_argument('--images', action=argparse.BooleanOptionalAction, default=None,
                      help='keep camera frames (default: off, no pixels stored)')
     cap.add_argument('--retention-days', type=float, help='delete episodes older than this (default 30)')
-    cap.add_argument('--fps', type=float, help='telemetry rate of captured episodes, Hz (default 15)')
+    cap.add_argument('--fps', type=_fps_setting, help='row rate of captured episodes, Hz, or "policy" '
+                     '(the default: the policy\'s 1/dt)')
     cap.add_argument('--quota-bytes', type=int, help='pause capture when the store holds this many bytes')
     cap.add_argument('--off', action='store_true', help='stop new capture; what was kept stays for its retention')
     cap.add_argument('--repair', action='store_true', help='rebuild a corrupted index from the episode files')
@@ -88,12 +95,30 @@ def add_parsers(sub: argparse._SubParsersAction, groups: dict[str, argparse._Sub
     exp.add_argument('--since', type=parse_when, help='episodes started at or after (epoch s or ISO date)')
     exp.add_argument('--until', type=parse_when, help='episodes started before (epoch s or ISO date)')
     exp.add_argument('--labelled-only', action='store_true', help='only labelled episodes')
-    exp.add_argument('--images', action='store_true', help='include camera frames (videos for lerobot)')
+    exp.add_argument('--images', action=argparse.BooleanOptionalAction, default=None,
+                     help='include camera frames (videos for lerobot); default: whenever they were captured')
+    exp.add_argument('--lerobot-version', choices=('2.1', '3.0'), default='2.1',
+                     help='LeRobot dataset version: 2.1 (LeRobot <= 0.3) or 3.0 (LeRobot >= 0.4)')
+    exp.add_argument('--fps', type=float, default=None, help='rows per second (default: the policy\'s 1/dt)')
+    exp.add_argument('--strict', action='store_true', help='fail (exit 2, nothing written) when any episode '
+                     'would be skipped')
     exp.add_argument('--vcodec', choices=('av1', 'h264'), default='av1',
                      help='video codec: av1 (libsvtav1, LeRobot\'s default) or h264 (libx264 ultrafast)')
     exp.add_argument('--force', action='store_true', help='replace an earlier export at --out')
     exp.add_argument('--robot-type', default=None, help='info.json robot_type (lerobot)')
     exp.set_defaults(func=cmd_export)
+
+    plot = data_sub.add_parser('plot', help='picture of one captured episode: chunks, commands, state, seams')
+    plot.add_argument('name', help='deployment name')
+    plot.add_argument('--episode', required=True, help='episode id')
+    plot.add_argument('--out', required=True, type=Path, help='PNG file to write')
+    plot.set_defaults(func=cmd_plot)
+
+    st = policy.add_parser('stats', help='the deployment\'s scoreboard per version and day')
+    st.add_argument('name', help='deployment name')
+    st.add_argument('--plot', type=Path, default=None, help='also draw it into this PNG')
+    st.add_argument('--json', action='store_true', help='print the rows as JSON')
+    st.set_defaults(func=cmd_stats)
 
     tools = _subgroup(sub, groups, 'data', 'dataset tools')
     bag = tools.add_parser('to-rosbag', help='write a LeRobot v2.1 episode as a rosbag2 (mcap)')
@@ -107,6 +132,10 @@ def add_parsers(sub: argparse._SubParsersAction, groups: dict[str, argparse._Sub
     bag.add_argument('--no-cameras', action='store_true', help='joints only')
     bag.add_argument('--distro', default='humble', help='typestore of the message definitions (default humble)')
     bag.set_defaults(func=cmd_to_rosbag)
+
+
+def _fps_setting(text: str) -> float | str:
+    return 'policy' if text == 'policy' else float(text)
 
 
 def _fmt_time(t: float | None) -> str:
@@ -129,9 +158,9 @@ def cmd_capture(args: argparse.Namespace) -> int:
     """
     from sequence_ai_ros.capture.settings import load_settings, save_settings
 
+    store = _store(args.name)   # checks the name first, --force or not
     if not getattr(args, 'force', False):
         _check_registered(args.name)
-    store = _store(args.name)
     changes: dict[str, Any] = {}
     if args.rate is not None:
         changes.update(rate=args.rate, enabled=True)
@@ -140,7 +169,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
     if args.retention_days is not None:
         changes['retention_days'] = args.retention_days
     if args.fps is not None:
-        changes['fps'] = args.fps
+        changes['fps'] = None if args.fps == 'policy' else args.fps
     if args.quota_bytes is not None:
         changes['quota_bytes'] = args.quota_bytes
     if args.off:
@@ -158,7 +187,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
     state = status['state'] + (f' ({status["diagnostic"]})' if status['diagnostic'] else '')
     quota = 'none' if st['quota_bytes'] is None else _fmt_bytes(st['quota_bytes'])
     print(f'capture {args.name}: {state}')
-    print(f'  settings: rate {st["rate"]:g}, images {"on" if st["images"] else "off"}, fps {st["fps"]:g}, '
+    fps = 'policy rate (1/dt)' if st['fps'] is None else f'{st["fps"]:g}'
+    print(f'  settings: rate {st["rate"]:g}, images {"on" if st["images"] else "off"}, fps {fps}, '
           f'retention {st["retention_days"]:g} days, quota {quota}, {"enabled" if st["enabled"] else "off"}')
     print(f'  kept: {s["episodes"]} episodes ({s["labelled"]} labelled, {s["unlabelled"]} unlabelled), '
           f'{s["frames"]} frames, {s["requests"]} requests, {_fmt_bytes(s["bytes_on_disk"])} on disk')
@@ -167,24 +197,90 @@ def cmd_capture(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Exit status of an export that wrote every good episode but skipped some (listed on stdout).
+EXIT_SKIPPED = 3
+
+
 def cmd_export(args: argparse.Namespace) -> int:
-    """Export a deployment's captured episodes."""
+    """Export a deployment's captured episodes.
+
+    :returns: 0 when every chosen episode was written; :data:`EXIT_SKIPPED` when some were skipped (each
+        listed with its reason); with ``--strict`` a skip fails the export (ExportError, exit 2, nothing
+        written).
+    """
+    from sequence_ai_ros.exceptions import ExportError
+
     store = _store(args.name)
-    common = dict(since=args.since, until=args.until, labelled_only=args.labelled_only, images=args.images,
-                  force=args.force)
+    common = dict(since=args.since, until=args.until, labelled_only=args.labelled_only, force=args.force)
     if args.format == 'lerobot':
         from sequence_ai_ros.datasets.lerobot_writer import export_lerobot
 
-        res = export_lerobot(store, args.out, vcodec=args.vcodec, robot_type=args.robot_type, **common)
-        what = f'{res["episodes"]} episodes, {res["frames"]} frames at {res["fps"]} fps, {res["videos"]} videos'
+        out = args.out
+        if args.strict:   # export into a scratch directory first; nothing reaches --out if anything is skipped
+            import shutil
+            import tempfile
+
+            scratch = Path(tempfile.mkdtemp(prefix='.seq-strict-', dir=Path(args.out).expanduser().parent))
+            out = scratch / 'export'
+        res = export_lerobot(store, out, vcodec=args.vcodec, robot_type=args.robot_type, images=args.images,
+                             fps=args.fps, lerobot_version=args.lerobot_version, **common)
+        if args.strict:
+            if res['skipped']:
+                shutil.rmtree(scratch, ignore_errors=True)
+                raise ExportError('--strict: episodes would be skipped: ' +
+                                  '; '.join(f'{eid}: {why}' for eid, why in res['skipped']))
+            from sequence_ai_ros.datasets.export_common import check_out, finish
+
+            finish(Path(res['out']), check_out(args.out, args.force))
+            shutil.rmtree(scratch, ignore_errors=True)
+            res['out'] = str(args.out)
+        what = (f'LeRobot v{res["version"]}, {res["episodes"]} episodes, {res["frames"]} frames at {res["fps"]} fps, '
+                f'{res["videos"]} videos')
     else:
         from sequence_ai_ros.datasets.jsonl_writer import export_jsonl
 
-        res = export_jsonl(store, args.out, **common)
+        res = export_jsonl(store, args.out, images=bool(args.images), **common)
         what = f'{res["episodes"]} episodes, {res["requests"]} requests, {res["frames"]} telemetry frames'
     print(f'exported {args.name} ({args.format}) to {res["out"]}: {what}')
+    for note in res.get('notes', []):
+        print(f'  note: {note}')
     for episode_id, why in res['skipped']:
         print(f'  skipped {episode_id}: {why}')
+    if res['skipped']:
+        print(f'  {len(res["skipped"])} episodes skipped (exit status {EXIT_SKIPPED}; --strict makes this a failure)')
+        return EXIT_SKIPPED
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    """Draw one captured episode into a PNG."""
+    from sequence_ai_ros.datasets.scoreboard import plot_episode
+
+    out = plot_episode(_store(args.name), args.episode, args.out)
+    print(f'wrote {out}')
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    """Print the deployment's scoreboard per version and day (and draw it with --plot)."""
+    from sequence_ai_ros.datasets.scoreboard import plot_scoreboard, scoreboard
+
+    rows = scoreboard(_store(args.name).runs())
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    elif not rows:
+        print(f'policy {args.name}: no episodes recorded yet')
+    else:
+        print(f'policy {args.name}: {sum(r["episodes"] for r in rows)} episodes')
+        print(f'  {"version":>7} {"day":10} {"episodes":>8} {"success":>14} {"underruns":>9} {"p95 ms":>7}  ended')
+        for r in rows:
+            rate = '-' if r['success_rate'] is None else f'{100 * r["success_rate"]:.0f}% of {r["labelled"]}'
+            lat = '-' if r['latency_p95_ms'] is None else f'{r["latency_p95_ms"]:.1f}'
+            ended = ', '.join(f'{k} {v}' for k, v in sorted(r['ended'].items()))
+            print(f'  {r["version"]:>7} {r["day"]:10} {r["episodes"]:>8} {rate:>14} {r["underruns"]:>9} {lat:>7}  '
+                  f'{ended}')
+    if args.plot is not None:
+        print(f'wrote {plot_scoreboard(rows, args.plot, f"policy {args.name}")}')
     return 0
 
 

@@ -36,6 +36,9 @@ class RunOutcome:
         old chunk's own row for the same step (0 for a policy that in-paints the committed prefix, RTC).
     :param peak_in_flight: the most requests that were in flight at once (pipelining; 1 without).
     :param discarded: chunks received but never played (stale on arrival, or replaced before a tick read them).
+    :param telemetry_rejected: capture telemetry frames the worker refused (wrong shape or dtype, NaN,
+        an image whose header disagrees with its size or format); the episode was kept without them.
+    :param telemetry_error: the first refusal, ``"CONTRACT_VIOLATION: <why>"``; '' when none.
     :param error: the typed exception behind reason ``validate`` or ``error``; None otherwise, and for an
         ``error`` that the caller's own code raised (that exception propagates from act()/run()).
     """
@@ -57,6 +60,8 @@ class RunOutcome:
     peak_in_flight: int = 0
     discarded: int = 0
     max_seam_gap: float = 0.0
+    telemetry_rejected: int = 0
+    telemetry_error: str = ''
 
     def __post_init__(self) -> None:
         if self.reason not in REASONS:

@@ -16,6 +16,8 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
+
 from sequence_ai_ros.client import checks, driving
 from sequence_ai_ros.client.adapter import ObservationAdapter, check_fit
 from sequence_ai_ros.client.engine import MAX_IN_FLIGHT, EpisodeEngine
@@ -266,6 +268,20 @@ class Policy:
         idle = out.reason == 'error' and isinstance(out.error, EpisodeStateError) and ep.stream.ended.is_set()
         return out.reason == 'interrupted' or idle
 
+    def report_command(self, commanded: Any, clamped: bool = False) -> None:
+        """Tell capture what the robot really commanded for the action :meth:`next_action` just returned.
+
+        For loops that change the action before commanding it (a safety filter's clamps, a hold): the
+        captured row then holds this command, and the policy's action is kept beside it. Cheap and
+        never blocks; does nothing when the episode is not captured.
+
+        :param commanded: float32 (D,) in the contract's action order, or None when the robot held.
+        :param clamped: True when a safety filter changed the policy's action.
+        """
+        ep = self._episode
+        if ep is not None and ep.telemetry is not None and ep.closed is None:
+            ep.telemetry.amend(None if commanded is None else np.asarray(commanded, np.float32), clamped)
+
     def episode_outcome(self) -> RunOutcome | None:
         """None while the episode runs; its RunOutcome once it finished (completed, timeout, validate, error...)."""
         ep = self._episode
@@ -401,9 +417,13 @@ class Policy:
                         ep.stream.dropped_telemetry)
             out = dataclasses.replace(out, dropped_telemetry=ep.stream.dropped_telemetry)
         end = pb.EpisodeEnd(reason=out.reason, actions=out.actions, chunks=out.chunks, underruns=out.underruns,
-                            underrun_s=out.underrun_s, max_seam_jump=out.max_seam_jump)
+                            underrun_s=out.underrun_s, max_seam_jump=out.max_seam_jump,
+                            latency_p95_ms=out.latency_p95_ms)
         if wait:
             ep.stream.close(end)
+            if ep.stream.telemetry_rejected:
+                out = dataclasses.replace(out, telemetry_rejected=ep.stream.telemetry_rejected,
+                                          telemetry_error=ep.stream.telemetry_error)
         else:          # the worker still hears how it ended; the wait for its answer runs on its own thread
             closer = threading.Thread(target=ep.stream.close, args=(end,), name=f'seq-close-{out.episode_id[:24]}',
                                       daemon=True)

@@ -62,13 +62,16 @@ class History:
 
 @dataclasses.dataclass
 class TelemetrySample:
-    """One telemetry frame before packing.
+    """One telemetry frame (one control tick) before packing.
 
     :param robot_time_s: the observation's monotonic timestamp (s).
     :param state: float32 (D,) measured state.
-    :param action: float32 (D,) the command executed at this tick, or None while holding before any.
+    :param action: float32 (D,) the command executed at this tick (after the robot's safety filter when
+        it reported one with :meth:`TelemetryBuffer.amend`), or None while holding before any.
     :param hold: True when no fresh policy action was executed at this tick.
-    :param images: the latest camera frames, only when capture keeps images.
+    :param images: the latest camera frames, on the row grid only, when capture keeps images.
+    :param policy_action: float32 (D,) the policy's action when the robot commanded something else.
+    :param clamped: True when the robot's safety filter changed the policy's action.
     """
 
     robot_time_s: float
@@ -76,33 +79,57 @@ class TelemetrySample:
     action: np.ndarray | None
     hold: bool
     images: dict = dataclasses.field(default_factory=dict)
+    policy_action: np.ndarray | None = None
+    clamped: bool = False
 
 
 class TelemetryBuffer:
-    """Samples ticks at the capture fps and batches them for sending.
+    """Keeps every control tick for capture (state and command), with camera frames at the row rate.
 
-    :param fps: capture rate (Hz), > 0.
+    Every tick is kept, so that the worker's export can put rows exactly on its ``k / fps`` timeline and
+    sum delta commands without losing one; camera frames (the heavy part) ride only on the ticks where
+    the row grid of ``1 / fps`` starts a new cell. The newest tick is held back until the next tick, so
+    the caller may still :meth:`amend` it with what it really commanded.
+
+    :param fps: row rate (Hz), > 0: the camera frames' rate.
     :param images: keep camera frames.
-    :param batch_s: seconds of frames per ``Telemetry`` message.
+    :param batch_s: seconds of ticks per ``Telemetry`` message (robot time).
     """
 
     def __init__(self, fps: float, images: bool, batch_s: float = 0.5) -> None:
         self._grid = GridSampler(1.0 / fps)
         self._images = images
         self._frames: list[TelemetrySample] = []
-        self._batch = max(1, int(round(fps * batch_s)))
+        self._batch_s = batch_s
 
     def add(self, obs: Observation, action: np.ndarray | None, hold: bool) -> list[TelemetrySample] | None:
-        """Sample one tick; return a full batch to send, or None."""
-        if not self._grid.due(obs.timestamp):
-            return None
+        """Keep one tick; return a batch to send (every tick before this one), or None."""
+        due = self._grid.due(obs.timestamp)
         self._frames.append(TelemetrySample(
             robot_time_s=obs.timestamp, state=obs.state,
             action=None if action is None else np.array(action, np.float32),
-            hold=hold, images=dict(obs.images) if self._images else {}))
-        if len(self._frames) >= self._batch:
-            return self.flush()
+            hold=hold, images=dict(obs.images) if (self._images and due) else {}))
+        if len(self._frames) > 1 and obs.timestamp - self._frames[0].robot_time_s >= self._batch_s:
+            batch, self._frames = self._frames[:-1], self._frames[-1:]
+            return batch
         return None
+
+    def amend(self, commanded: np.ndarray | None, clamped: bool) -> None:
+        """Record what the robot commanded at the newest tick (after its safety filter).
+
+        :param commanded: float32 (D,) in the contract's action order, or None when it held.
+        :param clamped: True when the safety filter changed the policy's action.
+        """
+        if not self._frames:
+            return
+        last = self._frames[-1]
+        new = None if commanded is None else np.array(commanded, np.float32)
+        if last.action is not None and (new is None or not np.array_equal(new, last.action)):
+            last.policy_action = last.action
+        last.action = new
+        last.clamped = bool(clamped)
+        if new is None:
+            last.hold = True
 
     def flush(self) -> list[TelemetrySample] | None:
         """Return and clear the pending frames (None when empty)."""

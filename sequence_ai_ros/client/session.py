@@ -179,6 +179,9 @@ def _pack_telemetry(frames: list[TelemetrySample], contract: Contract) -> pb.Tel
                                   hold=f.hold)
         if f.action is not None:
             frame.action.CopyFrom(codec.to_tensor(f.action, 'float32'))
+        if f.policy_action is not None:
+            frame.policy_action.CopyFrom(codec.to_tensor(f.policy_action, 'float32'))
+        frame.clamped = f.clamped
         for key in order + sorted(k for k in f.images if k not in order):
             if key in f.images:
                 frame.images.append(codec.encode_image(key, f.images[key], 'jpeg'))
@@ -216,6 +219,8 @@ class EpisodeCall:
         self._call_lock = threading.Lock()
         self._call: grpc.Future | None = None
         self.dropped_telemetry = 0
+        self.telemetry_rejected = 0     # frames the worker's capture refused (EpisodeEnded)
+        self.telemetry_error = ''
         tag = episode_id[:24]
         self._reader = threading.Thread(target=self._read_loop, name=f'seq-recv-{tag}', daemon=True)
 
@@ -321,6 +326,8 @@ class EpisodeCall:
                     self._fail(errors.from_error(reply.error))
                 elif kind == 'ended':
                     self.captured = reply.ended.captured
+                    self.telemetry_rejected = reply.ended.telemetry_rejected
+                    self.telemetry_error = reply.ended.telemetry_error
                     self.ended.set()
             if not self.ended.is_set():
                 self._fail(ConnectionLost(f'the worker closed episode {self.episode_id!r} without EpisodeEnded'))

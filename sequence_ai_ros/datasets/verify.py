@@ -7,7 +7,8 @@ It re-reads every episode with :class:`~sequence_ai_ros.datasets.lerobot_reader.
 - ``frame_index`` = 0..N-1, ``timestamp`` = frame_index / fps (to 1e-4 s, LeRobot's tolerance), a
   continuous global ``index``, known ``task_index`` values;
 - every video decodes frame-accurately (frame k at pts k / fps), with the declared shape;
-- every episode's stats hold every feature, counts shaped (1,), image stats shaped (3, 1, 1);
+- every episode's stats hold every feature with LeRobot 0.6's keys (min, max, mean, std, count, q01, q10,
+  q50, q90, q99), every value finite, counts shaped (1,), image stats shaped (3, 1, 1);
 - each parquet schema (arrow types and the ``huggingface`` metadata) equals the one the features imply.
 
 With a ``reference`` dataset (one LeRobot wrote), it also checks that info.json has the same keys, each
@@ -26,6 +27,8 @@ import numpy as np
 from sequence_ai_ros.datasets.lerobot_reader import LeRobotDataset
 from sequence_ai_ros.datasets.lerobot_writer import arrow_schema, hf_features
 from sequence_ai_ros.exceptions import ConfigError, ExportError
+
+STAT_KEYS = {'min', 'max', 'mean', 'std', 'count', 'q01', 'q10', 'q50', 'q90', 'q99'}
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
@@ -125,13 +128,15 @@ def _check_stats(k: int, stats: dict[str, Any] | None, features: dict[str, Any])
     out = []
     for key, ft in features.items():
         s = stats.get(key)
-        if s is None or set(s) != {'min', 'max', 'mean', 'std', 'count'}:
+        if s is None or set(s) != STAT_KEYS:
             out.append(f'episode {k}: stats of {key!r} missing or incomplete')
             continue
+        if not all(np.all(np.isfinite(np.asarray(v, np.float64))) for v in s.values()):
+            out.append(f'episode {k}: stats of {key!r} hold NaN or Inf')
         if np.asarray(s['count']).shape != (1,):
             out.append(f'episode {k}: stats {key!r} count is not shaped (1,)')
-        if ft['dtype'] in ('video', 'image') and any(np.asarray(s[m]).shape != (3, 1, 1) for m in ('min', 'max', 'mean',
-                                                                                                  'std')):
+        shapes = {np.asarray(s[m]).shape for m in STAT_KEYS - {'count'}}
+        if ft['dtype'] in ('video', 'image') and shapes != {(3, 1, 1)}:
             out.append(f'episode {k}: image stats of {key!r} are not shaped (3, 1, 1)')
     return out
 
@@ -188,6 +193,6 @@ def compare_with_reference(ds: LeRobotDataset, ref: LeRobotDataset) -> list[str]
     if set(ref_stats) != set(our_stats):
         out.append('episodes_stats.jsonl keys differ from the reference')
     for key, s in ref_stats['stats'].items():
-        if key in our_stats['stats'] and set(our_stats['stats'][key]) != set(s):
-            out.append(f'episodes_stats.jsonl {key!r}: stat names differ from the reference')
+        if key in our_stats['stats'] and not set(s) <= set(our_stats['stats'][key]):
+            out.append(f'episodes_stats.jsonl {key!r}: lacks the reference\'s stat names')
     return out

@@ -139,6 +139,15 @@ class CommandInterface:
         v = np.asarray(values, dtype=np.float64)
         return v[self._order] if self._order is not None else v
 
+    def unorder(self, values: np.ndarray) -> np.ndarray:
+        """Return a command in command order back in the policy's action order, float64 (D,)."""
+        v = np.asarray(values, dtype=np.float64)
+        if self._order is None:
+            return v
+        out = np.empty_like(v)
+        out[self._order] = v
+        return out
+
     def hold_values(self, last: np.ndarray) -> np.ndarray:
         """Return what a hold publishes given the last command: itself for positions, zeros for rates."""
         if self.is_position:

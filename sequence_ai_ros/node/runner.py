@@ -445,8 +445,11 @@ class Runner:
         # trajectory mode publishes the chunk's points (checked there), not this per-tick value
         checked = self.safety.check(values, last, count=not self._trajectory)
         if checked.values is None:
+            policy.report_command(None)   # capture: this tick held, the policy's action was refused
             self.request_end('validate', f'safety: {checked.stop}')
             return self._hold(snap)
+        if checked.clamped:   # capture keeps what reached the controller, and the policy's action beside it
+            policy.report_command(self.commands.unorder(checked.values), clamped=True)
         self.holding = False
         self.last_command = checked.values
         ep.sent += 1

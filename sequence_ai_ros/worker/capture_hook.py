@@ -46,19 +46,25 @@ class EpisodeRecorder:
     :param contract: the deployment's contract (stamped).
     """
 
-    def __init__(self, store: Any | None, episode_id: str, instruction: str, contract: Contract) -> None:
+    def __init__(self, store: Any | None, episode_id: str, instruction: str, contract: Contract,
+                 version: int = 0) -> None:
         self.episode_id = episode_id
+        self._store = store
+        self._version = int(version)
+        self._started = time.time()
         self._lock = threading.Lock()  # the stream thread and the disconnect callback may race
         self._ep = None
         self.fps = 0.0
         self.images = False
+        self.rejected = 0
+        self.rejected_first = ''
         if store is None:
             return
         try:
             self._ep = store.begin(episode_id, instruction, contract)
             if self._ep is not None:
                 settings = store.settings
-                self.fps = float(settings.fps)
+                self.fps = float(settings.row_fps(contract.dt))
                 self.images = bool(settings.images)
         except Exception as exc:
             LOG.error('capture of episode %s not started: %s', episode_id, exc)
@@ -93,15 +99,33 @@ class EpisodeRecorder:
             self._guard('add_request', lambda: self._ep and self._ep.add_request(req, chunk, error))
 
     def add_telemetry(self, frames: list[pb.TelemetryFrame]) -> None:
-        """Record telemetry frames streamed by the robot."""
+        """Record telemetry frames streamed by the robot; frames that fail the contract check are counted."""
         if self._ep is not None:
             self._guard('add_telemetry', lambda: self._ep and self._ep.add_telemetry(list(frames)))
+            ep = self._ep
+            if ep is not None:
+                got = ep.rejections()
+                self.rejected, self.rejected_first = got['telemetry_rejected'], got['telemetry_error']
 
     def commit(self, reason: str, stats: dict[str, Any]) -> bool:
-        """Commit the episode atomically; return True when it was stored."""
+        """Commit the episode atomically (when captured) and record the run; return True when it was stored.
+
+        Every episode's run (captured or not) is recorded in the store's index, so that it can be labelled
+        and counted by ``seq policy stats``; a failure there is logged and never stops serving.
+        """
+        stored = None
         with self._lock:
-            if self._ep is None:
-                return False
-            stored = self._guarded('commit', self._ep.commit, reason, stats)
-            self._ep = None
+            if self._ep is not None:
+                stored = self._guarded('commit', self._ep.commit, reason, stats)
+                self._ep = None
+        if self._store is not None:
+            run = {'episode_id': self.episode_id, 'version': self._version, 'started_at': self._started,
+                   'ended_at': time.time(), 'reason': str(reason),
+                   'actions': int(stats.get('actions', 0) or 0), 'underruns': int(stats.get('underruns', 0) or 0),
+                   'latency_p95_ms': float(stats.get('latency_p95_ms', 0.0) or 0.0),
+                   'captured': int(stored is not None)}
+            try:
+                self._store.record_run(run)
+            except Exception as exc:  # the scoreboard must not break serving
+                LOG.error('run of episode %s not recorded: %s', self.episode_id, exc)
         return stored is not None

@@ -148,7 +148,7 @@ class EpisodeCallHandler:
         if self.active is not None:
             await self._io(lambda: self.active.end(reason, wait=True))
             captured = self.active.captured
-        yield pb.EpisodeReply(ended=pb.EpisodeEnded(episode_id=eid, captured=captured))
+        yield pb.EpisodeReply(ended=self._ended(eid, captured))
 
     async def _start(self, start: pb.EpisodeStart) -> pb.EpisodeReply:
         if self.active is not None:
@@ -229,7 +229,14 @@ class EpisodeCallHandler:
         if self.active is None:
             return pb.EpisodeReply(ended=pb.EpisodeEnded(episode_id=self.episode_id, captured=False))
         stats = {'actions': end.actions, 'chunks': end.chunks, 'underruns': end.underruns,
-                 'underrun_s': end.underrun_s, 'max_seam_jump': end.max_seam_jump}
+                 'underrun_s': end.underrun_s, 'max_seam_jump': end.max_seam_jump,
+                 'latency_p95_ms': end.latency_p95_ms}
         await self._io(lambda: self.active.end(end.reason or 'completed', stats, wait=True))
-        return pb.EpisodeReply(ended=pb.EpisodeEnded(episode_id=self.active.episode.id,
-                                                     captured=self.active.captured))
+        return pb.EpisodeReply(ended=self._ended(self.active.episode.id, self.active.captured))
+
+    def _ended(self, episode_id: str, captured: bool) -> pb.EpisodeEnded:
+        """EpisodeEnded, with the count of telemetry frames capture refused (and the first reason)."""
+        rec = self.active.recorder if self.active is not None else None
+        return pb.EpisodeEnded(episode_id=episode_id, captured=captured,
+                               telemetry_rejected=rec.rejected if rec is not None else 0,
+                               telemetry_error=rec.rejected_first if rec is not None else '')

@@ -253,7 +253,7 @@ class DeploymentRuntime:
 
         :raises EpisodeStateError: when an episode with this id is already running on this worker.
         """
-        recorder = EpisodeRecorder(self.capture_store, episode_id, instruction, self.contract)
+        recorder = EpisodeRecorder(self.capture_store, episode_id, instruction, self.contract, version=self.version)
         active = ActiveEpisode(self, Episode(id=episode_id, instruction=instruction, deployment=self.name),
                                recorder)
         with self._lock:

@@ -115,12 +115,14 @@ class WorkerServer:
 
     :param runtimes: deployment name -> runtime (closed here when the server cannot start).
     :param config: how to serve; default :meth:`ServerConfig.embedded`.
+    :param registry: the $SEQ_HOME registry the deployments came from: a deployment ``seq delete`` removes
+        from it stops being served, metered and captured (None: embedded, nothing to watch).
     :param settings: :class:`ServerConfig` fields overriding ``config``.
     :raises ConfigError: for an invalid setting or a port that cannot be bound.
     """
 
-    def __init__(self, runtimes: dict[str, DeploymentRuntime], config: ServerConfig | None = None,
-                 **settings: Any) -> None:
+    def __init__(self, runtimes: dict[str, DeploymentRuntime], config: ServerConfig | None = None, *,
+                 registry: Registry | None = None, **settings: Any) -> None:
         try:
             config = _config(config, settings)
         except BaseException:
@@ -146,6 +148,11 @@ class WorkerServer:
             raise
         self.host = config.host
         self.tls = config.tls is not None
+        self._registry = registry
+        self._registry_mtime: float | None = None
+        self._retire_lock = threading.Lock()
+        if registry is not None:
+            self.servicer.before_lookup = self.retire_deleted
         for runtime in runtimes.values():
             runtime.on_state_change = self._on_state
             self._on_state(runtime)
@@ -234,6 +241,41 @@ class WorkerServer:
         """``host:port`` as a client dials it."""
         return f'{self.host}:{self.port}'
 
+    def retire_deleted(self) -> list[str]:
+        """Stop serving, metering and capturing the deployments ``seq delete`` removed from the registry.
+
+        Cheap when nothing changed (one ``stat`` of deployments.json); called before each deployment lookup,
+        so the next Handshake or episode of a deleted deployment gets UNKNOWN_DEPLOYMENT, and its usage row
+        and capture directory are not re-created.
+
+        :returns: the names retired by this call.
+        """
+        if self._registry is None:
+            return []
+        with self._retire_lock:
+            try:
+                mtime = self._registry.file.stat().st_mtime_ns
+            except OSError:
+                mtime = -1
+            if mtime == self._registry_mtime:
+                return []
+            self._registry_mtime = mtime
+            try:
+                names = {r.name for r in self._registry.list()} if mtime != -1 else set()
+            except Exception as exc:  # a registry being rewritten: look again at the next lookup
+                LOG.debug('registry unreadable: %s', exc)
+                self._registry_mtime = None
+                return []
+            gone = [name for name in self.runtimes if name not in names]
+            for name in gone:
+                runtime = self.runtimes.pop(name)
+                runtime.usage.retire()
+                if runtime.capture_store is not None:
+                    runtime.capture_store.retire()
+                self.health.set(name, health_pb2.HealthCheckResponse.SERVICE_UNKNOWN)
+                LOG.info('deployment %s was deleted: no longer served', name)
+            return gone
+
     def _on_state(self, runtime: DeploymentRuntime) -> None:
         ready = runtime.readiness()[0]
         status = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
@@ -243,7 +285,8 @@ class WorkerServer:
     def _housekeep(self) -> None:
         next_retention = time.monotonic()
         while not self._stop.wait(timeout=min(USAGE_FLUSH_S, max(0.0, next_retention - time.monotonic()))):
-            for runtime in self.runtimes.values():
+            self.retire_deleted()
+            for runtime in list(self.runtimes.values()):
                 runtime.readiness()  # applies the load/inference deadlines, so health turns NOT_SERVING
                 try:
                     runtime.usage.flush()
@@ -339,7 +382,7 @@ def create_server(deployments: list[str] | None = None, config: ServerConfig | N
         for runtime in runtimes.values():
             runtime.close(timeout=1.0)
         raise
-    return WorkerServer(runtimes, config)
+    return WorkerServer(runtimes, config, registry=registry)
 
 
 def serve_policy_file(path: str | Path, deployment: str | None = None, config: ServerConfig | None = None, *,

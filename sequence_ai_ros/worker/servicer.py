@@ -14,7 +14,7 @@ import asyncio
 import collections
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -89,8 +89,12 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         self._per_client: collections.Counter[str] = collections.Counter()
         #: called with the refusal's reason ('max_streams', 'per_client') when a stream is refused (metrics)
         self.on_refused: Any = None
+        #: called before each lookup: retires deployments deleted from the registry (``seq delete``)
+        self.before_lookup: Callable[[], None] | None = None
 
     def _runtime(self, name: str) -> DeploymentRuntime:
+        if self.before_lookup is not None:
+            self.before_lookup()
         if not name and len(self.runtimes) == 1:
             return next(iter(self.runtimes.values()))
         runtime = self.runtimes.get(name)

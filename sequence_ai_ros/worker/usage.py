@@ -87,6 +87,7 @@ class UsageMeter:
         self._lock = threading.Lock()
         self._pending = Usage()
         self.total = Usage()
+        self.retired = False
 
     def add(self, **counts: float) -> None:
         """Add to the counters, e.g. ``add(inference_s=0.002, requests=1)``."""
@@ -104,9 +105,18 @@ class UsageMeter:
         """Add the pending counts to the database (no-op without a path or with nothing pending)."""
         with self._lock:
             pending, self._pending = self._pending, Usage()
-        if self.path is None or pending == Usage():
+        if self.path is None or pending == Usage() or self.retired:
             return
-        with _connect(self.path) as conn:
-            conn.execute('INSERT OR IGNORE INTO usage (deployment) VALUES (?)', (self.deployment,))
-            conn.execute(f'UPDATE usage SET {", ".join(f"{f} = {f} + ?" for f in FIELDS)} WHERE deployment = ?',
-                         (*[getattr(pending, f) for f in FIELDS], self.deployment))
+        try:
+            with _connect(self.path) as conn:
+                conn.execute('INSERT OR IGNORE INTO usage (deployment) VALUES (?)', (self.deployment,))
+                conn.execute(f'UPDATE usage SET {", ".join(f"{f} = {f} + ?" for f in FIELDS)} WHERE deployment = ?',
+                             (*[getattr(pending, f) for f in FIELDS], self.deployment))
+        except (OSError, sqlite3.Error):
+            with self._lock:   # a full disk loses nothing: the counts wait for the next flush (one transaction)
+                self._pending.add(pending)
+            raise
+
+    def retire(self) -> None:
+        """Stop writing (the deployment was deleted): a later flush must not re-create its row."""
+        self.retired = True

@@ -1,0 +1,110 @@
+"""Checking one telemetry frame against the deployment's contract before the store keeps it.
+
+A frame is kept only when it could become a dataset row as it is:
+
+- ``state``: dtype float32, shape (D,) with D the contract's state size, every value finite;
+- ``action`` and ``policy_action`` (when present): float32 (A,) with A the contract's action size, finite;
+- ``robot_time_s``: finite;
+- each image: a known encoding (jpeg, png, raw); for jpeg/png the header, read by Pillow's lazy
+  ``Image.open`` (no pixel decode), must show the declared format, width, height and channels; a raw
+  image must hold width*height*channels bytes; a contract camera with a size must match it; and one
+  key keeps one size for the whole episode (a video has one size).
+
+Pixel data is not decoded here (a JPEG whose body is truncated after a good header passes); the
+export decodes and replaces such a frame by the camera's previous frame, counted (see
+:mod:`sequence_ai_ros.datasets.rows`).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+
+from sequence_ai_ros.exceptions import ContractViolation
+from sequence_ai_ros.protocol import codec
+from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
+from sequence_ai_ros.protocol.contract import Contract, clip
+
+_MODE_CHANNELS = {'L': 1, 'RGB': 3, 'YCbCr': 3, 'I;16': 1, 'P': 1, 'RGBA': 4, 'CMYK': 4, 'LA': 2, '1': 1}
+
+
+class FrameChecker:
+    """Check the telemetry frames of one episode (it remembers each camera's size).
+
+    :param contract: the deployment's contract (state and action sizes, camera sizes); None checks only
+        dtypes, ranks and finiteness.
+    """
+
+    def __init__(self, contract: Contract | None) -> None:
+        self.contract = contract
+        self.sizes: dict[str, tuple[int, int]] = {}
+        if contract is not None:
+            for cam in contract.observation.cameras:
+                if cam.width and cam.height:
+                    self.sizes[cam.key] = (cam.width, cam.height)
+
+    def check(self, frame: pb.TelemetryFrame) -> None:
+        """Check one frame.
+
+        :raises ContractViolation: naming the first problem (the frame must not be kept).
+        """
+        if not math.isfinite(frame.robot_time_s):
+            raise ContractViolation(f'robot_time_s {frame.robot_time_s!r} is not finite')
+        c = self.contract
+        state_dim = len(c.observation.state_names) if c is not None and c.observation.state_names else None
+        _vector(frame.state, 'state', state_dim)
+        action_dim = len(c.action_names) if c is not None and c.action_names else None
+        if frame.HasField('action'):
+            _vector(frame.action, 'action', action_dim)
+        if frame.HasField('policy_action'):
+            _vector(frame.policy_action, 'policy_action', action_dim)
+        sizes = {}
+        for image in frame.images:
+            key = clip(image.key, 60)
+            size = _image_size(image, key)
+            expected = self.sizes.get(image.key) or sizes.get(image.key)
+            if expected is not None and size != expected:
+                raise ContractViolation(f'image {key!r}: {size[0]}x{size[1]}, this episode\'s {key!r} frames are '
+                                        f'{expected[0]}x{expected[1]}')
+            sizes[image.key] = size
+        for key, size in sizes.items():
+            self.sizes.setdefault(key, size)
+
+
+def _vector(tensor: pb.Tensor, what: str, dim: int | None) -> np.ndarray:
+    arr = codec.from_tensor(tensor, what=what, dtype='float32', ndim=1, finite=True)
+    if dim is not None and arr.shape[0] != dim:
+        raise ContractViolation(f'{what}: {arr.shape[0]} values, the contract has {dim}')
+    return arr
+
+
+def _image_size(image: pb.Image, key: str) -> tuple[int, int]:
+    """Return (width, height) after checking the header against the declaration (no pixel decode)."""
+    if image.width <= 0 or image.height <= 0 or image.channels not in (1, 3):
+        raise ContractViolation(f'image {key!r}: declared {image.width}x{image.height}x{image.channels}; '
+                                f'width, height >= 1 and 1 or 3 channels required')
+    if image.encoding == 'raw':
+        expected = image.width * image.height * image.channels
+        if len(image.data) != expected:
+            raise ContractViolation(f'image {key!r}: raw payload of {len(image.data)} bytes, {expected} expected')
+        return image.width, image.height
+    if image.encoding not in ('jpeg', 'png'):
+        raise ContractViolation(f'image {key!r}: unknown encoding {clip(image.encoding, 40)!r}')
+    from PIL import Image as PILImage
+
+    try:
+        with PILImage.open(io.BytesIO(image.data)) as pil:   # reads the header only
+            fmt, size, mode = (pil.format or '').lower(), pil.size, pil.mode
+    except Exception as exc:  # Pillow raises several types for unreadable headers
+        raise ContractViolation(f'image {key!r}: {image.encoding} header unreadable ({exc})') from None
+    if fmt != image.encoding:
+        raise ContractViolation(f'image {key!r}: declared {image.encoding}, the bytes are {fmt or "unknown"}')
+    if size != (image.width, image.height):
+        raise ContractViolation(f'image {key!r}: declared {image.width}x{image.height}, the {fmt} header says '
+                                f'{size[0]}x{size[1]}')
+    channels = _MODE_CHANNELS.get(mode)
+    if channels != image.channels:
+        raise ContractViolation(f'image {key!r}: declared {image.channels} channels, the {fmt} holds {mode}')
+    return image.width, image.height

@@ -1,0 +1,329 @@
+"""Rows that are what happened, frames checked before they are kept, stats as LeRobot computes them.
+
+Real capture stores (real files, SQLite, record files), real parquet and video exports; the ticks are
+built here with known trajectories so every row can be checked exactly.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+from test_data_support import FakeClock, make_store
+
+from sequence_ai_ros.capture.store import CaptureStore
+from sequence_ai_ros.cli import main as seq_main
+from sequence_ai_ros.datasets import stats as lerobot_stats
+from sequence_ai_ros.datasets.lerobot_writer import export_lerobot
+from sequence_ai_ros.datasets.rows import build_rows
+from sequence_ai_ros.exceptions import ExportError
+from sequence_ai_ros.protocol import codec
+from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
+from sequence_ai_ros.protocol.contract import CameraSpec, Contract, ObservationContract
+from sequence_ai_ros.protocol.spaces import ActionSpace
+
+FIXTURES = Path(__file__).parent / 'fixtures'
+NAMES = ('j0', 'j1', 'j2')
+
+
+def _contract(space: str = 'joint_absolute', dt: float = 1 / 30, camera: bool = False) -> Contract:
+    cams = (CameraSpec('cam', 32, 24, 'jpeg'),) if camera else ()
+    return Contract(space, NAMES, dt, 10, ObservationContract(cams, NAMES), deployment='arm')
+
+
+def _jpeg(value: int, size: tuple[int, int] = (32, 24), fmt: str = 'JPEG') -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(np.full((size[1], size[0], 3), value, np.uint8)).save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def _frame(t: float, state, action=None, hold: bool = False, clamped: bool = False, policy=None,
+           image: pb.Image | None = None) -> pb.TelemetryFrame:
+    f = pb.TelemetryFrame(robot_time_s=t, state=codec.to_tensor(np.asarray(state, np.float32)), hold=hold,
+                          clamped=clamped)
+    if action is not None:
+        f.action.CopyFrom(codec.to_tensor(np.asarray(action, np.float32)))
+    if policy is not None:
+        f.policy_action.CopyFrom(codec.to_tensor(np.asarray(policy, np.float32)))
+    if image is not None:
+        f.images.append(image)
+    return f
+
+
+def _episode(store: CaptureStore, eid: str, contract: Contract, frames: list[pb.TelemetryFrame]):
+    ep = store.begin(eid, 'reach', contract)
+    refused = ep.add_telemetry(frames)
+    ep.commit('completed', {'actions': len(frames)})
+    return refused, next(e for e in store.episodes() if e.episode_id == eid)
+
+
+def q(t: float) -> np.ndarray:
+    return np.array([np.sin(t), np.cos(2 * t), 0.1 * t], np.float32)
+
+
+def test_50hz_node_ticks_map_to_30hz_rows_as_documented(tmp_path: Path) -> None:
+    """A 50 Hz node replays q(t); row k (t_k = k/30) holds the command in effect at t_k."""
+    store = make_store(tmp_path / 'arm')
+    ticks = [i * 0.02 for i in range(101)]   # 2 s at 50 Hz, from robot time 0
+    frames = [_frame(t, q(t) * 0.9, q(t)) for t in ticks]
+    _, ep = _episode(store, 'replay', _contract(), frames)
+    rows = build_rows(ep, 30, ActionSpace.JOINT_ABSOLUTE, 3, 3, [])
+    assert len(rows) == 61   # t = 0 .. 2 s inclusive at 30 Hz
+    for k in range(61):
+        tk = k / 30
+        in_effect = max(t for t in ticks if t <= tk + 1e-9)
+        np.testing.assert_array_equal(rows.action[k], q(in_effect))
+        np.testing.assert_array_equal(rows.state[k], q(in_effect) * 0.9)
+    # the pattern the docs state: rows take the ticks at 0, 20, 60, 100, 120, 160 ms
+    firsts = [int(round(float(np.arcsin(rows.action[k][0])) * 1000)) for k in range(6)]
+    assert firsts == [0, 20, 60, 100, 120, 160]
+    assert not rows.held.any() and not rows.clamped.any()
+
+
+def test_5hz_delta_policy_exports_every_executed_step(tmp_path: Path) -> None:
+    """Ten executed 5 Hz ee_delta steps (with jitter) -> ten rows at k/5 s whose actions are the steps."""
+    store = make_store(tmp_path / 'wx')
+    contract = Contract('ee_delta', ('x', 'y', 'z', 'roll', 'pitch', 'yaw', 'grip'), 0.2, 4,
+                        ObservationContract((), NAMES), deployment='wx')
+    rng = np.random.default_rng(3)
+    steps = rng.normal(0, 0.01, (10, 7)).astype(np.float32)
+    jitter = [0.0, 0.004, 0.019, 0.001, 0.03, 0.0, 0.012, 0.05, 0.002, 0.0]
+    frames = [_frame(3.0, np.zeros(3), None, hold=True)]   # waiting for the first chunk: no row
+    frames += [_frame(3.1 + 0.2 * i + jitter[i], np.full(3, i), steps[i]) for i in range(10)]
+    _episode(store, 'bridge', contract, frames)
+    for version in ('2.1', '3.0'):
+        out = tmp_path / f'out{version}'
+        res = export_lerobot(store, out, lerobot_version=version, progress=False)
+        assert (res['episodes'], res['frames'], res['fps']) == (1, 10, 5)
+        data = next(out.glob('data/chunk-000/*.parquet'))
+        t = pq.read_table(data).to_pydict()
+        np.testing.assert_array_equal(np.array(t['action'], np.float32), steps)
+        np.testing.assert_allclose(t['timestamp'], np.arange(10) / 5, atol=1e-7)
+        np.testing.assert_array_equal(np.array(t['observation.state'])[:, 0], np.arange(10))
+        assert json.loads((out / 'meta/info.json').read_text())['fps'] == 5
+
+
+def test_a_loop_that_falls_behind_and_catches_up_loses_no_step(tmp_path: Path) -> None:
+    """A 5 Hz fixed-step loop: tick 3 comes 0.15 s late (after a stall), tick 4 on time; ten rows, ten steps."""
+    store = make_store(tmp_path / 'late')
+    times = [0.2 * i for i in range(10)]
+    times[3] += 0.15
+    frames = [_frame(t, np.full(3, i), np.full(3, 10 + i)) for i, t in enumerate(times)]
+    _, ep = _episode(store, 'late', _contract(dt=0.2), frames)
+    rows = build_rows(ep, 5, ActionSpace.JOINT_ABSOLUTE, 3, 3, [])
+    assert len(rows) == 10 and not rows.held.any()
+    np.testing.assert_array_equal(rows.action[:, 0], np.arange(10, 20))
+    np.testing.assert_array_equal(rows.state[:, 0], np.arange(10))
+
+
+def test_a_longer_stall_with_several_late_ticks_loses_no_step(tmp_path: Path) -> None:
+    """Ticks 3, 4, 5 come 0.32 s late, 0.15 s late and on time (catching up): still ten rows, ten steps."""
+    store = make_store(tmp_path / 'late2')
+    times = [0.2 * i for i in range(10)]
+    times[3] += 0.32
+    times[4] += 0.15
+    frames = [_frame(t, np.full(3, i), np.full(3, 10 + i)) for i, t in enumerate(times)]
+    _, ep = _episode(store, 'late2', _contract(dt=0.2), frames)
+    rows = build_rows(ep, 5, ActionSpace.JOINT_ABSOLUTE, 3, 3, [])
+    np.testing.assert_array_equal(rows.action[:, 0], np.arange(10, 20))
+    assert len(rows) == 10 and not rows.held.any()
+
+
+def test_delta_rows_sum_the_ticks_so_the_commanded_path_is_kept(tmp_path: Path) -> None:
+    store = make_store(tmp_path / 'd')
+    rng = np.random.default_rng(5)
+    inc = rng.normal(0, 0.01, (100, 3)).astype(np.float32)
+    frames = [_frame(i * 0.02, np.zeros(3), inc[i], hold=(i % 17 == 5)) for i in range(100)]
+    _, ep = _episode(store, 'dl', _contract('joint_delta'), frames)
+    rows = build_rows(ep, 30, ActionSpace.JOINT_DELTA, 3, 3, [])
+    executed = inc[[i for i in range(100) if i % 17 != 5]].sum(0)
+    np.testing.assert_allclose(rows.action.sum(0), executed, atol=1e-5)
+    assert rows.state.shape == (len(rows), 3) and len(rows) == 60
+
+
+def test_safety_clamps_and_holds_are_the_rows(tmp_path: Path) -> None:
+    """The row's action is what reached the controller; the policy's output is kept beside it."""
+    store = make_store(tmp_path / 'c')
+    frames = [_frame(0.0, [0, 0, 0], [0.5, 0.5, 0.5]),
+              _frame(1 / 30, [0, 0, 0], [1.0, 0.5, 0.5], clamped=True, policy=[1.38, 0.5, 0.5]),
+              _frame(2 / 30, [0, 0, 0], None, hold=True),
+              _frame(3 / 30, [0, 0, 0], [0.9, 0.5, 0.5])]
+    _, ep = _episode(store, 'clamp', _contract(), frames)
+    rows = build_rows(ep, 30, ActionSpace.JOINT_ABSOLUTE, 3, 3, [])
+    # the hold repeats the command
+    np.testing.assert_array_equal(rows.action[:, 0], np.array([0.5, 1.0, 1.0, 0.9], np.float32))
+    np.testing.assert_array_equal(rows.policy_action[:, 0], np.array([0.5, 1.38, 1.0, 0.9], np.float32))
+    assert rows.clamped.tolist() == [False, True, False, False] and rows.held.tolist() == [False, False, True, False]
+
+
+@pytest.mark.parametrize('kind', ['state_shape', 'object_dtype', 'nan_state', 'inf_action', 'bad_jpeg',
+                                  'header_size', 'contract_size', 'format', 'action_shape'])
+def test_each_bad_frame_kind_is_refused_counted_and_never_exported(tmp_path: Path, kind: str) -> None:
+    store = make_store(tmp_path / 'bad', images=True)
+    contract = _contract(camera=True)
+    good = [_frame(i / 30, q(i / 30), q(i / 30), image=codec.encode_image('cam', _jpeg(10 * i))) for i in range(6)]
+    bad = _frame(0.5, q(0.5), q(0.5), image=codec.encode_image('cam', _jpeg(99)))
+    if kind == 'state_shape':
+        bad.state.CopyFrom(codec.to_tensor(np.zeros(4, np.float32)))
+    elif kind == 'object_dtype':
+        bad.state.CopyFrom(pb.Tensor(shape=[3], dtype='object', data=b'\0' * 24))
+    elif kind == 'nan_state':
+        bad.state.CopyFrom(codec.to_tensor(np.array([0, np.nan, 0], np.float32)))
+    elif kind == 'inf_action':
+        bad.action.CopyFrom(codec.to_tensor(np.array([0, np.inf, 0], np.float32)))
+    elif kind == 'action_shape':
+        bad.action.CopyFrom(codec.to_tensor(np.zeros((1, 3), np.float32)))
+    elif kind == 'bad_jpeg':
+        bad.images[0].data = b'\xff\xd8 not a jpeg at all'
+    elif kind == 'header_size':
+        bad.images[0].width = 64   # the JPEG header says 32
+    elif kind == 'contract_size':
+        bad.images[0].CopyFrom(codec.encode_image('cam', _jpeg(5, size=(64, 48))))
+    elif kind == 'format':
+        bad.images[0].CopyFrom(codec.encode_image('cam', _jpeg(5, fmt='PNG')))
+        bad.images[0].encoding = 'jpeg'
+    refused, ep = _episode(store, f'ep-{kind}', contract, good[:3] + [bad] + good[3:])
+    assert refused == 1 and ep.frames == 6   # the episode is kept without the bad frame
+    assert ep.stats['telemetry_rejected'] == 1 and ep.stats['telemetry_error'].startswith('CONTRACT_VIOLATION')
+    res = export_lerobot(store, tmp_path / 'out', vcodec='h264', progress=False)
+    assert res['episodes'] == 1 and res['frames'] == 6 and res['videos'] == 1
+    t = pq.read_table(tmp_path / 'out/data/chunk-000/episode_000000.parquet').to_pydict()
+    assert np.isfinite(np.array(t['observation.state'])).all() and np.isfinite(np.array(t['action'])).all()
+    assert 'NaN' not in (tmp_path / 'out/meta/episodes_stats.jsonl').read_text()
+
+
+def test_a_store_with_unchecked_bad_frames_still_exports_every_good_episode(tmp_path: Path) -> None:
+    """Frames kept without a check (an older store) are skipped at export, counted, never a NaN row."""
+    store = make_store(tmp_path / 'old')
+    _episode(store, 'good', _contract(), [_frame(i / 30, q(i / 30), q(i / 30)) for i in range(5)])
+    ep = store.begin('poisoned', 'reach', _contract())
+    ep._checker.check = lambda frame: None   # simulate the pre-check store writing anything it got
+    ep.add_telemetry([_frame(0, q(0), q(0)), _frame(1 / 30, [np.nan, 0, 0], q(0)),
+                      _frame(2 / 30, np.zeros(5), q(0)), _frame(3 / 30, q(0), q(0))])
+    ep.commit('completed', {})
+    _episode(store, 'empty', _contract(), [_frame(0, q(0), None, hold=True)])
+    res = export_lerobot(store, tmp_path / 'x', lerobot_version='3.0', progress=False)
+    assert res['episodes'] == 2 and res['frames'] == 5 + 4   # the two bad ticks' rows are held rows
+    assert [eid for eid, _ in res['skipped']] == ['empty']
+    assert any('poisoned' in n and '2 telemetry frames' in n for n in res['notes'])
+    assert 'NaN' not in (tmp_path / 'x/meta/stats.json').read_text()
+
+
+def test_stats_match_lerobot_compute_stats_on_the_same_frames() -> None:
+    """reference.json was written by LeRobot 0.6.1's own compute_stats (see make_reference.py)."""
+    spec = importlib.util.spec_from_file_location('make_reference', FIXTURES / 'lerobot_stats/make_reference.py')
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    ref = json.loads((FIXTURES / 'lerobot_stats/reference.json').read_text())
+    for key, arr in mod.frames().items():
+        if key.startswith('observation.images'):
+            ours = lerobot_stats.image_stats(arr[lerobot_stats.sample_indices(len(arr))])
+        else:
+            ours = lerobot_stats.feature_stats(arr)
+        assert set(ours) == set(ref[key])
+        width = (np.asarray(ref[key]['max']) - np.asarray(ref[key]['min'])) / lerobot_stats.QUANTILE_BINS
+        for stat, value in ref[key].items():
+            tol = max(float(np.max(width)), 1e-6) if stat.startswith('q') else 1e-6   # one histogram bin
+            # LeRobot reduces pixels in float32 (E[x^2] - E[x]^2): its image std is off by ~1e-4 relative;
+            # ours comes from exact per-value counts (ImageStats)
+            rtol = 1e-3 if key.startswith('observation.images') and stat == 'std' else 1e-6
+            np.testing.assert_allclose(np.asarray(ours[stat], np.float64), np.asarray(value, np.float64),
+                                       atol=tol, rtol=rtol, err_msg=f'{key} {stat}')
+
+
+def test_a_store_written_before_this_change_still_exports(tmp_path: Path, capsys) -> None:
+    root = tmp_path / 'capture' / 'arm4'
+    shutil.copytree(FIXTURES / 'legacy_store' / 'arm4', root)
+    store = CaptureStore(root, 'arm4', clock=FakeClock())
+    res = export_lerobot(store, tmp_path / 'v21', vcodec='h264', progress=False)
+    assert (res['episodes'], res['frames'], res['videos'], res['fps']) == (2, 18, 2, 10)
+    assert res['skipped'] == [('ep-three', 'no executed action (0 rows)')]
+    t = pq.read_table(tmp_path / 'v21/data/chunk-000/episode_000000.parquet').to_pydict()
+    np.testing.assert_array_equal(np.array(t['action'][0], np.float32), (0.1 * np.sin(0.2 + np.arange(4))).astype(
+        np.float32))   # frame 1 of ep-one commanded q(0.2)
+    res = export_lerobot(store, tmp_path / 'v30', lerobot_version='3.0', vcodec='h264', progress=False)
+    assert res['frames'] == 18 and (tmp_path / 'v30/meta/tasks.parquet').exists()
+    assert len(list((tmp_path / 'v30/videos/observation.images.wrist').rglob('*.mp4'))) == 1
+
+
+def test_cli_export_says_what_it_skipped_and_strict_fails(tmp_path: Path, seq_home: Path, capsys) -> None:
+    root = seq_home / 'capture' / 'arm4'
+    shutil.copytree(FIXTURES / 'legacy_store' / 'arm4', root)
+    assert seq_main(['policy', 'data', 'export', 'arm4', '--out', str(tmp_path / 'o'), '--vcodec', 'h264']) == 3
+    out = capsys.readouterr().out
+    assert 'skipped ep-three: no executed action' in out and 'videos' in out
+    assert json.loads((tmp_path / 'o/meta/info.json').read_text())['total_videos'] == 2   # video by default
+    assert seq_main(['policy', 'data', 'export', 'arm4', '--out', str(tmp_path / 's'), '--strict']) == 2
+    assert not (tmp_path / 's').exists()
+    assert seq_main(['policy', 'data', 'export', 'arm4', '--out', str(tmp_path / 'v3'), '--lerobot-version', '3.0',
+                     '--vcodec', 'h264', '--since', '1790000000', '--until', '1790000001.5']) == 0
+
+
+def test_capture_names_are_checked_even_with_force(tmp_path: Path, seq_home: Path) -> None:
+    assert seq_main(['policy', 'capture', '../../escape', '--rate', '1', '--force']) == 2
+    assert seq_main(['policy', 'capture', 'a/b', '--force']) == 2
+    assert not (seq_home.parent / 'escape').exists() and not (seq_home / 'capture').exists()
+    assert seq_main(['policy', 'capture', 'ok-name', '--rate', '1', '--force']) == 0
+
+
+def test_episode_dirs_never_collide_whatever_the_client_sends(tmp_path: Path) -> None:
+    from sequence_ai_ros.capture.episode import _dir_name
+
+    store = make_store(tmp_path / 'cap')
+    weird = 'we/ird'
+    hashed = _dir_name(weird)
+    assert hashed.startswith('_h-')
+    (store.root / 'episodes' / 'ep-0123').mkdir(parents=True)   # a legacy or stray directory
+    for eid in (weird, hashed[1:], 'ep-0123', hashed.replace('_h-', 'ep-')):
+        _episode(store, eid, _contract(), [_frame(0, q(0), q(0))])
+    kept = {e.episode_id: e.path.name for e in store.episodes()}
+    assert len(kept) == 4 and len(set(kept.values())) == 4 and kept['ep-0123'] == 'ep-0123~1'
+
+
+def test_paused_capture_shows_in_another_process(tmp_path: Path, seq_home: Path, capsys) -> None:
+    from sequence_ai_ros.capture.settings import CaptureSettings, save_settings
+
+    root = seq_home / 'capture' / 'q'
+    save_settings(root, CaptureSettings(rate=1.0, enabled=True, quota_bytes=10))
+    worker_side = CaptureStore(root, 'q')
+    assert worker_side.begin('e1', 'x', None) is None   # over the quota: paused
+    assert seq_main(['policy', 'capture', 'q', '--force']) == 0
+    out = capsys.readouterr().out
+    assert 'capture q: paused' in out and 'quota' in out
+    save_settings(root, CaptureSettings(rate=1.0, enabled=True))
+    assert worker_side.begin('e2', 'x', None) is not None   # the pause lifts, for every process
+    assert seq_main(['policy', 'capture', 'q', '--force']) == 0
+    assert 'capture q: capturing' in capsys.readouterr().out
+
+
+def test_usage_counts_survive_a_failed_flush(tmp_path: Path) -> None:
+    from sequence_ai_ros.worker.usage import UsageMeter, read_usage
+
+    blocker = tmp_path / 'not-a-dir'
+    blocker.write_text('x')
+    meter = UsageMeter('d', blocker / 'usage.sqlite')   # cannot be written (as a full disk)
+    meter.add(episodes=3, requests=7)
+    with pytest.raises(OSError):
+        meter.flush()
+    meter.path = tmp_path / 'usage.sqlite'   # room again
+    meter.add(episodes=1)
+    meter.flush()
+    assert read_usage(meter.path)['d'].episodes == 4 and read_usage(meter.path)['d'].requests == 7
+    meter.retire()
+    meter.add(episodes=1)
+    meter.flush()
+    assert read_usage(meter.path)['d'].episodes == 4
+
+
+def test_export_refuses_an_unknown_version(tmp_path: Path) -> None:
+    store = make_store(tmp_path / 'v')
+    _episode(store, 'a', _contract(), [_frame(0, q(0), q(0))])
+    with pytest.raises(ExportError, match='2.1 or 3.0'):
+        export_lerobot(store, tmp_path / 'o', lerobot_version='4.0', progress=False)
