@@ -4,7 +4,8 @@
 (``ros2 node info`` lists them). The callbacks block on gRPC (begin, label) or wait for an episode to
 end (the Act goal), so they run in a reentrant callback group of their own, served by the node's
 MultiThreadedExecutor (``seq-services``, :mod:`.executors`), apart from the observation callbacks (on
-their own SingleThreadedExecutor) and the lifecycle services (their own group). Goals are accepted only while the node is active (lifecycle).
+their own SingleThreadedExecutor) and the lifecycle services (their own group). Goals are accepted
+only while the node is active (lifecycle).
 
 Errors become responses: a contract or action-space refusal is reason 'validate' (Act) or
 ``accepted: false`` with the message (StartEpisode); a second goal while one runs is rejected and
