@@ -142,11 +142,11 @@ def test_a_policy_that_does_not_fit_fails_configure_and_nothing_is_commanded(tmp
         proc = spawn_node(processes, tmp_path / 'node.log', _params(tmp_path, server.port))
         probe.publish_joints(NAMES)
         assert wait_for(lambda: 'configure failed' in node_log(proc), 30), node_log(proc)
-        why = wait_for(lambda: probe.status and probe.status[-1].message, 10)
-        if case == 'action_space':
-            assert 'joint_velocity' in why and 'forward_command' in why, why
-        else:
-            assert "needs camera 'cam_high'" in why and 'no camera topic' in why, why
+        expected = ('joint_velocity', 'forward_command') if case == 'action_space' else (
+            "needs camera 'cam_high'", 'no camera topic')
+        why = wait_for(lambda: next((s.message for s in reversed(probe.status)
+                                     if all(e in s.message for e in expected)), None), 10)
+        assert why, [s.message for s in probe.status[-5:]]
         assert wait_for(lambda: probe.diag_value('connection', 'lifecycle') == 'unconfigured', 10)
         assert not probe.send_goal(instruction='reach', max_seconds=5.0).accepted
         resp = probe.call('start_episode', instruction='reach', max_seconds=5.0)

@@ -18,16 +18,25 @@ class Pacer:
 
     :param period_s: seconds between ticks (> 0).
     :param wake: an Event that ends a wait early (interrupt, episode finished, a thread's stop).
-    :raises ValueError: for a period that is not positive.
+    :param spin: sleep coarse, then spin the last ~1 ms (sharper deadlines for a caller that owns the
+        process, as act()/run() do); False sleeps to the deadline in one wait, which leaves the GIL to
+        the process's other threads (the policy node's control thread: spinning there cost it 5 Hz of
+        its 50 Hz under camera load, test_node_replay).
+    :param keep_phase: after an overrun, skip the whole periods missed but stay on the original grid
+        (``start + k * period``), so the late tick fires at once and the average rate holds; False
+        re-anchors the grid at the late tick (act()/run()).
 
     ``skipped`` counts the deadlines passed over when a tick overran by more than a period.
     """
 
-    def __init__(self, period_s: float, wake: threading.Event | None = None) -> None:
+    def __init__(self, period_s: float, wake: threading.Event | None = None, *, spin: bool = True,
+                 keep_phase: bool = False) -> None:
         if not period_s > 0:
             raise ValueError(f'period must be > 0 s, got {period_s!r}')
         self.period_s = float(period_s)
         self._wake = wake
+        self._spin = spin
+        self._keep_phase = keep_phase
         self._start = time.monotonic()
         self._k = 0
         self.skipped = 0
@@ -43,9 +52,13 @@ class Pacer:
         if until is not None and until < deadline:
             deadline = max(until, time.monotonic())
         now = time.monotonic()
-        if now - deadline > self.period_s:           # overran by more than a period: re-anchor
-            self.skipped += int((now - deadline) // self.period_s)
-            self._start, self._k = now, 0
+        if now - deadline > self.period_s:           # overran by more than a period: skip, never burst
+            missed = int((now - deadline) // self.period_s)
+            self.skipped += missed
+            if self._keep_phase:
+                self._k += missed                    # the late tick fires now; the next is back on the grid
+            else:
+                self._start, self._k = now, 0        # re-anchor the grid at the late tick
             return now
         # Sleep coarse then spin the last ~1 ms: time.sleep/Event.wait overshoot by up to ~1 ms on Linux.
         while True:
@@ -54,8 +67,14 @@ class Pacer:
                 return deadline
             if self._wake is not None and self._wake.is_set():
                 return time.monotonic()
-            if left > 0.0015:
-                nap = min(left - 0.001, MAX_NAP_S)   # bounded: Event.wait overflows on huge timeouts
+            if not self._spin:
+                nap = min(left, MAX_NAP_S)           # bounded: Event.wait overflows on huge timeouts
+                if self._wake is not None:
+                    self._wake.wait(nap)
+                else:
+                    time.sleep(nap)
+            elif left > 0.0015:
+                nap = min(left - 0.001, MAX_NAP_S)
                 if self._wake is not None:
                     self._wake.wait(nap)
                 else:

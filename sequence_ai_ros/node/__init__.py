@@ -17,15 +17,16 @@ Modules, one concept each:
 - :mod:`.trajectory` (trajectory mode: a chunk's horizon as one JointTrajectory);
 - :mod:`.tick` (the control thread), :mod:`.diagnostics` (~/status, /diagnostics, the WARN/ERROR levels);
 - :mod:`.policy_node` (the lifecycle node), :mod:`.episode_services` (its services and Act action),
-  :mod:`.main` (entry point, autostart).
+  :mod:`.executors` (two executors split by callback group), :mod:`.main` (entry point, autostart).
 
 Threads and their owners:
 
-- main thread (:func:`.main.main`): a MultiThreadedExecutor spinning ``policy_node``, a lifecycle node,
-  with named callback groups: observations (joint and camera callbacks, reentrant, each source
-  serialised by its own lock; they convert each message once), reporting (the ~/status and /diagnostics
-  timers), services and the Act action (reentrant: they block on gRPC or on an episode's end), and the
-  lifecycle services (their own group, so a blocking configure stalls nothing);
+- main thread (:func:`.main.main`): a SingleThreadedExecutor serving the observation group (joint and
+  camera callbacks, which convert each message once) and the reporting group (~/status, /diagnostics);
+- ``seq-services`` (owned by :func:`.main.main`): a MultiThreadedExecutor serving the node's other groups:
+  services and the Act action (reentrant: they block on gRPC or on an episode's end) and the lifecycle
+  services (their own group, so a blocking configure stalls nothing). Both executors serve the one
+  lifecycle node, split by callback group (:mod:`.executors`);
 - ``seq-autostart`` (owned by :func:`.main.main`, with ``autostart``): configures (retrying every second)
   and activates the node;
 - ``seq-tick`` (owned by :class:`.policy_node.PolicyNode` while active): the fixed-rate control thread.
@@ -41,11 +42,11 @@ another process, camera callbacks doing about 5 ms of work; p99 of |dt - 20 ms|)
 rclpy timer on the SingleThreadedExecutor that also serves the cameras 7.9 ms (it waits behind
 callbacks; 0.4 ms with empty callbacks); EventsExecutor 17 ms; MultiThreadedExecutor 106 ms and only
 38 Hz; a dedicated thread on absolute deadlines 3.7 ms at 50.00 Hz (GIL-bound, so the node lowers the
-switch interval to 1 ms). The node uses the dedicated thread. Since the services, the Act action and
-the lifecycle services live on the node itself (issue 15), the node spins on a MultiThreadedExecutor;
-its observation group is reentrant, because a mutually exclusive one makes rclpy's executor spin hot
-while a callback runs and starves the control thread (make demo under load: 34 Hz, p99 214 ms; with
-the reentrant group 50.0 Hz). ``bench_node`` measures the whole node (commands stamped in the node,
+switch interval to 1 ms). The node uses the dedicated thread. The services, the Act action and the
+lifecycle services live on the node itself (issue 15), yet a MultiThreadedExecutor serving the
+observations cost 51 % of a core against 14 % (joint_states at 100 Hz) and, under load, 34 Hz with a
+214 ms p99 in make demo; so two executors split the node by callback group. ``bench_node`` measures
+the whole node (commands stamped in the node,
 and at a subscriber); test_node_replay guards the command rate under the same camera load.
 
 Stale sources (documented behaviour, tested): a source older than its ``max_age_s`` (local receive

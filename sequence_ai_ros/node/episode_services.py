@@ -2,9 +2,10 @@
 
 ``~/act``, ``~/start_episode``, ``~/end_episode``, ``~/interrupt`` and ``~/label`` belong to the node
 (``ros2 node info`` lists them). The callbacks block on gRPC (begin, label) or wait for an episode to
-end (the Act goal), so they run in a reentrant callback group of their own on the node's
-MultiThreadedExecutor, apart from the observation callbacks (a mutually exclusive group) and the
-lifecycle services (their own group). Goals are accepted only while the node is active (lifecycle).
+end (the Act goal), so they run in a reentrant callback group of their own, served by the node's
+MultiThreadedExecutor (``seq-services``, :mod:`.executors`), apart from the observation callbacks (on
+their own SingleThreadedExecutor) and the lifecycle services (their own group). Goals are accepted
+only while the node is active (lifecycle).
 
 Errors become responses: a contract or action-space refusal is reason 'validate' (Act) or
 ``accepted: false`` with the message (StartEpisode); a second goal while one runs is rejected and

@@ -1,10 +1,11 @@
 """``policy_node`` entry point: ``ros2 run sequence_ai_ros policy_node --ros-args --params-file ...``.
 
-Executor: the node spins on a MultiThreadedExecutor in the main thread, its callbacks in named groups:
-observations (reentrant, each source serialised by its own lock), reporting timers (reentrant,
-serialised by a lock), services and the Act action (reentrant: they block on gRPC or on an episode's end),
-lifecycle services (reentrant, their own, so a blocking configure stalls nothing else). Commands go
-out from the control thread ``seq-tick``.
+Executors (:mod:`.executors`), split by callback group: a SingleThreadedExecutor in the main thread
+serves the observation and reporting groups (joint and camera callbacks, ~/status and /diagnostics
+timers); a MultiThreadedExecutor in the thread ``seq-services`` serves the rest: services and the Act
+action (reentrant: they block on gRPC or on an episode's end) and the lifecycle services (their own
+reentrant group, so a blocking configure stalls nothing). Commands go out from the control thread
+``seq-tick``.
 
 With ``autostart`` the thread ``seq-autostart`` configures the node (retrying every second while the
 worker is unreachable or its policy does not fit, each failure logged with its cause) and activates
@@ -22,7 +23,7 @@ from collections.abc import Sequence
 
 import rclpy
 from rclpy.exceptions import ParameterException
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.executors import ExternalShutdownException
 from rclpy.lifecycle import TransitionCallbackReturn
 
 from sequence_ai_ros.exceptions import ConfigError
@@ -32,8 +33,9 @@ from sequence_ai_ros.exceptions import ConfigError
 SWITCH_INTERVAL_S = 0.001
 #: Seconds between two autostart configure attempts.
 AUTOSTART_RETRY_S = 1.0
-#: Executor threads: observations, reporting, lifecycle, and the blocking services and Act goal.
-EXECUTOR_THREADS = 5
+#: Threads of the services executor: an Act goal and a service call may block at once, and the
+#: lifecycle services must still answer.
+SERVICE_THREADS = 3
 
 
 def _init(args: Sequence[str] | None) -> rclpy.context.Context:
@@ -83,6 +85,7 @@ def main(args: Sequence[str] | None = None) -> int:
 
     :returns: 0 after a clean shutdown (or ``--help``); 2 for a bad parameter (the message, on stderr, names it).
     """
+    from sequence_ai_ros.node.executors import GroupsExecutor, OtherGroupsExecutor
     from sequence_ai_ros.node.policy_node import PolicyNode
 
     argv = list(sys.argv[1:] if args is None else args)
@@ -106,8 +109,12 @@ def main(args: Sequence[str] | None = None) -> int:
         print(f'policy_node: {exc}', file=sys.stderr)
         rclpy.try_shutdown(context=context)
         return 2
-    executor = MultiThreadedExecutor(num_threads=EXECUTOR_THREADS, context=context)
-    executor.add_node(node)
+    inputs = (node.inputs_group, node.reporting_group)
+    services = OtherGroupsExecutor(inputs, num_threads=SERVICE_THREADS, context=context)
+    services.add_node(node)       # node.executor: the action server's execute tasks run there
+    executor = GroupsExecutor(node, inputs, context=context)
+    services_thread = threading.Thread(target=services.spin, name='seq-services', daemon=True)
+    services_thread.start()
     starter = None
     if node.cfg.autostart:
         starter = threading.Thread(target=autostart, args=(node, stop), name='seq-autostart', daemon=True)
@@ -124,6 +131,8 @@ def main(args: Sequence[str] | None = None) -> int:
         if starter is not None:
             starter.join(node.cfg.connect_timeout_s + 2.0)
         node.stop()
+        services.shutdown(timeout_sec=2.0)
+        services_thread.join(5.0)
         executor.shutdown(timeout_sec=2.0)
         node.episode_services.destroy()
         node.destroy_node()

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 from rcl_interfaces.msg import SetParametersResult
-from rclpy.callback_groups import ReentrantCallbackGroup
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.clock import Clock, ClockType
 from rclpy.lifecycle import LifecycleNode, LifecycleNodeMixin, LifecycleState, TransitionCallbackReturn
 from rclpy.node import Node
@@ -66,8 +66,8 @@ def _stamp_s(msg: Any) -> float:
 class PolicyNode(LifecycleNode):
     """The policy node: topics in, fixed-rate commands (or trajectories) out, status and diagnostics.
 
-    Threads: the executor that spins this node (subscriptions, timers, services, the Act action and the
-    lifecycle services, in named callback groups), the control thread ``seq-tick``
+    Threads: the two executors of :mod:`.executors` (observations and reporting; services, the Act
+    action and the lifecycle services), by callback group, the control thread ``seq-tick``
     (:class:`.tick.TickThread`, while active) and the session thread ``seq-session`` (blocking gRPC:
     readiness, reconnects, episode ends; while configured). :meth:`stop` shuts the node down through
     its lifecycle (a last hold, the episode ended).
@@ -81,7 +81,11 @@ class PolicyNode(LifecycleNode):
                  **kwargs: Any) -> None:
         Node.__init__(self, node_name, **kwargs)
         self.lifecycle_group = ReentrantCallbackGroup()
-        LifecycleNodeMixin.__init__(self, enable_communication_interface=True, callback_group=self.lifecycle_group)
+        try:   # what LifecycleNode.__init__ does, with the lifecycle services in a group of their own
+            LifecycleNodeMixin.__init__(self, enable_communication_interface=True,
+                                        callback_group=self.lifecycle_group)
+        except TypeError:   # an rclpy whose mixin takes no group: the services stay in the default group
+            LifecycleNodeMixin.__init__(self, enable_communication_interface=True)
         cfg = self.cfg = declare_and_read(self)
         cfg.check_runnable()
         self.enabled = cfg.enabled
@@ -98,13 +102,10 @@ class PolicyNode(LifecycleNode):
         self.runner = self._new_runner()
         self.health = diagnostics.Health(cfg.diagnostics)
         self.command_topic = self.resolve_topic_name(self.commands.topic)
-        # Observations: reentrant, serialised per source by a lock. In a mutually exclusive group, rclpy's
-        # MultiThreadedExecutor spins hot while a frame converts and the next message is ready, taking the
-        # GIL from the control thread (measured on make demo under load: 34 Hz, p99 214 ms, vs 50 Hz).
-        self.inputs_group = ReentrantCallbackGroup()
-        self._source_locks = {key: threading.Lock() for key in ['joints', *self.converters]}
-        self.reporting_group = ReentrantCallbackGroup()     # (the same hot spin): serialised by a lock
-        self._report_lock = threading.Lock()
+        # Observations and reporting are served by a SingleThreadedExecutor of their own, the rest by a
+        # MultiThreadedExecutor (see .executors: one MultiThreadedExecutor for all cost the control thread).
+        self.inputs_group = MutuallyExclusiveCallbackGroup()
+        self.reporting_group = MutuallyExclusiveCallbackGroup()
         self.services_group = ReentrantCallbackGroup()
         self._status_pub = self.create_publisher(RunStatus, '~/status', 10)
         self._diag_pub = self.create_publisher(diagnostics.DiagnosticArray, '/diagnostics', 10)
@@ -254,19 +255,14 @@ class PolicyNode(LifecycleNode):
 
     # -- inputs (executor) --------------------------------------------------------------------------
     def _on_joints(self, msg: JointState) -> None:
-        received = time.monotonic()
-        with self._source_locks['joints']:
-            self.assembler.put_joints(msg, received, _stamp_s(msg))
+        self.assembler.put_joints(msg, time.monotonic(), _stamp_s(msg))
 
     def _image_callback(self, key: str, compressed: bool) -> Callable[[Any], None]:
         converter = self.converters[key]
-        lock = self._source_locks[key]
 
         def callback(msg: Any) -> None:
-            received = time.monotonic()
             convert = (lambda: converter.from_compressed(msg)) if compressed else (lambda: converter.from_image(msg))
-            with lock:     # one frame of a camera at a time: in order, and the converter's counts exact
-                self.assembler.put_image(key, convert, received, _stamp_s(msg))
+            self.assembler.put_image(key, convert, time.monotonic(), _stamp_s(msg))
         return callback
 
     def _on_contract(self, contract: Contract) -> None:
@@ -417,10 +413,8 @@ class PolicyNode(LifecycleNode):
         return self.get_fully_qualified_name().lstrip('/')
 
     def _publish_status(self) -> None:
-        with self._report_lock:
-            self._status_pub.publish(diagnostics.status_message(self.report(), self.get_clock().now().to_msg()))
+        self._status_pub.publish(diagnostics.status_message(self.report(), self.get_clock().now().to_msg()))
 
     def _publish_diagnostics(self) -> None:
-        with self._report_lock:
-            self._diag_pub.publish(diagnostics.diagnostic_array(self.report(), self._diagnostic_name(),
-                                                                self.get_clock().now().to_msg()))
+        self._diag_pub.publish(diagnostics.diagnostic_array(self.report(), self._diagnostic_name(),
+                                                            self.get_clock().now().to_msg()))

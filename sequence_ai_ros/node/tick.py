@@ -8,7 +8,9 @@ MultiThreadedExecutor fell to 38 Hz with p99 106 ms; a dedicated thread paced on
 held 50.00 Hz with p99 3.7 ms, bounded by the GIL switch interval, which the node lowers to 1 ms.
 The thread never blocks on anything but its own deadline: the callback it runs must not wait on
 gRPC or locks held across I/O. The deadlines come from the client's :class:`~sequence_ai_ros.client.pacing.Pacer`
-(the project's one deadline pacer: coarse sleep, then a short spin for the last millisecond).
+(the project's one deadline pacer), without its final spin: the control thread shares the GIL with
+the camera callbacks, and spinning for it cost 5 Hz of 50 under camera load; and on the grid of its
+first tick after an overrun (``keep_phase``), so the average rate holds.
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ class TickThread:
         return pacer.skipped if pacer is not None else 0
 
     def _run(self) -> None:
-        pacer = self._pacer = Pacer(self.period_s, wake=self._stop)
+        pacer = self._pacer = Pacer(self.period_s, wake=self._stop, spin=False, keep_phase=True)
         period = self.period_s
         last = None
         first = True
