@@ -3,7 +3,7 @@
 Run by ``make check-lerobot`` with the LeRobot venv's python (sequence_ai_ros pip-installed there), after
 its closed loop ran with capture on::
 
-    python test/lerobot/check_field_data.py --home SEQ_HOME_DIR --deployment NAME
+    python test/lerobot_check/check_field_data.py --home SEQ_HOME_DIR --deployment NAME
 
 1. ``seq policy data export NAME --lerobot-version 3.0`` (the product's own command, as a user runs it);
 2. ``LeRobotDataset(repo_id, root=dir, video_backend="pyav")`` under ``HF_HUB_OFFLINE=1`` loads it with no
