@@ -32,11 +32,15 @@ def test_package_xml_declares_every_runtime_dependency():
 
 
 def test_requirements_are_pinned():
-    for name in ('requirements.txt', 'requirements-dev.txt'):
+    names = sorted(p.name for p in REPO.glob('requirements*.txt'))
+    assert {'requirements.txt', 'requirements-dev.txt', 'requirements-lerobot.txt'} <= set(names)
+    for name in names:
         for line in (REPO / name).read_text().splitlines():
             line = line.split('#')[0].strip()
             if line and not line.startswith('-r'):
-                assert re.fullmatch(r'[A-Za-z0-9_.\-]+==[0-9][0-9A-Za-z.\-]*', line), f'{name}: {line!r} is not pinned'
+                pin = r'[A-Za-z0-9_.\-]+(\[[a-z,_\-]+\])?==[0-9][0-9A-Za-z.\-]*'
+                marker = r'(; python_version [<>=]+ "3\.\d+")?'
+                assert re.fullmatch(pin + marker, line), f'{name}: {line!r} is not pinned'
 
 
 def test_console_scripts_point_at_real_main_functions():

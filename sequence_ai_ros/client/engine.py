@@ -411,6 +411,8 @@ class EpisodeEngine:
         obs, history, e_obs, seq = self._last_obs
         if seq == self._used_seq:
             return
+        if len(history) < self.contract.observation.history - 1:
+            return   # the first chunk waits for N real frames ((N - 1) * dt): none is invented in their place
         live = self._live
         remaining = max(0.0, live.length - live.pos) if live is not None else 0.0
         s = self.settings
