@@ -220,10 +220,10 @@ class LeRobotRunner:
             raise PolicyException(f'{self.cfg.get("type")} with n_obs_steps={need} needs {need} real observation '
                                   f'frames per request, got {len(frames)} (no frame is repeated in their place)')
         cams = self.plan.cameras if self.plan else {k: k for k in frames[-1][1]}
-        states = [torch.from_numpy(np.asarray(s, np.float32)) for s, _ in frames]
+        states = [torch.from_numpy(np.array(s, np.float32)) for s, _ in frames]   # a copy: wire arrays are read-only
         batch: dict[str, Any] = {STATE_KEY: torch.stack(states)[None] if need > 1 else states[0][None]}
         for robot_key, ckpt_key in cams.items():
-            imgs = [torch.from_numpy(np.ascontiguousarray(images[robot_key])).permute(2, 0, 1).float() / 255.0
+            imgs = [torch.from_numpy(np.array(images[robot_key], np.uint8)).permute(2, 0, 1).float() / 255.0
                     for _, images in frames]
             batch[IMAGE_PREFIX + ckpt_key] = torch.stack(imgs)[None] if need > 1 else imgs[0][None]
         batch['task'] = task
