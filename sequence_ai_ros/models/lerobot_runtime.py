@@ -120,6 +120,13 @@ def go_offline() -> None:
     hub_constants.HF_HUB_OFFLINE = True
 
 
+def default_hub_cache() -> Path:
+    """The Hugging Face hub cache huggingface_hub itself would read: $HF_HUB_CACHE, else $HF_HOME/hub."""
+    if os.environ.get('HF_HUB_CACHE'):
+        return Path(os.environ['HF_HUB_CACHE']).expanduser()
+    return Path(os.environ.get('HF_HOME', '~/.cache/huggingface')).expanduser() / 'hub'
+
+
 @dataclasses.dataclass
 class Raw:
     """One chunk as the model produced it, kept per episode for RTC.
@@ -139,7 +146,8 @@ class LeRobotRunner:
     :param device: torch device, e.g. ``cuda`` or ``cpu``.
     :param template: the template's name, for error messages.
     :param robot_type: LeRobot's ``robot_type`` passed in every batch (the dataset's ``meta/info.json``).
-    :param hub_cache: local Hugging Face hub cache for backbone processors/tokenizers, or None.
+    :param hub_cache: local Hugging Face hub cache for backbone processors/tokenizers; None = the default one
+        (:func:`default_hub_cache`).
     :param hub_snapshots: repo id -> local snapshot directory.
     :param cameras: robot camera -> checkpoint camera.
     """
@@ -151,7 +159,7 @@ class LeRobotRunner:
         self.device = device
         self.template = template
         self.robot_type = robot_type
-        self.hub_cache = hub_cache
+        self.hub_cache = hub_cache or default_hub_cache()
         self.hub_snapshots = dict(hub_snapshots or {})
         self.cfg = read_config(checkpoint) if (checkpoint / 'config.json').is_file() else {}
         self.plan: ServingPlan | None = plan(self.cfg, cameras=cameras) if self.cfg else None

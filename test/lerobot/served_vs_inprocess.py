@@ -72,11 +72,16 @@ class Stream:
         except grpc.RpcError as exc:
             self._in.put(exc)
 
-    def request(self, frames: list[Observation]) -> tuple[np.ndarray, float]:
-        """Send the last frame with the earlier ones as history; return (chunk (T, D), round trip s)."""
+    def request(self, frames: list[Observation], chunk_tail: np.ndarray | None = None,
+                delay: int = 0) -> tuple[np.ndarray, float]:
+        """Send the last frame with the earlier ones as history; return (chunk (T, D), round trip s).
+
+        :param chunk_tail: float32 (K, D) unexecuted rows of the previous chunk (RTC), or None.
+        :param delay: actions expected to run before the new chunk starts.
+        """
         self.rid += 1
         req = messages.pack_observation(frames[-1], self.contract, episode_id=self.episode_id, request_id=self.rid,
-                                        history=frames[:-1])
+                                        history=frames[:-1], chunk_tail=chunk_tail, expected_delay_actions=delay)
         t0 = time.perf_counter()
         self._out.put(pb.EpisodeRequest(observation=req))
         reply = self._in.get(timeout=120)
