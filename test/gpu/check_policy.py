@@ -88,7 +88,7 @@ def main() -> int:
                                   timestamp=k * c.dt,
                                   images={cam.key: rng.integers(0, 255, (cam.height or 224, cam.width or 224, 3),
                                                                 np.uint8) for cam in c.observation.cameras})
-                chunk, rtt = stream.request([obs], chunk_tail=tail, delay=3 if tail is not None else 0)
+                chunk, rtt, _ = stream.request([obs], chunk_tail=tail, delay=3 if tail is not None else 0)
                 if not np.isfinite(chunk).all() or chunk.shape != (c.chunk_length, c.action_dim):
                     raise RuntimeError(f'chunk {k}: shape {chunk.shape}, finite {np.isfinite(chunk).all()}')
                 shapes.add(chunk.shape)

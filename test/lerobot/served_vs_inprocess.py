@@ -11,8 +11,10 @@ Run by ``make check-lerobot`` with the LeRobot venv's python, beside a running `
    same frames go through LeRobot 0.6's own path in this process: ``prepare_observation_for_inference`` (one
    frame) or the training layout (1, N, ...) (several), the saved preprocessor, ``predict_action_chunk``
    (diffusion: the same noise, ``torch.Generator().manual_seed(S + k)`` for the k-th chunk of the episode,
-   as the template documents), the postprocessor. Max abs difference, in-process inference p50, round-trip
-   p50 and their difference (transport overhead per chunk) are reported.
+   as the template documents), the postprocessor. Max abs difference, in-process inference p50 and
+   round-trip p50 are reported, and the transport overhead per chunk: the median over requests of the round
+   trip minus the worker's own inference time for that request (``ActionChunk.timings.inference_ms``), which
+   two processes' timings sharing two loaded cores would blur.
 2. Action error: MAE over the action horizon (H = the served chunk length) on the held-out episode, for the
    policy (in-process, every ``--stride``-th window) and, on exactly the same windows, ridge trained on the
    training episodes with ``seq train``'s code and its three baselines (models/ridge_training.py).
@@ -73,8 +75,10 @@ class Stream:
             self._in.put(exc)
 
     def request(self, frames: list[Observation], chunk_tail: np.ndarray | None = None,
-                delay: int = 0) -> tuple[np.ndarray, float]:
-        """Send the last frame with the earlier ones as history; return (chunk (T, D), round trip s).
+                delay: int = 0) -> tuple[np.ndarray, float, float]:
+        """Send the last frame with the earlier ones as history.
+
+        :returns: (chunk float32 (T, D), round trip s, the worker's own inference time for it s).
 
         :param chunk_tail: float32 (K, D) unexecuted rows of the previous chunk (RTC), or None.
         :param delay: actions expected to run before the new chunk starts.
@@ -88,7 +92,7 @@ class Stream:
         rtt = time.perf_counter() - t0
         if isinstance(reply, Exception) or reply.WhichOneof('kind') != 'chunk':
             raise RuntimeError(f'no chunk: {reply}')
-        return messages.unpack_chunk(reply.chunk).actions, rtt
+        return messages.unpack_chunk(reply.chunk).actions, rtt, reply.chunk.timings.inference_ms / 1e3
 
     def close(self) -> None:
         self._out.put(None)
@@ -149,7 +153,7 @@ def main() -> int:
     parser.add_argument('--train-episodes', default='0-4')
     parser.add_argument('--noise-seed', type=int, default=None)
     parser.add_argument('--robot-type', default='')
-    parser.add_argument('--requests', type=int, default=8)
+    parser.add_argument('--requests', type=int, default=16)
     parser.add_argument('--stride', type=int, default=6)
     parser.add_argument('--out', type=Path, required=True)
     args = parser.parse_args()
@@ -168,7 +172,7 @@ def main() -> int:
     # 1. served == in-process, same frames, same noise
     stream = Stream(args.endpoint, args.deployment, task)
     steps = stream.contract.chunk_length
-    diffs, rtts, inproc = [], [], []
+    diffs, rtts, inproc, overhead = [], [], [], []
     starts = np.linspace(n - 1, len(ep) - steps - 1, args.requests).astype(int)
     for k, t in enumerate(starts):
         states, images = frames_at(int(t))
@@ -178,7 +182,8 @@ def main() -> int:
         obs = [Observation(state=s, images=im, state_names=stream.contract.observation.state_names,
                            instruction=task, timestamp=float(i) / ds.fps)
                for i, (s, im) in enumerate(zip(states, png, strict=True))]
-        served, rtt = stream.request(obs)
+        served, rtt, worker_s = stream.request(obs)
+        overhead.append(rtt - worker_s)
         seed = None if args.noise_seed is None else args.noise_seed + k
         t0 = time.perf_counter()
         mine = local.chunk(states, images, task, seed)[:steps]
@@ -206,7 +211,8 @@ def main() -> int:
         'policy_type': local.cfg.type, 'chunk_length': steps, 'history': n, 'requests': len(diffs),
         'max_abs_diff': max(diffs), 'inference_p50_ms': 1e3 * statistics.median(inproc),
         'roundtrip_p50_ms': 1e3 * statistics.median(rtts),
-        'transport_overhead_ms': 1e3 * (statistics.median(rtts) - statistics.median(inproc)),
+        'worker_inference_p50_ms': 1e3 * statistics.median(r - o for r, o in zip(rtts, overhead, strict=True)),
+        'transport_overhead_ms': 1e3 * statistics.median(overhead),
         'mae_windows': len(windows), 'mae_stride': args.stride, 'mae': mae,
     }
     args.out.write_text(json.dumps(result, indent=2) + '\n')
