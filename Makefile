@@ -105,7 +105,8 @@ check-lerobot: $(STAMP_BUILD)
 	test -f "$(DATASET)/meta/info.json" || { echo "check-lerobot: no dataset at $(DATASET) (DATASET=...)"; exit 2; }; \
 	venv=$$(bash test/lerobot/ensure_venv.sh "$$py" requirements-lerobot.txt "$(LEROBOT_CACHE)" | tail -n 1); \
 	echo "check-lerobot: venv $$venv ($$(( $$(date +%s) - start )) s so far)"; \
-	"$$venv/bin/pip" install -q --no-deps --no-build-isolation --force-reinstall . ; \
+	echo "check-lerobot: pip install . (the README's worker install, into the LeRobot venv)"; \
+	"$$venv/bin/pip" install -q . ; \
 	$(ENV) && python test/lerobot/check_lerobot.py --venv "$$venv" --dataset "$(DATASET)" $(CHECK_LEROBOT_ARGS); \
 	echo "check-lerobot: total $$(( $$(date +%s) - start )) s (venv included)"
 
