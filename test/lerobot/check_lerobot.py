@@ -9,9 +9,9 @@ clone pip-installed into it), through LeRobot's own tools and the product's publ
 2. the G1 dataset (v2.1) copied and converted to v3.0 with LeRobot's own converter;
 3. ``lerobot-train`` of a small ACT and a small diffusion (DDIM, 10 inference steps, n_obs_steps 2) on
    episodes 0-4, fully offline (HF_HUB_OFFLINE, no ImageNet backbone weights, no push to the hub);
-4. for each: ``seq init lerobot`` -> ``seq deploy`` -> ``seq serve`` (ACT with capture on: rate 1.0, images);
-   the served chunk against LeRobot's in-process inference (served_vs_inprocess.py); the closed loop on
-   episode 5 replayed as a rosbag through ``policy_node`` at 50 Hz with one ``~/act`` goal;
+4. for each: ``seq init lerobot`` -> ``seq deploy`` -> ``seq serve``; the served chunk against LeRobot's
+   in-process inference (served_vs_inprocess.py); then (ACT: with capture on, rate 1.0, images) the closed
+   loop on episode 5 replayed as a rosbag through ``policy_node`` at 50 Hz with one ``~/act`` goal;
 5. a checkpoint the template cannot serve (ACT with temporal ensembling) is refused by ``seq deploy``;
 6. the captured ACT run's field data, through test/lerobot/check_field_data.py when it exists.
 
@@ -206,9 +206,6 @@ def serve_and_check(c: Check, kind: str, ckpt: Path, bag: Path, ds_info: dict, d
     """Deploy, serve, compare with LeRobot in-process, run the closed loop; return the figures."""
     home = c.out / kind / 'seq_home'
     pdir, env = deploy(c, kind, ckpt, home, ds_info)
-    if kind == 'act':
-        c.run('act_capture', [c.lr('seq'), 'policy', 'capture', 'lerobot_act', '--rate', '1.0', '--images'], 60,
-              env=env)
     procs = Processes(c.out / 'logs', env)
     try:
         server = procs.start(f'{kind}_serve', [c.lr('seq'), 'serve', f'lerobot_{kind}', '--port', '0', '--warm'])
@@ -221,6 +218,9 @@ def serve_and_check(c: Check, kind: str, ckpt: Path, bag: Path, ds_info: dict, d
                                   ds_info.get('robot_type', ''), '--out', str(c.out / kind / 'compare.json'), *seed],
               3600, env=env)
         figures = json.loads((c.out / kind / 'compare.json').read_text())
+        if kind == 'act':   # capture from here on: the closed-loop episode only (settings are read per episode)
+            c.run('act_capture', [c.lr('seq'), 'policy', 'capture', 'lerobot_act', '--rate', '1.0', '--images'], 60,
+                  env=env)
         c.step(f'{kind}: closed loop on episode 5 through policy_node at {HZ:.0f} Hz')
         figures['loop'] = closed_loop(c, kind, endpoint, bag, duration, env)
     finally:
