@@ -86,3 +86,14 @@ def test_ci_runs_exactly_the_readme_test_command():
     ci = (REPO / '.ci' / 'run').read_text()
     assert re.search(r'^make test$', ci, re.M)
     assert 'make test' in (REPO / 'README.md').read_text()
+
+
+def test_check_lerobot_skips_without_python_312_saying_why():
+    """LeRobot >= 0.5 needs Python >= 3.12: with an older interpreter the target skips, naming the reason."""
+    environ = {k: v for k, v in os.environ.items() if k != 'ROS_DISTRO'}
+    done = subprocess.run(['make', '--no-print-directory', 'check-lerobot', 'LEROBOT_PYTHON=python3.11'],
+                          cwd=REPO, env=environ, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert 'check-lerobot: SKIPPED: LeRobot >= 0.5 needs Python >= 3.12' in done.stdout
+    ci = (REPO / '.ci' / 'run').read_text()
+    assert ci.index('make test') < ci.index('make check-lerobot')
