@@ -26,7 +26,7 @@ ENV := set +u && source $(VENV)/bin/activate && source install/local_setup.bash 
 DATASET ?= ../shared/data/g1_pick_bottle_v21
 export DATASET
 
-.PHONY: help setup build test lint demo bench check-export params-yaml clean haproxy
+.PHONY: help setup build test lint demo bench check-export check-lerobot params-yaml clean haproxy
 
 help:
 	@echo "make demo    run the main job end to end (set-up included)"
@@ -34,6 +34,7 @@ help:
 	@echo "make bench   benchmarks (latency, underrun curve, pipelining, wire vs openpi, tick jitter, export)"
 	@echo "make check-export  load the demo's export in LeRobot's own v2.1 loader (own, large venv)"
 	@echo "make haproxy install Debian's HAProxy for the fleet (seq fleet, test_fleet.py) when root"
+	@echo "make check-lerobot ACT and diffusion trained by LeRobot 0.6, served and run in closed loop (own venv)"
 
 setup: $(STAMP_VENV)
 build: $(STAMP_BUILD)
@@ -109,6 +110,25 @@ EXPORT ?= out/export
 check-export: .venv-lerobot/.stamp
 	@test -f "$(EXPORT)/meta/info.json" || { echo "no export at $(EXPORT): run make demo first (or EXPORT=DIR)"; exit 2; }
 	.venv-lerobot/bin/python test/check_export_lerobot.py "$(EXPORT)"
+
+# LeRobot 0.6.x (Python >= 3.12) in its own venv OUTSIDE the clone, keyed by requirements-lerobot.txt's hash, so
+# a second clone (and CI after a session) reuses it: ACT and diffusion trained by lerobot-train, then
+# seq init/deploy/serve, LeRobot in-process vs served chunks and the closed loop (test/lerobot_check/check_lerobot.py).
+# LEROBOT_PYTHON=/path/to/python3.12 picks another interpreter; without a Python >= 3.12 it skips, saying why.
+LEROBOT_PYTHON ?= $(shell PYENV_VERSION=3.12.1 pyenv which python3.12 2>/dev/null || command -v python3.12 || true)
+LEROBOT_CACHE ?= $(HOME)/.cache/sequence_ai
+check-lerobot: $(STAMP_BUILD)
+	@start=$$(date +%s); py="$(LEROBOT_PYTHON)"; \
+	if [ -z "$$py" ] || ! "$$py" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then \
+	  echo "check-lerobot: SKIPPED: LeRobot >= 0.5 needs Python >= 3.12 and none was found (LEROBOT_PYTHON='$$py')"; \
+	  exit 0; fi; \
+	test -f "$(DATASET)/meta/info.json" || { echo "check-lerobot: no dataset at $(DATASET) (DATASET=...)"; exit 2; }; \
+	venv=$$(bash test/lerobot_check/ensure_venv.sh "$$py" requirements-lerobot.txt "$(LEROBOT_CACHE)" | tail -n 1); \
+	echo "check-lerobot: venv $$venv ($$(( $$(date +%s) - start )) s so far)"; \
+	echo "check-lerobot: pip install . (the README's worker install, into the LeRobot venv)"; \
+	"$$venv/bin/pip" install -q . ; \
+	$(ENV) && python test/lerobot_check/check_lerobot.py --venv "$$venv" --dataset "$(DATASET)" $(CHECK_LEROBOT_ARGS); \
+	echo "check-lerobot: total $$(( $$(date +%s) - start )) s (venv included)"
 
 clean:
 	rm -rf build install log $(VENV) .venv-lerobot

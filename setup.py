@@ -1,12 +1,22 @@
-"""ament_python build of sequence_ai_ros.
+"""Build of sequence_ai_ros: ament_python for colcon, and a plain pip package without ROS.
 
-The gRPC stubs are generated here, at build time, from the grpcio-tools installed next to the grpcio
-and protobuf that will run them (a stub from a newer grpcio-tools refuses to import beside an older
-runtime, e.g. Ubuntu's python3-grpcio for Humble/Jazzy).
+Three install paths, one rule: the gRPC stubs (``protocol/sequence_ai_pb2*.py``, never committed) are
+generated here, at build time, by ``grpc_tools.protoc``:
+
+- colcon (ament_python) runs this file with the grpcio-tools installed next to the grpcio and protobuf
+  that will run the stubs (a stub from a newer grpcio-tools refuses to import beside an older runtime);
+- ``pip install .`` (wheel) and ``pip install -e .`` (editable, PEP 660) get grpcio-tools from
+  pyproject.toml's ``[build-system] requires``; the package's requirements then carry the runtime floors
+  the generated code checks at import (``grpcio >= GRPC_GENERATED_VERSION``, protobuf >= the gencode's
+  version, same major or the next one), read from the generated files themselves.
+
+The worker and the client need no ROS: rclpy is imported only by ``sequence_ai_ros.node`` and
+``sequence_ai_ros.bags.player``, which robots run from their ROS install.
 """
 
 import glob
 import os
+import re
 import subprocess
 import sys
 
@@ -31,6 +41,30 @@ def generate_stubs() -> None:
         cwd=HERE)
 
 
+def runtime_floors() -> list[str]:
+    """Return the grpcio and protobuf requirements that the generated stubs check when imported.
+
+    Read from the stubs (``GRPC_GENERATED_VERSION`` and ``ValidateProtobufRuntimeVersion(..., major, minor,
+    patch, ...)``), so they always match the grpcio-tools that generated them.
+    """
+    base = os.path.join(HERE, PACKAGE, 'protocol', 'sequence_ai_pb2')
+    with open(base + '_grpc.py', encoding='utf-8') as f:
+        grpc_version = re.search(r"GRPC_GENERATED_VERSION = '([0-9.]+)'", f.read()).group(1)
+    with open(base + '.py', encoding='utf-8') as f:
+        nums = re.search(r'ValidateProtobufRuntimeVersion\(\s*[\w.]+,\s*(\d+),\s*(\d+),\s*(\d+)', f.read())
+    major, minor, patch = (int(n) for n in nums.groups())
+    return [f'grpcio>={grpc_version}', f'protobuf>={major}.{minor}.{patch},<{major + 2}']
+
+
+# Runtime dependencies of the worker and client (ranges, not pins: the pins live in the requirements
+# files per environment). Lower bounds admit the ROS distros' own packages (Humble: numpy 1.21, PyYAML
+# 5.4, Pillow 9.0, tqdm 4.57); av stays below 16 beside LeRobot 0.6 through requirements-lerobot.txt.
+REQUIRES = [
+    'numpy>=1.21', 'PyYAML>=5.3', 'Pillow>=9.0', 'tqdm>=4.57', 'grpcio-health-checking>=1.62',
+    'rosbags>=0.10', 'av>=12', 'pyarrow>=14',
+]
+
+
 class BuildPy(build_py):
     def run(self):
         generate_stubs()
@@ -41,6 +75,23 @@ class Develop(develop):
     def run(self):
         generate_stubs()
         super().run()
+
+
+def generated_requires() -> list[str]:
+    """The stubs' runtime floors; the stubs are generated first when grpcio-tools is importable.
+
+    ``setup.py`` runs more than once per install (metadata, then build); metadata needs the floors, so the
+    stubs are generated as soon as this file runs. Without grpcio-tools (a bare ``setup.py --name``) it
+    returns no floor rather than failing.
+    """
+    try:
+        generate_stubs()
+    except (subprocess.CalledProcessError, OSError):
+        return []
+    try:
+        return runtime_floors()
+    except (OSError, AttributeError):
+        return []
 
 
 def data_files():
@@ -61,7 +112,8 @@ setup(
     package_data={PACKAGE: ['py.typed', 'protocol/*.proto', 'templates/*/*', 'node/*.yaml']},
     include_package_data=True,
     data_files=data_files(),
-    install_requires=['setuptools'],
+    install_requires=['setuptools', *REQUIRES, *generated_requires()],
+    python_requires='>=3.10',
     zip_safe=False,
     maintainer='sequence_ai maintainers',
     maintainer_email='maintainers@sequence-ai.dev',

@@ -32,11 +32,15 @@ def test_package_xml_declares_every_runtime_dependency():
 
 
 def test_requirements_are_pinned():
-    for name in ('requirements.txt', 'requirements-dev.txt'):
+    names = sorted(p.name for p in REPO.glob('requirements*.txt'))
+    assert {'requirements.txt', 'requirements-dev.txt', 'requirements-lerobot.txt'} <= set(names)
+    for name in names:
         for line in (REPO / name).read_text().splitlines():
             line = line.split('#')[0].strip()
             if line and not line.startswith('-r'):
-                assert re.fullmatch(r'[A-Za-z0-9_.\-]+==[0-9][0-9A-Za-z.\-]*', line), f'{name}: {line!r} is not pinned'
+                pin = r'[A-Za-z0-9_.\-]+(\[[a-z,_\-]+\])?==[0-9][0-9A-Za-z.\-]*'
+                marker = r'(; python_version [<>=]+ "3\.\d+")?'
+                assert re.fullmatch(pin + marker, line), f'{name}: {line!r} is not pinned'
 
 
 def test_console_scripts_point_at_real_main_functions():
@@ -82,3 +86,14 @@ def test_ci_runs_exactly_the_readme_test_command():
     ci = (REPO / '.ci' / 'run').read_text()
     assert re.search(r'^make test$', ci, re.M)
     assert 'make test' in (REPO / 'README.md').read_text()
+
+
+def test_check_lerobot_skips_without_python_312_saying_why():
+    """LeRobot >= 0.5 needs Python >= 3.12: with an older interpreter the target skips, naming the reason."""
+    environ = {k: v for k, v in os.environ.items() if k != 'ROS_DISTRO'}
+    done = subprocess.run(['make', '--no-print-directory', 'check-lerobot', 'LEROBOT_PYTHON=python3.11'],
+                          cwd=REPO, env=environ, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert 'check-lerobot: SKIPPED: LeRobot >= 0.5 needs Python >= 3.12' in done.stdout
+    ci = (REPO / '.ci' / 'run').read_text()
+    assert ci.index('make test') < ci.index('make check-lerobot')

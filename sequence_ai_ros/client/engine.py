@@ -399,6 +399,8 @@ class EpisodeEngine:
         obs, history, e_obs, seq = self._last_obs
         if seq == self._used_seq:
             return
+        if len(history) < self.contract.observation.history - 1:
+            return   # the first chunk waits for N real frames ((N - 1) * dt): none is invented in their place
         live = self._live
         dt = live.dt if live is not None else self.contract.dt
         remaining = max(0.0, live.length - live.pos) if live is not None else 0.0

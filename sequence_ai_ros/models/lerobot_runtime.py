@@ -1,14 +1,25 @@
 """Load a LeRobot policy checkpoint from a local directory and turn observations into action chunks.
 
 Shared by the ``lerobot`` and ``pi05-droid`` templates, whose policy.py imports it from the installed
-package (``from sequence_ai_ros.models import lerobot_runtime``).
+package (``from sequence_ai_ros.models import lerobot_runtime``). What a checkpoint needs and whether it
+can be served at all is decided from its files in :mod:`.lerobot_checkpoint` (no torch).
 
-Loading follows LeRobot's own path (LeRobot >= 0.4, ``lerobot/policies/factory.py``):
-``get_policy_class(config.type).from_pretrained(dir)`` and
-``make_pre_post_processors(policy.config, pretrained_path=dir)`` for the normalisation pipelines saved
-beside the weights. Inference mirrors ``lerobot.utils.control_utils.predict_action``: images become
-float (1, 3, H, W) in [0, 1], the state (1, D), the instruction goes in ``task``; then the preprocessor,
-``predict_action_chunk`` (1, T, D), and the postprocessor (unnormalise).
+Loading follows LeRobot 0.6's own path (``lerobot/policies/factory.py``, the processor pipeline since 0.4):
+``get_policy_class(type).from_pretrained(dir, config=...)`` and
+``make_pre_post_processors(config, pretrained_path=dir)`` for the normalisation and tokenizer pipelines
+saved beside the weights. Inference mirrors ``lerobot.common.control_utils.predict_action``: images become
+float (1, 3, H, W) in [0, 1] (``prepare_observation_for_inference``), the state (1, D), the instruction goes
+in ``task`` and the robot's type in ``robot_type``; then the preprocessor, ``predict_action_chunk``
+(1, T, D) and the postprocessor (unnormalise). Diffusion gets its ``n_obs_steps`` frames stacked on a time
+axis, (1, N, D) and (1, N, 3, H, W), exactly as LeRobot's training batches carry them.
+
+Nothing is downloaded: ``HF_HUB_OFFLINE``, ``HF_DATASETS_OFFLINE`` and ``TRANSFORMERS_OFFLINE`` are set
+before lerobot is imported, ``pretrained_backbone_weights`` (ImageNet weights from torchvision's server)
+is cleared (the checkpoint's own weights replace them anyway), and backbone processors/tokenizers come
+from ``hub_cache`` or ``hub_snapshots`` (see :mod:`.lerobot_checkpoint`).
+
+Every tensor carries a leading batch axis of 1 per episode, so requests of several episodes can be stacked
+on that axis (:meth:`LeRobotRunner.frames_batch` then :meth:`LeRobotRunner.forward`).
 
 torch and lerobot are heavy (GBs, CUDA wheels); they live in the worker's own environment, never in the
 ROS venv. Everything here checks for them with :func:`importlib.util.find_spec` (no import) and raises
@@ -20,27 +31,34 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import importlib.util
-import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from sequence_ai_ros.exceptions import ConfigError, MissingDependency
-from sequence_ai_ros.protocol.contract import CameraSpec, Contract, ObservationContract
-from sequence_ai_ros.protocol.spaces import ActionSpace
+from sequence_ai_ros.exceptions import MissingDependency, PolicyException
+from sequence_ai_ros.models.lerobot_checkpoint import (
+    IMAGE_PREFIX,
+    STATE_KEY,
+    ServingPlan,
+    contract_for,
+    hub_needs,
+    locate,
+    missing_hub_files,
+    plan,
+    read_config,
+    resolve,
+)
+
+__all__ = ['IMAGE_PREFIX', 'STATE_KEY', 'LeRobotRunner', 'Raw', 'contract_for', 'missing', 'read_config', 'require',
+           'resolve']
 
 MIN_LEROBOT = (0, 4)
 WEIGHTS = ('config.json', 'model.safetensors')
-IMAGE_PREFIX = 'observation.images.'
-STATE_KEY = 'observation.state'
-
-
-def resolve(value: str, base: Path) -> Path:
-    """Expand ``~`` and $VARS; a relative path is relative to ``base`` (the policy.py folder)."""
-    path = Path(os.path.expandvars(os.path.expanduser(str(value))))
-    return path if path.is_absolute() else (base / path)
+OFFLINE = {'HF_HUB_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1', 'TRANSFORMERS_OFFLINE': '1'}
+LEROBOT_HINT = 'pip install -r requirements-lerobot.txt (LeRobot 0.6.x, Python >= 3.12)'
 
 
 def _version(dist: str) -> tuple[int, ...] | None:
@@ -61,14 +79,15 @@ def missing(checkpoint: Path | None, *, extra_files: tuple[str, ...] = ()) -> li
     :param checkpoint: the checkpoint directory, or None when config.yaml does not name one.
     """
     out = []
-    if importlib.util.find_spec('torch') is None:
-        out.append('python package torch (pip install torch, in the worker\'s own venv, not the ROS venv)')
-    if importlib.util.find_spec('lerobot') is None:
-        out.append('python package lerobot>=0.4 (pip install "lerobot>=0.4"; 0.4.4 is the newest on Python 3.11)')
+    # installed distributions, not bare import names (a folder named lerobot/ on sys.path is not LeRobot)
+    if importlib.util.find_spec('torch') is None or _version('torch') is None:
+        out.append(f'python package torch (in the worker\'s own venv, not the ROS venv: {LEROBOT_HINT})')
+    found = _version('lerobot') if importlib.util.find_spec('lerobot') is not None else None
+    if found is None:
+        out.append(f'python package lerobot>=0.4 ({LEROBOT_HINT})')
     else:
-        found = _version('lerobot')
-        if found is not None and found[:2] < MIN_LEROBOT:
-            out.append(f'lerobot>=0.4 (found {".".join(map(str, found))}; pip install -U "lerobot>=0.4")')
+        if found[:2] < MIN_LEROBOT:
+            out.append(f'lerobot>=0.4 (found {".".join(map(str, found))}; {LEROBOT_HINT})')
     if checkpoint is None:
         out.append('a checkpoint directory (set `checkpoint:` in config.yaml)')
     elif not checkpoint.is_dir():
@@ -91,53 +110,33 @@ def require(checkpoint: Path | None, template: str, *, extra_files: tuple[str, .
                                 + ' (see its README.md)')
 
 
-def read_config(checkpoint: Path) -> dict[str, Any]:
-    """Return the checkpoint's ``config.json`` (policy type, input/output features, chunk sizes).
-
-    :raises ConfigError: when it is not JSON or has no ``type``.
-    """
-    path = checkpoint / 'config.json'
+def go_offline() -> None:
+    """Switch every Hugging Face download path off for this process (before lerobot is imported)."""
+    os.environ.update(OFFLINE)
     try:
-        cfg = json.loads(path.read_text(encoding='utf-8'))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f'{path}: unreadable ({exc})') from None
-    if not isinstance(cfg, dict) or 'type' not in cfg:
-        raise ConfigError(f'{path}: not a LeRobot policy config (no "type")')
-    return cfg
+        import huggingface_hub.constants as hub_constants
+    except ImportError:
+        return
+    hub_constants.HF_HUB_OFFLINE = True
 
 
-def contract_for(contract: Contract, cfg: dict[str, Any], *, action_space: str, fps: float,
-                 state_names: list[str] | None, action_names: list[str] | None,
-                 chunk_length: int | None) -> Contract:
-    """Build the contract from a checkpoint config: cameras and dims from its features.
+def default_hub_cache() -> Path:
+    """The Hugging Face hub cache huggingface_hub itself would read: $HF_HUB_CACHE, else $HF_HOME/hub."""
+    if os.environ.get('HF_HUB_CACHE'):
+        return Path(os.environ['HF_HUB_CACHE']).expanduser()
+    return Path(os.environ.get('HF_HOME', '~/.cache/huggingface')).expanduser() / 'hub'
 
-    :param cfg: the checkpoint's config.json.
-    :param fps: control rate the policy was trained at (Hz); dt = 1/fps.
-    :param state_names: the D state names (default ``state_0`` ...).
-    :param action_names: the action names (default ``action_0`` ...).
-    :param chunk_length: actions per chunk; default the checkpoint's ``n_action_steps``.
-    :raises ConfigError: when names do not match the checkpoint's dimensions.
+
+@dataclasses.dataclass
+class Raw:
+    """One chunk as the model produced it, kept per episode for RTC.
+
+    :param model: float32 (H, D') the model-space rows (before the postprocessor), H = the model's horizon.
+    :param served: the number of rows served as the chunk (T).
     """
-    inputs = cfg.get('input_features') or {}
-    outputs = cfg.get('output_features') or {}
-    state_dim = int(np.prod(inputs.get(STATE_KEY, {}).get('shape', [0])))
-    action_dim = int(np.prod(outputs.get('action', {}).get('shape', [0])))
-    if not action_dim:
-        raise ConfigError('checkpoint config.json has no output feature "action"')
-    state_names = list(state_names or [f'state_{i}' for i in range(state_dim)])
-    action_names = list(action_names or [f'action_{i}' for i in range(action_dim)])
-    if len(state_names) != state_dim or len(action_names) != action_dim:
-        raise ConfigError(f'the checkpoint has state dim {state_dim} and action dim {action_dim}; config.yaml '
-                          f'names {len(state_names)} state and {len(action_names)} action entries')
-    cameras = []
-    for key, feat in inputs.items():
-        if feat.get('type') == 'VISUAL':
-            shape = list(feat.get('shape') or [3, 0, 0])
-            cameras.append(CameraSpec(key.removeprefix(IMAGE_PREFIX), width=int(shape[-1]), height=int(shape[-2])))
-    steps = int(chunk_length or cfg.get('n_action_steps') or cfg.get('chunk_size') or 1)
-    return dataclasses.replace(contract, action_space=ActionSpace.parse(action_space), action_names=tuple(action_names),
-                               dt=1.0 / float(fps), chunk_length=steps,
-                               observation=ObservationContract(cameras=tuple(cameras), state_names=tuple(state_names)))
+
+    model: np.ndarray
+    served: int
 
 
 class LeRobotRunner:
@@ -146,54 +145,136 @@ class LeRobotRunner:
     :param checkpoint: local directory with config.json, model.safetensors and the processor files.
     :param device: torch device, e.g. ``cuda`` or ``cpu``.
     :param template: the template's name, for error messages.
+    :param robot_type: LeRobot's ``robot_type`` passed in every batch (the dataset's ``meta/info.json``).
+    :param hub_cache: local Hugging Face hub cache for backbone processors/tokenizers; None = the default one
+        (:func:`default_hub_cache`).
+    :param hub_snapshots: repo id -> local snapshot directory.
+    :param cameras: robot camera -> checkpoint camera.
     """
 
-    def __init__(self, checkpoint: Path, device: str, template: str) -> None:
+    def __init__(self, checkpoint: Path, device: str, template: str, *, robot_type: str = '',
+                 hub_cache: Path | None = None, hub_snapshots: dict[str, Path] | None = None,
+                 cameras: dict[str, str] | None = None) -> None:
         self.checkpoint = checkpoint
         self.device = device
         self.template = template
+        self.robot_type = robot_type
+        self.hub_cache = hub_cache or default_hub_cache()
+        self.hub_snapshots = dict(hub_snapshots or {})
+        self.cfg = read_config(checkpoint) if (checkpoint / 'config.json').is_file() else {}
+        self.plan: ServingPlan | None = plan(self.cfg, cameras=cameras) if self.cfg else None
         self.policy: Any = None
         self.pre: Any = None
         self.post: Any = None
         self.torch: Any = None
 
+    def check_hub_files(self) -> None:
+        """Raise :class:`MissingDependency` naming each backbone file that is not local, and how to place it."""
+        gone = missing_hub_files(hub_needs(self.checkpoint, self.cfg), self.hub_cache, self.hub_snapshots)
+        if gone:
+            raise MissingDependency(f'the {self.template} template cannot load {self.cfg.get("type")!r} offline: '
+                                    + '; '.join(gone))
+
     def load(self) -> None:
         """Import torch and lerobot, load the weights onto the device (slow; not billed).
 
-        :raises MissingDependency: for a missing package, file, or CUDA when ``device`` is cuda.
+        :raises MissingDependency: for a missing package, file, backbone file, or CUDA when ``device`` is cuda.
         """
         require(self.checkpoint, self.template)
+        self.check_hub_files()
+        go_offline()
+        if self.hub_cache is not None:
+            os.environ['HF_HUB_CACHE'] = str(self.hub_cache)
         import torch
+        from lerobot.configs.policies import PreTrainedConfig
         from lerobot.policies.factory import get_policy_class, make_pre_post_processors
 
         if self.device.startswith('cuda') and not torch.cuda.is_available():
             raise MissingDependency(f'the {self.template} template needs a CUDA GPU (device {self.device!r}); '
                                     'torch.cuda.is_available() is False')
-        cfg = read_config(self.checkpoint)
-        policy = get_policy_class(cfg['type']).from_pretrained(str(self.checkpoint))
+        config = PreTrainedConfig.from_pretrained(str(self.checkpoint), local_files_only=True)
+        if hasattr(config, 'pretrained_backbone_weights'):
+            config.pretrained_backbone_weights = None   # ImageNet init is replaced by model.safetensors
+        overrides: dict[str, dict] = {'device_processor': {'device': self.device}}
+        for need in hub_needs(self.checkpoint, self.cfg):
+            local, _ = locate(need, self.hub_cache, self.hub_snapshots)
+            if local is None:
+                continue
+            if getattr(config, 'vlm_model_name', None) == need.repo_id:
+                config.vlm_model_name = str(local)
+            else:
+                overrides['tokenizer_processor'] = {'tokenizer_name': str(local)}
+        config.device = self.device
+        policy = get_policy_class(self.cfg['type']).from_pretrained(str(self.checkpoint), config=config,
+                                                                   local_files_only=True)
         policy.to(self.device)
         policy.eval()
-        self.pre, self.post = make_pre_post_processors(
-            policy.config, pretrained_path=str(self.checkpoint),
-            preprocessor_overrides={'device_processor': {'device': self.device}})
+        self.pre, self.post = make_pre_post_processors(policy.config, pretrained_path=str(self.checkpoint),
+                                                       preprocessor_overrides=overrides)
         self.policy, self.torch = policy, torch
 
-    def chunk(self, state: np.ndarray, images: dict[str, np.ndarray], task: str, steps: int) -> np.ndarray:
-        """Return float32 (steps, D): the first ``steps`` actions of the policy's next chunk.
+    def frames_batch(self, frames: Sequence[tuple[np.ndarray, dict[str, np.ndarray]]], task: str) -> dict[str, Any]:
+        """Return one episode's raw batch (before the preprocessor), leading batch axis 1.
 
-        :param state: float32 (D,) measured state.
-        :param images: per camera key, uint8 (H, W, 3) RGB.
-        :param task: the instruction.
+        :param frames: (state float32 (D,), images per robot camera uint8 (H, W, 3)) oldest first; one frame,
+            or exactly the plan's history N (diffusion's n_obs_steps).
+        :returns: ``observation.state`` (1, D) or (1, N, D); ``observation.images.<key>`` (1, 3, H, W) or
+            (1, N, 3, H, W) float32 in [0, 1]; ``task``; ``robot_type``.
+        :raises PolicyException: when fewer real frames than the history N arrive (none are invented).
         """
         torch = self.torch
-        batch: dict[str, Any] = {STATE_KEY: torch.from_numpy(np.asarray(state, np.float32))[None]}
-        for key, img in images.items():
-            tensor = torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1).float() / 255.0
-            batch[IMAGE_PREFIX + key] = tensor[None]
+        need = self.plan.history if self.plan else 1
+        if len(frames) != need:
+            raise PolicyException(f'{self.cfg.get("type")} with n_obs_steps={need} needs {need} real observation '
+                                  f'frames per request, got {len(frames)} (no frame is repeated in their place)')
+        cams = self.plan.cameras if self.plan else {k: k for k in frames[-1][1]}
+        states = [torch.from_numpy(np.array(s, np.float32)) for s, _ in frames]   # a copy: wire arrays are read-only
+        batch: dict[str, Any] = {STATE_KEY: torch.stack(states)[None] if need > 1 else states[0][None]}
+        for robot_key, ckpt_key in cams.items():
+            imgs = [torch.from_numpy(np.array(images[robot_key], np.uint8)).permute(2, 0, 1).float() / 255.0
+                    for _, images in frames]
+            batch[IMAGE_PREFIX + ckpt_key] = torch.stack(imgs)[None] if need > 1 else imgs[0][None]
         batch['task'] = task
+        batch['robot_type'] = self.robot_type
+        return batch
+
+    def noise(self, seed: int) -> Any:
+        """Return the initial noise (1, horizon, D) of a diffusion chunk, drawn from ``torch.Generator(seed)``."""
+        torch = self.torch
+        gen = torch.Generator().manual_seed(int(seed))
+        shape = (1, self.plan.horizon, self.plan.action_dim)
+        return torch.randn(shape, generator=gen, dtype=torch.float32).to(self.device)
+
+    def forward(self, batch: dict[str, Any], **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Run preprocessor -> ``predict_action_chunk(batch, **kwargs)`` -> postprocessor.
+
+        :param kwargs: e.g. ``noise=`` (diffusion) or RTC's ``inference_delay``, ``prev_chunk_left_over``,
+            ``execution_horizon`` (flow-matching policies).
+        :returns: (model-space float32 (B, H, D'), robot-unit float32 (B, H, D)).
+        """
+        torch = self.torch
         with torch.inference_mode():
-            actions = self.policy.predict_action_chunk(self.pre(batch))
-            actions = self.post(actions)
-        out = actions.detach().float().cpu().numpy()
-        out = out.reshape(-1, out.shape[-1])
-        return out[:steps].astype(np.float32)
+            raw = self.policy.predict_action_chunk(self.pre(batch), **kwargs)
+            actions = self.post(raw)
+        return (raw.detach().float().cpu().numpy(), actions.detach().float().cpu().numpy())
+
+    def rtc_kwargs(self, previous: Raw | None, tail_rows: int, delay: int) -> dict[str, Any]:
+        """RTC's arguments from the episode's previous raw chunk, indexed by the tail's position.
+
+        The robot's ``chunk_tail`` holds the K not-yet-executed rows of the last served chunk (robot units);
+        the same rows in model space are ``previous.model[served - K : ]`` (LeRobot 0.6 ``RTCProcessor`` wants
+        model space).
+        """
+        if self.plan is None or self.plan.rtc_horizon is None:
+            return {}
+        kwargs: dict[str, Any] = {'inference_delay': int(delay), 'execution_horizon': self.plan.rtc_horizon}
+        if previous is not None and tail_rows > 0:
+            start = max(0, previous.served - int(tail_rows))
+            left = previous.model[start:]
+            kwargs['prev_chunk_left_over'] = self.torch.from_numpy(np.ascontiguousarray(left))[None].to(self.device)
+        return kwargs
+
+    def chunk(self, state: np.ndarray, images: dict[str, np.ndarray], task: str, steps: int) -> np.ndarray:
+        """Return float32 (steps, D): the first ``steps`` actions of the policy's chunk for one frame."""
+        _, actions = self.forward(self.frames_batch([(state, images)], task))
+        return actions.reshape(-1, actions.shape[-1])[:steps].astype(np.float32)

@@ -1,16 +1,16 @@
-"""``lerobot``: serve any LeRobot policy checkpoint (ACT, diffusion, SmolVLA, pi0, pi05) from a local directory.
+"""``lerobot``: serve a LeRobot 0.6 policy checkpoint (ACT, diffusion, SmolVLA, pi0, pi0.5) from a local directory.
 
 The checkpoint directory is what LeRobot's training writes as ``pretrained_model/``: config.json,
 model.safetensors and the processor files (policy_preprocessor.json, policy_postprocessor.json and
 their .safetensors). It is loaded through LeRobot's own path (sequence_ai_ros/models/lerobot_runtime.py).
-The contract (cameras, state and
-action dimensions, chunk length) comes from the checkpoint's config.json; names,
-rate and action space from config.yaml. Without torch, lerobot>=0.4 or the weights, ``seq deploy``
-fails with MissingDependency naming exactly what is missing.
+The contract (cameras at the checkpoint's sizes, renamed by ``cameras``; state and action dimensions;
+chunk length; diffusion's ``n_obs_steps`` as the observation history) comes from the checkpoint's
+config.json; names, rate and action space from config.yaml. A checkpoint that cannot be served correctly
+is refused at ``seq deploy`` with its policy type and the reason (models/lerobot_checkpoint.py); without
+torch, lerobot or a file, deploy names exactly what is missing.
 
-Stateless: every request gets a fresh chunk from the current observation (``predict_action_chunk``), so
-policies that stack several observation frames internally (diffusion's ``n_obs_steps`` > 1) are not
-supported here.
+Per episode the worker keeps the chunk count (diffusion noise seeds) and, for RTC-enabled flow-matching
+checkpoints, the last chunk's raw model-space rows; ``@seq.on_episode`` frees them.
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ from sequence_ai_ros.models import lerobot_runtime as runtime
 HERE = Path(__file__).resolve().parent
 
 
-def _checkpoint(config: dict) -> Path | None:
-    """The checkpoint directory named in config.yaml, or None when it names none."""
-    return runtime.resolve(config['checkpoint'], HERE) if config.get('checkpoint') else None
+def _path(value: str | None) -> Path | None:
+    """A path from config.yaml (relative to this file), or None when empty."""
+    return runtime.resolve(value, HERE) if value else None
 
 
 @seq.policy(action_space='joint_absolute', action_names=['placeholder'], dt=1 / 30, chunk_length=1,
-            gripper='as the checkpoint was trained')
+            streaming=True, gripper='as the checkpoint was trained')
 class LeRobot:
     """A LeRobot checkpoint served as action chunks.
 
@@ -42,41 +42,70 @@ class LeRobot:
     :param state_names: the D state names, in the order of ``observation.state``.
     :param action_names: the action names, in order.
     :param chunk_length: actions per chunk; default the checkpoint's ``n_action_steps``.
+    :param cameras: robot camera -> checkpoint camera (``observation.images.<name>``).
+    :param robot_type: LeRobot's ``robot_type`` passed in the batch.
+    :param hub_cache: local Hugging Face hub cache for backbone processors/tokenizers.
+    :param hub_snapshots: repo id -> local snapshot directory.
+    :param noise_seed: diffusion: seed S; chunk k of an episode starts from ``Generator().manual_seed(S + k)``.
     """
 
     def __init__(self, checkpoint: str = '', device: str = 'cuda', fps: float = 30.0,
                  action_space: str = 'joint_absolute', state_names: list[str] | None = None,
-                 action_names: list[str] | None = None, chunk_length: int | None = None) -> None:
-        path = _checkpoint({'checkpoint': checkpoint})
+                 action_names: list[str] | None = None, chunk_length: int | None = None,
+                 cameras: dict[str, str] | None = None, robot_type: str = '', hub_cache: str = '',
+                 hub_snapshots: dict[str, str] | None = None, noise_seed: int | None = None) -> None:
+        path = _path(checkpoint)
         runtime.require(path, 'lerobot')
         assert path is not None
-        self.path = path
-        self.runner = runtime.LeRobotRunner(self.path, device, 'lerobot')
-        cfg = runtime.read_config(self.path) if (self.path / 'config.json').is_file() else {}
+        self.runner = runtime.LeRobotRunner(
+            path, device, 'lerobot', robot_type=robot_type, hub_cache=_path(hub_cache), cameras=cameras,
+            hub_snapshots={repo: _path(d) for repo, d in (hub_snapshots or {}).items()})
+        self.runner.check_hub_files()
+        cfg = self.runner.cfg
         self.steps = int(chunk_length or cfg.get('n_action_steps') or 1)
+        self.noise_seed = noise_seed
 
     @classmethod
     def configure_contract(cls, contract: seq.Contract, config: dict) -> seq.Contract:
         """Return the checkpoint's contract; cheap (reads config.json, imports nothing heavy).
 
         :raises MissingDependency: when torch, lerobot>=0.4 or the checkpoint files are missing.
+        :raises ConfigError: when the checkpoint cannot be served correctly (names its type and why).
         """
-        path = _checkpoint(config)
+        path = _path(config.get('checkpoint'))
         runtime.require(path, 'lerobot')
         assert path is not None
         return runtime.contract_for(contract, runtime.read_config(path),
                                     action_space=config.get('action_space', 'joint_absolute'),
                                     fps=float(config.get('fps', 30.0)), state_names=config.get('state_names'),
                                     action_names=config.get('action_names'),
-                                    chunk_length=config.get('chunk_length'))
+                                    chunk_length=config.get('chunk_length'), cameras=config.get('cameras'))
 
     def load(self) -> None:
         """Load the weights onto the device (not billed)."""
         self.runner.load()
 
     def infer(self, inp: seq.PolicyInput, episode: seq.Episode) -> np.ndarray:
-        """Return float32 (T, D): the first T actions of the checkpoint's chunk for this observation."""
-        if self.runner.policy is None:
+        """Return float32 (T, D): the first T actions of the checkpoint's chunk for this observation.
+
+        :raises PolicyException: when fewer real frames arrive than diffusion's n_obs_steps.
+        """
+        runner = self.runner
+        if runner.policy is None:
             self.load()
-        obs = inp.observation
-        return self.runner.chunk(obs.state, obs.images, episode.instruction or obs.instruction, self.steps)
+        k = episode.state.get('chunks', 0)
+        frames = [(obs.state, obs.images) for obs in inp.history] or [(inp.observation.state, inp.observation.images)]
+        batch = runner.frames_batch(frames, episode.instruction or inp.observation.instruction)
+        kwargs = runner.rtc_kwargs(episode.state.get('raw'), len(inp.chunk_tail), inp.expected_delay_actions)
+        if runner.plan is not None and runner.plan.policy_type == 'diffusion' and self.noise_seed is not None:
+            kwargs['noise'] = runner.noise(self.noise_seed + k)
+        model, actions = runner.forward(batch, **kwargs)
+        episode.state['chunks'] = k + 1
+        if runner.plan is not None and runner.plan.rtc_horizon is not None:
+            episode.state['raw'] = runtime.Raw(model=model[0], served=self.steps)
+        return actions[0, :self.steps].astype(np.float32)
+
+    @seq.on_episode
+    def end(self, episode: seq.Episode) -> None:
+        """Free the episode's chunk count and raw chunk."""
+        episode.state.clear()
