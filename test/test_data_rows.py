@@ -164,7 +164,7 @@ def test_safety_clamps_and_holds_are_the_rows(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize('kind', ['state_shape', 'object_dtype', 'nan_state', 'inf_action', 'bad_jpeg',
-                                  'header_size', 'contract_size', 'format', 'action_shape'])
+                                  'header_size', 'contract_size', 'format', 'action_shape', 'absurd_time'])
 def test_each_bad_frame_kind_is_refused_counted_and_never_exported(tmp_path: Path, kind: str) -> None:
     store = make_store(tmp_path / 'bad', images=True)
     contract = _contract(camera=True)
@@ -189,6 +189,8 @@ def test_each_bad_frame_kind_is_refused_counted_and_never_exported(tmp_path: Pat
     elif kind == 'format':
         bad.images[0].CopyFrom(codec.encode_image('cam', _jpeg(5, fmt='PNG')))
         bad.images[0].encoding = 'jpeg'
+    elif kind == 'absurd_time':
+        bad.robot_time_s = 1e300   # a break-it review: held rows up to it exhausted the machine's memory
     refused, ep = _episode(store, f'ep-{kind}', contract, good[:3] + [bad] + good[3:])
     assert refused == 1 and ep.frames == 6   # the episode is kept without the bad frame
     assert ep.stats['telemetry_rejected'] == 1 and ep.stats['telemetry_error'].startswith('CONTRACT_VIOLATION')
@@ -327,3 +329,16 @@ def test_export_refuses_an_unknown_version(tmp_path: Path) -> None:
     _episode(store, 'a', _contract(), [_frame(0, q(0), q(0))])
     with pytest.raises(ExportError, match='2.1 or 3.0'):
         export_lerobot(store, tmp_path / 'o', lerobot_version='4.0', progress=False)
+
+
+def test_a_clock_that_leaps_is_a_bad_frame_at_export_not_a_memory_exhaustion(tmp_path: Path) -> None:
+    """A frame 10^8 s after the previous one (a plausible clock reading, so capture keeps it) would have been
+    filled with held rows at export; it is refused there, and the episode keeps its timeline.
+    """
+    store = make_store(tmp_path / 'leap')
+    frames = [_frame(i / 30, q(i / 30), q(i / 30)) for i in range(5)]
+    frames.insert(3, _frame(1e8, q(0.1), q(0.1)))
+    refused, ep = _episode(store, 'leap', _contract(), frames)
+    assert refused == 0 and ep.frames == 6
+    rows = build_rows(ep, 30.0, ActionSpace.JOINT_ABSOLUTE, 3, 3, [])
+    assert len(rows.action) == 5 and rows.skipped_frames == 1 and 'more than 300 s after' in rows.first_problem

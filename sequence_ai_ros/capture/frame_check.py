@@ -4,7 +4,7 @@ A frame is kept only when it could become a dataset row as it is:
 
 - ``state``: dtype float32, shape (D,) with D the contract's state size, every value finite;
 - ``action`` and ``policy_action`` (when present): float32 (A,) with A the contract's action size, finite;
-- ``robot_time_s``: finite;
+- ``robot_time_s``: finite and within :data:`MAX_ROBOT_TIME_S` of 0 (a monotonic clock);
 - each image: a known encoding (jpeg, png, raw); for jpeg/png the header, read by Pillow's lazy
   ``Image.open`` (no pixel decode), must show the declared format, width, height and channels; a raw
   image must hold width*height*channels bytes; a contract camera with a size must match it; and one
@@ -30,6 +30,9 @@ from sequence_ai_ros.protocol.contract import Contract, clip
 _MODE_CHANNELS = {'L': 1, 'RGB': 3, 'YCbCr': 3, 'I;16': 1, 'P': 1, 'RGBA': 4, 'CMYK': 4, 'LA': 2, '1': 1}
 
 
+#: Largest |robot_time_s| (s) a frame may carry: a monotonic clock (~32 years); beyond is garbage.
+MAX_ROBOT_TIME_S = 1e9
+
 class FrameChecker:
     """Check the telemetry frames of one episode (it remembers each camera's size).
 
@@ -50,8 +53,9 @@ class FrameChecker:
 
         :raises ContractViolation: naming the first problem (the frame must not be kept).
         """
-        if not math.isfinite(frame.robot_time_s):
-            raise ContractViolation(f'robot_time_s {frame.robot_time_s!r} is not finite')
+        if not (math.isfinite(frame.robot_time_s) and abs(frame.robot_time_s) <= MAX_ROBOT_TIME_S):
+            raise ContractViolation(f'robot_time_s {frame.robot_time_s!r} is not a monotonic clock reading '
+                                    f'(finite, |t| <= {MAX_ROBOT_TIME_S:g} s)')
         c = self.contract
         state_dim = len(c.observation.state_names) if c is not None and c.observation.state_names else None
         _vector(frame.state, 'state', state_dim)

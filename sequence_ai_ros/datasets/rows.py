@@ -96,6 +96,10 @@ def _vec(t: pb.Tensor) -> np.ndarray:
     return codec.from_tensor(t, what='action', dtype='float32', ndim=1, finite=True)
 
 
+#: Longest stall (s) between two kept frames that held rows may fill; a larger jump is a bad frame.
+MAX_GAP_S = 300.0
+
+
 def build_rows(episode: CapturedEpisode, fps: float, space: ActionSpace, state_dim: int, action_dim: int,
                camera_keys: list[str]) -> EpisodeRows:
     """Map the episode's ticks to rows at ``fps`` (see the module docstring); streams the records once.
@@ -146,6 +150,13 @@ def build_rows(episode: CapturedEpisode, fps: float, space: ActionSpace, state_d
                 continue
             t0 = frame.robot_time_s
         k = int(np.floor((frame.robot_time_s - t0) * fps + 0.5))
+        if k < 0 or (cell is not None and k - cell['k'] > MAX_GAP_S * fps):
+            # A clock that runs backwards or leaps (a robot sent 1e300 s) would fill rows without end:
+            # the frame is refused like any other bad frame, and the episode keeps its timeline.
+            skipped += 1
+            problem = problem or (f'telemetry frame {i}: robot_time_s {frame.robot_time_s!r} is before the '
+                                  f'episode start or more than {MAX_GAP_S:g} s after the previous frame')
+            continue
         if velocity and pending_v is not None:
             t_prev, v_prev, p_prev = pending_v
             w = max(0.0, frame.robot_time_s - t_prev) / period
