@@ -332,8 +332,9 @@ def test_export_refuses_an_unknown_version(tmp_path: Path) -> None:
 
 
 def test_a_clock_that_leaps_is_a_bad_frame_at_export_not_a_memory_exhaustion(tmp_path: Path) -> None:
-    """A frame 10^8 s after the previous one (a plausible clock reading, so capture keeps it) would have been
-    filled with held rows at export; it is refused there, and the episode keeps its timeline.
+    """A frame 10^8 s after the previous one is refused at export, not filled with held rows.
+
+    The reading is a plausible clock, so capture keeps it; export used to fill the gap and run out of memory.
     """
     store = make_store(tmp_path / 'leap')
     frames = [_frame(i / 30, q(i / 30), q(i / 30)) for i in range(5)]
