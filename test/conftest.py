@@ -118,3 +118,24 @@ def rclpy_context():
     yield context
     if context.ok():
         rclpy.shutdown(context=context)
+
+
+@pytest.fixture
+def serve():
+    """Start workers of test/policies/client_latency.py (deployment 'lat') on loopback.
+
+    ``serve(**kw)`` returns the endpoint; every worker started is stopped at teardown.
+    """
+    from sequence_ai_ros.worker import serve_policy_file
+
+    policy = Path(__file__).parent / 'policies' / 'client_latency.py'
+    servers = []
+
+    def start(**kwargs):
+        server = serve_policy_file(policy, deployment='lat', host='127.0.0.1', port=0, **kwargs)
+        servers.append(server)
+        return f'127.0.0.1:{server.port}'
+
+    yield start
+    for server in servers:
+        server.stop(grace=0.5)

@@ -6,30 +6,12 @@ Against a real worker on loopback (``test/policies/client_latency.py``: rows ``[
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 from doubles import CountingRobot
 
 from sequence_ai_ros.client import connect
 from sequence_ai_ros.exceptions import EpisodeStateError
-from sequence_ai_ros.worker import serve_policy_file
-
-LATENCY_POLICY = Path(__file__).parent / 'policies' / 'client_latency.py'
-
-
-@pytest.fixture
-def serve():
-    servers = []
-
-    def start(**kwargs):
-        server = serve_policy_file(LATENCY_POLICY, deployment='lat', host='127.0.0.1', port=0, **kwargs)
-        servers.append(server)
-        return f'127.0.0.1:{server.port}'
-
-    yield start
-    for server in servers:
-        server.stop(grace=0.5)
 
 
 def loop(policy, robot: CountingRobot, ticks: int, period: float = 0.01) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,23 +22,6 @@ from sequence_ai_ros.exceptions import (
     Unauthenticated,
     UnknownDeployment,
 )
-from sequence_ai_ros.worker import serve_policy_file
-
-LATENCY_POLICY = Path(__file__).parent / 'policies' / 'client_latency.py'
-
-
-@pytest.fixture
-def serve():
-    servers = []
-
-    def start(**kwargs):
-        server = serve_policy_file(LATENCY_POLICY, deployment='lat', host='127.0.0.1', port=0, **kwargs)
-        servers.append(server)
-        return f'127.0.0.1:{server.port}'
-
-    yield start
-    for server in servers:
-        server.stop(grace=0.5)
 
 
 @pytest.mark.slow
