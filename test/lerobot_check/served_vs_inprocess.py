@@ -197,8 +197,9 @@ def main() -> int:
     fit = training.train(args.dataset, train_eps, [args.episode], horizon=steps)
     prepared = training._prepare(ds, args.episode, steps)
     windows = np.arange(n - 1, len(prepared.state), args.stride)
-    sub = training._Episode(x=prepared.x[windows], targets=prepared.targets[windows], base=prepared.base[windows],
-                            state=prepared.state[windows], actions=prepared.actions)
+    sub = training._EpisodeWindows(x=prepared.x[windows], targets=prepared.targets[windows],
+                                   base=prepared.base[windows],
+                                   state=prepared.state[windows], actions=prepared.actions)
     preds = []
     for j, t in enumerate(windows):
         states, images = frames_at(int(t))
