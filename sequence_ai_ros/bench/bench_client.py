@@ -82,10 +82,13 @@ def underrun_curve() -> list[dict]:
     return rows
 
 
-def _worker_process(policy: Path = POLICY, **kwargs: object) -> tuple[subprocess.Popen, str]:
-    """Start a worker process (as on a real machine: its threads do not share this process's GIL)."""
-    proc = subprocess.Popen([sys.executable, '-c', SERVE, str(policy), json.dumps(kwargs)],
-                            stdout=subprocess.PIPE, text=True)
+def start_server_process(code: str, *args: str) -> tuple[subprocess.Popen, str]:
+    """Run ``python -c code args`` and wait (60 s at most) for its first line, ``serving ... HOST:PORT``.
+
+    :returns: the process and the ``HOST:PORT`` it printed.
+    :raises RuntimeError: when the process printed anything else or nothing within 60 s (it is killed).
+    """
+    proc = subprocess.Popen([sys.executable, '-c', code, *args], stdout=subprocess.PIPE, text=True)
     line: list[str] = []
     reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), name='bench-read-port',
                               daemon=True)
@@ -93,8 +96,13 @@ def _worker_process(policy: Path = POLICY, **kwargs: object) -> tuple[subprocess
     reader.join(60)
     if not line or not line[0].startswith('serving'):
         proc.kill()
-        raise RuntimeError(f'worker did not start: {line}')
+        raise RuntimeError(f'server did not start: {line}')
     return proc, line[0].split()[-1]
+
+
+def _worker_process(policy: Path = POLICY, **kwargs: object) -> tuple[subprocess.Popen, str]:
+    """Start a worker process (as on a real machine: its threads do not share this process's GIL)."""
+    return start_server_process(SERVE, str(policy), json.dumps(kwargs))
 
 
 def pacing() -> dict:

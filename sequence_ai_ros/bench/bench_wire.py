@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -26,6 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+
+from sequence_ai_ros.bench.bench_client import start_server_process
 
 POLICY = Path(__file__).resolve().parents[2] / 'test' / 'policies' / 'wire.py'
 BLOCKS, PER_BLOCK = 4, 150            # 1 robot: 600 round trips each, in alternating blocks
@@ -62,16 +63,8 @@ OURS_SERVER = (
 
 
 def _start(code: str, *args: str) -> tuple[subprocess.Popen, int]:
-    proc = subprocess.Popen([sys.executable, '-c', code, *args], stdout=subprocess.PIPE, text=True)
-    line: list[str] = []
-    reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), name='bench-read-port',
-                              daemon=True)
-    reader.start()
-    reader.join(60)
-    if not line or not line[0].startswith('serving'):
-        proc.kill()
-        raise RuntimeError(f'server did not start: {line}')
-    return proc, int(line[0].rsplit(':', 1)[-1])
+    proc, address = start_server_process(code, *args)
+    return proc, int(address.rsplit(':', 1)[-1])
 
 
 def _frames() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
