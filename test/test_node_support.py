@@ -131,7 +131,8 @@ class Probe:
         if command_type is not None:
             self.node.create_subscription(command_type, command_topic,
                                           lambda m: self.commands.append((time.monotonic(), m)), 1000)
-        self.node.create_subscription(DiagnosticArray, '/diagnostics', self.diagnostics.append, 10)
+        self.diagnostics_received: list[float] = []       # time.monotonic() of each /diagnostics message
+        self.node.create_subscription(DiagnosticArray, '/diagnostics', self._on_diagnostics, 10)
         self.node.create_subscription(RunStatus, f'{NODE}/status', self.status.append, 10)
         self.act = ActionClient(self.node, Act, f'{NODE}/act')
         self.Act = Act
@@ -244,6 +245,22 @@ class Probe:
                     for kv in st.values:
                         if kv.key == key:
                             return kv.value
+        return None
+
+    def _on_diagnostics(self, msg: Any) -> None:
+        self.diagnostics_received.append(time.monotonic())
+        self.diagnostics.append(msg)
+
+    def diagnostics_since(self, t: float) -> bool:
+        """True once a /diagnostics message arrived after ``t`` (time.monotonic())."""
+        return bool(self.diagnostics_received) and self.diagnostics_received[-1] > t
+
+    def diag_level(self, part: str) -> int | None:
+        """The latest /diagnostics level (0 OK, 1 WARN, 2 ERROR, 3 STALE) of status ``policy_node: part``."""
+        for arr in reversed(list(self.diagnostics)):
+            for st in arr.status:
+                if st.name == f'{self.diag_prefix}: {part}':
+                    return int.from_bytes(st.level, 'little') if isinstance(st.level, bytes) else int(st.level)
         return None
 
     def diag_message(self, part: str) -> str | None:

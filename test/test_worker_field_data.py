@@ -9,6 +9,7 @@ from __future__ import annotations
 import grpc
 import numpy as np
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from test_worker_support import POLICIES, Stream, channel, handshake, state_request, wait_ready
 
 from sequence_ai_ros.capture.settings import CaptureSettings, save_settings
@@ -93,6 +94,12 @@ def test_seq_delete_while_serving_stops_serving_and_capturing_it(tmp_path, seq_h
             gone = Stream(stub, 'fast', 'after')
             assert gone.start() is None and '[UNKNOWN_DEPLOYMENT]' in gone.error.details()
             handshake(stub, 'other')   # the others are served as before
+            # gRPC health (what a balancer's agent reads) no longer says SERVING for it
+            health = health_pb2_grpc.HealthStub(ch)
+            status = health.Check(health_pb2.HealthCheckRequest(service='fast'), timeout=5).status
+            assert status == health_pb2.HealthCheckResponse.SERVICE_UNKNOWN, status
+            assert health.Check(health_pb2.HealthCheckRequest(service='other'), timeout=5).status == \
+                health_pb2.HealthCheckResponse.SERVING
     finally:
         server.stop()   # flushes usage: the deleted deployment's row must not come back
     assert 'fast' not in read_usage(seq_home / 'usage.sqlite')

@@ -272,15 +272,19 @@ class WorkerServer:
                 runtime.usage.retire()
                 if runtime.capture_store is not None:
                     runtime.capture_store.retire()
-                self.health.set(name, health_pb2.HealthCheckResponse.SERVICE_UNKNOWN)
+                self._set_health(name, health_pb2.HealthCheckResponse.SERVICE_UNKNOWN)
                 LOG.info('deployment %s was deleted: no longer served', name)
             return gone
 
     def _on_state(self, runtime: DeploymentRuntime) -> None:
         ready = runtime.readiness()[0]
         status = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
-        if not self._loop.is_closed():  # from any thread; applied in order on the loop
-            asyncio.run_coroutine_threadsafe(self.health.set(runtime.name, status), self._loop)
+        self._set_health(runtime.name, status)
+
+    def _set_health(self, service: str, status: int) -> None:
+        """Set one service's gRPC health from any thread (the aio servicer's ``set`` is a coroutine of the loop)."""
+        if not self._loop.is_closed():  # applied in order on the loop
+            asyncio.run_coroutine_threadsafe(self.health.set(service, status), self._loop)
 
     def _housekeep(self) -> None:
         next_retention = time.monotonic()
