@@ -153,3 +153,25 @@ def test_lifecycle_services_answer_while_configure_blocks_on_the_worker(tmp_path
     finally:
         probe.close()
         hang.close()
+
+
+def test_autostart_says_what_it_waits_for_while_the_worker_is_unreachable(tmp_path, processes, rclpy_context):
+    """No silence while the worker is away, and the node activates once it appears.
+
+    The first attempt names model and endpoint, the failure its cause, and a reminder follows while it
+    lasts (every CONFIGURE_REMINDER_S).
+    """
+    from sequence_ai_ros.node.policy_node import CONFIGURE_REMINDER_S
+
+    free = socket.socket()
+    free.bind(('127.0.0.1', 0))
+    port = free.getsockname()[1]
+    free.close()                                  # nothing listens there (yet)
+    proc = spawn_node(processes, tmp_path / 'node.log', _params(tmp_path, port, autostart=True, connect_timeout_s=1.0))
+    assert wait_for(lambda: f'configuring: connecting to ramp at 127.0.0.1:{port}' in node_log(proc), 10), \
+        node_log(proc)
+    assert wait_for(lambda: 'configure failed' in node_log(proc), 10), node_log(proc)
+    assert wait_for(lambda: 'still not configured after' in node_log(proc), CONFIGURE_REMINDER_S + 10), node_log(proc)
+    assert node_log(proc).count('configure failed') == 1, 'the same cause was logged again instead of a reminder'
+    with serve_policy_file(RAMP, 'ramp', names=NAMES, step=0.002, port=port):
+        assert wait_for(lambda: 'active: commanding' in node_log(proc), 20), node_log(proc)

@@ -55,6 +55,10 @@ from sequence_ai_ros.protocol.contract import Contract
 
 SUCCESS, FAILURE = TransitionCallbackReturn.SUCCESS, TransitionCallbackReturn.FAILURE
 
+#: While configure keeps failing with the same cause (autostart retries every second), the node logs a
+#: reminder this often (s), so a log read later still shows that the node is waiting and why.
+CONFIGURE_REMINDER_S = 10.0
+
 
 def _stamp_s(msg: Any) -> float:
     stamp = getattr(getattr(msg, 'header', None), 'stamp', None)
@@ -132,6 +136,8 @@ class PolicyNode(LifecycleNode):
         self._traj_chunk = -1               # trajectory mode: the chunk last published
         self._traj_held = True              # trajectory mode: the stop of the episode has been held
         self.configure_error = ''
+        self._configure_failing_since: float | None = None   # time.monotonic() of the first failed attempt
+        self._configure_reported = 0.0                       # when the last 'still failing' line was logged
 
     def _new_runner(self) -> Runner:
         return Runner(self.cfg, self.commands, self.safety, self.assembler, connect=self._connect,
@@ -146,6 +152,9 @@ class PolicyNode(LifecycleNode):
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
         """Subscriptions, lifecycle publishers, the worker connection and the contract agreement."""
         cfg = self.cfg
+        if self._configure_failing_since is None:   # the first attempt: say what the node waits for
+            self.get_logger().info(f'configuring: connecting to {cfg.model} at {cfg.endpoint} '
+                                   f'(timeout {cfg.connect_timeout_s:g} s)')
         error = self.runner.connect_now()
         if not error:
             try:
@@ -156,11 +165,20 @@ class PolicyNode(LifecycleNode):
                 self.runner = self._new_runner()
                 self.runner.connection, self.runner.connection_error = 'disconnected', error
         if error:
-            if error != self.configure_error:      # autostart retries every second: say each cause once
+            now = time.monotonic()
+            if self._configure_failing_since is None:
+                self._configure_failing_since = now
+            if error != self.configure_error:      # autostart retries every second: say each cause once,
                 self.get_logger().error(f'configure failed: {error}')
+                self._configure_reported = now
+            elif now - self._configure_reported >= CONFIGURE_REMINDER_S:   # and remind while it lasts
+                self.get_logger().warning(
+                    f'still not configured after {now - self._configure_failing_since:.0f} s: {error}')
+                self._configure_reported = now
             self.configure_error = error
             return FAILURE
         self.configure_error = ''
+        self._configure_failing_since = None
         if cfg.qos.reliability == 'best_effort':
             qos = QoSProfile(depth=cfg.qos.depth, reliability=ReliabilityPolicy.BEST_EFFORT,
                              durability=qos_profile_sensor_data.durability, history=qos_profile_sensor_data.history)
