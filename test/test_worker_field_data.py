@@ -6,6 +6,8 @@ Bad telemetry refused and counted back to the robot, runs recorded for labels an
 
 from __future__ import annotations
 
+import time
+
 import grpc
 import numpy as np
 import pytest
@@ -96,10 +98,14 @@ def test_seq_delete_while_serving_stops_serving_and_capturing_it(tmp_path, seq_h
             handshake(stub, 'other')   # the others are served as before
             # gRPC health (what a balancer's agent reads) no longer says SERVING for it
             health = health_pb2_grpc.HealthStub(ch)
+            assert wait_ready(stub, 'other').ready
             status = health.Check(health_pb2.HealthCheckRequest(service='fast'), timeout=5).status
             assert status == health_pb2.HealthCheckResponse.SERVICE_UNKNOWN, status
-            assert health.Check(health_pb2.HealthCheckRequest(service='other'), timeout=5).status == \
-                health_pb2.HealthCheckResponse.SERVING
+            deadline = time.monotonic() + 5       # health is set on the server's loop right after Ready turns
+            while (health.Check(health_pb2.HealthCheckRequest(service='other'), timeout=5).status !=
+                   health_pb2.HealthCheckResponse.SERVING):
+                assert time.monotonic() < deadline, 'the other deployment is ready but not SERVING'
+                time.sleep(0.02)
     finally:
         server.stop()   # flushes usage: the deleted deployment's row must not come back
     assert 'fast' not in read_usage(seq_home / 'usage.sqlite')

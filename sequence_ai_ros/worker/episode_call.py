@@ -68,6 +68,7 @@ class EpisodeCallHandler:
         self._inbox: asyncio.Queue = asyncio.Queue()
         self._loop = asyncio.get_running_loop()
         self._splicer = TailSplicer()   # fills chunk_tail of pipelined requests from answers not yet received
+        self._to_capture: tuple[Any, ...] | None = None   # the request answered last, captured after its reply
 
     def shutdown(self) -> None:
         """Ask the stream to end its episode (reason ``shutdown``) and close; returns at once; any thread."""
@@ -75,8 +76,17 @@ class EpisodeCallHandler:
 
     def on_done(self) -> None:
         """The call ended: end the episode as ``disconnect`` if still running (in the background)."""
-        if self.active is not None and not self.active.ended:
-            self._loop.run_in_executor(None, lambda: self.active.end('disconnect', wait=False))
+        job, self._to_capture = self._to_capture, None   # the robot left while its last reply was going out
+
+        def finish() -> None:
+            if job is not None:
+                active, req, chunk, error = job
+                active.recorder.add_request(req, chunk, error)
+            if self.active is not None and not self.active.ended:
+                self.active.end('disconnect', wait=False)
+
+        if job is not None or (self.active is not None and not self.active.ended):
+            self._loop.run_in_executor(None, finish)
 
     async def _read(self, requests: AsyncIterator[pb.EpisodeRequest]) -> None:
         try:
@@ -124,6 +134,7 @@ class EpisodeCallHandler:
                 kind = item.WhichOneof('kind')
                 if kind == 'observation':
                     yield await self._observe(item.observation)
+                    await self._capture_request()   # after the reply went out: off the round trip
                 elif kind == 'telemetry':
                     if self.active is None:
                         yield _error(EpisodeStateError('Telemetry before EpisodeStart'))
@@ -222,8 +233,15 @@ class EpisodeCallHandler:
         else:
             self.runtime.metrics.request(self.runtime.name, pb.ErrorCode.Name(reply.error.code))
         if active.recorder.active:
-            await self._io(active.recorder.add_request, req, chunk, None if chunk is not None else reply.error)
+            self._to_capture = (active, req, chunk, None if chunk is not None else reply.error)
         return reply
+
+    async def _capture_request(self) -> None:
+        """Capture the request just answered (its chunk or error), before the stream's next message is read."""
+        job, self._to_capture = self._to_capture, None
+        if job is not None:
+            active, req, chunk, error = job
+            await self._io(active.recorder.add_request, req, chunk, error)
 
     async def _end(self, end: pb.EpisodeEnd) -> pb.EpisodeReply:
         if self.active is None:

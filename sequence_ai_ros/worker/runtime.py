@@ -200,9 +200,9 @@ class DeploymentRuntime:
                 with self._lock:
                     self._eta_hint = time.monotonic() - start     # a later (re)load is timed from this one
                 LOG.info('policy %s ready after %.2f s', self.name, self._eta_hint)
+        self._notify()           # health follows Ready at once; the usage row's disk write comes after
         self.usage.add(warming_s=time.monotonic() - start)
         self.usage.flush()
-        self._notify()
 
     def _notify(self) -> None:
         if self.on_state_change is not None:
