@@ -143,6 +143,84 @@ def test_dropped_telemetry_is_counted_from_the_real_client_and_escalates(tmp_pat
     assert level in (WARN, ERROR) and f'{dropped} capture frames dropped' in reasons[0], reasons
 
 
+class _OneFrameCorrupted(queue.Queue):
+    """The episode stream's send queue with one telemetry frame corrupted on its way (a NaN state)."""
+
+    corrupted = 0
+
+    def put_nowait(self, item):  # noqa: ANN001, ANN201
+        if isinstance(item, list) and item and not self.corrupted:
+            import dataclasses
+
+            bad = np.array(item[0].state, np.float32)
+            bad[0] = np.nan
+            item = [dataclasses.replace(item[0], state=bad), *item[1:]]
+            self.corrupted = 1
+        return super().put_nowait(item)
+
+
+@pytest.mark.ros
+def test_telemetry_the_worker_refuses_is_counted_logged_and_escalates(tmp_path):
+    """A frame the worker's capture refuses costs only itself: the episode is kept, the node counts it."""
+    from sensor_msgs.msg import JointState
+
+    from sequence_ai_ros.capture.settings import CaptureSettings, save_settings
+    from sequence_ai_ros.capture.store import CaptureStore
+    from sequence_ai_ros.node import diagnostics
+    from sequence_ai_ros.node.controller_commands import CommandInterface
+    from sequence_ai_ros.node.observation import ObservationAssembler
+    from sequence_ai_ros.node.runner import Runner, episode_settings
+    from sequence_ai_ros.worker import serve_policy_file
+
+    names = ('j0', 'j1', 'j2', 'j3')
+    capture = tmp_path / 'capture'
+    save_settings(capture / 'ramp', CaptureSettings(rate=1.0, enabled=True))
+    logged: list[str] = []
+    with serve_policy_file(POLICIES / 'node_ramp.py', 'ramp', capture_root=capture, names=list(names),
+                           step=0.001) as server:
+        cfg = NodeConfig(model='ramp', endpoint=f'127.0.0.1:{server.port}', joints=JointsConfig(names=names),
+                         command=CommandConfig(controller='arm'))
+        commands = CommandInterface(cfg.command, cfg.command_joint_names, cfg.period_s)
+        safety = SafetyFilter(cfg.safety, cfg.command_joint_names)
+        assembler = ObservationAssembler(names, 0.5, {}, joints_source='joint_states')
+        runner = Runner(cfg, commands, safety, assembler, log=lambda level, text: logged.append(f'{level}: {text}'))
+        runner.accepting = True
+        assert runner.connect_now() == ''
+        runner.start(episode_settings('reach', 10.0))
+        import time
+
+        def tick_for(seconds: float) -> None:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                now = time.monotonic()
+                assembler.put_joints(JointState(name=list(names), position=[0.1, 0.2, 0.3, 0.4]), now)
+                runner.tick(now)
+                runner.session_step(now)
+                time.sleep(0.02)
+
+        tick_for(0.5)
+        episode = runner.policy._episode
+        assert wait_for(lambda: episode.telemetry is not None, 5), 'capture did not start'
+        outbox = episode.stream._outbox = _OneFrameCorrupted(maxsize=256)    # the injected fault
+        tick_for(1.0)
+        assert outbox.corrupted
+        eid = runner.request_end('completed')
+        runner.session_step(time.monotonic())           # the session thread's work: ends the episode
+        result = runner.wait(eid, 10)
+        runner.close()
+    assert result.telemetry_rejected == 1, result
+    assert 'nan' in result.telemetry_error.lower() or 'finite' in result.telemetry_error.lower(), result
+    assert runner.telemetry_rejected == 1
+    assert any('refused 1 capture frames' in line for line in logged), logged
+    kept = CaptureStore(capture / 'ramp', 'ramp').episodes()
+    assert len(kept) == 1, 'the episode must be kept without the bad frame'
+    health = Health(CFG)
+    health.update(0.0, {})
+    level, reasons = health.episode(health.update(1.0, {'telemetry_rejected': runner.telemetry_rejected}))
+    assert level == WARN and '1 capture frames refused by the worker' in reasons[0], reasons
+    assert diagnostics.COUNTERS[-1] == 'telemetry_rejected'
+
+
 @pytest.mark.ros
 @pytest.mark.slow
 def test_a_worker_slower_than_its_chunks_turns_the_episode_status_to_error(tmp_path, processes, rclpy_context):

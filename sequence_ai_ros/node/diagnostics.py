@@ -5,7 +5,9 @@ live ``stats()`` (which never blocks). Diagnostic statuses, named ``<node>: <par
 
 - ``connection``: disconnected/unconfigured (ERROR), warming (WARN), ready; endpoint, deployment.
 - ``episode``: state, episode id, buffer_s, actions, chunks, underruns, underrun_s, latency p50/p95 (ms),
-  ``dropped_telemetry`` (capture frames the client could not send, all episodes).
+  ``dropped_telemetry`` (capture frames the client could not send, all episodes), ``telemetry_rejected``
+  (capture frames the worker refused: wrong shape, NaN, an image unlike the contract; counted when the
+  episode ends, the first reason in ``telemetry_error``).
 - ``control``: rate, tick jitter p50/p99/max (ms), skipped ticks, enabled (dry run), clamp counts in
   total and per joint (``clamps.<joint>.limit|step``).
 
@@ -13,7 +15,8 @@ Levels tell the truth about the trailing window ``diagnostics.window_s`` (:class
 from the ``diagnostics.*`` parameters): ``control`` is WARN/ERROR on tick jitter p99 (over the window's
 ticks), skipped ticks and the share of clamped commands; ``episode`` is WARN/ERROR on the share of
 control ticks held for lack of an action (underruns, after an episode's first command) and on capture
-frames the client could not send (dropped telemetry). The message names every threshold crossed.
+frames lost (dropped by the client, or refused by the worker; the same thresholds). The message names
+every threshold crossed.
 - ``observation``: WARN naming every stale or missing source; the age of each source (s); per camera,
   the compressed frames passed through untouched (``jpeg_passthrough.<key>``) and decoded (``decoded.<key>``).
 """
@@ -58,6 +61,8 @@ class Report:
     ages: dict[str, float]
     message: str = ''
     dropped_telemetry: int = 0
+    telemetry_rejected: int = 0
+    telemetry_error: str = ''
     images: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
     lifecycle: str = ''
     control_level: int = OK
@@ -69,7 +74,7 @@ class Report:
 
 #: The cumulative counters :class:`Health` takes the window's differences of.
 COUNTERS = ('skipped_ticks', 'episode_ticks', 'underrun_ticks', 'commands_checked', 'commands_clamped',
-            'dropped_telemetry')
+            'dropped_telemetry', 'telemetry_rejected')
 
 
 class Health:
@@ -142,6 +147,10 @@ class Health:
         levels.append(self._grade(dropped, c.dropped_telemetry_warn, c.dropped_telemetry_error,
                                   f'{dropped:.0f} capture frames dropped in {c.window_s:g} s', reasons,
                                   inclusive=True))
+        refused = window.get('telemetry_rejected', 0)
+        levels.append(self._grade(refused, c.dropped_telemetry_warn, c.dropped_telemetry_error,
+                                  f'{refused:.0f} capture frames refused by the worker in {c.window_s:g} s',
+                                  reasons, inclusive=True))
         return max(levels), reasons
 
 
@@ -194,8 +203,10 @@ def diagnostic_array(r: Report, node_name: str, stamp: Any) -> DiagnosticArray:
         values=[_kv('state', r.state), _kv('episode_id', r.episode_id), _kv('actions_sent', r.sent)]
         + [_kv(k, float(s.get(k, 0.0))) for k in ('buffer_s', 'underrun_s', 'latency_p50_ms', 'latency_p95_ms')]
         + [_kv(k, int(s.get(k, 0))) for k in ('actions', 'chunks', 'underruns')]
-        + [_kv('dropped_telemetry', r.dropped_telemetry)]
-        + [_kv(f'window.{k}', int(w.get(k, 0))) for k in ('episode_ticks', 'underrun_ticks', 'dropped_telemetry')])
+        + [_kv('dropped_telemetry', r.dropped_telemetry), _kv('telemetry_rejected', r.telemetry_rejected),
+           _kv('telemetry_error', r.telemetry_error)]
+        + [_kv(f'window.{k}', int(w.get(k, 0)))
+           for k in ('episode_ticks', 'underrun_ticks', 'dropped_telemetry', 'telemetry_rejected')])
     p50, p99, worst = r.jitter_ms
     values = [_kv('rate_hz', r.rate_hz), _kv('tick_jitter_p50_ms', p50), _kv('tick_jitter_p99_ms', p99),
               _kv('tick_jitter_max_ms', worst), _kv('skipped_ticks', r.skipped_ticks), _kv('enabled', r.enabled),

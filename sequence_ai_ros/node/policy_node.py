@@ -408,7 +408,7 @@ class PolicyNode(LifecycleNode):
         window = self.health.update(time.monotonic(), {
             'skipped_ticks': skipped, 'episode_ticks': r.episode_ticks, 'underrun_ticks': r.underrun_ticks,
             'commands_checked': self.safety.checked, 'commands_clamped': self.safety.clamped_commands,
-            'dropped_telemetry': dropped})
+            'dropped_telemetry': dropped, 'telemetry_rejected': r.telemetry_rejected})
         control_level, control_reasons = self.health.control(jitter[1], window)
         episode_level, episode_reasons = self.health.episode(window)
         lifecycle = self.lifecycle_state
@@ -423,6 +423,8 @@ class PolicyNode(LifecycleNode):
             jitter_ms=jitter, rate_hz=self.cfg.control_rate_hz, skipped_ticks=skipped,
             sent=ep.sent if ep is not None else 0, problems=list(snap.problems) if snap else [],
             ages=dict(snap.ages) if snap else {}, message=message, dropped_telemetry=dropped,
+            telemetry_rejected=r.telemetry_rejected,
+            telemetry_error=last.telemetry_error if last is not None else '',
             images={k: (c.passthrough, c.decoded) for k, c in self.converters.items()}, lifecycle=lifecycle,
             control_level=control_level, control_reasons=control_reasons, episode_level=episode_level,
             episode_reasons=episode_reasons, window=window)

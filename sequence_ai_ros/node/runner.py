@@ -81,6 +81,8 @@ class EpisodeReport:
     latency_p95_ms: float = 0.0
     commands_sent: int = 0
     dropped_telemetry: int = 0
+    telemetry_rejected: int = 0   # capture frames the worker refused (bad shape, NaN, bad image...)
+    telemetry_error: str = ''     # the first refusal's reason
 
 
 def episode_settings(instruction: str, max_seconds: float, *, max_actions: int = 0, smooth_seam: int = 0,
@@ -140,6 +142,7 @@ class Runner:
         self.underrun_ticks = 0     # of which held for lack of an action (an underrun), for /diagnostics
         self._trajectory = cfg.command.mode == 'trajectory'
         self._dropped: dict[str, int] = {}    # capture frames the client could not send, per episode id
+        self.telemetry_rejected = 0           # capture frames the worker refused, over ended episodes
         self._lock = threading.Lock()
         self._starting = False
         self._next_ready_poll = 0.0
@@ -218,8 +221,14 @@ class Runner:
             ep.id, final, ep.message, *(() if outcome is None else (
                 outcome.actions, outcome.chunks, outcome.underruns, outcome.underrun_s, outcome.max_seam_jump,
                 outcome.elapsed_s, outcome.latency_p50_ms, outcome.latency_p95_ms)), commands_sent=ep.sent,
-            dropped_telemetry=outcome.dropped_telemetry if outcome is not None else 0)
+            dropped_telemetry=outcome.dropped_telemetry if outcome is not None else 0,
+            telemetry_rejected=outcome.telemetry_rejected if outcome is not None else 0,
+            telemetry_error=outcome.telemetry_error if outcome is not None else '')
         self._log('info', f'episode {ep.id} ended: {final} {ep.message}'.strip())
+        if self.last_result.telemetry_rejected:
+            self.telemetry_rejected += self.last_result.telemetry_rejected
+            self._log('warning', f'episode {ep.id}: the worker refused {self.last_result.telemetry_rejected} '
+                                 f'capture frames (kept without them); first: {self.last_result.telemetry_error}')
         ep.done.set()
 
     # -- services ------------------------------------------------------------------------------------
