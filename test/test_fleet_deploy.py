@@ -36,6 +36,26 @@ def test_core_kubernetes_resources_validate_against_the_schema():
         kv.validate(broken, K8S_VERSION, strict=True)
 
 
+def test_the_statefulset_runs_the_same_pod_with_a_volume_per_pod_for_its_store():
+    kv = pytest.importorskip('kubernetes_validate', reason='kubernetes-validate is not installed '
+                                                           '(pip install -r requirements-dev.txt)')
+    sts, headless = docs('worker-statefulset.yaml')
+    for resource in (sts, headless):
+        kv.validate(resource, K8S_VERSION, strict=True)
+    deployment, service = docs('worker.yaml')
+    pod, same = sts['spec']['template'], deployment['spec']['template']
+    assert pod['spec']['containers'] == same['spec']['containers']     # one pod, two ways to run it
+    assert sts['spec']['selector'] == deployment['spec']['selector']
+    assert service['spec']['selector'].items() <= pod['metadata']['labels'].items()
+    assert sts['spec']['serviceName'] == headless['metadata']['name'] and headless['spec']['clusterIP'] == 'None'
+    claim, = sts['spec']['volumeClaimTemplates']
+    container = pod['spec']['containers'][0]
+    mount = next(m for m in container['volumeMounts'] if m['name'] == claim['metadata']['name'])
+    home = next(e['value'] for e in container['env'] if e['name'] == 'SEQ_HOME')
+    assert mount['mountPath'] == f'{home}/capture'                     # the stores live on the claim
+    assert all(v['name'] != 'capture' for v in pod['spec']['volumes'])
+
+
 def test_manifests_agree_with_the_worker():
     deployment, service = docs('worker.yaml')
     pod = deployment['spec']['template']

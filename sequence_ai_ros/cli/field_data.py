@@ -31,16 +31,29 @@ def _check_registered(name: str) -> None:
         raise UnknownDeployment(f'{exc}; pass --force to set capture for {name!r} anyway') from None
 
 
-def _store(name: str) -> Any:
+def _store(name: str, stores: list[Path] | None = None) -> Any:
     """The store of deployment ``name``; the name is checked like a deployment name (never a path).
 
-    :raises ConfigError: for a name that is not a valid deployment name (e.g. ``../x``), even with --force.
+    :param stores: capture store directories of the deployment's replicas (``--store``), read as one
+        (:class:`~sequence_ai_ros.capture.store_set.StoreSet`); None: ``$SEQ_HOME/capture/<name>``.
+    :raises ConfigError: for a name that is not a valid deployment name (e.g. ``../x``), even with --force,
+        or a ``--store`` that is not a capture store.
     """
     from sequence_ai_ros.capture.store import CaptureStore
     from sequence_ai_ros.worker.registry import check_name
 
     check_name(name)
+    if stores:
+        from sequence_ai_ros.capture.store_set import StoreSet
+
+        return StoreSet(stores, name)
     return CaptureStore(capture_root(seq_home(), name), deployment=name)
+
+
+def _add_store_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument('--store', action='append', type=Path, default=None, metavar='DIR',
+                        help='read this capture store of NAME instead of $SEQ_HOME/capture/NAME; repeat it to '
+                             'read the stores of several replicas (e.g. one per pod) as one')
 
 
 def parse_when(text: str) -> float:
@@ -106,18 +119,21 @@ def add_parsers(sub: argparse._SubParsersAction, groups: dict[str, argparse._Sub
                      help='video codec: av1 (libsvtav1, LeRobot\'s default) or h264 (libx264 ultrafast)')
     exp.add_argument('--force', action='store_true', help='replace an earlier export at --out')
     exp.add_argument('--robot-type', default=None, help='info.json robot_type (lerobot)')
+    _add_store_option(exp)
     exp.set_defaults(func=cmd_export)
 
     plot = data_sub.add_parser('plot', help='picture of one captured episode: chunks, commands, state, seams')
     plot.add_argument('name', help='deployment name')
     plot.add_argument('--episode', required=True, help='episode id')
     plot.add_argument('--out', required=True, type=Path, help='PNG file to write')
+    _add_store_option(plot)
     plot.set_defaults(func=cmd_plot)
 
     st = policy.add_parser('stats', help='the deployment\'s scoreboard per version and day')
     st.add_argument('name', help='deployment name')
     st.add_argument('--plot', type=Path, default=None, help='also draw it into this PNG')
     st.add_argument('--json', action='store_true', help='print the rows as JSON')
+    _add_store_option(st)
     st.set_defaults(func=cmd_stats)
 
     tools = _subgroup(sub, groups, 'data', 'dataset tools')
@@ -210,7 +226,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     """
     from sequence_ai_ros.exceptions import ExportError
 
-    store = _store(args.name)
+    store = _store(args.name, args.store)
     common = dict(since=args.since, until=args.until, labelled_only=args.labelled_only, force=args.force)
     if args.format == 'lerobot':
         from sequence_ai_ros.datasets.lerobot_writer import export_lerobot
@@ -244,6 +260,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     print(f'exported {args.name} ({args.format}) to {res["out"]}: {what}')
     for note in res.get('notes', []):
         print(f'  note: {note}')
+    for episode_id, where in getattr(store, 'duplicates', []):
+        print(f'  note: episode {episode_id} is also in {where}; the copy with more frames was exported')
     for episode_id, why in res['skipped']:
         print(f'  skipped {episode_id}: {why}')
     if res['skipped']:
@@ -256,7 +274,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     """Draw one captured episode into a PNG."""
     from sequence_ai_ros.datasets.scoreboard import plot_episode
 
-    out = plot_episode(_store(args.name), args.episode, args.out)
+    out = plot_episode(_store(args.name, args.store), args.episode, args.out)
     print(f'wrote {out}')
     return 0
 
@@ -265,7 +283,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     """Print the deployment's scoreboard per version and day (and draw it with --plot)."""
     from sequence_ai_ros.datasets.scoreboard import plot_scoreboard, scoreboard
 
-    rows = scoreboard(_store(args.name).runs())
+    rows = scoreboard(_store(args.name, args.store).runs())
     if args.json:
         print(json.dumps(rows, indent=2))
     elif not rows:

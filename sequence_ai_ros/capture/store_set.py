@@ -1,0 +1,113 @@
+"""Several capture stores of one deployment read as one: a fleet whose replicas each kept their own store.
+
+A local fleet (``seq fleet``) shares one ``$SEQ_HOME`` and so one store per deployment (SQLite locking on
+a local disk). Replicas on several machines (Kubernetes pods, one volume each) cannot: each keeps its own
+store, e.g. ``/var/lib/seq/capture/<deployment>`` on its own PersistentVolume. :class:`StoreSet` reads
+such stores together for ``seq policy data export``, ``seq policy stats`` and ``seq policy data plot``
+(``--store DIR``, repeated), so a fleet's field data exports as one dataset.
+
+No episode is duplicated: episode ids are unique per robot episode, and sticky routing keeps an
+episode on one replica. When the same id was committed in two stores anyway (a replica died mid-episode
+and the robot's next stream with the same id landed on a survivor), the copy with more telemetry frames
+is kept (then the later end), and the other is listed in :attr:`StoreSet.duplicates`. None is lost: every
+committed episode of every store is either read or listed there.
+
+Read-only: nothing is written to the stores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sequence_ai_ros.capture.episode import CapturedEpisode
+from sequence_ai_ros.capture.store import CaptureStore
+from sequence_ai_ros.exceptions import ConfigError
+
+
+class StoreSet:
+    """The capture stores of one deployment at ``roots``, read as one store.
+
+    It answers what the readers of a :class:`~sequence_ai_ros.capture.store.CaptureStore` ask
+    (:meth:`episodes`, :meth:`runs`, ``deployment``, ``root``).
+
+    :param roots: the stores' directories (each holds an ``index.sqlite``), at least one.
+    :param deployment: the deployment they belong to.
+    :raises ConfigError: for no roots, a root given twice, or a directory that is not a capture store.
+    """
+
+    def __init__(self, roots: Sequence[str | Path], deployment: str) -> None:
+        from sequence_ai_ros.capture.index import INDEX_FILE
+
+        paths = [Path(r).expanduser().resolve() for r in roots]
+        if not paths:
+            raise ConfigError('no capture store given')
+        if len(set(paths)) != len(paths):
+            raise ConfigError(f'a capture store is given twice: {[str(p) for p in paths]}')
+        for p in paths:
+            if not (p / INDEX_FILE).is_file():
+                raise ConfigError(f'{p} is not a capture store (no {INDEX_FILE}); a store is '
+                                  f'$SEQ_HOME/capture/<deployment> of a replica')
+        self.deployment = deployment
+        self.roots = paths
+        self.root = paths[0]
+        self.stores = [CaptureStore(p, deployment=deployment) for p in paths]
+        #: (episode_id, store directory) of committed copies not read because another store's copy was kept.
+        self.duplicates: list[tuple[str, Path]] = []
+
+    def episodes(self, since: float | None = None, until: float | None = None,
+                 labelled_only: bool = False) -> list[CapturedEpisode]:
+        """Return the committed episodes of every store, each id once, oldest first.
+
+        :param since: keep episodes started at or after this wall time (s since the epoch).
+        :param until: keep episodes started before this wall time.
+        :param labelled_only: keep labelled episodes only.
+        :raises CaptureError: when a store's index cannot be read.
+        """
+        best: dict[str, tuple[CapturedEpisode, Path]] = {}
+        self.duplicates = []
+        for store in self.stores:
+            for e in store.episodes(since=since, until=until, labelled_only=labelled_only):
+                seen = best.get(e.episode_id)
+                if seen is None:
+                    best[e.episode_id] = (e, store.root)
+                    continue
+                keep, drop = ((e, store.root), seen) if _better(e, seen[0]) else (seen, (e, store.root))
+                best[e.episode_id] = keep
+                self.duplicates.append((drop[0].episode_id, drop[1]))
+        return sorted((e for e, _ in best.values()), key=lambda e: (e.started_at, e.episode_id))
+
+    def runs(self) -> list[dict[str, Any]]:
+        """Return every run recorded by any store (oldest first), each episode id once.
+
+        A run recorded twice (the same episode id in two stores) counts once: the copy with a label, then
+        the later end.
+
+        :raises CaptureError: when a store's index cannot be read.
+        """
+        best: dict[str, dict[str, Any]] = {}
+        anonymous: list[dict[str, Any]] = []
+        for store in self.stores:
+            for run in store.runs():
+                eid = run.get('episode_id')
+                if not eid:
+                    anonymous.append(run)
+                    continue
+                seen = best.get(eid)
+                if seen is None or _better_run(run, seen):
+                    best[eid] = run
+        runs = list(best.values()) + anonymous
+        return sorted(runs, key=lambda r: (r.get('started_at') or 0.0, r.get('episode_id') or ''))
+
+
+def _better(a: CapturedEpisode, b: CapturedEpisode) -> bool:
+    """True when copy ``a`` of an episode should be read rather than copy ``b``: more frames, then later end."""
+    return (a.frames, a.ended_at) > (b.frames, b.ended_at)
+
+
+def _better_run(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    labelled_a, labelled_b = a.get('success') is not None, b.get('success') is not None
+    if labelled_a != labelled_b:
+        return labelled_a
+    return (a.get('ended_at') or 0.0) > (b.get('ended_at') or 0.0)
