@@ -10,7 +10,8 @@ Operators already scrape Triton, vLLM and Ray Serve this way. Every series is la
 ``seq_queue_depth{deployment}``             gauge      requests waiting for the inference thread
 ``seq_active_episodes{deployment}``         gauge      episodes in progress
 ``seq_open_streams``                        gauge      Episode streams open (all deployments)
-``seq_streams_refused_total{reason}``       counter    streams refused: ``max_streams``, ``per_client``
+``seq_streams_refused_total{reason}``       counter    streams refused: ``max_streams``, ``anonymous``,
+                                                       ``per_client``
 ``seq_episodes_ended_total{deployment,reason}``  counter  episodes ended, by reason (EpisodeEnd's, or
                                                        ``disconnect``, ``idle_timeout``, ``start_timeout``)
 ``seq_client_underruns_total{deployment}``  counter    underruns the robots reported at EpisodeEnd
@@ -51,7 +52,7 @@ class MetricsSink:
         """Count an ended episode and the underruns its robot reported."""
 
     def refused(self, reason: str) -> None:
-        """Count a refused stream (``max_streams`` or ``per_client``)."""
+        """Count a refused stream (``max_streams``, ``anonymous`` or ``per_client``)."""
 
     def close(self) -> None:
         """Stop serving metrics."""
