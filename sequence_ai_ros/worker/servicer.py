@@ -220,10 +220,12 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         return pb.LabelReply(ok=True, message=f'episode {clip(request.episode_id)!r} labelled '
                                               f'{"success" if request.success else "failure"}')
 
-    def open_streams(self) -> int:
-        """Return the number of Episode streams open now."""
+    def open_streams(self, deployment: str | None = None) -> int:
+        """Return the number of Episode streams open now (of ``deployment`` only, when given)."""
         with self._streams_lock:
-            return len(self._streams)
+            if deployment is None:
+                return len(self._streams)
+            return sum(1 for stream in self._streams if stream.runtime.name == deployment)
 
     def shutdown_streams(self) -> None:
         """Tell every open episode stream to end (reason ``shutdown``) and close."""
