@@ -200,16 +200,32 @@ def test_seq_fleet_starts_replicas_and_haproxy_in_one_command_and_stops_cleanly(
     import re
     import signal
     import sys
+    import urllib.request
 
     from sequence_ai_ros.protocol import PROTOCOL_VERSION
+    from sequence_ai_ros.worker.fleet import free_port
 
+    ports = []
+    while len(ports) < 6:   # distinct free ports, pinned: replicas, agents, metrics
+        if (p := free_port()) not in ports:
+            ports.append(p)
     proc = processes.spawn([sys.executable, '-m', 'sequence_ai_ros.cli', 'fleet', str(POLICY), '--replicas', '2',
-                            '--port', '0'])
+                            '--port', '0', '--replica-ports', f'{ports[0]},{ports[1]}',
+                            '--agent-ports', f'{ports[2]},{ports[3]}', '--metrics-ports', f'{ports[4]},{ports[5]}'])
     lines = [proc.stdout.readline() for _ in range(3)]
-    match = re.search(r'on 127\.0\.0\.1:(\d+)', lines[0])
+    match = re.search(r'on 127\.0\.0\.1:(\d+) \(config and logs in (\S+)\)', lines[0])
     assert match, lines + [proc.stderr.read() if proc.poll() is not None else '']
-    replica_ports = [int(m) for line in lines[1:] for m in re.findall(r'gRPC 127\.0\.0\.1:(\d+)', line)]
-    assert len(replica_ports) == 2
+    run_dir = Path(match.group(2))
+    assert run_dir.is_dir() and run_dir.name.startswith('seq-fleet-') and (run_dir / 'haproxy.cfg').is_file()
+    replicas = [tuple(int(x) for x in re.search(r'gRPC 127\.0\.0\.1:(\d+), agent (\d+), metrics '
+                                                r'http://127\.0\.0\.1:(\d+)/metrics', line).groups())
+                for line in lines[1:]]
+    assert replicas == [(ports[0], ports[2], ports[4]), (ports[1], ports[3], ports[5])]
+    for _, agent, metrics in replicas:   # each pinned port answers what it was pinned for
+        with socket.create_connection(('127.0.0.1', agent), timeout=5) as s:
+            assert s.recv(64).decode().strip() == 'up ready'
+        with urllib.request.urlopen(f'http://127.0.0.1:{metrics}/metrics', timeout=5) as page:
+            assert b'seq_open_streams' in page.read()
     with channel(int(match.group(1))) as ch:
         stub = pb_grpc.PolicyServiceStub(ch)
         reply = stub.Handshake(pb.HandshakeRequest(deployment='replica_echo', protocol_version=PROTOCOL_VERSION),
@@ -217,10 +233,34 @@ def test_seq_fleet_starts_replicas_and_haproxy_in_one_command_and_stops_cleanly(
         assert reply.contract.deployment == 'replica_echo'
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) == 0
-    assert 'stopping the fleet' in proc.stdout.read()
-    for port in replica_ports:  # every replica is gone with it
+    out = proc.stdout.read()
+    assert 'stopping the fleet' in out and f'stopped; removed {run_dir}' in out
+    assert not run_dir.exists()   # a clean stop leaves no /tmp/seq-fleet-* behind
+    for port in ports:  # every replica is gone with it
         with pytest.raises(OSError):
             socket.create_connection(('127.0.0.1', port), timeout=1).close()
+
+
+def test_a_fleet_keeps_its_logs_when_a_replica_crashed_and_refuses_overlapping_pins(seq_home: Path):
+    import os
+    import signal
+
+    from sequence_ai_ros.exceptions import ConfigError
+
+    with pytest.raises(ConfigError, match=r'overlap: \[50600\] used twice'):
+        Fleet(['replica_echo'], 2, replica_ports=[50600], agent_ports=[50610, 50600])
+    with pytest.raises(ConfigError, match='3 ports for 2 replicas'):
+        Fleet(['replica_echo'], 2, metrics_ports=[1, 2, 3])
+    assert seq_main(['deploy', str(POLICY), '--name', 'replica_echo']) == 0
+    fleet = Fleet(['replica_echo'], 1, home=seq_home)
+    try:
+        os.killpg(fleet.replicas[0].process.pid, signal.SIGKILL)   # a crash, not fleet.kill()
+        wait_for(lambda: fleet.reap() == [1], what='the crash to be seen')
+        assert fleet.stop() is False and fleet.kept == fleet.run_dir
+        assert (fleet.kept / 'replica1.log').is_file()   # its logs are there to read
+    finally:
+        fleet.stop()
+        shutil.rmtree(fleet.run_dir, ignore_errors=True)
 
 
 def test_the_balancer_caps_connections_per_source_address(seq_home: Path):

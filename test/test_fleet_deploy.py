@@ -112,7 +112,7 @@ def test_grafana_dashboard_queries_only_metrics_the_worker_exports():
     pytest.importorskip('prometheus_client', reason='prometheus_client is not installed')
     from sequence_ai_ros.worker.metrics import PrometheusMetrics
 
-    metrics = PrometheusMetrics({}, lambda: 0)
+    metrics = PrometheusMetrics({}, lambda name: 0)
     try:
         names = {m.name for m in metrics.registry.collect()}
     finally:
@@ -125,4 +125,12 @@ def test_grafana_dashboard_queries_only_metrics_the_worker_exports():
     used = {m for e in exprs for m in re.findall(r'\b(seq_[a-z_]+)', e)}
     assert used and used <= exported, used - exported
     assert {'seq_requests_total', 'seq_inference_seconds_bucket', 'seq_batch_size_sum', 'seq_queue_depth',
-            'seq_active_episodes', 'seq_client_underruns_total', 'seq_capture_bytes'} <= used
+            'seq_active_episodes', 'seq_client_underruns_total', 'seq_capture_bytes', 'seq_open_streams'} <= used
+    # every per-deployment metric is filtered by the dashboard's deployment variable
+    per_deployment = ('seq_requests_total', 'seq_inference_seconds_bucket', 'seq_batch_size', 'seq_queue_depth',
+                      'seq_active_episodes', 'seq_open_streams', 'seq_client_underruns_total',
+                      'seq_episodes_ended_total', 'seq_capture_bytes')
+    for expr in exprs:
+        for name in per_deployment:
+            for use in re.findall(rf'\b{name}[a-z_]*(\{{[^}}]*\}})?', expr):
+                assert 'deployment=~"$deployment"' in use, (name, expr)

@@ -3,7 +3,9 @@
 - a stream that sends no EpisodeStart within ``start_timeout_s`` is closed (typed EPISODE_STATE);
 - one client holds at most ``max_streams_per_client`` streams; behind a trusted balancer the client is the
   ``x-forwarded-for`` address, and a client that is not a trusted proxy cannot spoof it;
-- with a token, streams without it never get a slot, so the token's holders keep the whole capacity.
+- with a token, streams without it never get a slot, so the token's holders keep the whole capacity;
+- with a token and ``anonymous_streams``, token-less streams hold at most that many slots (the rest is headroom
+  for token holders), and a client's token-less streams are capped apart from its token streams.
 """
 
 from __future__ import annotations
@@ -95,3 +97,68 @@ def test_with_a_token_anonymous_streams_get_no_slot():
         assert {e.code() for e in errors} == {grpc.StatusCode.UNAUTHENTICATED}
         assert server.servicer.open_streams() == 0
         _robot_runs(stub, 'robot-token', metadata=token)
+
+
+def _overloaded(stream: Stream) -> str:
+    """The refused stream's typed OVERLOADED message (start() got no reply)."""
+    assert stream.start() is None, 'the stream was admitted'
+    err = perrors.from_rpc_error(stream.error)
+    assert isinstance(err, Overloaded), stream.error
+    return str(err)
+
+
+def test_with_a_token_anonymous_streams_leave_headroom_for_token_holders():
+    # the 256-idle-streams attack from 256 addresses (per-client caps cannot stop it) without the token, on a
+    # worker that admits token-less robots: they hold at most anonymous_streams slots, the rest is kept
+    token = [('authorization', 'Bearer s3cret')]
+    with serve_policy_file(FAST, 'fast', dim=2, token='s3cret', max_streams=40, anonymous_streams=8,
+                           max_streams_per_client=0, trusted_proxies=('127.0.0.1',)) as server, \
+            channel(server.port) as ch:
+        stub = pb_grpc.PolicyServiceStub(ch)
+        assert wait_ready(stub, 'fast').ready   # a caller without the token may ask
+        attack = [Stream(stub, 'fast', f'anon{i}', metadata=[('x-forwarded-for', f'203.0.{i // 200}.{i % 200}')])
+                  for i in range(ATTACK)]
+        # each one starts an episode and then idles: it would hold its slot for the whole idle timeout
+        started = [s for s in attack if (r := s.start()) is not None and r.HasField('started')]
+        assert len(started) == 8 and server.servicer.open_streams() == 8
+        refused = [str(perrors.from_rpc_error(s.error)) for s in attack if s not in started]
+        assert len(refused) == ATTACK - 8 and all('anonymous_streams' in m and '32 are kept for token holders' in m
+                                                  for m in refused)
+        # while the attack holds, token holders get every one of the other 32 slots and are served
+        robots = [Stream(stub, 'fast', f'robot{i}', metadata=[*token, ('x-forwarded-for', f'198.51.100.{i}')])
+                  for i in range(32)]
+        for robot in robots:
+            assert robot.start().HasField('started'), robot.error
+            assert robot.ask(state_request(1, [0.1, 0.2], NAMES)).HasField('chunk')
+        assert 'max_streams' in _overloaded(Stream(stub, 'fast', 'robot-extra', metadata=token))
+        # a wrong token is still refused, whatever the anonymous allowance
+        wrong = Stream(stub, 'fast', 'wrong', metadata=[('authorization', 'Bearer nope')])
+        assert _refusal(wrong).code() == grpc.StatusCode.UNAUTHENTICATED
+        for stream in [*started, *robots]:
+            assert stream.end().HasField('ended')
+        wait_for(lambda: server.servicer.open_streams() == 0, what='the streams to close')
+        _robot_runs(stub, 'anon-after')   # the anonymous slots were released
+
+
+def test_a_clients_token_less_streams_do_not_take_its_token_streams_slots():
+    # robots behind one address (a NAT, or a balancer that is not trusted): an attacker there without the
+    # token fills that address's per-client cap for token-less streams only
+    token = [('authorization', 'Bearer s3cret')]
+    with serve_policy_file(FAST, 'fast', dim=2, token='s3cret', max_streams=64, anonymous_streams=32,
+                           max_streams_per_client=4) as server, channel(server.port) as ch:
+        stub = pb_grpc.PolicyServiceStub(ch)
+        assert wait_ready(stub, 'fast', metadata=token).ready
+        attack = [Stream(stub, 'fast', f'anon{i}') for i in range(ATTACK)]
+        started = [s for s in attack if (r := s.start()) is not None and r.HasField('started')]
+        assert len(started) == 4
+        refused = [str(perrors.from_rpc_error(s.error)) for s in attack if s not in started]
+        assert len(refused) == ATTACK - 4
+        assert all('127.0.0.1' in m and '4 episode streams without the token' in m for m in refused)
+        robots = [Stream(stub, 'fast', f'robot{i}', metadata=token) for i in range(4)]
+        for robot in robots:
+            assert robot.start().HasField('started'), robot.error
+            assert robot.ask(state_request(1, [0.1, 0.2], NAMES)).HasField('chunk')
+        message = _overloaded(Stream(stub, 'fast', 'robot-extra', metadata=token))
+        assert 'max_streams_per_client' in message and 'without the token' not in message
+        for stream in [*started, *robots]:
+            assert stream.end().HasField('ended')

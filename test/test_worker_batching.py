@@ -150,6 +150,49 @@ class Flaky:
         ch.close()
 
 
+def test_an_exception_returned_for_one_request_fails_only_that_request(tmp_path):
+    # the lerobot template returns a PolicyException for a request with too few frames: its batch-mates are served
+    path = tmp_path / 'picky' / 'policy.py'
+    path.parent.mkdir()
+    path.write_text('''
+import numpy as np
+import sequence_ai_ros.policy as seq
+from sequence_ai_ros.exceptions import PolicyException
+
+@seq.policy(action_space='joint_absolute', action_names=['a'], dt=0.1, chunk_length=2,
+            observation=seq.ObservationContract(state_names=['a']), batching=seq.Batching(2, 5.0))
+class Picky:
+    def __init__(self):
+        self.batches = []
+
+    def infer(self, inp, episode):
+        return self.infer_batch([inp], [episode])[0]
+
+    def infer_batch(self, inputs, episodes):
+        self.batches.append(sorted(e.id for e in episodes))
+        return [PolicyException('seven is refused') if i.observation.state[0] == 7
+                else np.full((2, 1), i.observation.state[0], np.float32) for i in inputs]
+''')
+    with serve_policy_file(path, 'picky') as server:
+        ch = channel(server.port)
+        stub = pb_grpc.PolicyServiceStub(ch)
+        handshake(stub, 'picky')
+        assert wait_ready(stub, 'picky').ready
+        a, b = Stream(stub, 'picky', 'a'), Stream(stub, 'picky', 'b')
+        a.start(), b.start()
+        for rid in (1, 2):
+            a.send(observation=state_request(rid, [7.0], ['a']))
+            b.send(observation=state_request(rid, [3.0], ['a']))
+            ra, rb = a.recv(), b.recv()
+            assert ra.error.code == pb.POLICY_EXCEPTION and 'seven is refused' in ra.error.message
+            assert rb.HasField('chunk') and rb.chunk.request_id == rid
+            np.testing.assert_array_equal(codec.from_tensor(rb.chunk.actions), np.full((2, 1), 3.0, np.float32))
+        # both requests of each round went in one call (the batch fills at 2 before its 5 s wait)
+        assert server.runtimes['picky']._instance.batches == [['a', 'b'], ['a', 'b']]
+        assert a.end().HasField('ended') and b.end().HasField('ended')
+        ch.close()
+
+
 @pytest.mark.parametrize('batched', [False, True])
 def test_an_episode_may_submit_again_as_soon_as_its_chunk_is_out(batched):
     # the robot answers a chunk at once: its next request must not be refused as "already in flight"

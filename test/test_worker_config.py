@@ -83,6 +83,20 @@ def test_fleet_and_admission_flags_fill_the_config():
         ServerConfig(agent_port=-1)
 
 
+def test_anonymous_streams_need_a_token_and_leave_headroom(tmp_path):
+    (tmp_path / 'token').write_text('s3cret\n')
+    config = serving.server_config(serve_args('NAME', '--token-file', str(tmp_path / 'token'),
+                                              '--anonymous-streams', '16', '--max-streams', '64'))
+    assert (config.token, config.anonymous_streams, config.max_streams) == ('s3cret', 16, 64)
+    assert ServerConfig().anonymous_streams == 0
+    with pytest.raises(ConfigError, match=r'anonymous_streams \(--anonymous-streams\) needs a token'):
+        ServerConfig(anonymous_streams=4)
+    with pytest.raises(ConfigError, match='must be below max_streams'):
+        ServerConfig(token='t', anonymous_streams=8, max_streams=8)
+    with pytest.raises(ConfigError, match='integer >= 0'):
+        ServerConfig(token='t', anonymous_streams=-1)
+
+
 def test_an_address_that_cannot_be_bound_is_a_config_error_naming_the_flags():
     with pytest.raises(ConfigError, match=r'cannot bind not\.\.a\.\.host:0 \(--host/--port\)'):
         serve_policy_file(POLICIES / 'fast.py', deployment='fast', host='not..a..host', port=0)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_worker_support import Stream, channel, handshake, state_request, wait_ready
+from test_worker_support import Stream, channel, handshake, state_request, wait_for, wait_ready
 
 import sequence_ai_ros.policy as seq
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
@@ -59,7 +59,7 @@ def test_a_live_worker_exposes_metrics_that_move_with_traffic(tmp_path):
         assert bad.error.code == pb.CONTRACT_VIOLATION
         during = scrape(server.metrics_port)
         assert value(during, 'seq_active_episodes', deployment='mlp') == 4
-        assert value(during, 'seq_open_streams') == 4
+        assert value(during, 'seq_open_streams', deployment='mlp') == 4
         assert value(during, 'seq_requests_total', deployment='mlp', outcome='chunk') == 12
         assert value(during, 'seq_requests_total', deployment='mlp', outcome='CONTRACT_VIOLATION') == 1
         calls = value(during, 'seq_batch_size_count', deployment='mlp')
@@ -78,3 +78,32 @@ def test_a_live_worker_exposes_metrics_that_move_with_traffic(tmp_path):
         assert value(after, 'seq_client_underrun_seconds_total', deployment='mlp') == pytest.approx(3.0)
         captured = value(after, 'seq_capture_bytes', deployment='mlp')
         assert captured > value(before, 'seq_capture_bytes', deployment='mlp')
+
+
+def test_open_streams_are_counted_per_deployment(seq_home):
+    from sequence_ai_ros.cli import main as seq_main
+    from sequence_ai_ros.worker import create_server
+
+    for name in ('arm', 'hand'):
+        assert seq_main(['deploy', str(MLP), '--name', name]) == 0
+    with create_server(['arm', 'hand'], home=seq_home, metrics_port=0) as server, channel(server.port) as ch:
+        stub = pb_grpc.PolicyServiceStub(ch)
+        for name in ('arm', 'hand'):
+            handshake(stub, name)
+            assert wait_ready(stub, name).ready
+        assert {value(scrape(server.metrics_port), 'seq_open_streams', deployment=n) for n in ('arm', 'hand')} == {0}
+        robots = [Stream(stub, 'arm', f'arm{k}') for k in range(3)] + [Stream(stub, 'hand', 'hand0')]
+        for r in robots:
+            assert r.start().HasField('started')
+        during = scrape(server.metrics_port)
+        assert value(during, 'seq_open_streams', deployment='arm') == 3
+        assert value(during, 'seq_open_streams', deployment='hand') == 1
+        assert not any(key[0] == 'seq_open_streams' and not key[1] for key in during)   # no unlabelled total
+        for r in robots[:2]:
+            assert r.end().HasField('ended')
+            r.close()
+        wait_for(lambda: value(scrape(server.metrics_port), 'seq_open_streams', deployment='arm') == 1,
+                 what='the ended streams to close')
+        assert value(scrape(server.metrics_port), 'seq_open_streams', deployment='hand') == 1
+        for r in robots[2:]:
+            assert r.end().HasField('ended')

@@ -1,7 +1,9 @@
 """``seq fleet NAME... --replicas N``: a local fleet for development, N ``seq serve`` replicas behind HAProxy.
 
 One command starts it (see :class:`sequence_ai_ros.worker.fleet.Fleet`) and prints where robots dial and
-where each replica's metrics are; Ctrl-C (or SIGTERM) stops HAProxy and every replica cleanly.
+where each replica's metrics are; Ctrl-C (or SIGTERM) stops HAProxy and every replica cleanly and removes
+the fleet's run directory (kept, and named, when a process crashed or had to be killed). ``--replica-ports``,
+``--agent-ports`` and ``--metrics-ports`` pin the replicas' ports (default: free ones).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ def cmd_fleet(args: argparse.Namespace) -> int:
 
     serve_args = shlex.split(args.serve_options or '')
     fleet = Fleet(args.names, args.replicas, port=DEFAULT_PORT if args.port is None else args.port,
-                  serve_args=serve_args, haproxy_config=args.haproxy_config)
+                  serve_args=serve_args, haproxy_config=args.haproxy_config, replica_ports=args.replica_ports,
+                  agent_ports=args.agent_ports, metrics_ports=args.metrics_ports)
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -30,16 +33,24 @@ def cmd_fleet(args: argparse.Namespace) -> int:
             print(f'  replica{r.index}: gRPC {r.address}, agent {r.agent_port}, '
                   f'metrics http://127.0.0.1:{r.metrics_port}/metrics', flush=True)
         while not stop.wait(timeout=1.0):
-            dead = [r.index for r in fleet.replicas if r.process.poll() is not None]
+            dead = fleet.reap()
             if dead:
                 print(f'replicas {dead} exited; HAProxy routes their episodes to the others', flush=True)
-                fleet.replicas = [r for r in fleet.replicas if r.index not in dead]
     finally:
         print('stopping the fleet ...', flush=True)
-        fleet.stop()
+        clean = fleet.stop()
+        print(f'stopped; removed {fleet.run_dir}' if clean else f'stopped; logs kept in {fleet.kept}', flush=True)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 0
+
+
+def _ports(text: str) -> list[int]:
+    """``P1,P2,...`` (one per replica) or ``P`` (the first of N consecutive) -> ports, for argparse."""
+    try:
+        return [int(p) for p in text.split(',') if p.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'expected ports as P or P1,P2,..., got {text!r}') from None
 
 
 def add_parser(sub: Any) -> None:
@@ -48,6 +59,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument('names', nargs='+', metavar='NAME', help='deployment name(s), or a policy.py')
     p.add_argument('--replicas', type=int, default=3, metavar='N', help='replicas to start (default 3)')
     p.add_argument('--port', type=int, default=None, help='the balancer\'s port (default 50551; 0 picks one)')
+    for kind, what in (('replica', "the replicas' gRPC ports"), ('agent', "their HAProxy agent ports"),
+                       ('metrics', "their Prometheus /metrics ports")):
+        p.add_argument(f'--{kind}-ports', type=_ports, metavar='P[,P...]',
+                       help=f'pin {what}: one per replica, or one port as the first of N consecutive '
+                            '(default: free ones)')
     p.add_argument('--haproxy-config', help='HAProxy template (default deploy/haproxy.cfg)')
     p.add_argument('--serve-options', metavar='"OPTIONS"',
                    help='more seq serve options for every replica, quoted (e.g. "--token-file F --idle-timeout 60")')

@@ -18,8 +18,9 @@ before lerobot is imported, ``pretrained_backbone_weights`` (ImageNet weights fr
 is cleared (the checkpoint's own weights replace them anyway), and backbone processors/tokenizers come
 from ``hub_cache`` or ``hub_snapshots`` (see :mod:`.lerobot_checkpoint`).
 
-Every tensor carries a leading batch axis of 1 per episode, so requests of several episodes can be stacked
-on that axis (:meth:`LeRobotRunner.frames_batch` then :meth:`LeRobotRunner.forward`).
+Every tensor carries a leading batch axis of 1 per episode, so requests of several episodes are stacked on
+that axis (:meth:`LeRobotRunner.frames_batch` per episode, then :meth:`LeRobotRunner.forward_many`): the
+``lerobot`` template's ``infer_batch`` serves several robots in one ``predict_action_chunk`` call.
 
 torch and lerobot are heavy (GBs, CUDA wheels); they live in the worker's own environment, never in the
 ROS venv. Everything here checks for them with :func:`importlib.util.find_spec` (no import) and raises
@@ -137,6 +138,14 @@ class Raw:
 
     model: np.ndarray
     served: int
+
+
+def _stack_key(batch: dict[str, Any], kwargs: dict[str, Any]) -> tuple:
+    """What two episodes' requests must share to go in one call: tensor shapes and the other arguments."""
+    def part(d: dict[str, Any], skip: tuple[str, ...] = ()) -> tuple:
+        return tuple(sorted((key, tuple(v.shape) if hasattr(v, 'shape') else repr(v)) for key, v in d.items()
+                            if key not in skip))
+    return part(batch, skip=('task',)), part(kwargs)
 
 
 class LeRobotRunner:
@@ -257,6 +266,37 @@ class LeRobotRunner:
             raw = self.policy.predict_action_chunk(self.pre(batch), **kwargs)
             actions = self.post(raw)
         return (raw.detach().float().cpu().numpy(), actions.detach().float().cpu().numpy())
+
+    def forward_many(self, batches: Sequence[dict[str, Any]],
+                     kwargs: Sequence[dict[str, Any]]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Run :meth:`forward` for several episodes, stacking on the batch axis those that can share a call.
+
+        Requests share one call when their tensors have the same shapes and their non-tensor arguments are
+        equal (RTC's ``inference_delay`` and ``execution_horizon``); others get calls of their own, in order.
+        Each episode's tensors keep their leading axis of 1, so row ``i`` of a call is exactly episode ``i``'s
+        (``task`` becomes a list of the episodes' instructions, as LeRobot's batched ``task``).
+
+        :param batches: one raw batch per episode from :meth:`frames_batch`.
+        :param kwargs: one ``forward`` kwargs dict per episode (``noise`` (1, H, D), RTC's arguments).
+        :returns: one (model-space float32 (H, D'), robot-unit float32 (H, D)) per episode, in order.
+        """
+        torch = self.torch
+        groups: dict[tuple, list[int]] = {}
+        for i, (batch, kw) in enumerate(zip(batches, kwargs, strict=True)):
+            groups.setdefault(_stack_key(batch, kw), []).append(i)
+        out: list[Any] = [None] * len(batches)
+        for members in groups.values():
+            first = batches[members[0]]
+            joint = {key: (torch.cat([batches[i][key] for i in members]) if torch.is_tensor(value) else value)
+                     for key, value in first.items()}
+            joint['task'] = [batches[i]['task'] for i in members]
+            kw0 = kwargs[members[0]]
+            joint_kw = {key: (torch.cat([kwargs[i][key] for i in members]) if torch.is_tensor(value) else value)
+                        for key, value in kw0.items()}
+            model, actions = self.forward(joint, **joint_kw)
+            for row, i in enumerate(members):
+                out[i] = (model[row], actions[row])
+        return out
 
     def rtc_kwargs(self, previous: Raw | None, tail_rows: int, delay: int) -> dict[str, Any]:
         """RTC's arguments from the episode's previous raw chunk, indexed by the tail's position.

@@ -19,6 +19,7 @@ A policy whose cost per request falls with batch size (a GPU model, a vectorised
 
         def infer_batch(self, inputs: list[seq.PolicyInput], episodes: list[seq.Episode]) -> list[np.ndarray]:
             ...                                          # one (T, D) chunk (or Result) per input, same order
+                                                         # (an exception instance fails that request alone)
 
 The worker then gathers pending requests of *different* episodes (each episode has at most one request in
 flight) into one ``infer_batch`` call, see :class:`Batching`. ``infer`` stays required: ``seq deploy``'s dry
@@ -101,8 +102,9 @@ class Batching:
     ``@seq.on_episode`` are exactly as without batching.
 
     Errors: an exception raised by ``infer_batch`` fails every request of that batch with POLICY_EXCEPTION;
-    a malformed chunk fails only its own request (CONTRACT_VIOLATION); a returned list whose length is not
-    the batch's fails the batch.
+    an exception instance returned in place of a chunk (e.g. ``PolicyException('too few frames')``) fails
+    only its own request with POLICY_EXCEPTION; a malformed chunk fails only its own request
+    (CONTRACT_VIOLATION); a returned list whose length is not the batch's fails the batch.
 
     :param max_batch_size: most requests per ``infer_batch`` call, >= 1.
     :param max_wait_s: longest time (s) the oldest request waits for others to join, >= 0; it adds at most

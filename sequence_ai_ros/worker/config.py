@@ -55,16 +55,22 @@ class ServerConfig:
         idle streams cannot hold the worker's ``max_streams`` slots.
     :param max_streams_per_client: most Episode streams one client may hold at once (0: no per-client cap).
         A client is its address: the ``x-forwarded-for`` metadata when the peer is one of ``trusted_proxies``
-        (a balancer such as HAProxy with ``option forwardfor``), else the TCP peer's address. With a
-        ``token``, a caller without it never gets a stream (UNAUTHENTICATED), so holders of the token keep
-        the whole capacity.
+        (a balancer such as HAProxy with ``option forwardfor``), else the TCP peer's address. Streams with
+        and without the token are capped apart, so token-less streams from an address never take that
+        address's slots from token holders (e.g. robots behind the same NAT or balancer).
+    :param anonymous_streams: with a ``token``: how many Episode streams callers *without* the token may hold
+        in total (they may then also handshake, ask readiness and label; a *wrong* token is still
+        UNAUTHENTICATED). The other ``max_streams - anonymous_streams`` slots are kept for streams carrying
+        the token, so an anonymous flood gets OVERLOADED while token holders keep that headroom.
+        0 (default): a caller without the token gets nothing (UNAUTHENTICATED).
     :param trusted_proxies: peer addresses (e.g. ``127.0.0.1``) whose ``x-forwarded-for`` names the client.
     :param metrics_port: serve Prometheus metrics on ``http://host:metrics_port/metrics`` (0: a free port,
         see ``WorkerServer.metrics_port``); None: no metrics endpoint.
     :param agent_port: answer HAProxy ``agent-check`` probes on this port with the gRPC health of the served
         deployments (:mod:`~sequence_ai_ros.worker.health_agent`); None: no agent.
     :raises ConfigError: for an empty host, a timeout that is not finite and > 0, ``max_streams`` or
-        ``max_pending`` < 1, a port outside [0, 65535], a bool where a number belongs, or an empty token;
+        ``max_pending`` < 1, a port outside [0, 65535], a bool where a number belongs, an empty token, or
+        ``anonymous_streams`` > 0 without a token or not below ``max_streams``;
         the message names the ``seq serve`` flag where there is one.
     """
 
@@ -86,6 +92,9 @@ class ServerConfig:
                                   'within S seconds (default {default:g})', 'S')
     max_streams_per_client: int = _opt(64, '--max-streams-per-client', 'most episode streams one client address '
                                        'may hold; more get OVERLOADED; 0: no cap (default {default})', 'N')
+    anonymous_streams: int = _opt(0, '--anonymous-streams', 'with --token-file: episode streams callers without '
+                                  'the token may hold in total; the other max-streams slots are kept for token '
+                                  'holders (default {default}: no access without the token)', 'N')
     trusted_proxies: tuple[str, ...] = _opt((), '--trusted-proxy', 'a balancer address whose x-forwarded-for '
                                             'names the client (repeat the flag for several)', 'ADDR')
     metrics_port: int | None = _opt(None, '--metrics-port', 'serve Prometheus metrics on this port at /metrics '
@@ -117,6 +126,14 @@ class ServerConfig:
         if not (integer(self.max_streams_per_client) and self.max_streams_per_client >= 0):
             raise ConfigError(f'{_named("max_streams_per_client")} must be an integer >= 0, '
                               f'got {self.max_streams_per_client!r}')
+        if not (integer(self.anonymous_streams) and self.anonymous_streams >= 0):
+            raise ConfigError(f'{_named("anonymous_streams")} must be an integer >= 0, got {self.anonymous_streams!r}')
+        if self.anonymous_streams and self.token is None:
+            raise ConfigError(f'{_named("anonymous_streams")} needs a token (--token-file): without one every '
+                              'stream is anonymous and max_streams is the only cap')
+        if self.anonymous_streams >= self.max_streams:
+            raise ConfigError(f'{_named("anonymous_streams")} ({self.anonymous_streams}) must be below max_streams '
+                              f'({self.max_streams}): the difference is the headroom kept for token holders')
         if not isinstance(self.warm, bool):
             raise ConfigError(f'warm is True or False, got {self.warm!r}')
         if isinstance(self.trusted_proxies, str) or not all(isinstance(a, str) and a for a in self.trusted_proxies):

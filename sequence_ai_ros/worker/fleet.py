@@ -12,7 +12,13 @@ server lines between its ``# BEGIN SERVERS`` / ``# END SERVERS`` markers) with a
 :meth:`Fleet.balancer_state` can tell which replicas HAProxy sees UP and with what weight.
 
 Processes are owned by :class:`Fleet`: :meth:`Fleet.stop` ends HAProxy, then SIGTERMs every replica (they
-end their episodes with reason ``shutdown``) and waits, killing what outlives ``grace``.
+end their episodes with reason ``shutdown``) and waits, killing what outlives ``grace``. Its run directory
+(``/tmp/seq-fleet-*``: the rendered config, the stats socket, every process's log) is removed on a clean
+stop, and kept (with its path in :attr:`Fleet.kept`) when a process crashed, failed to start or had to be
+killed, so its logs can be read.
+
+Ports are free ones unless pinned (``replica_ports``, ``agent_ports``, ``metrics_ports``: N ports each, or
+one port as the first of N consecutive ones), so a dashboard or a Prometheus scrape config can name them.
 """
 
 from __future__ import annotations
@@ -44,6 +50,25 @@ def free_port(host: str = '127.0.0.1') -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def pinned_ports(what: str, ports: Sequence[int] | None, replicas: int) -> list[int] | None:
+    """Return ``replicas`` ports from ``ports`` (N ports, or one: the first of N consecutive), or None.
+
+    :raises ConfigError: for another count or a port outside [1, 65535].
+    """
+    if ports is None:
+        return None
+    ports = list(ports)
+    if len(ports) == 1:
+        ports = [ports[0] + k for k in range(replicas)]
+    if len(ports) != replicas:
+        raise ConfigError(f'{what}: {len(ports)} ports for {replicas} replicas (give {replicas}, or one: the first '
+                          f'of {replicas} consecutive ports)')
+    bad = [p for p in ports if not (isinstance(p, int) and 0 < p <= 65535)]
+    if bad:
+        raise ConfigError(f'{what}: ports must be in [1, 65535], got {bad}')
+    return ports
 
 
 def haproxy_binary() -> str:
@@ -100,29 +125,50 @@ class Fleet:
     :param serve_args: more ``seq serve`` options for every replica (e.g. ``['--token-file', F]``).
     :param haproxy_config: the template (default the shipped ``deploy/haproxy.cfg``).
     :param ready_timeout_s: bound (s) for every replica to be ready and HAProxy to see it UP.
+    :param replica_ports: pin the replicas' gRPC ports (N ports, or one: the first of N consecutive ones);
+        None: free ones.
+    :param agent_ports: pin their HAProxy agent ports, likewise.
+    :param metrics_ports: pin their Prometheus ports, likewise.
     :raises MissingDependency: when HAProxy is not installed.
-    :raises ConfigError: when a replica or HAProxy fails to start (their output is in the message).
+    :raises ConfigError: when a replica or HAProxy fails to start (their output is in the message), or for
+        pinned ports of the wrong count, out of range or used twice.
     """
 
     def __init__(self, names: Sequence[str], replicas: int = 3, *, port: int = 0, home: str | Path | None = None,
                  serve_args: Sequence[str] = (), haproxy_config: str | Path | None = None,
-                 ready_timeout_s: float = 60.0, conn_per_client: int = CONN_PER_CLIENT) -> None:
+                 ready_timeout_s: float = 60.0, conn_per_client: int = CONN_PER_CLIENT,
+                 replica_ports: Sequence[int] | None = None, agent_ports: Sequence[int] | None = None,
+                 metrics_ports: Sequence[int] | None = None) -> None:
         if replicas < 1:
             raise ConfigError(f'a fleet needs at least one replica, got {replicas}')
+        pinned = {what: pinned_ports(what, ports, replicas) for what, ports in
+                  (('--replica-ports', replica_ports), ('--agent-ports', agent_ports),
+                   ('--metrics-ports', metrics_ports))}
+        taken = [p for ports in pinned.values() for p in ports or ()] + ([port] if port else [])
+        twice = sorted(p for p in set(taken) if taken.count(p) > 1)
+        if twice:
+            raise ConfigError(f'the fleet\'s pinned ports overlap: {twice} used twice (balancer --port, '
+                              '--replica-ports, --agent-ports, --metrics-ports)')
         self._haproxy_bin = haproxy_binary()
         template_path = Path(haproxy_config) if haproxy_config is not None else HAPROXY_CONFIG
         if not template_path.is_file():
             raise ConfigError(f'HAProxy template {template_path} not found (pass --haproxy-config)')
         self.run_dir = Path(tempfile.mkdtemp(prefix='seq-fleet-'))
+        #: the run directory when :meth:`stop` kept it (a process crashed or had to be killed), else None
+        self.kept: Path | None = None
         self.port = port or free_port()
         self.replicas: list[Replica] = []
         self.haproxy: subprocess.Popen | None = None
         self._env = dict(os.environ)
+        self._killed: set[int] = set()
+        self._crashed: list[int] = []
+        self._failed = False
         if home is not None:
             self._env['SEQ_HOME'] = str(home)
         try:
             for k in range(1, replicas + 1):
-                self.replicas.append(self._start_replica(k, list(names), list(serve_args)))
+                ports = tuple(None if p is None else p[k - 1] for p in pinned.values())
+                self.replicas.append(self._start_replica(k, list(names), list(serve_args), ports))
             self._wait_replicas(ready_timeout_s)
             config = self.run_dir / 'haproxy.cfg'
             config.write_text(render_config(template_path.read_text(), replicas))
@@ -135,6 +181,7 @@ class Fleet:
                                             stdout=open(self.run_dir / 'haproxy.log', 'w'), stderr=subprocess.STDOUT)
             self.wait_balanced(ready_timeout_s)
         except BaseException:
+            self._failed = True
             self.stop(grace=2.0)
             raise
 
@@ -148,8 +195,9 @@ class Fleet:
         """``127.0.0.1:port`` robots dial (``connect(endpoint=...)``)."""
         return f'127.0.0.1:{self.port}'
 
-    def _start_replica(self, k: int, names: list[str], serve_args: list[str]) -> Replica:
-        port, agent, metrics = free_port(), free_port(), free_port()
+    def _start_replica(self, k: int, names: list[str], serve_args: list[str],
+                       pinned: tuple[int | None, ...] = (None, None, None)) -> Replica:
+        port, agent, metrics = (p or free_port() for p in pinned)
         argv = [sys.executable, '-m', 'sequence_ai_ros.cli', 'serve', *names, '--port', str(port), '--warm',
                 '--agent-port', str(agent), '--metrics-port', str(metrics), '--trusted-proxy', '127.0.0.1',
                 *serve_args]
@@ -226,32 +274,59 @@ class Fleet:
             time.sleep(0.1)
 
     def kill(self, index: int) -> None:
-        """SIGKILL replica ``index`` (1-based), as a crash would."""
+        """SIGKILL replica ``index`` (1-based), as a crash would (a deliberate kill: :meth:`stop` stays clean)."""
         r = self.replicas[index - 1]
+        self._killed.add(r.index)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(r.process.pid, signal.SIGKILL)
         r.process.wait(timeout=10)
 
-    def stop(self, grace: float = 10.0) -> None:
-        """Stop HAProxy, then every replica (SIGTERM, then SIGKILL after ``grace`` s); idempotent."""
+    def reap(self) -> list[int]:
+        """Return the indices of replicas that exited on their own since the last call, and forget them.
+
+        Such a crash makes :meth:`stop` keep the run directory (their logs are there).
+        """
+        dead = [r.index for r in self.replicas if r.process.poll() is not None and r.index not in self._killed]
+        self._crashed += dead
+        self.replicas = [r for r in self.replicas if r.index not in dead]
+        return dead
+
+    def stop(self, grace: float = 10.0) -> bool:
+        """Stop HAProxy, then every replica (SIGTERM, then SIGKILL after ``grace`` s); idempotent.
+
+        :returns: True when the stop was clean (every process ended on its signal, none crashed before, the
+            fleet had started): the run directory is then removed; otherwise it is kept (:attr:`kept`).
+        """
+        clean = not self._failed and not self._crashed
         if self.haproxy is not None and self.haproxy.poll() is None:
             self.haproxy.terminate()
             try:
                 self.haproxy.wait(timeout=5)
             except subprocess.TimeoutExpired:
+                clean = False
                 self.haproxy.kill()
                 self.haproxy.wait(timeout=5)
+        running = []
         for r in self.replicas:
             if r.process.poll() is None:
                 r.process.send_signal(signal.SIGTERM)
+                running.append(r)
+            elif r.index not in self._killed and r.process.returncode != 0:
+                clean = False   # it had exited on its own, with an error
         deadline = time.monotonic() + grace
-        for r in self.replicas:
+        for r in running:
             try:
-                r.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+                clean &= r.process.wait(timeout=max(0.1, deadline - time.monotonic())) == 0
             except subprocess.TimeoutExpired:
+                clean = False
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(r.process.pid, signal.SIGKILL)
                 r.process.wait(timeout=5)
+        if clean:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+        elif self.run_dir.exists():
+            self.kept = self.run_dir
+        return clean
 
     def __enter__(self) -> Fleet:
         return self

@@ -9,8 +9,9 @@ Operators already scrape Triton, vLLM and Ray Serve this way. Every series is la
 ``seq_batch_size{deployment}``              histogram  requests per policy call (1 without batching)
 ``seq_queue_depth{deployment}``             gauge      requests waiting for the inference thread
 ``seq_active_episodes{deployment}``         gauge      episodes in progress
-``seq_open_streams``                        gauge      Episode streams open (all deployments)
-``seq_streams_refused_total{reason}``       counter    streams refused: ``max_streams``, ``per_client``
+``seq_open_streams{deployment}``            gauge      Episode streams open
+``seq_streams_refused_total{reason}``       counter    streams refused: ``max_streams``, ``anonymous``,
+                                                       ``per_client``
 ``seq_episodes_ended_total{deployment,reason}``  counter  episodes ended, by reason (EpisodeEnd's, or
                                                        ``disconnect``, ``idle_timeout``, ``start_timeout``)
 ``seq_client_underruns_total{deployment}``  counter    underruns the robots reported at EpisodeEnd
@@ -51,7 +52,7 @@ class MetricsSink:
         """Count an ended episode and the underruns its robot reported."""
 
     def refused(self, reason: str) -> None:
-        """Count a refused stream (``max_streams`` or ``per_client``)."""
+        """Count a refused stream (``max_streams``, ``anonymous`` or ``per_client``)."""
 
     def close(self) -> None:
         """Stop serving metrics."""
@@ -62,14 +63,14 @@ class PrometheusMetrics(MetricsSink):
 
     :param runtimes: deployment name -> :class:`~sequence_ai_ros.worker.runtime.DeploymentRuntime` (read for
         the queue depth, active episodes and capture bytes gauges at scrape time).
-    :param open_streams: returns the number of open Episode streams.
+    :param open_streams: returns the number of open Episode streams of a deployment (its name).
     :param host: bind address (the worker's).
     :param port: TCP port; 0 picks a free one (see :attr:`port`).
     :raises MissingDependency: when ``prometheus_client`` is not installed.
     :raises ConfigError: when the port cannot be bound.
     """
 
-    def __init__(self, runtimes: dict[str, Any], open_streams: Callable[[], int], host: str = '127.0.0.1',
+    def __init__(self, runtimes: dict[str, Any], open_streams: Callable[[str], int], host: str = '127.0.0.1',
                  port: int = 0) -> None:
         try:
             import prometheus_client as prom
@@ -93,7 +94,7 @@ class PrometheusMetrics(MetricsSink):
         queue = prom.Gauge('seq_queue_depth', 'Requests waiting for inference', ['deployment'], registry=reg)
         active = prom.Gauge('seq_active_episodes', 'Episodes in progress', ['deployment'], registry=reg)
         capture = prom.Gauge('seq_capture_bytes', 'Bytes in the capture store', ['deployment'], registry=reg)
-        prom.Gauge('seq_open_streams', 'Episode streams open', registry=reg).set_function(open_streams)
+        streams = prom.Gauge('seq_open_streams', 'Episode streams open', ['deployment'], registry=reg)
         self._capture_cache: dict[str, tuple[float, int]] = {}
         #: seconds a capture-store size is reused before the store is walked again
         self.capture_bytes_ttl_s = CAPTURE_BYTES_TTL_S
@@ -103,6 +104,7 @@ class PrometheusMetrics(MetricsSink):
             self._underruns.labels(name)
             queue.labels(name).set_function(lambda r=runtime: r.scheduler.queue_depth)
             active.labels(name).set_function(lambda r=runtime: len(r.running_episodes()))
+            streams.labels(name).set_function(lambda n=name: open_streams(n))
             if runtime.capture_store is not None:
                 capture.labels(name).set_function(lambda n=name, r=runtime: self._capture_bytes(n, r))
         try:

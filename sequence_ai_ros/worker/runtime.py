@@ -412,7 +412,12 @@ class DeploymentRuntime:
             elapsed = time.perf_counter() - start
             self.usage.add(inference_s=elapsed)
         for i, out in zip(live, outs, strict=True):
-            results[i] = (out, elapsed)
+            if isinstance(out, BaseException):   # that request alone failed; the others of the batch are served
+                LOG.warning('policy %s failed episode %s request %d in a batch: %s', self.name, items[i][1].id,
+                            items[i][0].request_id, describe(out))
+                results[i] = PolicyException(describe(out))   # typed as the single path types it
+            else:
+                results[i] = (out, elapsed)
         return results
 
     def _on_batch(self, size: int, seconds: float) -> None:

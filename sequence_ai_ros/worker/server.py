@@ -74,19 +74,23 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
     """Fail every call whose metadata lacks ``authorization: Bearer <token>`` with UNAUTHENTICATED.
 
     The comparison is constant-time (:func:`hmac.compare_digest`).
+
+    :param allow_anonymous: let calls with no ``authorization`` metadata at all pass (the servicer then keeps
+        them to ``anonymous_streams`` slots); a wrong token still fails.
     """
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str, *, allow_anonymous: bool = False) -> None:
         if not token:
             raise ConfigError('the token must not be empty')
         self._expected = f'Bearer {token}'.encode()
+        self._allow_anonymous = allow_anonymous
 
     async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
         """Pass authenticated calls on; answer the others with an aborting handler of the same kind."""
         got = next((v for k, v in details.invocation_metadata or () if k == AUTH_METADATA), '')
         got_bytes = got.encode() if isinstance(got, str) else bytes(got)
         handler = await continuation(details)
-        if hmac.compare_digest(got_bytes, self._expected) or handler is None:
+        if hmac.compare_digest(got_bytes, self._expected) or handler is None or (self._allow_anonymous and not got):
             return handler
         status, message = errors.abort_details(Unauthenticated(
             'missing or wrong token: send metadata "authorization: Bearer <token>"' if got else
@@ -215,7 +219,8 @@ class WorkerServer:
         options = [('grpc.max_receive_message_length', max_bytes),
                    ('grpc.max_send_message_length', messages.MAX_CHUNK_BYTES),
                    ('grpc.so_reuseport', 0), *KEEPALIVE_OPTIONS]
-        interceptors = [TokenInterceptor(config.token)] if config.token is not None else []
+        interceptors = ([TokenInterceptor(config.token, allow_anonymous=config.anonymous_streams > 0)]
+                        if config.token is not None else [])
         # gRPC asyncio: an open stream costs a coroutine, not a thread. The servicer refuses streams past
         # max_streams (OVERLOADED), and unary calls and health always answer.
         server = grpc.aio.server(options=options, interceptors=interceptors)

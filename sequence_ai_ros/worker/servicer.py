@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import hmac
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -26,7 +27,7 @@ from sequence_ai_ros.exceptions import (
     Unauthenticated,
     UnknownDeployment,
 )
-from sequence_ai_ros.protocol import DEPLOYMENT_METADATA, EPISODE_ID_METADATA, errors
+from sequence_ai_ros.protocol import AUTH_METADATA, DEPLOYMENT_METADATA, EPISODE_ID_METADATA, errors
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
 from sequence_ai_ros.protocol.contract import PROTOCOL_VERSION, clip
@@ -75,7 +76,8 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
     :param config: the worker's settings: ``idle_timeout_s``, ``start_timeout_s``, ``token`` (already
         enforced by the interceptor; a Handshake that also carries one in its body must carry the same),
         ``max_streams`` (one more stream is refused with OVERLOADED at once), ``max_streams_per_client`` and
-        ``trusted_proxies`` (admission: one client cannot take every slot).
+        ``trusted_proxies`` (admission: one client cannot take every slot), ``anonymous_streams`` (with a
+        token: the slots callers without it may hold; the rest is headroom kept for token holders).
     """
 
     def __init__(self, runtimes: dict[str, DeploymentRuntime], config: ServerConfig) -> None:
@@ -86,8 +88,10 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         self.token = config.token
         self._streams_lock = threading.Lock()
         self._streams: set[EpisodeCallHandler] = set()
-        self._per_client: collections.Counter[str] = collections.Counter()
-        #: called with the refusal's reason ('max_streams', 'per_client') when a stream is refused (metrics)
+        #: open streams per (client, anonymous): a client's token and token-less streams are capped apart
+        self._per_client: collections.Counter[tuple[str, bool]] = collections.Counter()
+        self._anonymous = 0
+        #: called with the refusal's reason ('max_streams', 'anonymous', 'per_client') when a stream is refused
         self.on_refused: Any = None
         #: called before each lookup: retires deployments deleted from the registry (``seq delete``)
         self.before_lookup: Callable[[], None] | None = None
@@ -137,35 +141,64 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         except UnknownDeployment as exc:
             await context.abort(*errors.abort_details(exc))
         client = client_of(context, self.config.trusted_proxies)
+        anonymous = self.token is not None and not self._authenticated(context)
         stream = EpisodeCallHandler(runtime, _metadata(context, EPISODE_ID_METADATA), self.idle_timeout_s,
                                     self.config.start_timeout_s, client)
-        cap = self.config.max_streams_per_client
-        with self._streams_lock:
-            refused = ('max_streams' if len(self._streams) >= self.max_streams else
-                       'per_client' if cap and self._per_client[client] >= cap else '')
-            if not refused:
-                self._streams.add(stream)
-                self._per_client[client] += 1
+        refused = self._admit(stream, (client, anonymous))
         if refused:
             if self.on_refused is not None:
                 self.on_refused(refused)
-            await context.abort(*errors.abort_details(Overloaded(
-                f'this worker already serves {self.max_streams} episode streams (max_streams); retry later'
-                if refused == 'max_streams' else
-                f'client {clip(client)} already holds {cap} episode streams (max_streams_per_client); '
-                'end one first')))
+            await context.abort(*errors.abort_details(Overloaded(self._refusal(refused, client, anonymous))))
 
         try:
             async for reply in stream.replies(request_iterator):
                 yield reply
         finally:
             stream.on_done()
-            with self._streams_lock:
-                if stream in self._streams:
-                    self._streams.discard(stream)
-                    self._per_client[client] -= 1
-                    if self._per_client[client] <= 0:
-                        del self._per_client[client]
+            self._release(stream, (client, anonymous))
+
+    def _authenticated(self, context: grpc.aio.ServicerContext) -> bool:
+        """True when the call carries ``authorization: Bearer <token>`` (compared in constant time)."""
+        got = _metadata(context, AUTH_METADATA).encode()
+        return self.token is not None and hmac.compare_digest(got, f'Bearer {self.token}'.encode())
+
+    def _admit(self, stream: EpisodeCallHandler, key: tuple[str, bool]) -> str:
+        """Take a slot for ``stream`` of ``key`` = (client, anonymous); return '' or the refusal's reason.
+
+        Anonymous streams (a token is set, the call does not carry it) hold at most ``anonymous_streams``
+        slots, so ``max_streams - anonymous_streams`` stay for token holders; the per-client cap counts a
+        client's anonymous and token streams apart.
+        """
+        cap = self.config.max_streams_per_client
+        with self._streams_lock:
+            refused = ('max_streams' if len(self._streams) >= self.max_streams else
+                       'anonymous' if key[1] and self._anonymous >= self.config.anonymous_streams else
+                       'per_client' if cap and self._per_client[key] >= cap else '')
+            if not refused:
+                self._streams.add(stream)
+                self._per_client[key] += 1
+                self._anonymous += key[1]
+        return refused
+
+    def _release(self, stream: EpisodeCallHandler, key: tuple[str, bool]) -> None:
+        with self._streams_lock:
+            if stream in self._streams:
+                self._streams.discard(stream)
+                self._anonymous -= key[1]
+                self._per_client[key] -= 1
+                if self._per_client[key] <= 0:
+                    del self._per_client[key]
+
+    def _refusal(self, reason: str, client: str, anonymous: bool) -> str:
+        if reason == 'max_streams':
+            return f'this worker already serves {self.max_streams} episode streams (max_streams); retry later'
+        if reason == 'anonymous':
+            kept = self.max_streams - self.config.anonymous_streams
+            return (f'the {self.config.anonymous_streams} episode streams open to callers without the token are '
+                    f'taken (anonymous_streams); {kept} are kept for token holders: send metadata '
+                    '"authorization: Bearer <token>"')
+        return (f'client {clip(client)} already holds {self.config.max_streams_per_client} episode streams'
+                f'{" without the token" if anonymous else ""} (max_streams_per_client); end one first')
 
     async def Label(self, request: pb.LabelRequest, context: grpc.aio.ServicerContext) -> pb.LabelReply:  # noqa: N802
         """Store (success, notes) with a captured episode; ok=False with the reason otherwise."""
@@ -187,10 +220,12 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         return pb.LabelReply(ok=True, message=f'episode {clip(request.episode_id)!r} labelled '
                                               f'{"success" if request.success else "failure"}')
 
-    def open_streams(self) -> int:
-        """Return the number of Episode streams open now."""
+    def open_streams(self, deployment: str | None = None) -> int:
+        """Return the number of Episode streams open now (of ``deployment`` only, when given)."""
         with self._streams_lock:
-            return len(self._streams)
+            if deployment is None:
+                return len(self._streams)
+            return sum(1 for stream in self._streams if stream.runtime.name == deployment)
 
     def shutdown_streams(self) -> None:
         """Tell every open episode stream to end (reason ``shutdown``) and close."""

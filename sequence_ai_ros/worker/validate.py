@@ -59,6 +59,8 @@ def _dry_batch(instance: Any, contract: Contract, inp: Any, step: list[str]) -> 
         raise _fail('dry batched inference failed', ValueError(f'infer_batch returned {len(outs)} chunks for 2 '
                                                                 'inputs'))
     for k, out in enumerate(outs):
+        if isinstance(out, BaseException):
+            raise _fail('dry batched inference failed', out)
         try:
             messages.pack_chunk(np.asarray(out.actions if isinstance(out, Result) else out), contract,
                                 request_id=1, episode_id=episodes[k].id, robot_time_s=0.0)

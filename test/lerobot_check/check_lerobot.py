@@ -10,7 +10,8 @@ clone pip-installed into it), through LeRobot's own tools and the product's publ
 3. ``lerobot-train`` of a small ACT and a small diffusion (DDIM, 10 inference steps, n_obs_steps 2) on
    episodes 0-4, fully offline (HF_HUB_OFFLINE, no ImageNet backbone weights, no push to the hub);
 4. for each: ``seq init lerobot`` -> ``seq deploy`` -> ``seq serve``; the served chunk against LeRobot's
-   in-process inference (served_vs_inprocess.py); then (ACT: with capture on, rate 1.0, images) the closed
+   in-process inference (served_vs_inprocess.py), also with several episodes at once served in batches, each
+   equal to its own single-episode in-process result; then (ACT: with capture on, rate 1.0, images) the closed
    loop on episode 5 replayed as a rosbag through ``policy_node`` at 50 Hz with one ``~/act`` goal;
 5. a checkpoint the template cannot serve (ACT with temporal ensembling) is refused by ``seq deploy``;
 6. the captured ACT run's field data, through test/lerobot_check/check_field_data.py when it exists.
@@ -230,6 +231,12 @@ def serve_and_check(c: Check, kind: str, ckpt: Path, bag: Path, ds_info: dict, d
     figures['seq_home'] = str(home)
     if figures['max_abs_diff'] > 1e-5:
         c.failures.append(f'{kind}: served chunk differs from LeRobot in-process by {figures["max_abs_diff"]:.2e}')
+    if figures['batched_max_abs_diff'] > 1e-5:
+        c.failures.append(f'{kind}: a batched chunk differs from its episode\'s single in-process chunk by '
+                          f'{figures["batched_max_abs_diff"]:.2e}')
+    if max(figures['batched_calls']) < 2:
+        c.failures.append(f'{kind}: {figures["batched_robots"]} concurrent episodes were never batched '
+                          f'(calls {figures["batched_calls"]})')
     if figures['p95_over_covers'] < 0.45 and figures['loop']['underruns'] > 0:
         c.failures.append(f'{kind}: {figures["loop"]["underruns"]} underruns with p95/covers '
                           f'{figures["p95_over_covers"]:.2f} < 0.45')
@@ -281,6 +288,9 @@ def summary(c: Check, results: dict[str, dict], fields: str) -> str:
         lines += [f'{kind}: chunk {r["chunk_length"]} actions ({r["covers_seconds"]:.3f} s), history {r["history"]}',
                   f'  served == LeRobot in-process   max abs diff {r["max_abs_diff"]:.2e} over {r["requests"]} chunks '
                   '(bound 1e-5)',
+                  f'  batched: {r["batched_robots"]} episodes at once, {r["batched_requests"]} chunks in calls of '
+                  f'{r["batched_calls"]}; each == its episode alone in-process, max abs diff '
+                  f'{r["batched_max_abs_diff"]:.2e} (bound 1e-5)',
                   f'  inference p50 {r["inference_p50_ms"]:.1f} ms in-process; '
                   f'round trip p50 {r["roundtrip_p50_ms"]:.1f} ms over gRPC (worker inference p50 '
                   f'{r["worker_inference_p50_ms"]:.1f} ms); transport overhead {r["transport_overhead_ms"]:.1f} ms '

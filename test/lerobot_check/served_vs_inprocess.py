@@ -15,6 +15,10 @@ Run by ``make check-lerobot`` with the LeRobot venv's python, beside a running `
    round-trip p50 are reported, and the transport overhead per chunk: the median over requests of the round
    trip minus the worker's own inference time for that request (``ActionChunk.timings.inference_ms``), which
    two processes' timings sharing two loaded cores would blur.
+1b. Batched: ``--robots`` episode streams at once, ``--rounds`` requests each sent together, so the worker
+   serves them in shared ``infer_batch`` calls (the lerobot template's batching); every chunk is compared
+   with that episode's own single-episode in-process chunk (its frames, its noise ``S + k``). The sizes of
+   the calls are read from the replies' inference times (one batch, one time).
 2. Action error: MAE over the action horizon (H = the served chunk length) on the held-out episode, for the
    policy (in-process, every ``--stride``-th window) and, on exactly the same windows, ridge trained on the
    training episodes with ``seq train``'s code and its three baselines (models/ridge_training.py).
@@ -83,15 +87,26 @@ class Stream:
         :param chunk_tail: float32 (K, D) unexecuted rows of the previous chunk (RTC), or None.
         :param delay: actions expected to run before the new chunk starts.
         """
+        t0 = self.send(frames, chunk_tail, delay)
+        return self.receive(t0)
+
+    def send(self, frames: list[Observation], chunk_tail: np.ndarray | None = None, delay: int = 0) -> float:
+        """Send one request (see :meth:`request`) without waiting; return its send time (perf_counter s)."""
         self.rid += 1
         req = messages.pack_observation(frames[-1], self.contract, episode_id=self.episode_id, request_id=self.rid,
                                         history=frames[:-1], chunk_tail=chunk_tail, expected_delay_actions=delay)
         t0 = time.perf_counter()
         self._out.put(pb.EpisodeRequest(observation=req))
-        reply = self._in.get(timeout=120)
+        return t0
+
+    def receive(self, t0: float) -> tuple[np.ndarray, float, float]:
+        """Wait for the chunk of the request sent at ``t0``: (chunk (T, D), round trip s, worker inference s)."""
+        reply = self._in.get(timeout=300)
         rtt = time.perf_counter() - t0
         if isinstance(reply, Exception) or reply.WhichOneof('kind') != 'chunk':
             raise RuntimeError(f'no chunk: {reply}')
+        if reply.chunk.request_id != self.rid:
+            raise RuntimeError(f'chunk for request {reply.chunk.request_id}, expected {self.rid}')
         return messages.unpack_chunk(reply.chunk).actions, rtt, reply.chunk.timings.inference_ms / 1e3
 
     def close(self) -> None:
@@ -143,6 +158,51 @@ class InProcess:
         return out[0].float().numpy()
 
 
+def batched_episodes(args: argparse.Namespace, *, stream_args: tuple[str, str, str], local: InProcess,
+                     frames_at, length: int, steps: int, fps: float) -> dict:
+    """``--robots`` concurrent episode streams, ``--rounds`` requests each, sent all at once per round.
+
+    Robot r's k-th request is the frame at its own position (the robots start spread over the episode). The
+    worker's reply carries its inference time, which is the batch's: requests answered with one
+    ``inference_ms`` in a round went through one ``infer_batch`` call.
+
+    :returns: ``batched_max_abs_diff`` (served vs that episode's single in-process chunk, every request),
+        ``batched_requests`` and ``batched_calls`` (the sizes of the calls seen: how many requests shared
+        each inference time).
+    """
+    robots = [Stream(*stream_args) for _ in range(args.robots)]
+    names = robots[0].contract.observation.state_names
+    n = local.n_obs
+    spread = np.linspace(n - 1, length - steps - 1, args.robots * args.rounds).astype(int)
+    diffs: list[float] = []
+    calls: list[int] = []
+    try:
+        for k in range(args.rounds):
+            sent = []
+            for r, robot in enumerate(robots):
+                t = int(spread[r * args.rounds + k])
+                states, images = frames_at(t)
+                png = [{key: codec.encode_image(key, v, 'png').data for key, v in im.items()} for im in images]
+                obs = [Observation(state=st, images=im, state_names=names, instruction=stream_args[2],
+                                   timestamp=float(i) / fps)
+                       for i, (st, im) in enumerate(zip(states, png, strict=True))]
+                sent.append((robot.send(obs), states, images))
+            got = [robot.receive(t0) for robot, (t0, _, _) in zip(robots, sent, strict=True)]
+            for (served, _, _), (_, states, images) in zip(got, sent, strict=True):
+                seed = None if args.noise_seed is None else args.noise_seed + k   # episode-local chunk k
+                mine = local.chunk(states, images, stream_args[2], seed)[:steps]
+                diffs.append(float(np.abs(served - mine).max()))
+            sizes: dict[float, int] = {}
+            for _, _, worker_s in got:
+                sizes[worker_s] = sizes.get(worker_s, 0) + 1
+            calls += sorted(sizes.values(), reverse=True)
+    finally:
+        for robot in robots:
+            robot.close()
+    return {'batched_robots': args.robots, 'batched_requests': len(diffs), 'batched_calls': calls,
+            'batched_max_abs_diff': max(diffs)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--endpoint', required=True)
@@ -155,6 +215,8 @@ def main() -> int:
     parser.add_argument('--robot-type', default='')
     parser.add_argument('--requests', type=int, default=16)
     parser.add_argument('--stride', type=int, default=6)
+    parser.add_argument('--robots', type=int, default=3, help='concurrent episodes served batched')
+    parser.add_argument('--rounds', type=int, default=3, help='requests per concurrent episode')
     parser.add_argument('--out', type=Path, required=True)
     args = parser.parse_args()
 
@@ -192,6 +254,12 @@ def main() -> int:
         diffs.append(float(np.abs(served - mine).max()))
     stream.close()
 
+    # 1b. several robots at once: the worker batches their requests (one predict_action_chunk for several
+    # episodes); each episode's chunk k must equal its own single-episode in-process chunk k (its own frames,
+    # its own noise S + k), so no row is mixed up with another episode's and no per-episode state is shared
+    batched = batched_episodes(args, stream_args=(args.endpoint, args.deployment, task), local=local,
+                               frames_at=frames_at, length=len(ep), steps=steps, fps=ds.fps)
+
     # 2. MAE over the action horizon on the same windows for the policy, ridge and the baselines
     train_eps = training.parse_episodes(args.train_episodes)
     fit = training.train(args.dataset, train_eps, [args.episode], horizon=steps)
@@ -214,6 +282,7 @@ def main() -> int:
         'roundtrip_p50_ms': 1e3 * statistics.median(rtts),
         'worker_inference_p50_ms': 1e3 * statistics.median(r - o for r, o in zip(rtts, overhead, strict=True)),
         'transport_overhead_ms': 1e3 * statistics.median(overhead),
+        **batched,
         'mae_windows': len(windows), 'mae_stride': args.stride, 'mae': mae,
     }
     args.out.write_text(json.dumps(result, indent=2) + '\n')

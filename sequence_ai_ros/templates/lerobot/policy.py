@@ -11,6 +11,10 @@ torch, lerobot or a file, deploy names exactly what is missing.
 
 Per episode the worker keeps the chunk count (diffusion noise seeds) and, for RTC-enabled flow-matching
 checkpoints, the last chunk's raw model-space rows; ``@seq.on_episode`` frees them.
+
+Batching: the worker gathers up to 8 requests of different robots (waiting at most 5 ms for them) into one
+``infer_batch`` call, one ``predict_action_chunk`` on a batch axis of up to 8; each row is exactly what that
+episode's single request gives (``make check-lerobot`` compares served batches with LeRobot in-process).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 import sequence_ai_ros.policy as seq
+from sequence_ai_ros.exceptions import PolicyException
 from sequence_ai_ros.models import lerobot_runtime as runtime
 
 HERE = Path(__file__).resolve().parent
@@ -31,7 +36,8 @@ def _path(value: str | None) -> Path | None:
 
 
 @seq.policy(action_space='joint_absolute', action_names=['placeholder'], dt=1 / 30, chunk_length=1,
-            streaming=True, gripper='as the checkpoint was trained')
+            streaming=True, gripper='as the checkpoint was trained',
+            batching=seq.Batching(max_batch_size=8, max_wait_s=0.005))
 class LeRobot:
     """A LeRobot checkpoint served as action chunks.
 
@@ -90,20 +96,47 @@ class LeRobot:
 
         :raises PolicyException: when fewer real frames arrive than diffusion's n_obs_steps.
         """
+        out = self.infer_batch([inp], [episode])[0]
+        if isinstance(out, BaseException):
+            raise out
+        return out
+
+    def infer_batch(self, inputs: list[seq.PolicyInput],
+                    episodes: list[seq.Episode]) -> list[np.ndarray | PolicyException]:
+        """Return one float32 (T, D) chunk per input (requests of different robots), stacked in one forward.
+
+        Each episode keeps its own state exactly as a single request would: its chunk count k (diffusion's
+        noise ``S + k``), its observation history (the frames its robot sent, diffusion's n_obs_steps) and,
+        for RTC, its last raw chunk. Requests whose RTC arguments differ run in separate forwards
+        (:meth:`LeRobotRunner.forward_many`). A request with fewer real frames than the history gets a
+        :class:`PolicyException` of its own; the other requests of the batch are served.
+        """
         runner = self.runner
         if runner.policy is None:
             self.load()
-        k = episode.state.get('chunks', 0)
-        frames = [(obs.state, obs.images) for obs in inp.history] or [(inp.observation.state, inp.observation.images)]
-        batch = runner.frames_batch(frames, episode.instruction or inp.observation.instruction)
-        kwargs = runner.rtc_kwargs(episode.state.get('raw'), len(inp.chunk_tail), inp.expected_delay_actions)
-        if runner.plan is not None and runner.plan.policy_type == 'diffusion' and self.noise_seed is not None:
-            kwargs['noise'] = runner.noise(self.noise_seed + k)
-        model, actions = runner.forward(batch, **kwargs)
-        episode.state['chunks'] = k + 1
-        if runner.plan is not None and runner.plan.rtc_horizon is not None:
-            episode.state['raw'] = runtime.Raw(model=model[0], served=self.steps)
-        return actions[0, :self.steps].astype(np.float32)
+        out: list[np.ndarray | PolicyException] = [None] * len(inputs)  # type: ignore[list-item]
+        live, batches, kwargs = [], [], []
+        for i, (inp, episode) in enumerate(zip(inputs, episodes, strict=True)):
+            frames = ([(obs.state, obs.images) for obs in inp.history]
+                      or [(inp.observation.state, inp.observation.images)])
+            try:
+                batch = runner.frames_batch(frames, episode.instruction or inp.observation.instruction)
+            except PolicyException as exc:
+                out[i] = exc
+                continue
+            kw = runner.rtc_kwargs(episode.state.get('raw'), len(inp.chunk_tail), inp.expected_delay_actions)
+            if runner.plan is not None and runner.plan.policy_type == 'diffusion' and self.noise_seed is not None:
+                kw['noise'] = runner.noise(self.noise_seed + episode.state.get('chunks', 0))
+            live.append(i)
+            batches.append(batch)
+            kwargs.append(kw)
+        for i, (model, actions) in zip(live, runner.forward_many(batches, kwargs) if live else [], strict=True):
+            state = episodes[i].state
+            state['chunks'] = state.get('chunks', 0) + 1
+            if runner.plan is not None and runner.plan.rtc_horizon is not None:
+                state['raw'] = runtime.Raw(model=model, served=self.steps)
+            out[i] = actions[:self.steps].astype(np.float32)
+        return out
 
     @seq.on_episode
     def end(self, episode: seq.Episode) -> None:
