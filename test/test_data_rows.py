@@ -87,6 +87,26 @@ def test_50hz_node_ticks_map_to_30hz_rows_as_documented(tmp_path: Path) -> None:
     assert not rows.held.any() and not rows.clamped.any()
 
 
+def test_a_50hz_node_that_stalls_keeps_each_row_on_the_command_in_effect(tmp_path: Path) -> None:
+    """A 50 Hz node skips four ticks (a stall of 100 ms, phase kept): the ticks after it stay on their rows.
+
+    Its ticks share 30 Hz cells by design, so they are not late ticks catching up: moving them back one row
+    (as for a fixed-step loop) would put the command of t = 0.5 s on the row of t = 0.433 s.
+    """
+    store = make_store(tmp_path / 'arm')
+    ticks = [i * 0.02 for i in range(101) if not 20 < i < 25]   # 0.42 .. 0.48 s skipped, resumes at 0.50 s
+    frames = [_frame(t, q(t) * 0.9, q(t)) for t in ticks]
+    _, ep = _episode(store, 'stall', _contract(), frames)
+    rows = build_rows(ep, 30, ActionSpace.JOINT_ABSOLUTE, 3, 3, [])
+    assert len(rows) == 61
+    for k in range(61):
+        in_effect = max(t for t in ticks if t <= k / 30 + 1e-9)
+        np.testing.assert_array_equal(rows.action[k], q(in_effect), err_msg=f'row {k}')
+        np.testing.assert_array_equal(rows.state[k], q(in_effect) * 0.9, err_msg=f'row {k}')
+    # rows 13 and 14 (0.433, 0.467 s) fall in the stall: held on the command of 0.40 s
+    assert rows.held.tolist()[12:16] == [False, True, True, False]
+
+
 def test_5hz_delta_policy_exports_every_executed_step(tmp_path: Path) -> None:
     """Ten executed 5 Hz ee_delta steps (with jitter) -> ten rows at k/5 s whose actions are the steps."""
     store = make_store(tmp_path / 'wx')

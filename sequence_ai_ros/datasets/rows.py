@@ -27,9 +27,14 @@ row (previous state and frames; absolute: the previous command, delta/velocity: 
 stays true. Ticks that arrive late (after a stall, one per row) and then share a cell with the next
 tick move back one row each, filling the stall's last held row (absolute and delta spaces, at most
 ``MAX_CATCH_UP`` rows back), so a fixed-step loop that falls behind and catches up loses no executed
-step; otherwise ticks sharing a cell are summed (delta, velocity) or the first one is the row's
-command (absolute). Trailing held
-rows (after the last command) are dropped. When 1/dt is not a whole number the rows come at
+step. Only a caller that ticks once per row catches up (the median of its recent tick intervals above
+``CATCH_UP_MIN_TICK`` of a row period): a faster caller (50 Hz ticks, 30 Hz rows) shares cells by design,
+and after a stall it skips ticks rather than bunching them (the node's tick thread keeps its phase), so
+its held rows stay held, each the command in effect at ``t_k``. A caller faster than the rows exports
+as many rows as its executed policy steps or one more: its last command gets a whole row although it
+ran for only part of one (the engine counts a step as executed at the next tick). Otherwise ticks
+sharing a cell are summed (delta, velocity) or the first one is the row's command (absolute). Trailing
+held rows (after the last command) are dropped. When 1/dt is not a whole number the rows come at
 ``round(1/dt)`` Hz (see :meth:`CaptureSettings.row_fps`) by the same rule.
 
 Stores written before this rule (``format`` 1: frames sampled at the capture fps) go through the same
@@ -43,6 +48,7 @@ numbers (small) and, per row and camera, the index of the tick whose frame it us
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Iterator
 
@@ -58,6 +64,9 @@ from sequence_ai_ros.protocol.spaces import ActionSpace
 
 #: How many rows back a late tick may be moved to fill a stall's held row (see the module docstring).
 MAX_CATCH_UP = 8
+#: A late tick is moved back only when the median of the recent fresh-tick intervals exceeds this share of
+#: the row period, i.e. the caller ticks once per row (see the module docstring).
+CATCH_UP_MIN_TICK = 0.75
 
 
 @dataclasses.dataclass
@@ -118,6 +127,8 @@ def build_rows(episode: CapturedEpisode, fps: float, space: ActionSpace, state_d
     cell: dict | None = None   # the row being built
     last_cmd = np.zeros(action_dim, np.float32)
     pending_v: tuple[float, np.ndarray, np.ndarray] | None = None   # velocity: the tick awaiting its duration
+    intervals: collections.deque[float] = collections.deque(maxlen=15)   # recent fresh-tick intervals (s)
+    last_fresh_t: float | None = None
 
     def close(c: dict, at: int | None = None) -> None:
         values = {'state': c['state'], 'action': c['action'], 'policy': c['policy'], 'clamped': c['clamped'],
@@ -173,7 +184,10 @@ def build_rows(episode: CapturedEpisode, fps: float, space: ActionSpace, state_d
                 gap_rows.append(len(rows['state']) - 1)
             cell = None
         g = gap_rows[-1] if gap_rows else -1
-        late = (cell is not None and fresh and not velocity and cell['fresh'] == 1 and g >= 0
+        # Only a caller that ticks at the row rate (or slower) catches up: a faster one (50 Hz ticks against
+        # 30 Hz rows) shares cells by design, and its ticks after a stall are on time, not late.
+        row_rate_caller = not intervals or float(np.median(intervals)) > CATCH_UP_MIN_TICK * period
+        late = (cell is not None and fresh and not velocity and row_rate_caller and cell['fresh'] == 1 and g >= 0
                 and len(rows['state']) - g <= MAX_CATCH_UP and rows['k'][-1] == cell['k'] - 1
                 and all(rows['fresh'][j] == 1 for j in range(g + 1, len(rows['state']))))
         if late:
@@ -203,6 +217,9 @@ def build_rows(episode: CapturedEpisode, fps: float, space: ActionSpace, state_d
             if not absolute and fresh:
                 cell['held'] = False
         if fresh:
+            if last_fresh_t is not None:
+                intervals.append(frame.robot_time_s - last_fresh_t)
+            last_fresh_t = frame.robot_time_s
             last_cmd = cmd
             cell['fresh'] += 1
             if not absolute:
