@@ -1,0 +1,173 @@
+"""Issue 12's "Must hold" through the ROS node: the seed's commands, run as the README writes them.
+
+``seq deploy`` -> ``seq policy capture NAME --rate 1.0 --images`` -> ``seq serve`` (real processes) ->
+``policy_node`` with a params file (its own process, real rclpy over DDS) -> one ``~/act`` goal ->
+``~/label`` -> ``seq policy data export --format lerobot`` (v2.1 and ``--lerobot-version 3.0``) and
+``seq policy stats``. A probe node plays the robot (joint states, a small rgb8 camera) and records every
+command that reached the controller topic. The policy is ``test/policies/node_ramp.py`` (a ramp from the
+last action); the node's position limit on j2 is below the ramp, so the safety filter clamps it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from std_msgs.msg import Float64MultiArray
+from test_node_support import RAMP, Probe, node_log, node_params, spawn_node
+
+pytestmark = [pytest.mark.ros, pytest.mark.slow]
+
+NAMES = ['j0', 'j1', 'j2', 'j3']
+J2_LIMIT = 0.45           # the ramp starts at the measured 0.3 and passes it after a few steps
+ACTIONS = 75              # policy steps in the goal (2.5 s at 30 Hz)
+
+
+def _seq(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, '-m', 'sequence_ai_ros.cli', *args], capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, f'seq {" ".join(args)} -> {done.returncode}\n{done.stdout}\n{done.stderr}'
+    return done
+
+
+def _collapse(values: np.ndarray) -> np.ndarray:
+    """Drop consecutive repeats (holds republish the last command)."""
+    keep = np.ones(len(values), bool)
+    keep[1:] = np.any(values[1:] != values[:-1], axis=1)
+    return values[keep]
+
+
+def _read_rows(out: Path, version: str) -> dict:
+    import pyarrow.parquet as pq
+
+    files = sorted(out.glob('data/chunk-000/*.parquet'))
+    assert len(files) == 1, files
+    rows = pq.read_table(files[0]).to_pydict()
+    assert rows['episode_index'] == [0] * len(rows['episode_index'])
+    if version == '2.1':
+        [meta] = [json.loads(line) for line in (out / 'meta/episodes.jsonl').read_text().splitlines()]
+    else:
+        meta = pq.read_table(next(out.glob('meta/episodes/chunk-000/*.parquet'))).to_pylist()[0]
+    return {'rows': rows, 'meta': meta}
+
+
+def _decoded_frames(out: Path) -> int:
+    import av
+
+    [video] = list(out.glob('videos/**/*.mp4'))
+    with av.open(str(video)) as container:
+        return sum(1 for _ in container.decode(video=0))
+
+
+@pytest.fixture
+def probe(rclpy_context):
+    p = Probe(rclpy_context, Float64MultiArray, '/arm/commands')
+    yield p
+    p.close()
+
+
+@pytest.mark.parametrize('rate_hz', [30.0, 50.0])
+def test_seed_commands_through_the_node_keep_what_the_robot_did(tmp_path, seq_home, processes, probe, rate_hz):
+    # seq deploy: a policy folder as `seq init` makes one (policy.py + config.yaml)
+    folder = tmp_path / 'ramp'
+    folder.mkdir()
+    shutil.copy(RAMP, folder / 'policy.py')
+    (folder / 'config.yaml').write_text(yaml.safe_dump(
+        {'names': NAMES, 'step': 0.01, 'camera': 'cam', 'camera_size': [64, 48]}))
+    _seq('deploy', str(folder / 'policy.py'))
+    _seq('policy', 'capture', 'ramp', '--rate', '1.0', '--images')
+    serve = processes.spawn([sys.executable, '-m', 'sequence_ai_ros.cli', 'serve', 'ramp', '--port', '0'])
+    line = serve.stdout.readline()
+    assert 'serving ramp on' in line, line + (serve.stderr.read() if serve.poll() is not None else '')
+    port = int(line.split('127.0.0.1:')[1].split()[0])
+
+    params = node_params(tmp_path, model='ramp', endpoint=f'127.0.0.1:{port}', control_rate_hz=rate_hz,
+                         status_rate_hz=10.0, camera_names=['front'], **{
+                             'joints.names': NAMES, 'command.controller': 'arm',
+                             'cameras.front.topic': '/front/image_raw', 'cameras.front.key': 'cam',
+                             'safety.lower_limits': [-1.0] * 4, 'safety.upper_limits': [1.0, 1.0, J2_LIMIT, 1.0]})
+    proc = spawn_node(processes, tmp_path / 'node.log', params)
+    probe.publish_joints(NAMES)                               # measured state 0.1 .. 0.4
+    probe.publish_camera('/front/image_raw', width=64, height=48, rate_hz=30.0)
+    assert probe.wait_connected(timeout=60), node_log(proc)
+    handle = probe.send_goal(instruction='reach', max_seconds=30.0, max_actions=ACTIONS)
+    assert handle.accepted
+    result = probe.result(handle, timeout=60)
+    assert result.reason == 'completed' and result.actions == ACTIONS, (result, node_log(proc))
+    label = probe.call('label', success=True, notes='reached', episode_id=result.episode_id)
+    assert label.ok, label.message
+    serve.terminate()
+    serve.wait(timeout=20)
+    commands = np.array([v for _, v in probe.values()], np.float32)
+
+    exports = {}
+    for version in ('2.1', '3.0'):
+        out = tmp_path / f'export-{version}'
+        args = ['policy', 'data', 'export', 'ramp', '--out', str(out), '--format', 'lerobot']
+        _seq(*(args if version == '2.1' else [*args, '--lerobot-version', '3.0']), timeout=300)
+        exports[version] = _read_rows(out, version)
+        info = json.loads((out / 'meta/info.json').read_text())
+        assert info['fps'] == 30 and info['total_episodes'] == 1
+        n = len(exports[version]['rows']['action'])
+        assert _decoded_frames(out) == n, f'{version}: every row has a decodable video frame'
+        assert exports[version]['meta']['success'] is True        # the ~/label reached the export
+    a21, a30 = (np.array(exports[v]['rows']['action'], np.float32) for v in ('2.1', '3.0'))
+    np.testing.assert_array_equal(a21, a30)
+
+    rows = exports['2.1']['rows']
+    action = np.array(rows['action'], np.float32)
+    policy = np.array(rows['action.policy'], np.float32)
+    clamped, held = np.array(rows['action.clamped']), np.array(rows['action.held'])
+    assert rows['next.success'][-1] is True
+    np.testing.assert_allclose(rows['timestamp'], np.arange(len(action)) / 30, atol=1e-6)
+    assert not held[0] and not held[-1]
+    fresh = int((~held).sum())
+    # rows == executed policy steps. Held rows stand for stalls/underruns in which nothing new was commanded.
+    # At 30 Hz each command the node executed (commands_sent) is one row; the engine's step count (actions,
+    # the floor of the clock-paced position) may be one less, as the last tick was emitted before the limit
+    # was seen. At 50 Hz the rows sample the ticks, and the last command may take one more row (rows.py).
+    if rate_hz == 30.0:
+        assert fresh == result.commands_sent and fresh - result.actions in (0, 1), (fresh, result)
+    else:
+        assert fresh - result.actions in (0, 1), (fresh, result, int(held.sum()))
+
+    # action == the commands that reached the controller topic (float32), in order, none dropped or added
+    start = int(np.flatnonzero(np.all(commands == action[0], axis=1))[0])
+    topic = commands[start:]
+    if rate_hz == 30.0:
+        np.testing.assert_array_equal(_collapse(action), _collapse(topic)[:len(_collapse(action))])
+    else:
+        # 50 Hz ticks, 30 Hz rows: each row is the command in effect at k/30, i.e. the topic's ticks taken
+        # one or two apart (20 ms ticks against 33.3 ms rows); a held row repeats the command in effect
+        idx, j = [], 0
+        for k, row in enumerate(action):
+            while j < len(topic) and not np.array_equal(topic[j], row):
+                j += 1
+            assert j < len(topic), f'row {k} {row} is no command the controller received'
+            idx.append(j)
+        steps = np.diff(idx)[~held[1:]]
+        assert set(steps.tolist()) <= {1, 2, 3}, np.unique(steps, return_counts=True)
+        assert (steps == 3).sum() <= 2, 'more than jitter: rows skipped ticks'   # a tick late across a cell edge
+        assert np.all(np.diff(idx)[held[1:]] == 0)
+
+    # the safety clamp: the policy's raw output is the second feature and differs exactly where clamped
+    over = policy[:, 2] > J2_LIMIT + 1e-6
+    assert over.sum() > 10, policy[:, 2]
+    assert clamped[over].all()
+    if rate_hz == 30.0:
+        np.testing.assert_array_equal(clamped[~held], over[~held])
+    else:   # a row is clamped when any tick of its cell was: the first clamped tick may be its second one
+        assert (clamped & ~over & ~held).sum() <= 1
+    np.testing.assert_allclose(action[over, 2], J2_LIMIT, atol=1e-7)
+    assert np.all(action[~over] == policy[~over])
+    assert np.all(action[:, 2] <= J2_LIMIT + 1e-7) and np.all(np.isfinite(action))
+    assert not np.any(np.all(commands == 0, axis=1)), 'a zero command reached the controller'
+
+    stats = _seq('policy', 'stats', 'ramp')
+    assert 'policy ramp: 1 episodes' in stats.stdout and '100% of 1' in stats.stdout, stats.stdout
