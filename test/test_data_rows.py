@@ -363,3 +363,24 @@ def test_a_clock_that_leaps_is_a_bad_frame_at_export_not_a_memory_exhaustion(tmp
     assert refused == 0 and ep.frames == 6
     rows = build_rows(ep, 30.0, ActionSpace.JOINT_ABSOLUTE, 3, 3, [])
     assert len(rows.action) == 5 and rows.skipped_frames == 1 and 'more than 300 s after' in rows.first_problem
+
+
+@pytest.mark.parametrize('args', [['policy', 'stats', 'arm'], ['policy', 'data', 'export', 'arm', '--format', 'jsonl']])
+def test_a_closed_stdout_pipe_exits_141_without_a_traceback(tmp_path: Path, seq_home: Path, args: list) -> None:
+    """``seq policy stats arm | head -1``: the reader has gone; seq exits quietly with 128 + SIGPIPE."""
+    import os
+    import subprocess
+    import sys
+
+    store = make_store(seq_home / 'capture' / 'arm')
+    _episode(store, 'e1', _contract(), [_frame(i / 30, np.zeros(3), np.full(3, i)) for i in range(10)])
+    if 'export' in args:
+        args = [*args, '--out', str(tmp_path / 'out')]
+    read, write = os.pipe()
+    os.close(read)                      # the reader went away before seq wrote its first line
+    try:
+        done = subprocess.run([sys.executable, '-m', 'sequence_ai_ros.cli', *args], stdout=write,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert done.returncode == 141 and 'Traceback' not in done.stderr and 'BrokenPipe' not in done.stderr, done.stderr

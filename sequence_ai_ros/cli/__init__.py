@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -35,12 +36,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``seq`` console script; returns the exit code."""
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()   # a closed pipe shows here, not in the interpreter's exit flush
+        return code
     except SequenceAIError as exc:
         print(f'seq {args.command}: error: {exc}', file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _broken_pipe()
+
+
+def _broken_pipe() -> int:
+    """The reader of stdout went away (``seq ... | head -1``): exit quietly with 141 (128 + SIGPIPE).
+
+    stdout is pointed at /dev/null so that the interpreter's last flush cannot raise again (Python's
+    documented recipe, ``signal`` module notes on SIGPIPE).
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):   # stdout without a file descriptor (captured): nothing to redirect
+        pass
+    return 141
 
 
 if __name__ == '__main__':
