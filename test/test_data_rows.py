@@ -44,6 +44,20 @@ def _jpeg(value: int, size: tuple[int, int] = (32, 24), fmt: str = 'JPEG') -> by
     return buf.getvalue()
 
 
+def _png(width: int, height: int, depth: int, colour: int) -> bytes:
+    """A valid PNG of zeros with the given IHDR bit depth and colour type (Pillow cannot write 16-bit RGB)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack('>I', len(body)) + kind + body + struct.pack('>I', zlib.crc32(kind + body))
+
+    samples = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}[colour]
+    raw = b''.join(b'\0' + bytes(width * samples * depth // 8) for _ in range(height))
+    return (b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', struct.pack('>IIBBBBB', width, height, depth, colour, 0, 0, 0))
+            + chunk(b'IDAT', zlib.compress(raw)) + chunk(b'IEND', b''))
+
+
 def _frame(t: float, state, action=None, hold: bool = False, clamped: bool = False, policy=None,
            image: pb.Image | None = None) -> pb.TelemetryFrame:
     f = pb.TelemetryFrame(robot_time_s=t, state=codec.to_tensor(np.asarray(state, np.float32)), hold=hold,
@@ -184,7 +198,8 @@ def test_safety_clamps_and_holds_are_the_rows(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize('kind', ['state_shape', 'object_dtype', 'nan_state', 'inf_action', 'bad_jpeg',
-                                  'header_size', 'contract_size', 'format', 'action_shape', 'absurd_time'])
+                                  'header_size', 'contract_size', 'format', 'action_shape', 'absurd_time',
+                                  'png_16bit_rgb', 'png_palette', 'channels_change'])
 def test_each_bad_frame_kind_is_refused_counted_and_never_exported(tmp_path: Path, kind: str) -> None:
     store = make_store(tmp_path / 'bad', images=True)
     contract = _contract(camera=True)
@@ -211,6 +226,19 @@ def test_each_bad_frame_kind_is_refused_counted_and_never_exported(tmp_path: Pat
         bad.images[0].encoding = 'jpeg'
     elif kind == 'absurd_time':
         bad.robot_time_s = 1e300   # a break-it review: held rows up to it exhausted the machine's memory
+    elif kind == 'png_16bit_rgb':   # Pillow opens it as 'RGB': only the IHDR tells it is not uint8 x 3
+        bad.images[0].CopyFrom(pb.Image(key='cam', encoding='png', width=32, height=24, channels=3,
+                                        data=_png(32, 24, depth=16, colour=2)))
+    elif kind == 'png_palette':     # one palette index per pixel, declared as one grey channel
+        buf = io.BytesIO()
+        Image.fromarray(np.full((24, 32, 3), 50, np.uint8)).convert('P').save(buf, format='PNG')
+        bad.images[0].CopyFrom(pb.Image(key='cam', encoding='png', width=32, height=24, channels=1,
+                                        data=buf.getvalue()))
+    elif kind == 'channels_change':  # a grey frame in an RGB episode: a video has one layout
+        buf = io.BytesIO()
+        Image.fromarray(np.full((24, 32), 50, np.uint8)).save(buf, format='JPEG')
+        bad.images[0].CopyFrom(pb.Image(key='cam', encoding='jpeg', width=32, height=24, channels=1,
+                                        data=buf.getvalue()))
     refused, ep = _episode(store, f'ep-{kind}', contract, good[:3] + [bad] + good[3:])
     assert refused == 1 and ep.frames == 6   # the episode is kept without the bad frame
     assert ep.stats['telemetry_rejected'] == 1 and ep.stats['telemetry_error'].startswith('CONTRACT_VIOLATION')

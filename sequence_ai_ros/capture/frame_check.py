@@ -6,9 +6,10 @@ A frame is kept only when it could become a dataset row as it is:
 - ``action`` and ``policy_action`` (when present): float32 (A,) with A the contract's action size, finite;
 - ``robot_time_s``: finite and within :data:`MAX_ROBOT_TIME_S` of 0 (a monotonic clock);
 - each image: a known encoding (jpeg, png, raw); for jpeg/png the header, read by Pillow's lazy
-  ``Image.open`` (no pixel decode), must show the declared format, width, height and channels; a raw
-  image must hold width*height*channels bytes; a contract camera with a size must match it; and one
-  key keeps one size for the whole episode (a video has one size).
+  ``Image.open`` (no pixel decode), must show the declared format, width, height and channels; a png
+  must hold 8-bit samples, greyscale for 1 channel or RGB for 3 (its IHDR: no 16-bit, no palette); a
+  raw image must hold width*height*channels bytes; a contract camera with a size must match it; and
+  one key keeps one size and one channel count for the whole episode (a video has one layout).
 
 Pixel data is not decoded here (a JPEG whose body is truncated after a good header passes); the
 export decodes and replaces such a frame by the camera's previous frame, counted (see
@@ -43,6 +44,7 @@ class FrameChecker:
     def __init__(self, contract: Contract | None) -> None:
         self.contract = contract
         self.sizes: dict[str, tuple[int, int]] = {}
+        self.channels: dict[str, int] = {}   # per camera key: the channel count of its first frame
         if contract is not None:
             for cam in contract.observation.cameras:
                 if cam.width and cam.height:
@@ -73,8 +75,14 @@ class FrameChecker:
                 raise ContractViolation(f'image {key!r}: {size[0]}x{size[1]}, this episode\'s {key!r} frames are '
                                         f'{expected[0]}x{expected[1]}')
             sizes[image.key] = size
+            channels = self.channels.get(image.key)
+            if channels is not None and image.channels != channels:
+                raise ContractViolation(f'image {key!r}: {image.channels} channels, this episode\'s {key!r} frames '
+                                        f'have {channels}')
         for key, size in sizes.items():
             self.sizes.setdefault(key, size)
+        for image in frame.images:
+            self.channels.setdefault(image.key, image.channels)
 
 
 def _vector(tensor: pb.Tensor, what: str, dim: int | None) -> np.ndarray:
@@ -108,7 +116,30 @@ def _image_size(image: pb.Image, key: str) -> tuple[int, int]:
     if size != (image.width, image.height):
         raise ContractViolation(f'image {key!r}: declared {image.width}x{image.height}, the {fmt} header says '
                                 f'{size[0]}x{size[1]}')
+    if fmt == 'png':
+        _png_layout(image, key)
     channels = _MODE_CHANNELS.get(mode)
     if channels != image.channels:
         raise ContractViolation(f'image {key!r}: declared {image.channels} channels, the {fmt} holds {mode}')
     return image.width, image.height
+
+
+#: PNG colour types (IHDR byte 25) that hold ``channels`` 8-bit samples per pixel: 0 grey, 2 RGB.
+_PNG_COLOUR_TYPES = {1: 0, 3: 2}
+
+
+def _png_layout(image: pb.Image, key: str) -> None:
+    """Check the PNG's IHDR: 8-bit samples, greyscale for 1 channel or truecolour for 3 (no palette).
+
+    Pillow's mode does not tell a 16-bit PNG from an 8-bit one (both open as 'RGB' or 'I;16'/'L'), and a
+    palette PNG opens as 'P' (one index per pixel): neither is the declared uint8 H x W x C.
+    """
+    data = image.data
+    if len(data) < 26 or data[12:16] != b'IHDR':
+        raise ContractViolation(f'image {key!r}: png without an IHDR header')
+    depth, colour = data[24], data[25]
+    want = _PNG_COLOUR_TYPES.get(image.channels)
+    if depth != 8 or colour != want:
+        names = {0: 'greyscale', 2: 'RGB', 3: 'palette', 4: 'greyscale+alpha', 6: 'RGBA'}
+        raise ContractViolation(f'image {key!r}: declared 8-bit x {image.channels} channels, the png holds '
+                                f'{depth}-bit {names.get(colour, f"colour type {colour}")}')
