@@ -256,3 +256,23 @@ def test_error_messages_do_not_echo_unbounded_client_input():
     with pytest.raises(ContractViolation, match='unknown encoding') as info:
         codec.decode_image(bad)
     assert len(str(info.value)) < 300
+
+
+def test_tail_splice_slices_equal_row_by_row_overlay():
+    """The sliced overlay (whole-step offsets) gives the row-by-row overlay's rows, and the same gaps."""
+    from sequence_ai_ros.protocol.pipeline import _overlay, _overlay_rows
+
+    rng = np.random.default_rng(1)
+    gaps = 0
+    for _ in range(3000):
+        tail = rng.standard_normal((int(rng.integers(0, 8)), 3)).astype(np.float32)
+        newer = [(float(rng.integers(-6, 12)), 0.0,
+                  rng.standard_normal((int(rng.integers(0, 7)), 3)).astype(np.float32))
+                 for _ in range(int(rng.integers(1, 4)))]
+        sliced = _overlay(tail, [(int(o), c) for o, _, c in newer])
+        rows = _overlay_rows(tail, newer, 0.0)
+        assert (sliced is None) == (rows is None)
+        gaps += sliced is None
+        if sliced is not None:
+            assert sliced.dtype == np.float32 and np.array_equal(sliced, rows)
+    assert 0 < gaps < 3000          # both outcomes were exercised

@@ -28,6 +28,7 @@ import grpc
 from sequence_ai_ros.client.engine import OutRequest
 from sequence_ai_ros.client.sampling import TelemetrySample
 from sequence_ai_ros.exceptions import ConnectionLost, SequenceAIError
+from sequence_ai_ros.malloc_tuning import tune_malloc
 from sequence_ai_ros.protocol import (
     AUTH_METADATA,
     DEFAULT_PORT,
@@ -103,6 +104,7 @@ class Connection:
     """
 
     def __init__(self, endpoint: str, token: str | None = None, tls: TlsLike = None) -> None:
+        tune_malloc()   # per-request image buffers: no mmap/munmap per call (SEQ_MALLOC_TUNING=0: off)
         self.endpoint = endpoint
         self.token = token
         options = [('grpc.max_send_message_length', MAX_MESSAGE_BYTES),

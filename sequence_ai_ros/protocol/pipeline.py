@@ -48,20 +48,14 @@ class TailSplicer:
                 if req.HasField('chunk_tail') else np.zeros((0, action_dim), np.float32))
         if tail.shape[1:] != (action_dim,):
             return
-        rows = {i: tail[i] for i in range(tail.shape[0])}
         origin = req.observation_step
-        for c_origin, _, actions in newer:
-            # The robot plays a chunk from its arrival on, which can be before its start step: its rows
-            # before the start are the plan it in-painted, so overlaying from its row 0 is exact for an
-            # in-painting policy and, for any other, what the robot will really play once it arrives.
-            for i in range(actions.shape[0]):
-                k = int(round(c_origin + i - origin))
-                if k >= 0:
-                    rows[k] = actions[i]
-        n = max(rows) + 1 if rows else 0
-        if any(k not in rows for k in range(n)):      # a gap (should not happen): keep what the robot sent
+        offsets = [c_origin - origin for c_origin, _, _ in newer]
+        if all(float(d).is_integer() for d in offsets):
+            spliced = _overlay(tail, [(int(d), actions) for d, (_, _, actions) in zip(offsets, newer, strict=True)])
+        else:
+            spliced = _overlay_rows(tail, newer, origin)
+        if spliced is None:      # a gap (should not happen): keep what the robot sent
             return
-        spliced = np.stack([rows[k] for k in range(n)]).astype(np.float32) if n else tail
         req.chunk_tail.CopyFrom(codec.to_tensor(spliced, 'float32'))
 
     def record(self, req: pb.ObservationRequest, chunk: pb.ActionChunk) -> None:
@@ -73,6 +67,45 @@ class TailSplicer:
                                         actions)
         while len(self._chunks) > self._keep:
             self._chunks.popitem(last=False)
+
+
+def _overlay(tail: np.ndarray, chunks: list[tuple[int, np.ndarray]]) -> np.ndarray | None:
+    """Overlay each chunk (in order) on ``tail`` from row ``offset`` on, as slices; None on a gap.
+
+    The same rows as :func:`_overlay_rows` for whole-step offsets, without a Python step per row.
+    """
+    spans = sorted((max(offset, 0), offset + actions.shape[0]) for offset, actions in chunks
+                   if actions.shape[0] and offset + actions.shape[0] > 0)
+    end = tail.shape[0]
+    for start, stop in spans:      # the rows covered must be one run from 0
+        if start > end:
+            return None
+        end = max(end, stop)
+    out = np.empty((end, tail.shape[1]), np.float32)
+    out[:tail.shape[0]] = tail
+    for offset, actions in chunks:
+        skip = max(0, -offset)
+        if skip < actions.shape[0]:
+            out[offset + skip:offset + actions.shape[0]] = actions[skip:]
+    return out
+
+
+def _overlay_rows(tail: np.ndarray, newer: list[tuple[float, float, np.ndarray]], origin: float
+                  ) -> np.ndarray | None:
+    """Row by row, rounding each step (fractional offsets); None on a gap."""
+    rows = {i: tail[i] for i in range(tail.shape[0])}
+    for c_origin, _, actions in newer:
+        # The robot plays a chunk from its arrival on, which can be before its start step: its rows
+        # before the start are the plan it in-painted, so overlaying from its row 0 is exact for an
+        # in-painting policy and, for any other, what the robot will really play once it arrives.
+        for i in range(actions.shape[0]):
+            k = int(round(c_origin + i - origin))
+            if k >= 0:
+                rows[k] = actions[i]
+    n = max(rows) + 1 if rows else 0
+    if any(k not in rows for k in range(n)):
+        return None
+    return np.stack([rows[k] for k in range(n)]).astype(np.float32) if n else tail
 
 
 __all__ = ['KEEP', 'TailSplicer']

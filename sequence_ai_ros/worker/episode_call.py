@@ -43,6 +43,45 @@ _CLOSED = object()
 _SHUTDOWN = object()
 
 
+_PENDING = object()
+QUICK_WAIT_S = 0.002   # how long the loop polls a fast inference before the thread->loop hand-off (s)
+
+
+class _Failed:
+    """The inference future's exception, carried out of :func:`_quick_wait`."""
+
+    __slots__ = ('exc',)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+async def _quick_wait(future: concurrent.futures.Future) -> Any:
+    """Poll ``future`` for up to :data:`QUICK_WAIT_S`, yielding the loop between polls with growing sleeps.
+
+    A 0-2 ms inference is then picked up without ``wrap_future``'s hand-off (a task, a self-pipe write
+    and wake-up per request); other streams keep running in between.
+
+    :returns: the future's result, a :class:`_Failed` holding its exception, or ``_PENDING`` when it
+        is still running after the quick wait (the caller then awaits it the slow way, with deadlines).
+    """
+    deadline = time.monotonic() + QUICK_WAIT_S
+    pause = 0.0
+    while not future.done():
+        if time.monotonic() >= deadline:
+            return _PENDING
+        await asyncio.sleep(pause)
+        pause = min(0.0005, pause * 2 or 0.00005)
+    exc = future.exception()
+    return _Failed(exc) if exc is not None else future.result()
+
+
+def _has_encoded_images(req: pb.ObservationRequest) -> bool:
+    """True when ``req`` carries a JPEG/PNG frame (costly to decode); raw frames decode in a copy."""
+    return (any(image.encoding != 'raw' for image in req.images)
+            or any(image.encoding != 'raw' for frame in req.history for image in frame.images))
+
+
 def _error(exc: BaseException, request_id: int = 0) -> pb.EpisodeReply:
     return pb.EpisodeReply(error=errors.to_error(exc, request_id))
 
@@ -112,7 +151,9 @@ class EpisodeCallHandler:
                 if self.active is None:
                     wait = min(wait, self.start_timeout_s - (now - opened))
                 try:
-                    item = await asyncio.wait_for(self._inbox.get(), timeout=max(0.0, wait))
+                    # a message already queued needs no timer (wait_for costs a task and a timer per message)
+                    item = (self._inbox.get_nowait() if not self._inbox.empty()
+                            else await asyncio.wait_for(self._inbox.get(), timeout=max(0.0, wait)))
                 except asyncio.TimeoutError:
                     if self.active is None and time.monotonic() - opened >= self.start_timeout_s:
                         LOG.info('stream from %s closed: no EpisodeStart within %g s', self.client or '?',
@@ -184,21 +225,29 @@ class EpisodeCallHandler:
                                                          capture_fps=rec.fps, capture_images=rec.images))
 
     async def _infer(self, active: ActiveEpisode, req: pb.ObservationRequest) -> pb.ActionChunk:
-        """Decode (on the executor when it carries images), queue, await the inference thread, pack."""
+        """Decode (raw frames inline; JPEG/PNG on the executor), queue, await the inference thread, pack."""
         runtime = self.runtime
-        images = len(req.images) or any(len(frame.images) for frame in req.history)
-        inp = await self._io(runtime.decode, req) if images else None  # JPEG/PNG decoding off the loop
+        if _has_encoded_images(req):
+            inp = await self._io(runtime.decode, req)   # JPEG/PNG decoding off the loop
+        else:
+            inp = runtime.decode(req)                   # raw frames and state: a copy, cheaper than a hop
         future = runtime.submit(active, req, inp)
-        waiting = asyncio.wrap_future(future)
-        while True:  # wait in slices: give up when the robot has gone; enforce the deadline
-            try:
-                result = await asyncio.wait_for(asyncio.shield(waiting), timeout=runtime.wait_slice_s)
-                break
-            except asyncio.TimeoutError:
-                runtime.check_wait(active, req)
-            except SequenceAIError as exc:
-                runtime.on_failure(exc)
-                raise
+        result = await _quick_wait(future)
+        if result is _PENDING:
+            waiting = asyncio.wrap_future(future)
+            while True:  # wait in slices: give up when the robot has gone; enforce the deadline
+                try:
+                    result = await asyncio.wait_for(asyncio.shield(waiting), timeout=runtime.wait_slice_s)
+                    break
+                except asyncio.TimeoutError:
+                    runtime.check_wait(active, req)
+                except SequenceAIError as exc:
+                    runtime.on_failure(exc)
+                    raise
+        elif isinstance(result, _Failed):
+            if isinstance(result.exc, SequenceAIError):
+                runtime.on_failure(result.exc)
+            raise result.exc
         return runtime.finish(active, req, result)
 
     async def _observe(self, req: pb.ObservationRequest) -> pb.EpisodeReply:

@@ -36,6 +36,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from sequence_ai_ros.exceptions import ConfigError, Unauthenticated
 from sequence_ai_ros.home import usage_file
+from sequence_ai_ros.malloc_tuning import tune_malloc
 from sequence_ai_ros.policy.loader import PolicyDefinition, load_policy_file
 from sequence_ai_ros.protocol import AUTH_METADATA, errors, messages
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
@@ -127,6 +128,7 @@ class WorkerServer:
 
     def __init__(self, runtimes: dict[str, DeploymentRuntime], config: ServerConfig | None = None, *,
                  registry: Registry | None = None, **settings: Any) -> None:
+        tune_malloc()   # per-request image buffers: no mmap/munmap per call (SEQ_MALLOC_TUNING=0: off)
         try:
             config = _config(config, settings)
         except BaseException:
