@@ -4,7 +4,8 @@ Each top-level subpackage (a *concept*) has a layer; a module may import only co
 lower layer, or its own concept. Lower layers never import higher ones, so no cycle between concepts
 can form::
 
-    0  exceptions, home, templates      errors, the $SEQ_HOME layout, template folders (no logic)
+    0  exceptions, home, templates,     errors, the $SEQ_HOME layout, template folders, malloc tuning (no
+       malloc_tuning                  imports of the package)
     1  protocol                         the wire: codec, contract, typed errors
     2  policy, capture                  the authoring API; the worker-side capture store
     3  client, datasets                 the chunk engine; LeRobot read/write, stats, video
@@ -25,7 +26,7 @@ from pathlib import Path
 
 PACKAGE = 'sequence_ai_ros'
 LAYERS: dict[str, int] = {
-    'exceptions': 0, 'home': 0, 'templates': 0,
+    'exceptions': 0, 'home': 0, 'templates': 0, 'malloc_tuning': 0,
     'protocol': 1,
     'policy': 2, 'capture': 2,
     'client': 3, 'datasets': 3,
