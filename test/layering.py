@@ -4,8 +4,8 @@ Each top-level subpackage (a *concept*) has a layer; a module may import only co
 lower layer, or its own concept. Lower layers never import higher ones, so no cycle between concepts
 can form::
 
-    0  exceptions, home, templates,     errors, the $SEQ_HOME layout, template folders, malloc tuning (no
-       malloc_tuning                  imports of the package)
+    0  exceptions, home, templates,     errors, the $SEQ_HOME layout, template folders, glibc malloc
+       malloc_tuning                    tuning (no logic over other concepts)
     1  protocol                         the wire: codec, contract, typed errors
     2  policy, capture                  the authoring API; the worker-side capture store
     3  client, datasets                 the chunk engine; LeRobot read/write, stats, video

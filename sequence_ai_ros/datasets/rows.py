@@ -185,11 +185,12 @@ def build_rows(episode: CapturedEpisode, fps: float, space: ActionSpace, state_d
             cell = None
         g = gap_rows[-1] if gap_rows else -1
         # Only a caller that ticks at the row rate (or slower) catches up: a faster one (50 Hz ticks against
-        # 30 Hz rows) shares cells by design, and its ticks after a stall are on time, not late.
-        row_rate_caller = not intervals or float(np.median(intervals)) > CATCH_UP_MIN_TICK * period
-        late = (cell is not None and fresh and not velocity and row_rate_caller and cell['fresh'] == 1 and g >= 0
+        # 30 Hz rows) shares cells by design, and its ticks after a stall are on time, not late. The median
+        # is taken last, only for a tick that is otherwise a catch-up candidate.
+        late = (cell is not None and fresh and not velocity and cell['fresh'] == 1 and g >= 0
                 and len(rows['state']) - g <= MAX_CATCH_UP and rows['k'][-1] == cell['k'] - 1
-                and all(rows['fresh'][j] == 1 for j in range(g + 1, len(rows['state']))))
+                and all(rows['fresh'][j] == 1 for j in range(g + 1, len(rows['state'])))
+                and (not intervals or float(np.median(intervals)) > CATCH_UP_MIN_TICK * period))
         if late:
             # The ticks since a stall's last held row were each one late: move them back one row (the
             # held row is filled), and this tick takes the cell, so no executed step is merged away.
