@@ -80,7 +80,7 @@ haproxy:
 
 test: $(STAMP_BUILD) haproxy
 	$(VENV)/bin/ruff check .
-	$(ENV) && python -m pytest test -rs
+	$(ENV) && python -m pytest test -rfEs
 
 demo: $(STAMP_BUILD)
 	$(ENV) && python -m sequence_ai_ros.demo --dataset "$(DATASET)" --out out

@@ -109,7 +109,7 @@ setup(
     version='0.1.0',
     packages=find_packages(exclude=['test']),
     py_modules=['sequence_ai'],
-    package_data={PACKAGE: ['py.typed', 'protocol/*.proto', 'templates/*/*', 'node/*.yaml']},
+    package_data={PACKAGE: ['py.typed', 'protocol/*.proto', 'templates/*/*', 'node/*.yaml', 'worker/haproxy.cfg']},
     include_package_data=True,
     data_files=data_files(),
     install_requires=['setuptools', *REQUIRES, *generated_requires()],

@@ -26,23 +26,39 @@ PACKAGE = 'sequence_ai_ros'
 NODE_NAME = 'policy_node'
 
 
-def _node_parameters(path):
-    """Return the ``ros__parameters`` of ``policy_node`` (or ``/**``, ``/**/policy_node``) in a params file."""
+def _node_parameters(path, namespace=''):
+    """Return the ``ros__parameters`` a params file gives ``policy_node`` in ``namespace``, as rcl applies them.
+
+    rcl's rules for a node's fully qualified name (``/robot1/policy_node``): a key is a name pattern, ``*``
+    one name token, ``**`` any number of them, a key without a leading ``/`` is absolute all the same
+    (``policy_node`` is ``/policy_node``: the root namespace's node); every matching key applies, in the
+    file's order, later ones overriding earlier ones. The shipped configs use ``/**/policy_node``.
+    """
+    def matches(pattern, name):
+        if not pattern:
+            return not name
+        if pattern[0] == '**':
+            return any(matches(pattern[1:], name[i:]) for i in range(len(name) + 1))
+        return bool(name) and pattern[0] in ('*', name[0]) and matches(pattern[1:], name[1:])
+
     with open(path) as f:
         data = yaml.safe_load(f) or {}
+    fqn = [t for t in namespace.split('/') if t] + [NODE_NAME]
     out = {}
-    for key in ('/**', '/**/' + NODE_NAME, NODE_NAME, '/' + NODE_NAME):
-        out.update((data.get(key) or {}).get('ros__parameters', {}))
+    for key, section in data.items():
+        if isinstance(key, str) and matches([t for t in key.split('/') if t], fqn):
+            out.update((section or {}).get('ros__parameters', {}))
     return out
 
 
 def _launch_node(context):
     share = FindPackageShare(PACKAGE).perform(context)
     defaults = f'{share}/config/policy_node.yaml'
-    params = _node_parameters(defaults)
+    namespace = LaunchConfiguration('namespace').perform(context)
+    params = _node_parameters(defaults, namespace)
     params_file = LaunchConfiguration('params_file').perform(context)
     if params_file:
-        params.update(_node_parameters(params_file))
+        params.update(_node_parameters(params_file, namespace))
     given = {'model': LaunchConfiguration('model').perform(context),
              'endpoint': LaunchConfiguration('endpoint').perform(context)}
     params.update({k: v for k, v in given.items() if v})

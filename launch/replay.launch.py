@@ -4,7 +4,7 @@
     ros2 launch sequence_ai_ros replay.launch.py bag:=/tmp/g1_ep5 policy:=my_policy/policy.py model:=my_policy \
         params_file:=$(ros2 pkg prefix sequence_ai_ros)/share/sequence_ai_ros/config/g1.yaml
 
-Starts ``seq serve <policy> --port <port>`` (ExecuteProcess: the worker is no ROS node), the policy node
+Starts the package's ``seq serve <policy> --port <port>`` (ExecuteProcess: the worker is no ROS node), the policy node
 (policy.launch.py with ``endpoint:=127.0.0.1:<port>``) and ``bag_player <bag> --rate <rate>`` (with
 ``--clock`` when use_sim_time is true). Send the node a goal to run an episode:
 ``ros2 action send_goal /policy_node/act sequence_ai_msgs/action/Act "{instruction: 'pick', max_seconds: 10}"``.
@@ -17,7 +17,7 @@ from launch.actions import DeclareLaunchArgument, ExecuteProcess, IncludeLaunchD
 from launch.launch_description_sources import PythonLaunchDescriptionSource
 from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
 from launch_ros.actions import Node
-from launch_ros.substitutions import FindPackageShare
+from launch_ros.substitutions import FindPackagePrefix, FindPackageShare
 
 PACKAGE = 'sequence_ai_ros'
 
@@ -49,7 +49,9 @@ def generate_launch_description():
                               description='the node configures and activates itself'),
         DeclareLaunchArgument('rate', default_value='1.0', description='playback speed factor'),
         DeclareLaunchArgument('loop', default_value='false', description='replay the bag in a loop'),
-        ExecuteProcess(cmd=['seq', 'serve', LaunchConfiguration('policy'), '--port', port], output='screen'),
+        # the package's own seq (lib/sequence_ai_ros/seq): a bare 'seq' on PATH is coreutils' seq on a robot
+        ExecuteProcess(cmd=[PathJoinSubstitution([FindPackagePrefix(PACKAGE), 'lib', PACKAGE, 'seq']), 'serve',
+                            LaunchConfiguration('policy'), '--port', port], output='screen'),
         IncludeLaunchDescription(
             PythonLaunchDescriptionSource(PathJoinSubstitution([FindPackageShare(PACKAGE), 'launch',
                                                                 'policy.launch.py'])),

@@ -5,7 +5,7 @@ lower layer, or its own concept. Lower layers never import higher ones, so no cy
 can form::
 
     0  exceptions, home, templates,     errors, the $SEQ_HOME layout, template folders, glibc malloc
-       malloc_tuning                    tuning (no logic over other concepts)
+       malloc_tuning, stop_signals      tuning, SIGINT/SIGTERM handling (no logic over other concepts)
     1  protocol                         the wire: codec, contract, typed errors
     2  policy, capture                  the authoring API; the worker-side capture store
     3  client, datasets                 the chunk engine; LeRobot read/write, stats, video
@@ -26,7 +26,7 @@ from pathlib import Path
 
 PACKAGE = 'sequence_ai_ros'
 LAYERS: dict[str, int] = {
-    'exceptions': 0, 'home': 0, 'templates': 0, 'malloc_tuning': 0,
+    'exceptions': 0, 'home': 0, 'templates': 0, 'malloc_tuning': 0, 'stop_signals': 0,
     'protocol': 1,
     'policy': 2, 'capture': 2,
     'client': 3, 'datasets': 3,

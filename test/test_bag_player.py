@@ -106,3 +106,21 @@ def test_skipped_topics_are_listed_in_python_and_nothing_playable_is_refused(tmp
     done = subprocess.run([sys.executable, '-m', 'sequence_ai_ros.bags.player', str(only)], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 2 and 'nav_msgs/msg/Odometry' in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize('sig', ['SIGTERM', 'SIGINT'])
+def test_a_signal_stops_playback_cleanly_with_what_was_played(tmp_path, processes, sig):
+    """SIGTERM (launch, systemd) or SIGINT (Ctrl-C): playback ends, what was played is reported, exit 0."""
+    import signal
+
+    bag = tmp_path / 'loop'
+    _write_bag(bag, topics=('/joint_states',))
+    proc = processes.spawn([sys.executable, '-m', 'sequence_ai_ros.bags.player', str(bag), '--loop',
+                            '--namespace', 'sigtest'])
+    assert proc.stdout.readline().startswith('playing'), proc.stderr.read() if proc.poll() is not None else ''
+    time.sleep(0.5)                                     # a few loops of the 0.2 s bag
+    proc.send_signal(getattr(signal, sig))
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, (proc.returncode, err)
+    played = int(out.split('played /sigtest/joint_states: ')[1].split()[0])
+    assert played >= N, out                             # looped at least once before the stop

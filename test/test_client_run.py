@@ -293,3 +293,24 @@ def test_tls_with_a_root_certificate(serve, tmp_path):
         assert policy.run(robot.observe, robot.act, max_actions=15).actions == 15
     with pytest.raises(ConnectionLost):
         connect('lat', endpoint=f'localhost:{port}', timeout=1.0)            # plaintext to a TLS worker
+
+
+def test_a_stall_across_max_actions_never_counts_steps_past_the_limit(serve):
+    """A stall of 10 periods just before max_actions ends the episode at max_actions exactly.
+
+    The stale rows are skipped, but the rows past the limit are never executed, so they are never counted
+    (the node's field-data test once saw 76 of max_actions 75 after a long stall).
+    """
+    endpoint = serve(mean_s=0.005, dt=0.02, chunk_length=50)
+    with connect('lat', endpoint=endpoint) as policy:
+        policy.begin_episode('reach', max_actions=30, max_seconds=10, control_period=0.02)
+        obs = Observation(state=np.zeros(2, np.float32))
+        indices = []
+        while policy.episode_outcome() is None:
+            action = policy.next_action(obs)
+            if action is not None and not action.hold:
+                indices.append(action.index)
+            time.sleep(0.2 if len(indices) == 25 else 0.02)     # the stall, 5 steps before the limit
+        out = policy.end_episode()
+    assert out.reason == 'completed' and out.actions == 30, out
+    assert max(indices) < 30 and len(indices) < 30, indices         # the stall skipped rows, none past the limit

@@ -206,3 +206,38 @@ def test_cli_capture_settings_show_and_export(tmp_path: Path, seq_home: Path, g1
     assert seq_main(['policy', 'data', 'export', 'g1', '--out', str(out), '--format', 'jsonl', '--force',
                      '--since', '2000-01-01']) == 0
     assert (out / 'requests.jsonl').exists() and not (out / 'meta').exists()
+
+
+def test_an_av1_encode_leaves_no_thread_of_the_exporting_process_real_time(tmp_path):
+    """SVT-AV1 as root raises the encoder-opening thread and its workers to SCHED_FIFO 99: the writer undoes it.
+
+    Found by a break-it review through ``make test`` as root: the pytest process turned FIFO 99 during an
+    export, and every node it started later ran all its threads at 99, above the control thread's FIFO 50.
+    Run in a child process so that a failure cannot leak into the rest of the suite.
+    """
+    import os
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0:
+        pytest.skip('SVT-AV1 raises its priority only when it may (root)')
+    code = ('import os, sys, numpy as np\n'
+            'from pathlib import Path\n'
+            'from sequence_ai_ros.datasets.video import VideoWriter, _thread_policies\n'
+            'w = VideoWriter(Path(sys.argv[1]), 64, 48, 30, vcodec="av1")\n'
+            'w.write(np.zeros((48, 64, 3), np.uint8))\n'
+            'during = sorted(set(_thread_policies().values()))\n'
+            'for i in range(40):\n'
+            '    w.write(np.full((48, 64, 3), i, np.uint8))\n'
+            'w.close()\n'
+            'print(during, sorted(set(_thread_policies().values())), os.sched_getparam(0).sched_priority)\n')
+    out = subprocess.run([sys.executable, '-c', code, str(tmp_path / 'a.mp4')], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, 'PYTHONPATH': str(Path(__file__).resolve().parents[1])})
+    if out.returncode != 0 and 'libsvtav1' in out.stderr:
+        pytest.skip(f'no libsvtav1 in this PyAV: {out.stderr[-300:]}')
+    assert out.returncode == 0, out.stderr[-2000:]
+    other = os.SCHED_OTHER
+    assert out.stdout.split() == [f'[{other}]', f'[{other}]', '0'], (
+        f'thread policies while encoding, after, and the main thread priority: {out.stdout} '
+        f'(SCHED_FIFO is {os.SCHED_FIFO})')
+    assert (tmp_path / 'a.mp4').stat().st_size > 0

@@ -302,3 +302,59 @@ def _answers(address: str, handshake) -> bool:
         return False
     finally:
         ch.close()
+
+
+def test_a_free_port_taken_before_it_is_bound_does_not_fail_the_fleet(seq_home: Path, monkeypatch):
+    """A port picked free can be taken before it is bound (e.g. as a connection's source port).
+
+    Here the first port the fleet is handed is already listening: HAProxy, which cannot bind port 0 and
+    report it, is started again on another port; the replicas bind their own free ports (port 0) and the
+    fleet reads them from their logs, so they never bind a port picked earlier.
+    """
+    import sequence_ai_ros.worker.fleet as fleet_module
+
+    taken = socket.socket()
+    taken.bind(('127.0.0.1', 0))
+    taken.listen()
+    handed = []
+
+    def first_taken(host: str = '127.0.0.1') -> int:
+        port = taken.getsockname()[1] if not handed else real(host)
+        handed.append(port)
+        return port
+
+    real = fleet_module.free_port
+    monkeypatch.setattr(fleet_module, 'free_port', first_taken)
+    assert seq_main(['deploy', str(POLICY), '--name', 'replica_echo']) == 0
+    try:
+        with Fleet(['replica_echo'], 2, home=seq_home) as fleet:
+            assert handed[0] == taken.getsockname()[1] and fleet.port == handed[-1] != handed[0]
+            assert len({fleet.port, *(p for r in fleet.replicas for p in (r.port, r.agent_port, r.metrics_port))}) == 7
+            for r in fleet.replicas:   # the ports read from the replicas' logs are theirs
+                assert fleet.agent_status(r) == 'up ready'
+            with channel(fleet.port) as ch:
+                reply = pb_grpc.PolicyServiceStub(ch).Ready(pb.ReadyRequest(deployment='replica_echo'), timeout=10)
+                assert reply.ready
+    finally:
+        taken.close()
+
+
+def test_a_fleet_that_fails_to_start_says_where_its_logs_are(seq_home: Path):
+    """A pinned replica port already taken: the replica exits 'cannot bind', and the error names the kept logs."""
+    import re
+
+    from sequence_ai_ros.exceptions import ConfigError
+
+    assert seq_main(['deploy', str(POLICY), '--name', 'replica_echo']) == 0
+    with socket.socket() as taken:
+        taken.bind(('127.0.0.1', 0))
+        taken.listen()
+        with pytest.raises(ConfigError) as err:
+            Fleet(['replica_echo'], 1, home=seq_home, replica_ports=[taken.getsockname()[1]])
+    message = str(err.value)
+    assert 'replica 1 exited' in message and 'cannot bind' in message, message
+    kept = Path(re.search(r'logs are kept in (\S+)\)', message).group(1))
+    try:
+        assert (kept / 'replica1.log').is_file()
+    finally:
+        shutil.rmtree(kept, ignore_errors=True)

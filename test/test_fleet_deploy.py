@@ -84,7 +84,9 @@ def test_manifests_agree_with_the_worker():
 
 
 def test_haproxy_config_renders_and_haproxy_accepts_it(tmp_path):
-    template = (DEPLOY / 'haproxy.cfg').read_text()
+    from sequence_ai_ros.worker.fleet import HAPROXY_CONFIG
+
+    template = HAPROXY_CONFIG.read_text()   # the shipped template (package data)
     for needle in ('balance hdr(x-episode-id)', 'hash-type consistent', 'proto h2', 'http-check connect proto h2',
                    'http-check expect status 200',
                    'hdr host', 'agent-check', 'sc0_conn_cur', 'option forwardfor'):

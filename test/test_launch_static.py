@@ -100,9 +100,15 @@ def test_every_executable_exists(path):
         assert pkg is not None
         started += 1
     for call in _calls(tree, 'ExecuteProcess'):
-        cmd = _kw(call, 'cmd')
-        first = cmd.elts[0]
-        assert isinstance(first, ast.Constant) and first.value in scripts, f'{path.name}: {ast.dump(first)}'
+        # a console script runs from the package's lib/<package> (not on PATH after sourcing the workspace;
+        # a bare 'seq' there is coreutils' seq)
+        first = _kw(call, 'cmd').elts[0]
+        assert isinstance(first, ast.Call) and getattr(first.func, 'id', '') == 'PathJoinSubstitution', \
+            f'{path.name}: ExecuteProcess must start lib/<package>/<script>, not {ast.dump(first)}'
+        parts = first.args[0].elts
+        assert getattr(parts[0].func, 'id', '') == 'FindPackagePrefix', ast.dump(parts[0])
+        assert [getattr(e, 'value', None) for e in parts[1:3]] == ['lib', None] and parts[3].value in scripts, \
+            f'{path.name}: {ast.dump(first)}'
         started += 1
     assert started or _calls(tree, 'IncludeLaunchDescription')
 
@@ -146,7 +152,9 @@ def test_config_names_only_declared_parameters(path, rclpy_context):
 
     from sequence_ai_ros.node.parameters import declare_and_read
 
-    params = yaml.safe_load(path.read_text())['policy_node']['ros__parameters']
+    doc = yaml.safe_load(path.read_text())
+    assert list(doc) == ['/**/policy_node'], f'{path.name}: key it /**/policy_node, so a namespace keeps it'
+    params = doc['/**/policy_node']['ros__parameters']
     flat: dict[str, object] = {}
 
     def walk(prefix: str, value: object) -> None:
@@ -168,3 +176,24 @@ def test_config_names_only_declared_parameters(path, rclpy_context):
         assert len(cfg.joints.names) == 26 and [c.key for c in cfg.cameras] == ['cam_high']
     if path.name == 'wx200.yaml':
         assert len(cfg.joints.names) == 8 and not cfg.cameras
+
+
+def test_policy_launch_reads_the_params_keys_rcl_would_match_for_its_node(tmp_path):
+    """policy.launch.py merges params files itself: a key naming the node in its namespace must apply too.
+
+    ``launch`` is not installable here, so its ``_node_parameters`` is taken out of the file and run alone.
+    """
+    tree = ast.parse((REPO / 'launch' / 'policy.launch.py').read_text())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == '_node_parameters')
+    scope = {'yaml': yaml, 'NODE_NAME': 'policy_node'}
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), 'policy.launch.py', 'exec'), scope)  # noqa: S102
+    params = tmp_path / 'robot.yaml'
+    params.write_text(yaml.safe_dump({
+        '/**': {'ros__parameters': {'control_rate_hz': 30.0, 'model': 'all'}},
+        '/robot1/policy_node': {'ros__parameters': {'model': 'robot1'}},
+        '/robot2/policy_node': {'ros__parameters': {'model': 'robot2'}},
+        '/robot1/other_node': {'ros__parameters': {'model': 'not ours'}}}))
+    read = scope['_node_parameters']
+    assert read(str(params), '/robot1') == {'control_rate_hz': 30.0, 'model': 'robot1'}
+    assert read(str(params), 'robot2') == {'control_rate_hz': 30.0, 'model': 'robot2'}
+    assert read(str(params)) == {'control_rate_hz': 30.0, 'model': 'all'}

@@ -6,7 +6,9 @@ port 0 serving ``test/policies/node_ramp.py``, and a probe node in the test proc
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -115,6 +117,9 @@ def test_clamps_are_counted_and_visible_in_diagnostics(tmp_path, processes, prob
         assert int(probe.diag_value('control', 'clamps.j2.limit') or 0) > 0   # j2 hits its 0.45 upper limit
         assert int(probe.diag_value('control', 'clamps.j0.step') or 0) > 0    # the 0.5 jump is rate-limited
         assert probe.status[-1].clamps == clamps or probe.status[-1].clamps >= clamps
+        # the control thread asked for thread_priority's default, SCHED_FIFO 50 (granted to root)
+        scheduling = probe.diag_value('control', 'scheduling')
+        assert scheduling == 'SCHED_FIFO 50' if os.geteuid() == 0 else scheduling.startswith('default ('), scheduling
 
 
 def test_non_finite_chunk_ends_with_validate_and_holds(tmp_path, processes, probe):
@@ -153,6 +158,9 @@ def test_a_policy_that_does_not_fit_fails_configure_and_nothing_is_commanded(tmp
         assert not resp.accepted and 'not active' in resp.message, resp.message
         time.sleep(0.3)
         assert not probe.commands, 'a node whose policy does not fit published commands'
+        if case == 'action_space':   # autostart retries each second: its connect is logged once, not each time
+            time.sleep(2.5)          # two more attempts (AUTOSTART_RETRY_S 1 s)
+            assert node_log(proc).count('connected to ramp') == 1, node_log(proc)
 
 
 def test_dry_run_publishes_nothing_to_the_controller(tmp_path, processes, rclpy_context):
@@ -209,6 +217,13 @@ def test_worker_killed_mid_run_holds_and_reports_error(tmp_path, processes, prob
     assert len(after) > 5 and all(np.array_equal(v, after[0][1]) for _, v in after), 'the arm holds'
     assert np.all(np.isfinite(after[0][1])) and not np.allclose(after[0][1], 0.0), 'never zeros'
     assert wait_for(lambda: probe.diag_value('connection', 'state') == 'disconnected', 5)
+    # the hint is the node's parameter, not the Python API's connect(endpoint=...)
+    assert wait_for(lambda: '-p endpoint:=' in (probe.diag_message('connection') or ''), 5), \
+        probe.diag_message('connection')
+    assert 'connect(endpoint=' not in probe.diag_message('connection') + result.message
+    # the episode status tells a monitor (rqt_robot_monitor) that an episode failed: WARN, not OK
+    assert wait_for(lambda: probe.diag_level('episode') == 1, 5), probe.diag_message('episode')
+    assert "1 episode ended 'error'" in probe.diag_message('episode')
 
 
 def test_bad_parameter_exits_with_a_clear_message(tmp_path, processes):
@@ -289,3 +304,68 @@ def test_ee_absolute_through_the_pose_interface(tmp_path, rclpy_context, process
     assert first.header.frame_id == 'tool_base'
     assert last.pose.position.x > first.pose.position.x > 0      # the ramp moves x (index 0) ...
     assert last.pose.orientation.w > first.pose.orientation.w > 0  # ... and qw (index 6)
+
+
+def test_feedback_counts_cover_its_elapsed_time_also_while_the_end_waits_on_a_frozen_worker(tmp_path, processes,
+                                                                                          probe):
+    """Every Act feedback: actions_sent + ticks_held + ticks_skipped = elapsed_s x rate, within two periods.
+
+    The worker is frozen (SIGSTOP) across the episode's end, so the node waits on its end_episode call while
+    feedback goes on: the counts stop with the episode, and so must elapsed_s (CI once saw 9 periods of
+    feedback time that no count covered).
+    """
+    import signal
+
+    port = spawn_worker(processes, RAMP, 'ramp', names=NAMES, step=0.001)
+    worker = processes.procs[-1]
+    proc = spawn_node(processes, tmp_path / 'node.log', _params(tmp_path, port))
+    probe.publish_joints(NAMES)
+    assert probe.wait_connected(), node_log(proc)
+    handle = probe.send_goal(instruction='reach', max_seconds=1.5)
+    assert wait_for(lambda: len(probe.values()) > 20, 10), node_log(proc)
+    worker.send_signal(signal.SIGSTOP)
+    try:
+        # past the episode's end (1.5 s), feedback keeps coming while the node waits on the frozen worker
+        assert wait_for(lambda: any(f.feedback.elapsed_s > 0 for f in probe.feedback)
+                        and probe.feedback[-1].feedback.ticks_held > 0, 5), node_log(proc)
+        time.sleep(2.5)
+        assert not handle.get_result_async().done(), 'the episode ended without waiting on its worker'
+    finally:
+        worker.send_signal(signal.SIGCONT)
+    result = probe.result(handle, timeout=30)
+    fb = [f.feedback for f in probe.feedback if f.feedback.episode_id == result.episode_id]
+    assert len(fb) > 12, len(fb)
+    for f in fb:
+        counted = f.actions_sent + f.ticks_held + f.ticks_skipped
+        assert abs(counted - f.elapsed_s / TICK) <= 2, (f'{counted} ticks counted in {f.elapsed_s:.3f} s of '
+                                                        f'feedback', node_log(proc))
+    assert fb[-1].elapsed_s <= 1.5 + 2 * TICK, fb[-1]
+    status = [st for st in probe.status if st.episode_id == result.episode_id and st.actions_sent]
+    assert status, 'no ~/status of the episode'
+    for st in status:          # ~/status carries the same accounting
+        counted = st.actions_sent + st.ticks_held + st.ticks_skipped
+        assert abs(counted - st.elapsed_s / TICK) <= 2, (counted, st.elapsed_s)
+
+
+def test_joint_states_split_across_publishers_make_one_observation(tmp_path, processes, probe):
+    """Arm joints at 100 Hz and the gripper at 30 Hz in separate /joint_states messages: merged, never held.
+
+    Two joint_state_broadcasters on one topic: the node merges them by name and runs the episode without a
+    single hold after its first command (each message alone lacks joints: taken one by one, every other tick
+    would hold).
+    """
+    port = spawn_worker(processes, RAMP, 'ramp', names=NAMES, step=0.001)
+    proc = spawn_node(processes, tmp_path / 'node.log', _params(tmp_path, port))
+    probe.publish_joints(NAMES[:3], rate_hz=100.0, positions=lambda: [0.1, 0.2, 0.3])
+    probe.publish_joints(NAMES[3:], rate_hz=30.0, positions=lambda: [0.4])
+    assert probe.wait_connected(), node_log(proc)
+    assert wait_for(lambda: probe.diag_message('observation') == 'all sources fresh', 10), node_log(proc)
+    result = probe.result(probe.send_goal(instruction='reach', max_seconds=2.0))
+    assert result.reason == 'timeout' and result.underruns == 0, (result, node_log(proc))
+    first = probe.values()[0][1]
+    assert first.tolist() == pytest.approx([0.1, 0.2, 0.3, 0.4]), first     # the ramp starts at the merged state
+    fb = [f.feedback for f in probe.feedback if f.feedback.episode_id == result.episode_id and f.feedback.actions_sent]
+    # no hold after the first command but the episode's last period (the tick that finds it over holds for it)
+    assert fb and fb[-1].ticks_held - fb[0].ticks_held <= 1, 'held after the first command'
+    assert 'observation invalid' not in Path(proc.log).read_text(), node_log(proc)   # the whole log
+    assert result.commands_sent > 60, result

@@ -98,10 +98,17 @@ def test_lifecycle_transitions_configure_activate_deactivate_cleanup_shutdown(tm
             probe.publish_joints(NAMES)
             state, transition = _lifecycle(probe)
             assert state() == 'unconfigured'
+            # /diagnostics says what an unconfigured node is: not connecting, not observing, no control thread
+            assert wait_for(lambda: probe.diag_value('connection', 'state') == 'not connected', 10), node_log(proc)
+            assert probe.diag_message('observation') == 'not observing (lifecycle state unconfigured)'
+            assert probe.diag_value('control', 'scheduling') == 'no control thread (lifecycle state unconfigured)'
             assert not probe.send_goal(instruction='reach', max_seconds=5.0).accepted   # not active: rejected
             assert transition('configure')[1](), node_log(proc)
             assert state() == 'inactive'
-            assert probe.wait_connected(), node_log(proc)
+            assert probe.wait_connected(active=False), node_log(proc)
+            # configured: the subscriptions are up, so the observation reports what they hold
+            assert wait_for(lambda: probe.diag_message('observation') == 'all sources fresh', 10), node_log(proc)
+            assert probe.diag_value('control', 'scheduling') == 'no control thread (lifecycle state inactive)'
             resp = probe.call('start_episode', instruction='reach', max_seconds=5.0)
             assert not resp.accepted and 'not active' in resp.message
             time.sleep(0.3)
@@ -112,7 +119,8 @@ def test_lifecycle_transitions_configure_activate_deactivate_cleanup_shutdown(tm
             assert handle.accepted
             assert wait_for(lambda: len(probe.values()) > 30, 10), node_log(proc)
             assert transition('deactivate')[1](), node_log(proc)    # deactivate: hold
-            assert probe.result(handle).reason == 'interrupted'
+            result = probe.result(handle)
+            assert result.reason == 'interrupted' and result.message.startswith('lifecycle deactivate'), result
             time.sleep(0.3)
             n = len(probe.commands)
             time.sleep(0.4)
@@ -173,5 +181,7 @@ def test_autostart_says_what_it_waits_for_while_the_worker_is_unreachable(tmp_pa
     assert wait_for(lambda: 'configure failed' in node_log(proc), 10), node_log(proc)
     assert wait_for(lambda: 'still not configured after' in node_log(proc), CONFIGURE_REMINDER_S + 10), node_log(proc)
     assert node_log(proc).count('configure failed') == 1, 'the same cause was logged again instead of a reminder'
+    # the hint names the node's own knob (a parameter), not the Python API's connect()/$SEQ_ENDPOINT
+    assert '-p endpoint:=HOST:PORT' in node_log(proc) and 'SEQ_ENDPOINT' not in node_log(proc), node_log(proc)
     with serve_policy_file(RAMP, 'ramp', names=NAMES, step=0.002, port=port):
         assert wait_for(lambda: 'active: commanding' in node_log(proc), 20), node_log(proc)

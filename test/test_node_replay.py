@@ -34,7 +34,7 @@ WX_CONFIG = REPO / 'config' / 'wx200.yaml'
 
 
 def _config_names(path):
-    return yaml.safe_load(path.read_text())['policy_node']['ros__parameters']['joints']['names']
+    return yaml.safe_load(path.read_text())['/**/policy_node']['ros__parameters']['joints']['names']
 
 
 @pytest.fixture(scope='module')
@@ -75,10 +75,14 @@ def _rate(times):
 
 
 def _node_counts(probe, episode_id):
-    """(commands sent, seconds) between the episode's first and last Act feedback with commands sent."""
+    """(commands published: the policy's and holds; ticks skipped; seconds) over the episode's feedback.
+
+    Only feedback with commands sent counts: the first such message marks the first chunk's arrival.
+    """
     fb = [f.feedback for f in probe.feedback if f.feedback.episode_id == episode_id and f.feedback.actions_sent]
     assert len(fb) >= 5, f'too little feedback: {len(fb)}'
-    return fb[-1].actions_sent - fb[0].actions_sent, fb[-1].elapsed_s - fb[0].elapsed_s
+    published = (fb[-1].actions_sent + fb[-1].ticks_held) - (fb[0].actions_sent + fb[0].ticks_held)
+    return published, fb[-1].ticks_skipped - fb[0].ticks_skipped, fb[-1].elapsed_s - fb[0].elapsed_s
 
 
 def _skipped_ticks(probe):
@@ -86,28 +90,24 @@ def _skipped_ticks(probe):
     return int(probe.diag_value('control', 'skipped_ticks') or 0)
 
 
-def _assert_every_tick_accounted(probe, episode_id, skipped_before, rate_hz=50.0, exact=True):
-    """Every control period of the episode either published one command or was reported as a skipped tick.
+def _assert_every_tick_accounted(probe, episode_id, skipped_before, rate_hz=50.0):
+    """Every control period of the episode published one command or was reported as a skipped tick.
+
+    A command is the policy's or a hold; both are counted in the Act feedback.
 
     The command rate itself is a wall-clock figure, measured by ``make bench`` (``bench node``) on a quiet
     machine; what a test can hold on any machine is the node's honesty: ticks lost to load are counted in
     /diagnostics (which then WARNs), never lost silently, and never bunched (no more commands than periods).
     """
-    sent, elapsed = _node_counts(probe, episode_id)
+    sent, skipped, elapsed = _node_counts(probe, episode_id)
     periods = elapsed * rate_hz
     t_end = time.monotonic()
+    assert sent <= periods + 2, f'{sent} commands in {periods:.1f} periods: bunched'
+    assert abs(sent + skipped - periods) <= 2, (f'{sent} commands + {skipped} skipped ticks in {periods:.1f} '
+                                                f'periods: ticks lost without being reported')
     # one /diagnostics message later than the episode's end carries every skip of the episode
     assert wait_for(lambda: probe.diagnostics_since(t_end), 5), 'no /diagnostics after the episode'
-    skipped = _skipped_ticks(probe) - skipped_before
-    assert sent <= periods + 2, f'{sent} commands in {periods:.1f} periods: bunched'
-    if exact:
-        assert sent + skipped >= periods - 2, (f'{sent} commands + {skipped} skipped ticks in {periods:.1f} '
-                                               f'periods: ticks lost without being reported')
-    elif sent < periods - 2:
-        # Under camera load on 2 busy cores the skip count has been seen to cover only part of the loss (CI:
-        # 166 commands + 11 skipped in 276 periods; open in issue 15's note); what must hold is that a loss
-        # is reported at all and /diagnostics leaves OK.
-        assert skipped > 0, f'{sent} commands in {periods:.1f} periods and no skipped tick reported'
+    assert _skipped_ticks(probe) - skipped_before >= skipped
     if skipped:
         assert probe.diag_level('control') >= 1, 'skipped ticks but /diagnostics control is OK'
     return sent / elapsed, skipped
@@ -188,14 +188,16 @@ def test_widowx_replay_camera_less_contract_under_camera_load(wx200_bag, tmp_pat
         skipped_before = _skipped_ticks(probe)
         result = probe.result(probe.send_goal(instruction='wave', max_seconds=8.0), timeout=25)
         t_end = time.monotonic()
-        node_rate, skipped = _assert_every_tick_accounted(probe, result.episode_id, skipped_before, exact=False)
+        node_rate, skipped = _assert_every_tick_accounted(probe, result.episode_id, skipped_before)
     finally:
         values = probe.values()
         msgs = [m for _, m in probe.commands]
         stamps = [s.stamp.sec for s in probe.status]
         probe.close()
     assert cams.poll() is None, 'the camera load process died'
-    assert result.reason == 'timeout' and result.underruns == 0, (result, node_log(proc))
+    # an underrun here is the worker process starved by the camera load on 2 cores: held and counted (the
+    # accounting above), which is what this test holds; underrun-free timing is `make bench`'s
+    assert result.reason == 'timeout', (result, node_log(proc))
     times = np.array([t for t, _ in values if t <= t_end])
     print(f'\nWidowX replay under two 640x480 rgb8 30 Hz cameras: {node_rate:.2f} Hz published by the node, '
           f'{len(times)} commands received ({_rate(times):.2f} Hz); {skipped} skipped ticks reported')
@@ -229,11 +231,17 @@ def test_stale_camera_holds_then_resumes_or_ends(tmp_path, processes, rclpy_cont
             t_last = published[-1]
             assert wait_for(lambda: 'stale' in (probe.diag_message('observation') or ''), 3)
             assert '/front/image_raw' in probe.diag_message('observation')
-            time.sleep(max(0.0, t_last + max_age + 0.5 - time.monotonic()))
-            held = probe.values(since=t_last + max_age + tick + 0.03)
+            # the node's receive time of the last frame trails the probe's publish time by the DDS latency,
+            # which grows on loaded cores: the hold is looked for from 0.25 s after max_age on
+            time.sleep(max(0.0, t_last + max_age + 0.8 - time.monotonic()))
+            held = probe.values(since=t_last + max_age + tick + 0.25)
             assert len(held) > 10 and all(np.array_equal(v, held[0][1]) for _, v in held), \
                 'commands kept changing after the camera went stale'
             assert any(s.state == 'holding' for s in probe.status[-5:])
+            # the holds are published commands of the episode, counted apart from the policy's actions
+            holding = [s for s in probe.status[-5:] if s.state == 'holding']
+            assert holding[-1].ticks_held >= len(held) - 2, (holding[-1].ticks_held, len(held))
+            sent_before = holding[-1].actions_sent
 
             camera.reset()                                    # it comes back within stale_grace_s: resume
             t_back = time.monotonic()
@@ -246,3 +254,6 @@ def test_stale_camera_holds_then_resumes_or_ends(tmp_path, processes, rclpy_cont
         probe.close()
     assert result.reason == 'error', result
     assert '/front/image_raw' in result.message and 'stale' in result.message, result.message
+    # two stale spells of >= 0.5 s and 1.5 s at 50 Hz, held: all counted as holds, none as the policy's commands
+    assert result.ticks_held >= 75, result
+    assert result.commands_sent > sent_before, result

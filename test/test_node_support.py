@@ -123,6 +123,7 @@ class Probe:
         ns = namespace.strip('/')
         NODE = f'/{ns}/policy_node' if ns else '/policy_node'   # noqa: N806  (shadows the module default)
         self.node_path, self.diag_prefix = NODE, NODE.lstrip('/')
+        self._get_state: Any = None
         self.node = rclpy.create_node(name, context=context)
         self.commands: list[tuple[float, Any]] = []
         self.diagnostics: list[Any] = []
@@ -271,9 +272,27 @@ class Probe:
                     return st.message
         return None
 
-    def wait_connected(self, timeout: float = 30.0) -> Any:
-        """Wait for a ~/status saying connected and ready."""
-        return wait_for(lambda: any(s.connected and s.ready for s in self.status[-3:]), timeout)
+    def wait_connected(self, timeout: float = 30.0, active: bool = True) -> Any:
+        """Wait for a ~/status saying connected and ready and, with ``active``, for the lifecycle state active.
+
+        The node reports connected while it is still configuring; a goal sent then is rejected (not active).
+        """
+        deadline = time.monotonic() + timeout
+        if not wait_for(lambda: any(s.connected and s.ready for s in self.status[-3:]), timeout):
+            return False
+        return not active or wait_for(lambda: self.lifecycle_state() == 'active',
+                                      max(0.5, deadline - time.monotonic()), step=0.05)
+
+    def lifecycle_state(self, timeout: float = 5.0) -> str:
+        """The node's lifecycle state label (``~/get_state``), '' when it does not answer."""
+        from lifecycle_msgs.srv import GetState
+
+        if self._get_state is None:
+            self._get_state = self.node.create_client(GetState, f'{self.node_path}/get_state')
+        if not self._get_state.wait_for_service(timeout_sec=timeout):
+            return ''
+        future = self._get_state.call_async(GetState.Request())
+        return future.result().current_state.label if wait_for(future.done, timeout) else ''
 
 
 def node_log(proc: Any) -> str:

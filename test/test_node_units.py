@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import io
 import math
+import os
+import subprocess
+import sys
 import threading
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -116,6 +121,24 @@ def test_a_joint_named_twice_is_refused_never_mapped_last_wins():
     assert snap.problems and snap.problems[0].startswith("/joint_states: joint_states names joints ['j0']")
 
 
+def test_header_stamps_ahead_of_a_clock_that_jumped_back_are_not_fresh():
+    """stamp_source='header': a stamp further ahead of the clock than max_age (sim time reset) is no sign of life."""
+    clock = {'t': 5000.0}
+    asm = ObservationAssembler(['a'], 0.5, {}, joints_source='/joint_states', clock=lambda: clock['t'],
+                               stamp_source='header')
+    asm.put_joints(JointState(name=['a'], position=[0.5]), received=10.0, stamp=4999.9)
+    assert asm.snapshot(10.1).observation is not None
+    clock['t'] = 5000.0 - 0.3                       # a small skew ahead (another machine's clock) is tolerated
+    assert asm.snapshot(10.1).observation is not None
+    clock['t'] = 4970.0                             # /clock jumped back 30 s and the source went quiet
+    snap = asm.snapshot(10.2)
+    assert snap.observation is None
+    assert snap.problems == ['/joint_states: stamp 29.900 s ahead of the clock (> max_age 0.5 s; did the clock '
+                             'jump back?)']
+    asm.put_joints(JointState(name=['a'], position=[0.5]), received=10.3, stamp=4970.0)   # the source resumes
+    assert asm.snapshot(10.3).observation is not None
+
+
 def test_observation_ages_name_each_stale_or_missing_source():
     asm = ObservationAssembler(['a'], 0.5, {'cam': 0.2}, joints_source='/joint_states',
                                camera_sources={'cam': '/cam/image'})
@@ -131,8 +154,53 @@ def test_observation_ages_name_each_stale_or_missing_source():
     assert snap.state.tolist() == [0.5] and snap.ages['/joint_states'] == pytest.approx(0.3)
     asm.required_cameras = ()                       # a camera the contract does not need never blocks
     assert asm.snapshot(10.3).observation is not None
-    asm.put_joints(JointState(name=['b'], position=[0.5]), received=10.3)
-    assert "lacks joints ['a']" in asm.snapshot(10.31).problems[0]
+    asm.put_joints(JointState(name=['b'], position=[0.5]), received=10.3)   # another publisher's joint
+    assert asm.snapshot(10.31).observation is not None
+    assert asm.snapshot(10.6).problems == ['/joint_states: stale (0.600 s > max_age 0.5 s)']
+
+
+def test_joint_states_from_several_publishers_are_merged_by_name_each_joint_with_its_age():
+    """An arm's and a gripper's joint_state_broadcaster on one topic: each joint from the latest message naming it."""
+    asm = ObservationAssembler(['a0', 'a1', 'grip'], 0.1, {}, joints_source='/joint_states')
+    asm.put_joints(JointState(name=['a1', 'a0', 'x'], position=[0.2, 0.1, 7.0]), received=1.00)
+    snap = asm.snapshot(1.01)
+    assert snap.observation is None and snap.state is None
+    assert snap.problems == ["/joint_states: no message has named joints ['grip'] yet"]
+    asm.put_joints(JointState(name=['grip'], position=[0.04]), received=1.02)
+    snap = asm.snapshot(1.03)
+    assert snap.observation.state.tolist() == pytest.approx([0.1, 0.2, 0.04])
+    assert snap.ages['/joint_states'] == pytest.approx(0.03)          # the oldest joint's age
+    for k in range(1, 6):                                             # the arm at 100 Hz, the gripper stopped
+        asm.put_joints(JointState(name=['a0', 'a1'], position=[0.1 + k, 0.2]), received=1.02 + 0.01 * k)
+    assert asm.snapshot(1.08).observation.state.tolist() == pytest.approx([5.1, 0.2, 0.04])
+    snap = asm.snapshot(1.15)
+    assert snap.observation is None and snap.state.tolist() == pytest.approx([5.1, 0.2, 0.04])
+    assert snap.problems == ["/joint_states: stale (0.130 s > max_age 0.1 s) (joints ['grip'])"]
+    # one bad message costs only the joints it names, and only until they are named again
+    asm.put_joints(JointState(name=['grip'], position=[math.nan]), received=1.16)
+    asm.put_joints(JointState(name=['a0', 'a1'], position=[1.0, 2.0]), received=1.16)
+    snap = asm.snapshot(1.17)
+    assert snap.state is None and snap.problems == ["/joint_states: joint_states has non-finite positions for ['grip']"]
+    asm.put_joints(JointState(name=['grip'], position=[0.05]), received=1.18)
+    assert asm.snapshot(1.19).observation.state.tolist() == pytest.approx([1.0, 2.0, 0.05])
+    # a configured joint named twice is refused until named again; the other joints stay good
+    asm.put_joints(JointState(name=['a0', 'a0'], position=[1.0, 2.0]), received=1.20)
+    snap = asm.snapshot(1.205)
+    assert snap.observation is None and len(snap.problems) == 1 and "['a0'] more than once" in snap.problems[0]
+    asm.put_joints(JointState(name=['a0', 'a1'], position=[1.0, 2.0]), received=1.21)
+    asm.put_joints(JointState(name=['grip'], position=[0.05]), received=1.22)
+    assert asm.snapshot(1.23).observation is not None
+    # another publisher's malformed messages (no names, its own joint twice) change nothing ...
+    asm.put_joints(JointState(name=[], position=[9.0]), received=1.225)
+    asm.put_joints(JointState(name=['wheel', 'wheel'], position=[9.0, 9.0]), received=1.226)
+    assert asm.snapshot(1.23).observation.state.tolist() == pytest.approx([1.0, 2.0, 0.05])
+    # ... and are named when the joints go stale (a nameless publisher of ours would look just like this)
+    assert asm.snapshot(1.40).problems == ['/joint_states: stale (0.190 s > max_age 0.1 s)',
+                                           "/joint_states: refused a message since: joint_states names joints "
+                                           "['wheel'] more than once (names ['wheel', 'wheel']); a duplicated "
+                                           'name has no unambiguous position']
+    asm.put_joints(JointState(name=['a0', 'a1'], position=[1.0]), received=1.24)      # 2 names, 1 position
+    assert asm.snapshot(1.25).problems[0] == '/joint_states: joint_states has 2 names but 1 positions'
 
 
 def test_safety_clamps_and_counts_or_stops():
@@ -359,6 +427,34 @@ def test_one_pacer_counts_the_ticks_a_stalled_control_thread_skips():
     assert pacer.skipped >= 2
 
 
+def test_a_control_thread_woken_late_skips_and_its_skip_count_never_falls():
+    """A wake-up more than a period late (the GIL held elsewhere) skips the passed deadlines, as an overrun does.
+
+    /diagnostics counts a deadline as skipped once it is a period old without a tick, so that deadline must
+    not get a tick later. Before, the late wake-up served its old deadline, the next tick followed at once,
+    and the count fell by one (an episode's feedback then claimed a skip that /diagnostics did not).
+    """
+    seen: list[float] = []
+    tick = TickThread(0.02, seen.append, name='test-late-wake')
+    interval = sys.getswitchinterval()
+    counts = []
+    try:
+        tick.start()
+        threading.Event().wait(0.1)
+        sys.setswitchinterval(0.3)   # this thread keeps the GIL for up to 0.3 s: the control thread wakes late
+        end = time.monotonic() + 0.2
+        while time.monotonic() < end:
+            counts.append(tick.skipped_now())
+    finally:
+        sys.setswitchinterval(interval)
+    threading.Event().wait(0.1)
+    counts.append(tick.skipped_now())
+    tick.stop()
+    assert counts[-1] >= 5, counts[-1]          # the hold lasted ~10 periods
+    assert all(b >= a for a, b in zip(counts, counts[1:], strict=False)), sorted(set(counts))
+    assert tick.ticks == len(seen)
+
+
 def _report(**kw):
     from sequence_ai_ros.node import diagnostics
 
@@ -379,3 +475,88 @@ def test_dropped_telemetry_is_reported_in_status_and_diagnostics():
     assert diagnostics.status_message(r, Time()).dropped_telemetry == 7
     episode = next(s for s in diagnostics.diagnostic_array(r, 'n', Time()).status if s.name == 'n: episode')
     assert {kv.key: kv.value for kv in episode.values}['dropped_telemetry'] == '7'
+
+
+def test_the_node_spin_loop_survives_an_entity_destroyed_while_waited_on(rclpy_context):
+    """The spin loop goes on past rclpy's InvalidHandle; any other error still propagates.
+
+    A lifecycle cleanup can destroy a subscription while an executor builds its wait set.
+    """
+    from rclpy._rclpy_pybind11 import InvalidHandle
+    from rclpy.executors import SingleThreadedExecutor
+
+    from sequence_ai_ros.node.main import spin_until
+
+    stop = threading.Event()
+    calls = []
+
+    class Racing(SingleThreadedExecutor):
+        def spin_once(self, timeout_sec=None):
+            calls.append(timeout_sec)
+            if len(calls) == 1:
+                raise InvalidHandle('cannot use Destroyable because destruction was requested')
+            if len(calls) == 3:
+                stop.set()
+            super().spin_once(timeout_sec=0.0)
+
+    spin_until(Racing(context=rclpy_context), stop, rclpy_context)
+    assert len(calls) == 3
+
+    class Broken(SingleThreadedExecutor):
+        def spin_once(self, timeout_sec=None):
+            raise RuntimeError('a real bug')
+
+    with pytest.raises(RuntimeError, match='a real bug'):
+        spin_until(Broken(context=rclpy_context), threading.Event(), rclpy_context)
+
+
+def test_the_control_thread_runs_sched_fifo_at_its_priority_or_says_why_not():
+    """thread_priority > 0: the thread itself (not the process) is SCHED_FIFO at that priority; 0: default."""
+    if not hasattr(os, 'sched_getscheduler'):
+        pytest.skip('no POSIX scheduling API on this platform')
+    policies = {}
+
+    def fn(now: float) -> None:
+        policies[threading.current_thread().name] = (os.sched_getscheduler(0), os.sched_getparam(0).sched_priority)
+
+    for name, priority in (('fifo-tick', 37), ('plain-tick', 0)):
+        tick = TickThread(0.005, fn, name=name, priority=priority)
+        scheduling = tick.start()
+        deadline = time.monotonic() + 5
+        while name not in policies and time.monotonic() < deadline:
+            time.sleep(0.01)
+        tick.stop()
+        if priority and scheduling.startswith('default ('):
+            assert 'refused' in scheduling   # no CAP_SYS_NICE here: the reason is kept, the thread still ran
+            assert policies[name][0] == os.SCHED_OTHER
+            continue
+        assert scheduling == ('SCHED_FIFO 37' if priority else 'default'), scheduling
+        assert policies[name] == ((os.SCHED_FIFO, 37) if priority else (os.SCHED_OTHER, 0))
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER     # the calling thread is left as it was
+
+
+def test_a_refused_real_time_priority_is_reported_and_the_thread_still_ticks():
+    """Without CAP_SYS_NICE and with rtprio limit 0 SCHED_FIFO is refused (EPERM): reported, not fatal."""
+    import ctypes
+    import resource
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if os.geteuid() != 0 or not hasattr(libc, 'prctl'):
+        pytest.skip('dropping CAP_SYS_NICE needs root on Linux')
+
+    def drop_sys_nice() -> None:   # in the child, before exec: out of the bounding set, so not in its caps
+        if libc.prctl(24, 23, 0, 0, 0) != 0:   # PR_CAPBSET_DROP, CAP_SYS_NICE (linux/prctl.h, capability.h)
+            raise OSError(ctypes.get_errno(), 'PR_CAPBSET_DROP')
+        resource.setrlimit(resource.RLIMIT_RTPRIO, (0, 0))
+
+    code = ('import threading\n'
+            'from sequence_ai_ros.node.tick import TickThread\n'
+            'done = threading.Event()\n'
+            'tick = TickThread(0.005, lambda now: done.set(), priority=50)\n'
+            'print(tick.start(), done.wait(5), flush=True)\n'
+            'tick.stop()\n')
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=30,
+                         preexec_fn=drop_sys_nice,
+                         env={**os.environ, 'PYTHONPATH': str(Path(__file__).resolve().parents[1])})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith('default (SCHED_FIFO 50 refused: ') and out.stdout.strip().endswith('True'), out.stdout

@@ -110,6 +110,48 @@ def test_observation_request_round_trip_with_history_and_tail():
     np.testing.assert_array_equal(inp.chunk_tail, tail)
 
 
+def _cameras_contract(history: int) -> Contract:
+    cams = (CameraSpec('raw_rgb', 16, 12, 'raw'), CameraSpec('mono', 8, 6, 'raw'), CameraSpec('jpg', 16, 12, 'jpeg'),
+            CameraSpec('png', 16, 12, 'png'), CameraSpec('passed', 16, 12, 'jpeg'))
+    return Contract(action_space='joint_absolute', action_names=('a', 'b'), dt=0.1, chunk_length=5,
+                    observation=ObservationContract(cameras=cams, state_names=('a', 'b'), history=history))
+
+
+@pytest.mark.parametrize('history, pipelined', [(1, False), (3, True)])
+def test_observation_wire_bytes_parse_to_the_packed_message(history, pipelined):
+    """The wire bytes built beside protobuf are the message pack_observation builds, for any parser."""
+    c = _cameras_contract(history)
+    rng = np.random.default_rng(history)
+    jpeg = codec.encode_image('x', rng.integers(0, 255, (12, 16, 3), np.uint8), 'jpeg').data
+
+    def obs(t: float) -> Observation:
+        rgb = rng.integers(0, 255, (24, 16, 3), np.uint8)[::2]        # not C-contiguous: packed as a copy
+        return Observation(state=rng.normal(size=2), state_names=('a', 'b'), timestamp=t, instruction='pick',
+                           params={'seed': 3}, images={
+                               'raw_rgb': rgb, 'mono': rng.integers(0, 255, (6, 8), np.uint8),
+                               'jpg': rng.integers(0, 255, (12, 16, 3), np.uint8),
+                               'png': rng.integers(0, 255, (12, 16, 3), np.uint8), 'passed': jpeg,
+                               'unused': np.zeros((2, 2, 3), np.uint8)})
+
+    now, past = obs(2.0), [obs(1.0 + i / 10) for i in range(history - 1)]
+    kwargs = dict(episode_id='e', request_id=9, history=past, chunk_tail=rng.normal(size=(3, 2)),
+                  expected_delay_actions=2, last_action=np.ones(2, np.float32))
+    if pipelined:
+        kwargs.update(observation_step=40.0, tail_request_id=8)
+    want = pb.EpisodeRequest()
+    messages.pack_observation(now, c, out=want.observation, **kwargs)
+    got = pb.EpisodeRequest.FromString(messages.observation_request_bytes(now, c, **kwargs))
+    assert got == want
+    assert len(got.observation.history) == history - 1
+    assert [i.key for i in got.observation.images][:2] == ['raw_rgb', 'mono']
+    inp = messages.unpack_observation(got.observation, c)
+    np.testing.assert_array_equal(inp.observation.images['raw_rgb'], now.images['raw_rgb'])
+    np.testing.assert_array_equal(inp.observation.images['mono'][:, :, 0], now.images['mono'])
+    with pytest.raises(ContractViolation, match="camera 'raw_rgb' required"):
+        messages.observation_request_bytes(Observation(state=[0.0, 1.0], images={}), c, episode_id='e',
+                                           request_id=1)
+
+
 @pytest.mark.parametrize('mutate, match', [
     (lambda r: r.state.CopyFrom(codec.to_tensor(np.zeros(3, np.float32))), 'state has 3 values'),
     (lambda r: r.state.CopyFrom(codec.to_tensor(np.zeros(2, np.float64))), 'float32 is required'),

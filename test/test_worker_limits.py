@@ -298,3 +298,21 @@ def test_seq_serve_flags_set_the_inference_deadline_and_the_stream_cap(processes
         second.close()
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=15) == 0  # a stuck policy thread does not keep the worker from stopping
+
+
+def test_a_request_over_its_contracts_size_is_refused_in_stream_by_its_size_on_the_wire():
+    """The limit is checked on the size the request had on the wire (the stream's deserializer measures it)."""
+    with serve_policy_file(STUCK, 'stuck') as server, channel(server.port) as ch:
+        stub = pb_grpc.PolicyServiceStub(ch)
+        assert wait_ready(stub, 'stuck').ready
+        limit = server.runtimes['stuck'].max_message_bytes
+        stream = Stream(stub, 'stuck', 'big')
+        assert stream.start().HasField('started')
+        reply = stream.ask(stuck_req(1, pad='x' * limit))
+        assert reply.HasField('error') and reply.error.code == pb.CONTRACT_VIOLATION, reply
+        size = int(re.search(r'(\d+) bytes exceeds', reply.error.message).group(1))
+        wire = pb.EpisodeRequest(observation=stuck_req(1, pad='x' * limit)).ByteSize()
+        assert limit < size == wire
+        reply = stream.ask(stuck_req(2))                     # the stream goes on
+        assert reply.HasField('chunk') and reply.chunk.request_id == 2
+        assert stream.end().HasField('ended') and stream.error is None

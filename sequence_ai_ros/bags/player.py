@@ -5,8 +5,15 @@
 
 A topic whose message type is not installed here (e.g. ``nav_msgs/msg/Odometry`` without nav_msgs) is
 skipped, and listed (:attr:`BagPlayer.skipped`, and a line on stdout): the rest of the bag plays. Only a
-bag with no playable topic at all is refused. ``--namespace robot1`` moves every recorded topic under
-``/robot1`` (after ``--remap``), to feed one of several namespaced robots.
+bag with no playable topic at all is refused. A type is looked up in the ament index before anything is
+imported (:func:`message_class`): a bag's type string cannot make the player import an arbitrary module.
+Besides ``pkg/msg/X`` this finds the types ``ros2 bag`` records for services and actions
+(``pkg/srv/X_Event``, ``pkg/action/X_FeedbackMessage``...). ``--namespace robot1`` moves every recorded
+topic under ``/robot1`` (after ``--remap``), to feed one of several namespaced robots.
+
+A bag corrupt mid-file (a chunk or page that does not decode) ends the playback with a
+:class:`~sequence_ai_ros.exceptions.ConfigError` naming the bag, the bag time reached and the messages played
+before it, which stay played (``bag_player`` exits 2 with that line, no traceback).
 
 The bag is read with ``rosbags`` (sqlite3 or mcap, any metadata version it reads) and each record is
 published as it is stored: ``publisher.publish(serialized_bytes)``, so nothing is deserialised. A message
@@ -24,28 +31,104 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from sequence_ai_ros.exceptions import ConfigError, MissingDependency
+from sequence_ai_ros.stop_signals import on_stop_signals
+
+#: The interface kinds of a ROS 2 type string ``pkg/KIND/Name``.
+INTERFACE_KINDS = ('msg', 'srv', 'action')
+_PACKAGE_NAME = re.compile(r'[a-z][a-z0-9_]*\Z')               # REP 144 package names
+_TYPE_NAME = re.compile(r'([A-Z][A-Za-z0-9]*)(_[A-Za-z0-9_]+)?\Z')  # Name, or Name_Suffix (rosidl's derived types)
+
+
+def interface_index(pkg: str) -> list[str] | None:
+    """Return the interfaces (``msg/Name.idl``, ``action/Name.action`` ...) the ament index lists for ``pkg``.
+
+    Looks up the ``rosidl_interfaces`` resource of ``pkg`` (what every ROS interface package installs) with
+    ``ament_index_python`` on ``AMENT_PREFIX_PATH``, then under ``sys.prefix``: the ROS 2 PyPI wheels install
+    their index into the venv, which a colcon ``local_setup.bash`` does not put on ``AMENT_PREFIX_PATH``.
+    Reads files only; imports nothing of ``pkg``.
+
+    :returns: the listed interface files, or None when ``pkg`` is no installed ROS interface package.
+    """
+    from ament_index_python import get_resource
+    from ament_index_python.constants import RESOURCE_INDEX_SUBFOLDER
+
+    if not _PACKAGE_NAME.match(pkg):
+        return None
+    try:
+        content, _ = get_resource('rosidl_interfaces', pkg)
+    except (LookupError, OSError):    # not indexed there, or AMENT_PREFIX_PATH unset (EnvironmentError)
+        path = Path(sys.prefix, RESOURCE_INDEX_SUBFOLDER, 'rosidl_interfaces', pkg)
+        if not path.is_file():
+            return None
+        content = path.read_text(encoding='utf-8')
+    return content.splitlines()
+
+
+def _nested_class(outer: type, name: str) -> type | None:
+    """Find the class called ``name`` among the classes nested in ``outer``, or None.
+
+    rclpy's action and service classes nest their derived types: ``Act.Feedback``,
+    ``Act.Impl.FeedbackMessage``, ``Act.Impl.SendGoalService.Request`` ...
+    """
+    todo, seen = [outer], set()
+    while todo:
+        cls = todo.pop()
+        if cls.__name__ == name:
+            return cls
+        seen.add(cls)
+        todo.extend(v for v in vars(cls).values() if isinstance(v, type) and v not in seen)
+    return None
 
 
 def message_class(msgtype: str) -> Any:
-    """Return the rclpy message class of ``pkg/msg/Name``.
+    """Return the rclpy message class of a bag's type string ``pkg/KIND/Name`` (KIND: msg, srv, action).
 
-    :raises ConfigError: when the package's Python messages are not installed.
+    Besides plain messages this finds the types rosidl derives from services and actions, as ``ros2 bag``
+    records them: ``pkg/srv/X_Event``, ``pkg/action/X_FeedbackMessage``, ``pkg/action/X_SendGoal_Request``...
+    The type string comes from a file, so nothing is imported before the ament index says ``pkg`` is an
+    installed ROS interface package that has the interface ``KIND/X`` (:func:`interface_index`).
+
+    :raises ConfigError: for a malformed type string, or when the package's Python interfaces are not
+        installed (or have no such type).
     """
-    pkg, _, name = msgtype.partition('/msg/')
+    parts = msgtype.split('/')
+    pkg, kind, name = parts if len(parts) == 3 else ('', '', '')
+    match = _TYPE_NAME.match(name)
+    if kind not in INTERFACE_KINDS or not match:
+        raise ConfigError(f'message type {msgtype!r} is no ROS 2 type string (pkg/msg/Name, pkg/srv/Name_Event, '
+                          'pkg/action/Name_FeedbackMessage ...)')
+    interfaces = interface_index(pkg)
+    base = f'{kind}/{match.group(1)}'
+    if interfaces is None:
+        raise ConfigError(f'message type {msgtype} is not installed ({pkg} is no ROS interface package in the '
+                          f'ament index); install its ROS package to play this topic')
+    if not any(entry.rpartition('.')[0] == base for entry in interfaces):
+        raise ConfigError(f'message type {msgtype} is not installed (the installed {pkg} has no {base}); '
+                          f'install the version of {pkg} the bag was recorded with to play this topic')
     try:
-        return getattr(importlib.import_module(f'{pkg}.msg'), name)
-    except (ImportError, AttributeError):
-        raise ConfigError(f'message type {msgtype} is not installed (no {pkg}.msg.{name}); '
+        module = importlib.import_module(f'{pkg}.{kind}')
+    except ImportError as exc:
+        raise ConfigError(f'message type {msgtype} is not installed ({pkg}.{kind} does not import: {exc}); '
                           f'install its ROS package to play this topic') from None
-
+    cls = getattr(module, name, None)
+    if cls is None and kind != 'msg':
+        outer = getattr(module, match.group(1), None)
+        cls = _nested_class(outer, name) if isinstance(outer, type) else None
+    if cls is None:
+        raise ConfigError(f'message type {msgtype} is not installed (no {name} in {pkg}.{kind}); '
+                          f'install its ROS package to play this topic')
+    if any(isinstance(getattr(cls, part, None), type) for part in ('Request', 'Goal')):
+        raise ConfigError(f'type {msgtype} is a service or action, not a message type a topic carries')
+    return cls
 
 
 #: Seconds given to the subscriber side of discovery once this side sees a subscription (s).
@@ -147,13 +230,40 @@ class BagPlayer:
             time.sleep(0.02)
         return False
 
+    def _records(self, start: int, stop: int | None) -> Iterator[tuple[Any, int, bytes]]:
+        """Yield the bag's (connection, bag time ns, serialized bytes) in time order.
+
+        :raises ConfigError: when a record cannot be read (a corrupt chunk or page mid-file: rosbags'
+            ReaderError, the codec's error such as zstd's, sqlite3's DatabaseError...), naming the bag, the
+            bag time reached and how many messages were played before it.
+        """
+        records = self._reader.messages(connections=self.connections, start=start, stop=stop)
+        last: int | None = None
+        while True:
+            try:
+                record = next(records)
+            except StopIteration:
+                return
+            except Exception as exc:  # noqa: BLE001  (a reader or codec error of any type: all mean a bad bag)
+                reached = 'at its start' if last is None else \
+                    f'after bag time {(last - self._reader.start_time) / 1e9:.3f} s'
+                played = ', '.join(f'{t}: {n}' for t, n in self.counts.items())
+                raise ConfigError(f'bag {self.bag} cannot be read {reached} (corrupt?): {type(exc).__name__}: {exc}; '
+                                  f'played {sum(self.counts.values())} messages before it ({played})') from exc
+            last = record[1]
+            yield record
+
     def run(self) -> dict[str, int]:
-        """Play (once, or until stopped when looping); return messages published per topic."""
+        """Play (once, or until stopped when looping); return messages published per topic.
+
+        :raises ConfigError: when the bag turns out corrupt mid-file; what was played before stays played
+            (and counted in :attr:`counts`).
+        """
         start = self._reader.start_time + int(self.start_s * 1e9)
         stop = None if self.duration_s is None else start + int(self.duration_s * 1e9)
         while not self._stop.is_set():
             wall0 = time.monotonic()
-            for conn, stamp, raw in self._reader.messages(connections=self.connections, start=start, stop=stop):
+            for conn, stamp, raw in self._records(start, stop):
                 delay = wall0 + (stamp - start) / 1e9 / self.rate - time.monotonic()
                 if delay > 0 and self._stop.wait(delay):
                     break
@@ -195,6 +305,10 @@ class BagPlayer:
             wait = getattr(pub, 'wait_for_all_acked', None)   # rclpy >= Humble
             if wait is not None:
                 wait(Duration(nanoseconds=int(timeout * 1e9)))
+
+    def request_stop(self) -> None:
+        """Ask playback (and a wait for subscribers) to stop at the next message; safe from a signal handler."""
+        self._stop.set()
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop playback (the background thread joins within ``timeout`` s) and destroy the node."""
@@ -238,6 +352,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(args_in[:len(args_in) - len(ros_args)])
     context = rclpy.context.Context()
     rclpy.init(args=['bag_player', *ros_args], context=context)  # Humble's init is no context manager
+    player: BagPlayer | None = None
+    stopping = threading.Event()
+
+    def on_stop() -> None:
+        # SIGINT (Ctrl-C) or SIGTERM (launch, systemd): stop at the next message, report, exit 0
+        stopping.set()
+        if player is not None:
+            player.request_stop()
+
+    on_stop_signals(on_stop)      # the handler takes no lock (see stop_signals)
     try:
         player = BagPlayer(args.bag, rate=args.rate, loop=args.loop, clock=args.clock,
                            remap=_parse_remap(args.remap), topics=args.topics, start_s=args.start,
@@ -245,6 +369,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if player.skipped:
             print('skipping topics whose message types are not installed: '
                   + ', '.join(f'{t} ({m})' for t, m in sorted(player.skipped.items())), flush=True)
+        if stopping.is_set():         # a signal while the bag was opened
+            player.request_stop()
         if args.wait_subscribers > 0:
             player.wait_for_subscribers(args.wait_subscribers)
         print(f'playing {args.bag} at rate {args.rate:g}: {", ".join(player.topics)}', flush=True)

@@ -38,6 +38,17 @@ def main(argv: list[str] | None = None) -> int:
             results[name] = {'error': f'{type(exc).__name__}: {exc}'}
             print(f'{name}: FAILED: {exc}', file=sys.stderr, flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    if args.names and args.out.is_file():
+        # a partial run replaces its own entries and keeps the others' (each entry says when it ran)
+        try:
+            kept = json.loads(args.out.read_text())
+        except ValueError:
+            kept = {}
+        if isinstance(kept, dict):
+            results = {**kept, **results}
+    for name in args.names or BENCHES:
+        if isinstance(results.get(name), dict):
+            results[name]['ran'] = machine['date']
     args.out.write_text(json.dumps(results, indent=2, default=str))
     print(f'\nwrote {args.out}')
     return 1 if failed else 0

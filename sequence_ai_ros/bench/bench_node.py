@@ -2,12 +2,14 @@
 
 Set-up, all real and on loopback: a camera process publishes two 640x480 rgb8 sensor_msgs/Image at
 30 Hz (this module with ``--publish-cameras``); the node (``python -m sequence_ai_ros.node.main``, own
-process) subscribes to both, observes joint states published here at 100 Hz, and drives an episode
-against a real worker serving the ``hold`` template, commanding through the ``joint_state`` interface
+process) subscribes to both, observes joint states the camera process publishes at 100 Hz, and drives an episode
+against a real worker (own process) serving the ``hold`` template, commanding through the ``joint_state`` interface
 so every command carries the node's stamp. Reported, over the steady part of the episode:
 
-- p50/p99/max of |dt - 20 ms| from the command stamps (stamped in the node, at publish time) and from
-  the receive times at a subscriber in this process;
+- p50/p99/max of |dt - 20 ms| from the command stamps (stamped in the node, at publish time), at a
+  subscriber in this process (``at_subscriber``: its middleware's reception time, rmw ``received_timestamp``,
+  what a C++ controller's subscription sees) and in that subscriber's Python callback
+  (``subscriber_callback``, which adds the Python executor's own wake-up);
 - the command rate (commands / duration), the node's own jitter figures from /diagnostics;
 - the node process's CPU% (psutil, over the window; 100% = one core) and RSS (MB).
 
@@ -25,6 +27,7 @@ controller skip points).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -40,15 +43,27 @@ CAMERA_TOPICS = ('/bench/cam0/image_raw', '/bench/cam1/image_raw')
 JOINTS = tuple(f'joint{i}' for i in range(7))
 EPISODE_S = 20.0
 WARMUP_S = 3.0
+# The worker runs in its own process, as on a robot: in this process its gRPC threads and frame decoding
+# would share the probe's GIL and show up as the subscriber's receive jitter.
+WORKER = (
+    'import json, sys\n'
+    'from sequence_ai_ros.worker import serve_policy_file\n'
+    "server = serve_policy_file(sys.argv[1], 'bench', port=0, joint_names=json.loads(sys.argv[2]))\n"
+    "print(f'serving bench on 127.0.0.1:{server.port}', flush=True)\n"
+    'server.wait()\n')
 
 
 def publish_cameras(seconds: float, topics: tuple[str, ...] = CAMERA_TOPICS, width: int = 640, height: int = 480,
-                    rate_hz: float = 30.0) -> int:
-    """Publish rgb8 Images on ``topics`` at ``rate_hz`` for ``seconds`` (s); return frames published."""
+                    rate_hz: float = 30.0, joints_topic: str = '') -> int:
+    """Publish rgb8 Images on ``topics`` at ``rate_hz`` for ``seconds`` (s); return frames published.
+
+    :param joints_topic: also publish JointState (:data:`JOINTS`) there at 100 Hz, the robot's side of the
+        set-up, so the measuring subscriber's process does nothing but receive.
+    """
     import rclpy
     from rclpy.executors import SingleThreadedExecutor
     from rclpy.qos import qos_profile_sensor_data
-    from sensor_msgs.msg import Image
+    from sensor_msgs.msg import Image, JointState
 
     context = rclpy.context.Context()
     rclpy.init(context=context)
@@ -66,6 +81,10 @@ def publish_cameras(seconds: float, topics: tuple[str, ...] = CAMERA_TOPICS, wid
             count += 1
 
     node.create_timer(1.0 / rate_hz, tick)
+    if joints_topic:
+        joint_pub = node.create_publisher(JointState, joints_topic, 10)
+        joints = JointState(name=list(JOINTS), position=[0.1] * len(JOINTS))
+        node.create_timer(0.01, lambda: joint_pub.publish(joints))
     executor = SingleThreadedExecutor(context=context)
     executor.add_node(node)
     deadline = time.monotonic() + seconds
@@ -147,7 +166,7 @@ def run(mode: str = 'streaming') -> dict[str, Any]:
     from sensor_msgs.msg import JointState
     from sequence_ai_msgs.action import Act
 
-    from sequence_ai_ros.worker import serve_policy_file
+    from sequence_ai_ros.bench.bench_client import start_server_process
 
     _isolate()
     from sequence_ai_ros.templates import TEMPLATES_DIR
@@ -161,12 +180,14 @@ def run(mode: str = 'streaming') -> dict[str, Any]:
     executor.add_node(node)
     stamps: list[float] = []
     received: list[float] = []
+    delivered: list[float] = []     # the subscriber's middleware reception time (rmw received_timestamp)
     arrival_wall: list[float] = []
     points: list[int] = []
     diags: list[Any] = []
 
-    def on_command(msg: Any) -> None:
+    def on_command(msg: Any, info: Any) -> None:
         received.append(time.monotonic())
+        delivered.append(info['received_timestamp'] * 1e-9)
         arrival_wall.append(time.time())
         stamps.append(msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9)
         points.append(len(getattr(msg, 'points', ())) or 1)
@@ -178,16 +199,15 @@ def run(mode: str = 'streaming') -> dict[str, Any]:
     else:
         node.create_subscription(JointState, '/bench/command', on_command, 100)
     node.create_subscription(DiagnosticArray, '/diagnostics', diags.append, 10)
-    joint_pub = node.create_publisher(JointState, '/bench/joint_states', 10)
-    node.create_timer(0.01, lambda: joint_pub.publish(JointState(name=list(JOINTS), position=[0.1] * len(JOINTS))))
     act = ActionClient(node, Act, '/policy_node/act')
     try:
-        with tempfile.TemporaryDirectory() as tmp, \
-                serve_policy_file(hold, 'bench', joint_names=list(JOINTS)) as server:
+        with tempfile.TemporaryDirectory() as tmp:
+            worker, endpoint = start_server_process(WORKER, str(hold), json.dumps(list(JOINTS)))
+            procs.append(worker)
             params = Path(tmp) / 'params.yaml'
-            _write_params(params, server.port, mode)
+            _write_params(params, int(endpoint.rsplit(':', 1)[-1]), mode)
             cams = subprocess.Popen([sys.executable, '-m', 'sequence_ai_ros.bench.bench_node', '--publish-cameras',
-                                     '--seconds', str(EPISODE_S + 20)])
+                                     '--seconds', str(EPISODE_S + 20), '--joints', '/bench/joint_states'])
             procs.append(cams)
             log = open(Path(tmp) / 'node.log', 'w')  # noqa: SIM115  (closed with the directory's process)
             node_proc = subprocess.Popen([sys.executable, '-m', 'sequence_ai_ros.node.main', '--ros-args',
@@ -230,6 +250,9 @@ def run(mode: str = 'streaming') -> dict[str, Any]:
         return _trajectory_figures(np.array(received), np.array(arrival_wall), np.array(stamps), np.array(points),
                                    result, float(cpu), float(rss_mb))
     rcv, stm = np.array(received[window]), np.array(stamps[window])
+    dlv = np.array(delivered[window])
+    if not np.all(dlv > 0):
+        dlv = np.array([])    # an rmw that does not stamp reception
     period = 1.0 / RATE_HZ
     node_diag: dict[str, str] = {}
     for arr in diags[-1:]:
@@ -240,17 +263,19 @@ def run(mode: str = 'streaming') -> dict[str, Any]:
         'rate_hz': float((len(rcv) - 1) / (rcv[-1] - rcv[0])) if len(rcv) > 1 else 0.0,
         'commands': int(len(rcv)),
         'stamped_in_node': _stats_ms(stm, period) if len(stm) > 2 else {},
-        'at_subscriber': _stats_ms(rcv, period) if len(rcv) > 2 else {},
+        'at_subscriber': _stats_ms(dlv, period) if len(dlv) > 2 else {},
+        'subscriber_callback': _stats_ms(rcv, period) if len(rcv) > 2 else {},
         'node_reported_p50_ms': float(node_diag.get('tick_jitter_p50_ms', 'nan')),
         'node_reported_p99_ms': float(node_diag.get('tick_jitter_p99_ms', 'nan')),
         'node_cpu_percent': float(cpu), 'node_rss_mb': float(rss_mb),
         'underruns': int(result.underruns) if result is not None else -1,
+        'scheduling': node_diag.get('scheduling', ''),
         'cores': os.cpu_count(), 'load_average': os.getloadavg(),
     }
     print(f"node tick at {RATE_HZ:g} Hz, two 640x480 rgb8 cameras at 30 Hz: {out['commands']} commands, "
-          f"{out['rate_hz']:.2f} Hz")
+          f"{out['rate_hz']:.2f} Hz; control thread {out['scheduling'] or 'scheduling not reported'}")
     print(f"{'':24}{'p50 ms':>8}{'p99 ms':>8}{'max ms':>8}")
-    for name in ('stamped_in_node', 'at_subscriber'):
+    for name in ('stamped_in_node', 'at_subscriber', 'subscriber_callback'):
         s = out[name]
         if s:
             print(f"{name:24}{s['p50_ms']:8.2f}{s['p99_ms']:8.2f}{s['max_ms']:8.2f}")
@@ -296,8 +321,9 @@ if __name__ == '__main__':
     parser.add_argument('--publish-cameras', action='store_true', help='only publish the two camera streams')
     parser.add_argument('--seconds', type=float, default=30.0)
     parser.add_argument('--topics', nargs='+', default=list(CAMERA_TOPICS))
+    parser.add_argument('--joints', default='', help='with --publish-cameras: also publish JointState here at 100 Hz')
     args = parser.parse_args()
     if args.publish_cameras:
-        publish_cameras(args.seconds, tuple(args.topics))
+        publish_cameras(args.seconds, tuple(args.topics), joints_topic=args.joints)
     else:
         main()

@@ -74,19 +74,35 @@ def _frames() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 class Ours:
-    """One robot on our episode path; :meth:`ask` is one round trip."""
+    """One robot on our episode path; :meth:`ask` is one round trip, sent as the engine sends it.
+
+    In steady state the engine asks for the next chunk while the playing one still has a quarter of its rows
+    left (``MIN_LEAD_FRACTION``): each request carries that tail (12 of 50 rows), the last executed row, the
+    step of its observation and ``tail_request_id`` = the request whose chunk the tail was cut from, so the
+    worker has nothing newer to splice in. Each reply is decoded to (T, D) actions, as the engine does.
+    """
+
+    #: rows played of each chunk before the next request (50 rows, a 12-row tail left: the engine's lead)
+    PLAYED = 38
 
     def __init__(self, port: int) -> None:
         from sequence_ai_ros.client.session import Connection, EpisodeCall
         from sequence_ai_ros.protocol.contract import Contract
+        from sequence_ai_ros.protocol.messages import unpack_chunk
 
         self.conn = Connection(f'127.0.0.1:{port}')
         self.contract = Contract.from_proto(self.conn.handshake('wire', 'bench', timeout=30))
         while not self.conn.ready('wire', timeout=5).ready:
             time.sleep(0.05)
         self._got = threading.Event()
+        self.actions: np.ndarray | None = None
+
+        def on_chunk(msg: object) -> None:
+            self.actions = unpack_chunk(msg).actions
+            self._got.set()
+
         self.call = EpisodeCall(self.conn, 'wire', uuid.uuid4().hex, '', self.contract,
-                                on_chunk=lambda msg: self._got.set(), on_error=lambda exc: print('error', exc),
+                                on_chunk=on_chunk, on_error=lambda exc: print('error', exc),
                                 on_started=lambda msg: None)
         self.call.start()
         a, b, state = _frames()
@@ -101,9 +117,16 @@ class Ours:
 
         self.rid += 1
         self._got.clear()
+        live = self.actions
         start = time.perf_counter()
-        self.call.send_request(OutRequest(obs=self.obs, history=[], chunk_tail=None, expected_delay_actions=0,
-                                          last_action=None, request_id=self.rid))
+        if live is None:    # the first request: nothing plays yet
+            req = OutRequest(obs=self.obs, history=[], chunk_tail=None, expected_delay_actions=0, last_action=None,
+                             request_id=self.rid)
+        else:
+            req = OutRequest(obs=self.obs, history=[], chunk_tail=live[self.PLAYED:], expected_delay_actions=3,
+                             last_action=live[self.PLAYED - 1], request_id=self.rid,
+                             observation_step=float((self.rid - 1) * self.PLAYED), tail_request_id=self.rid - 1)
+        self.call.send_request(req)
         if not self._got.wait(10):
             raise RuntimeError('no chunk within 10 s')
         return time.perf_counter() - start

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import signal
 import threading
 from typing import Any
 
@@ -18,14 +17,21 @@ from typing import Any
 def cmd_fleet(args: argparse.Namespace) -> int:
     """Run the fleet until SIGINT/SIGTERM."""
     from sequence_ai_ros.protocol import DEFAULT_PORT
+    from sequence_ai_ros.stop_signals import on_stop_signals
     from sequence_ai_ros.worker.fleet import Fleet
 
     serve_args = shlex.split(args.serve_options or '')
-    fleet = Fleet(args.names, args.replicas, port=DEFAULT_PORT if args.port is None else args.port,
-                  serve_args=serve_args, haproxy_config=args.haproxy_config, replica_ports=args.replica_ports,
-                  agent_ports=args.agent_ports, metrics_ports=args.metrics_ports)
     stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # before the replicas start (they run in sessions of their own: a SIGTERM during start-up reaches only
+    # this process, which then stops them like any other time); the handler takes no lock (stop_signals)
+    signals = on_stop_signals(stop.set)
+    try:
+        fleet = Fleet(args.names, args.replicas, port=DEFAULT_PORT if args.port is None else args.port,
+                      serve_args=serve_args, haproxy_config=args.haproxy_config, replica_ports=args.replica_ports,
+                      agent_ports=args.agent_ports, metrics_ports=args.metrics_ports)
+    except BaseException:
+        signals.restore()
+        raise
     try:
         print(f'fleet of {len(fleet.replicas)} replicas behind HAProxy on {fleet.address} '
               f'(config and logs in {fleet.run_dir})', flush=True)
@@ -40,8 +46,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
         print('stopping the fleet ...', flush=True)
         clean = fleet.stop()
         print(f'stopped; removed {fleet.run_dir}' if clean else f'stopped; logs kept in {fleet.kept}', flush=True)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        signals.restore()
     return 0
 
 
@@ -64,7 +69,7 @@ def add_parser(sub: Any) -> None:
         p.add_argument(f'--{kind}-ports', type=_ports, metavar='P[,P...]',
                        help=f'pin {what}: one per replica, or one port as the first of N consecutive '
                             '(default: free ones)')
-    p.add_argument('--haproxy-config', help='HAProxy template (default deploy/haproxy.cfg)')
+    p.add_argument('--haproxy-config', help='HAProxy template (default the shipped sequence_ai_ros/worker/haproxy.cfg)')
     p.add_argument('--serve-options', metavar='"OPTIONS"',
                    help='more seq serve options for every replica, quoted (e.g. "--token-file F --idle-timeout 60")')
     p.set_defaults(func=cmd_fleet)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import logging
 import shutil
-import signal
 import sys
 import threading
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sequence_ai_ros.exceptions import ConfigError, MissingDependency
+from sequence_ai_ros.stop_signals import on_stop_signals
 from sequence_ai_ros.templates import TEMPLATES_DIR
 
 TEMPLATES = TEMPLATES_DIR
@@ -93,19 +93,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     else:
         server = create_server(args.names, config)
     stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signals = on_stop_signals(stop.set)     # the handler takes no lock (see stop_signals)
     try:
         print(f'serving {" ".join(sorted(server.runtimes))} on {server.host}:{server.port}'
               f'{" (TLS)" if server.tls else ""}', flush=True)
         if server.metrics_port is not None:
             print(f'metrics on http://{server.host}:{server.metrics_port}/metrics', flush=True)
+        if server.agent is not None:
+            print(f'agent on {server.host}:{server.agent.port} (HAProxy agent-check)', flush=True)
         while not stop.wait(timeout=1.0):
             pass
     finally:
         print('stopping ...', flush=True)
         server.stop(grace=2.0)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        signals.restore()
     return 0
 
 

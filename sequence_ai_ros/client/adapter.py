@@ -110,6 +110,21 @@ class NameIndex:
         self._key: tuple[str, ...] | None = None
         self._index: np.ndarray | None = None
 
+    def check_unique(self, given: tuple[str, ...]) -> None:
+        """Check that ``given`` names every value once (the names only, not which of them are wanted).
+
+        :raises ContractViolation: for no names, an empty name, or a name given twice.
+        """
+        what, noun = self.what, self._noun
+        if not given or any(not n for n in given):
+            raise ContractViolation(f'{what} has an empty name field; {noun or "values "}are mapped by name and '
+                                    'are never mapped by position')
+        if len(set(given)) != len(given):
+            seen: set[str] = set()
+            dups = sorted({n for n in given if n in seen or seen.add(n)})
+            raise ContractViolation(f'{what} names {noun}{dups} more than once (names {list(given)}); a '
+                                    'duplicated name has no unambiguous position')
+
     def index(self, given: Sequence[str]) -> np.ndarray:
         """Return intp (len(names),): where each wanted name sits in ``given``.
 
@@ -118,14 +133,7 @@ class NameIndex:
         key = tuple(given)
         if key != self._key:
             what, noun = self.what, self._noun
-            if not key or any(not n for n in key):
-                raise ContractViolation(f'{what} has an empty name field; {noun or "values "}are mapped by name and '
-                                        'are never mapped by position')
-            if len(set(key)) != len(key):
-                seen: set[str] = set()
-                dups = sorted({n for n in key if n in seen or seen.add(n)})
-                raise ContractViolation(f'{what} names {noun}{dups} more than once (names {list(key)}); a '
-                                        'duplicated name has no unambiguous position')
+            self.check_unique(key)
             lookup = {n: i for i, n in enumerate(key)}
             missing = [n for n in self.names if n not in lookup]
             if missing:

@@ -278,7 +278,12 @@ class EpisodeEngine:
         if self._emit_t is None or live is None:
             return 0.0
         adv = self._emit_step if self._by_step() else (now - self._emit_t) / live.dt
-        return max(0.0, min(adv, live.length - live.pos))
+        return max(0.0, min(adv, live.length - live.pos, self._to_limit()))
+
+    def _to_limit(self) -> float:
+        """Chunk steps left before max_actions (inf without one): a stall never carries the count past it."""
+        limit = self.settings.max_actions
+        return math.inf if limit is None else max(0.0, limit - self.executed)
 
     def _advance(self, now: float) -> None:
         live = self._live
@@ -286,8 +291,8 @@ class EpisodeEngine:
             whole = live.length - live.pos
             by_step = self._by_step()
             want = self._emit_step if by_step else (now - self._emit_t) / live.dt
-            adv = max(0.0, min(want, whole))
-            if not by_step and want > whole + _EPS and self._dry_since is None:
+            adv = max(0.0, min(want, whole, self._to_limit()))   # rows past max_actions never run
+            if not by_step and want > whole + _EPS and self._dry_since is None and whole < self._to_limit():
                 # The chunk ran out between two ticks: the dry spell began when it did, not at this tick.
                 self.underruns += 1
                 self._dry_since = self._emit_t + whole * live.dt
@@ -331,7 +336,8 @@ class EpisodeEngine:
             old, offset = live.seam
             live.actions = resample.blend_seam(live.actions, live.pos, old, offset, self.settings.smooth_seam)
             live.seam = None
-        s = self._step(live)
+        # the tick's span of chunk steps, never past max_actions: a delta space integrates every row of it
+        s = min(self._step(live), max(self._to_limit(), _EPS))
         raw = resample.sample(live.actions, live.space, live.pos, s, self._mask)
         delta = None
         values = raw

@@ -9,6 +9,7 @@ the policy node's control thread (:class:`sequence_ai_ros.node.tick.TickThread`)
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 
@@ -26,7 +27,14 @@ class Pacer:
         (``start + k * period``), so the late tick fires at once and the average rate holds; False
         re-anchors the grid at the late tick (act()/run()).
 
-    ``skipped`` counts the deadlines passed over when a tick overran by more than a period.
+    ``skipped`` counts the deadlines passed over when a tick would be more than a period late (an
+    overrunning tick, or a late wake-up under load: either way the tick fires at once for the latest
+    deadline, never one more than a period old, so no two ticks burst). ``ticks`` counts the deadlines
+    served (:meth:`first` and every :meth:`wait` that returned for a deadline), and :meth:`counts` says up
+    to which deadline every one is decided: served, or skipped now or at the next wait. Deadlines are
+    counted by index k (``start_s + k * period_s``), never by comparing float times: at a monotonic clock of
+    days, ``(deadline - start) / period`` is no longer exactly k. The indices hold on a ``keep_phase`` grid
+    (the policy node's control thread); a re-anchor (act()/run()) starts them again at 0.
     """
 
     def __init__(self, period_s: float, wake: threading.Event | None = None, *, spin: bool = True,
@@ -40,6 +48,39 @@ class Pacer:
         self._start = time.monotonic()
         self._k = 0
         self.skipped = 0
+        self.ticks = 0
+        self.served_k = -1                       # index of the latest deadline served (-1: none yet)
+        self._lock = threading.Lock()            # a deadline's decision and its count, read as one
+
+    @property
+    def start_s(self) -> float:
+        """The grid's origin (monotonic s): deadlines are ``start_s + k * period_s`` (until a re-anchor)."""
+        return self._start
+
+    def first(self) -> float:
+        """Start the grid now and serve its first deadline (k = 0) without waiting; return it (monotonic s)."""
+        with self._lock:
+            self._start, self._k = time.monotonic(), 0
+            self.ticks += 1
+            self.served_k = 0
+            return self._start
+
+    def index_at(self, t: float) -> int:
+        """Return the index of the last deadline at or before ``t`` (monotonic s); -1 before the first."""
+        return max(-1, math.floor((t - self._start) / self.period_s))
+
+    def counts(self) -> tuple[int, int, int]:
+        """Return (settled, :attr:`ticks`, :attr:`skipped`), read together under the pacer's lock.
+
+        ``settled`` is the index of the last deadline decided: every deadline up to it was served, or never
+        will be (one more than a period old without a tick is skipped at the next wait); later ones may still
+        get their tick. -1 before :meth:`first` (or a first wait) served anything.
+        """
+        with self._lock:
+            if self.served_k < 0:
+                return -1, self.ticks, self.skipped
+            overdue = self.index_at(time.monotonic() - self.period_s)
+            return max(self.served_k, overdue), self.ticks, self.skipped
 
     def wait(self, until: float | None = None) -> float:
         """Sleep until the next deadline (or ``wake``, or ``until``); return the time it woke for (monotonic s).
@@ -51,20 +92,11 @@ class Pacer:
         deadline = self._start + self._k * self.period_s
         if until is not None and until < deadline:
             deadline = max(until, time.monotonic())
-        now = time.monotonic()
-        if now - deadline > self.period_s:           # overran by more than a period: skip, never burst
-            missed = int((now - deadline) // self.period_s)
-            self.skipped += missed
-            if self._keep_phase:
-                self._k += missed                    # the late tick fires now; the next is back on the grid
-            else:
-                self._start, self._k = now, 0        # re-anchor the grid at the late tick
-            return now
         # Sleep coarse then spin the last ~1 ms: time.sleep/Event.wait overshoot by up to ~1 ms on Linux.
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                return deadline
+                break
             if self._wake is not None and self._wake.is_set():
                 return time.monotonic()
             if not self._spin:
@@ -81,6 +113,22 @@ class Pacer:
                     time.sleep(nap)
             else:
                 time.sleep(0)
+        with self._lock:
+            now = time.monotonic()
+            if now - deadline > self.period_s:       # overran, or woke, more than a period late: skip, never burst
+                missed = int((now - deadline) // self.period_s)
+                self.skipped += missed
+                if self._keep_phase:
+                    self._k += missed                # the late tick fires now; the next is back on the grid
+                else:
+                    self._start, self._k = now, 0    # re-anchor the grid at the late tick
+                    deadline = now
+                self.ticks += 1
+                self.served_k = self._k
+                return now
+            self.ticks += 1
+            self.served_k = self._k
+            return deadline
 
 
 #: Longest single sleep inside :meth:`Pacer.wait` (s); a longer wait loops.

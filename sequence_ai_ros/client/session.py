@@ -3,9 +3,10 @@
 Threads, per episode (owned by :class:`EpisodeCall`, stopped by :meth:`EpisodeCall.close` with timed joins):
 
 - gRPC's own request-consumer thread pulls what the engine enqueued (observation requests, telemetry
-  batches, EpisodeEnd) and packs each into its protobuf message in place (images encoded there, one
-  copy of the pixels), then hands it to gRPC: nothing is encoded on the control thread, and there is
-  no extra packing thread to hand each request through.
+  batches, EpisodeEnd) and packs each there, then hands it to gRPC: nothing is encoded on the control
+  thread, and there is no extra packing thread to hand each request through. An observation request is
+  packed straight into its wire bytes (:func:`~sequence_ai_ros.protocol.messages.observation_request_bytes`:
+  one copy of the pixels, not three); the call's serializer passes those bytes through.
 - ``seq-recv-<episode>`` opens the call, reads replies (EpisodeStarted, ActionChunk, Error,
   EpisodeEnded) and hands them to callbacks; a broken stream becomes a typed error there.
 
@@ -40,7 +41,7 @@ from sequence_ai_ros.protocol import (
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
 from sequence_ai_ros.protocol.contract import Contract
-from sequence_ai_ros.protocol.messages import pack_observation
+from sequence_ai_ros.protocol.messages import observation_request_bytes
 from sequence_ai_ros.protocol.types import Observation
 
 LOG = logging.getLogger(__name__)
@@ -48,6 +49,10 @@ _CLOSE = object()
 #: Largest message either way (bytes); the worker enforces the contract's own limit on requests.
 MAX_MESSAGE_BYTES = 64 << 20
 TlsLike = bool | str | Path | grpc.ChannelCredentials | None
+
+
+#: How a Python API user points the client elsewhere (the policy node says its own way: a parameter).
+ENDPOINT_HINT = 'set the endpoint with connect(endpoint=...) or $SEQ_ENDPOINT'
 
 
 def resolve_endpoint(endpoint: str | None) -> str:
@@ -114,6 +119,9 @@ class Connection:
         self.channel = (grpc.secure_channel(endpoint, creds, options=options) if creds is not None
                         else grpc.insecure_channel(endpoint, options=options))
         self.stub = pb_grpc.PolicyServiceStub(self.channel)
+        #: the Episode stream, whose requests may be wire bytes built beforehand (see :class:`EpisodeCall`)
+        self.episode_stream = self.channel.stream_stream(EPISODE_METHOD, request_serializer=_serialize_request,
+                                                  response_deserializer=pb.EpisodeReply.FromString)
         self.metadata: tuple[tuple[str, str], ...] = ((AUTH_METADATA, f'Bearer {token}'),) if token else ()
 
     def _unary(self, method: Callable, request: object, timeout: float, wait_for_ready: bool = False) -> object:
@@ -123,7 +131,7 @@ class Connection:
             error = errors.from_rpc_error(exc)
             if isinstance(error, ConnectionLost):   # say where we looked, and how to look elsewhere
                 error = ConnectionLost(f'{error} (endpoint {self.endpoint}; is `seq serve` running there? '
-                                       'set the endpoint with connect(endpoint=...) or $SEQ_ENDPOINT)')
+                                       f'{ENDPOINT_HINT})')
             raise error from None
 
     def handshake(self, deployment: str, client_id: str, timeout: float) -> pb.Contract:
@@ -166,6 +174,15 @@ class Connection:
     def close(self) -> None:
         """Close the channel (idempotent)."""
         self.channel.close()
+
+
+#: The Episode method's path (``/sequence_ai.v1.PolicyService/Episode``), from the proto.
+EPISODE_METHOD = f"/{pb.DESCRIPTOR.services_by_name['PolicyService'].full_name}/Episode"
+
+
+def _serialize_request(item: bytes | pb.EpisodeRequest) -> bytes:
+    """The Episode call's request serializer: wire bytes already built pass through; a message serializes."""
+    return item if isinstance(item, bytes) else item.SerializeToString()
 
 
 def _pack_telemetry(frames: list[TelemetrySample], contract: Contract) -> pb.Telemetry:
@@ -277,15 +294,15 @@ class EpisodeCall:
             self._stop.set()
             self._on_error(error)
 
-    def _pack(self, item: object) -> pb.EpisodeRequest:
-        msg = pb.EpisodeRequest()
+    def _pack(self, item: object) -> bytes | pb.EpisodeRequest:
         if isinstance(item, OutRequest):
-            pack_observation(self._fit(item.obs), self.contract, episode_id=self.episode_id,
-                             request_id=item.request_id, history=[self._fit(h) for h in item.history],
-                             chunk_tail=item.chunk_tail, expected_delay_actions=item.expected_delay_actions,
-                             last_action=item.last_action, observation_step=item.observation_step,
-                             tail_request_id=item.tail_request_id, out=msg.observation)
-        elif isinstance(item, pb.EpisodeEnd):
+            return observation_request_bytes(
+                self._fit(item.obs), self.contract, episode_id=self.episode_id, request_id=item.request_id,
+                history=[self._fit(h) for h in item.history], chunk_tail=item.chunk_tail,
+                expected_delay_actions=item.expected_delay_actions, last_action=item.last_action,
+                observation_step=item.observation_step, tail_request_id=item.tail_request_id)
+        msg = pb.EpisodeRequest()
+        if isinstance(item, pb.EpisodeEnd):
             msg.end.CopyFrom(item)
         else:
             msg.telemetry.CopyFrom(_pack_telemetry(item, self.contract))
@@ -308,7 +325,7 @@ class EpisodeCall:
                 self._fail(exc)
                 return
             yield msg
-            if msg.HasField('end'):
+            if isinstance(item, pb.EpisodeEnd):
                 return
 
     def _read_loop(self) -> None:
@@ -316,7 +333,7 @@ class EpisodeCall:
         with self._call_lock:
             if self._stop.is_set():
                 return
-            self._call = self.conn.stub.Episode(self._requests(), metadata=md)
+            self._call = self.conn.episode_stream(self._requests(), metadata=md)
         try:
             for reply in self._call:
                 kind = reply.WhichOneof('kind')

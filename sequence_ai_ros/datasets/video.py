@@ -53,6 +53,39 @@ def import_av() -> Any:
     return av
 
 
+def _thread_policies() -> dict[int, int]:
+    """Return {thread id: scheduling policy} of this process's threads (Linux /proc; {} elsewhere)."""
+    out: dict[int, int] = {}
+    if not hasattr(os, 'sched_getscheduler'):
+        return out
+    try:
+        tids = [int(name) for name in os.listdir('/proc/self/task')]
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            out[tid] = os.sched_getscheduler(tid)
+        except OSError:       # the thread ended meanwhile
+            pass
+    return out
+
+
+def _undo_realtime(before: dict[int, int]) -> None:
+    """Put back on SCHED_OTHER every thread that turned real-time since ``before`` (:func:`_thread_policies`).
+
+    SVT-AV1 (3.x, through PyAV), when it may (root, CAP_SYS_NICE), puts the thread that opens the encoder and
+    its own workers on SCHED_FIFO 99. Beside a robot's control thread (SCHED_FIFO 50) an export would then run
+    above it, and every thread or process the exporting thread starts later would inherit FIFO 99.
+    """
+    realtime = (getattr(os, 'SCHED_FIFO', -1), getattr(os, 'SCHED_RR', -1))
+    for tid, policy in _thread_policies().items():
+        if policy in realtime and before.get(tid, 0) not in realtime:
+            try:
+                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+            except OSError:
+                pass
+
+
 class VideoWriter:
     """Write RGB frames of one camera and episode to an mp4.
 
@@ -100,8 +133,11 @@ class VideoWriter:
         frame = self._av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format='rgb24')
         frame.pts = self.count
         frame.time_base = self._stream.codec_context.time_base
+        before = _thread_policies() if self.count == 0 else None    # the first frame opens the encoder
         for packet in self._stream.encode(frame):
             self._container.mux(packet)
+        if before is not None:
+            _undo_realtime(before)
         self.count += 1
 
     def close(self) -> None:

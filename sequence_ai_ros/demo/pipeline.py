@@ -83,7 +83,7 @@ def _node_params(base: str, model: str, endpoint: str, path: Path, cameras: bool
     :returns: the node's ``ros__parameters`` as written.
     """
     doc = yaml.safe_load((REPO_CONFIG / base).read_text())
-    params = doc['policy_node']['ros__parameters']
+    params = next(doc[k] for k in ('/**/policy_node', 'policy_node') if k in doc)['ros__parameters']
     params.update(model=model, endpoint=endpoint, control_rate_hz=CONTROL_RATE_HZ, autostart=True)
     if not cameras:
         params['camera_names'] = []
@@ -217,6 +217,7 @@ def run(args: DemoArgs) -> dict:
                 raise RuntimeError(f'another publisher joined {command_topic} during the run; the figures would '
                                    'mix its commands in')
             commands = operator.commands
+            control_worst, control_values = operator.control_worst, dict(operator.control_values)
         finally:
             operator.close()
             rclpy.try_shutdown(context=context)
@@ -248,10 +249,15 @@ def run(args: DemoArgs) -> dict:
             'latency_p50_ms': float(result.latency_p50_ms),
             'latency_p95_ms': float(result.latency_p95_ms),
             'commands_published': int(result.commands_sent),
+            'ticks_held': int(result.ticks_held),
+            'skipped_ticks': int(result.ticks_skipped),
             'commands_received': len(commands.times),
             'command_rate_hz': commands.rate_hz(),
             'tick_jitter_p99_ms': commands.jitter_p99_ms(1.0 / CONTROL_RATE_HZ),
             'zero_commands': int(np.sum(np.all(vals == 0.0, axis=1))) if vals.size else 0,
+            'clamps': _clamps(control_values),
+            'control_worst': {'level': ['OK', 'WARN', 'ERROR', 'STALE'][min(control_worst[0], 3)],
+                              'message': control_worst[1]},
             'label_ok': bool(label.ok),
             'export': str(export),
             'export_reread': check,
@@ -262,3 +268,14 @@ def run(args: DemoArgs) -> dict:
     finally:
         procs.close()
 
+
+def _clamps(values: dict[str, str]) -> dict:
+    """The safety filter's clamp counts from /diagnostics control values: total and the three busiest joints."""
+    per_joint: dict[str, int] = {}
+    for key, value in values.items():
+        parts = key.split('.')
+        if len(parts) >= 3 and parts[0] == 'clamps' and parts[-1] in ('limit', 'step'):
+            joint = '.'.join(parts[1:-1])
+            per_joint[joint] = per_joint.get(joint, 0) + int(value)
+    top = sorted(per_joint.items(), key=lambda kv: -kv[1])[:3]
+    return {'total': int(values.get('clamps', 0) or 0), 'top': [[j, n] for j, n in top if n]}

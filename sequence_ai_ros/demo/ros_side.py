@@ -54,6 +54,12 @@ class Operator:
         self._lock = threading.Lock()
         self.node.create_subscription(Float64MultiArray, command_topic, self._on_command,
                                       QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE))
+        from diagnostic_msgs.msg import DiagnosticArray
+
+        self._control_name = f'{node_name}: control'
+        self.control_worst: tuple[int, str] = (0, '')          # worst /diagnostics control level seen, its message
+        self.control_values: dict[str, str] = {}               # the latest control status's values
+        self.node.create_subscription(DiagnosticArray, '/diagnostics', self._on_diagnostics, 10)
         self.act = ActionClient(self.node, Act, f'{base}/act')
         self.label_client = self.node.create_client(Label, f'{base}/label')
         from lifecycle_msgs.srv import GetState
@@ -73,6 +79,15 @@ class Operator:
         with self._lock:
             self.commands.times.append(time.monotonic())
             self.commands.values.append(list(msg.data))
+
+    def _on_diagnostics(self, msg: object) -> None:
+        for status in msg.status:
+            if status.name == self._control_name:
+                level = int.from_bytes(status.level, 'little') if isinstance(status.level, bytes) else int(status.level)
+                with self._lock:
+                    self.control_values = {kv.key: kv.value for kv in status.values}
+                    if level > self.control_worst[0]:
+                        self.control_worst = (level, status.message)
 
     @staticmethod
     def _wait(future: rclpy.task.Future, timeout: float, what: str) -> object:

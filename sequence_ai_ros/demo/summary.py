@@ -20,12 +20,21 @@ def format_summary(s: dict[str, Any]) -> str:
              'boundary, rad or hand units)',
              f"chunk latency        p50 {_f(s['latency_p50_ms'], '.1f')} ms, p95 {_f(s['latency_p95_ms'], '.1f')} ms"
              '  (round trip robot -> worker -> robot, one clock)',
-             f"commands published   {s['commands_published']} from policy actions; {s['commands_received']} received "
-             f"(holds included) at {_f(s['command_rate_hz'], '.2f')} Hz  (commands / duration at a subscriber; "
+             f"commands published   {s['commands_published']} from policy actions + "
+             f"{s.get('ticks_held', 0)} holds + {s.get('skipped_ticks', 0)} skipped ticks in the episode; "
+             f"{s['commands_received']} received (holds "
+             f"included) at {_f(s['command_rate_hz'], '.2f')} Hz  (commands / duration at a subscriber; "
              'target 50 Hz)',
              f"tick jitter p99      {_f(s['tick_jitter_p99_ms'], '.2f')} ms  (|dt - 20 ms| between commands at a "
              'subscriber)',
              f"zero commands        {s['zero_commands']}  (commands that were all zeros; must be 0)"]
+    clamps, worst = s.get('clamps') or {}, s.get('control_worst') or {}
+    if clamps:
+        busiest = ', '.join(f'{j} {n}' for j, n in clamps.get('top', []))
+        lines.append(f"safety clamps        {clamps.get('total', 0)} joint values clamped to a limit or max_step"
+                     + (f' (most: {busiest})' if busiest else '')
+                     + f"; /diagnostics control at worst {worst.get('level', 'n/a')}"
+                     + (f": {worst['message']}" if worst.get('message') and worst.get('level') != 'OK' else ''))
     err = s.get('action_error')
     if err:
         lines.append('action error on held-out episode (MAE over the action horizon, action units):')

@@ -205,8 +205,8 @@ class DiagnosticsConfig:
         names = [f.name for f in dataclasses.fields(self)]
         _check(self, 'diagnostics.', *names)
         for name in names:
-            if name.endswith('_warn'):
-                other = name[:-len('_warn')] + '_error'
+            if '_warn' in name:            # jitter_warn_ms / jitter_error_ms, clamp_warn / clamp_error...
+                other = name.replace('_warn', '_error')
                 if getattr(self, name) > getattr(self, other):
                     raise ConfigError(f'parameter diagnostics.{name}: {getattr(self, name)} is above '
                                       f'diagnostics.{other} ({getattr(self, other)})')
@@ -221,6 +221,7 @@ class NodeConfig:
     :param endpoint: ``host:port`` of the worker.
     :param token: bearer token, empty for none.
     :param control_rate_hz: commands per second (Hz) on the steady clock.
+    :param thread_priority: SCHED_FIFO priority (1-99) of the control thread; 0 for the default scheduler.
     :param enabled: False is a dry run: everything runs and is reported, nothing is commanded.
     :param on_underrun: ``hold`` republishes the last command; ``stop`` publishes nothing.
     :param stamp_source: age measured from the local ``receive`` time or the message ``header`` stamp.
@@ -235,6 +236,7 @@ class NodeConfig:
     endpoint: str = _default('endpoint')
     token: str = _default('token')
     control_rate_hz: float = _default('control_rate_hz')
+    thread_priority: int = _default('thread_priority')
     enabled: bool = _default('enabled')
     on_underrun: str = _default('on_underrun')
     stamp_source: str = _default('stamp_source')
@@ -251,8 +253,9 @@ class NodeConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, 'cameras', tuple(self.cameras))
-        _check(self, '', 'autostart', 'model', 'endpoint', 'token', 'control_rate_hz', 'enabled', 'on_underrun',
-               'stamp_source', 'stale_grace_s', 'connect_timeout_s', 'status_rate_hz', 'diagnostics_rate_hz')
+        _check(self, '', 'autostart', 'model', 'endpoint', 'token', 'control_rate_hz', 'thread_priority',
+               'enabled', 'on_underrun', 'stamp_source', 'stale_grace_s', 'connect_timeout_s', 'status_rate_hz',
+               'diagnostics_rate_hz')
         keys = [c.key for c in self.cameras]
         if len(set(keys)) != len(keys):
             raise ConfigError(f'cameras: duplicate observation keys {keys}')

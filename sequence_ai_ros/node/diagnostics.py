@@ -9,14 +9,16 @@ live ``stats()`` (which never blocks). Diagnostic statuses, named ``<node>: <par
   (capture frames the worker refused: wrong shape, NaN, an image unlike the contract; counted when the
   episode ends, the first reason in ``telemetry_error``).
 - ``control``: rate, tick jitter p50/p99/max (ms), skipped ticks, enabled (dry run), clamp counts in
-  total and per joint (``clamps.<joint>.limit|step``).
+  total and per joint (``clamps.<joint>.limit|step``), and the control thread's ``scheduling``
+  (``SCHED_FIFO <thread_priority>``, or ``default`` with the reason the OS refused it).
 
 Levels tell the truth about the trailing window ``diagnostics.window_s`` (:class:`Health`, thresholds
 from the ``diagnostics.*`` parameters): ``control`` is WARN/ERROR on tick jitter p99 (over the window's
 ticks), skipped ticks and the share of clamped commands; ``episode`` is WARN/ERROR on the share of
 control ticks held for lack of an action (underruns, after an episode's first command) and on capture
-frames lost (dropped by the client, or refused by the worker; the same thresholds). The message names
-every threshold crossed.
+frames lost (dropped by the client, or refused by the worker; the same thresholds), and WARN while an
+episode that ended 'error' (a lost worker, an invalid observation for too long) is in the window. The
+message names every threshold crossed.
 - ``observation``: WARN naming every stale or missing source; the age of each source (s); per camera,
   the compressed frames passed through untouched (``jpeg_passthrough.<key>``) and decoded (``decoded.<key>``).
 """
@@ -63,6 +65,7 @@ class Report:
     dropped_telemetry: int = 0
     telemetry_rejected: int = 0
     telemetry_error: str = ''
+    held: int = 0
     images: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
     lifecycle: str = ''
     control_level: int = OK
@@ -70,11 +73,15 @@ class Report:
     episode_level: int = OK
     episode_reasons: list[str] = dataclasses.field(default_factory=list)
     window: dict[str, float] = dataclasses.field(default_factory=dict)
+    scheduling: str = ''          # the control thread's scheduler ('SCHED_FIFO 50', 'default (... refused ...)')
+    observing: str = ''           # why there is no observation to report (not configured), else ''
+    episode_skipped: int = 0      # control periods of the episode skipped
+    episode_elapsed_s: float = 0.0   # the episode's start to its latest counted tick (s)
 
 
 #: The cumulative counters :class:`Health` takes the window's differences of.
 COUNTERS = ('skipped_ticks', 'episode_ticks', 'underrun_ticks', 'commands_checked', 'commands_clamped',
-            'dropped_telemetry', 'telemetry_rejected')
+            'dropped_telemetry', 'telemetry_rejected', 'episodes_failed')
 
 
 class Health:
@@ -136,8 +143,12 @@ class Health:
         return max(levels), reasons
 
     def episode(self, window: Mapping[str, float]) -> tuple[int, list[str]]:
-        """Level and reasons of the episode status: underrun share, dropped telemetry."""
+        """Level and reasons of the episode status: underrun share, dropped telemetry, episodes ended 'error'."""
         c, reasons, levels = self.cfg, [], [OK]
+        failed = window.get('episodes_failed', 0)
+        if failed:   # the arm held; a monitor should still see it (the result's message says why)
+            levels.append(WARN)
+            reasons.append(f"{failed:.0f} episode{'s' if failed > 1 else ''} ended 'error' in {c.window_s:g} s")
         ticks = window.get('episode_ticks', 0)
         if ticks:
             share = window.get('underrun_ticks', 0) / ticks
@@ -178,7 +189,8 @@ def status_message(r: Report, stamp: Any) -> RunStatus:
     return RunStatus(
         stamp=stamp, state=r.state, episode_id=r.episode_id, deployment=r.deployment,
         action_space=r.action_space, connected=r.connection in ('connected', 'warming', 'ready'), ready=r.ready,
-        buffer_s=float(s.get('buffer_s', 0.0)), actions_sent=r.sent, chunks=int(s.get('chunks', 0)),
+        buffer_s=float(s.get('buffer_s', 0.0)), actions_sent=r.sent, ticks_held=r.held,
+        ticks_skipped=r.episode_skipped, elapsed_s=r.episode_elapsed_s, chunks=int(s.get('chunks', 0)),
         underruns=int(s.get('underruns', 0)), underrun_s=float(s.get('underrun_s', 0.0)),
         latency_p50_ms=float(s.get('latency_p50_ms', 0.0)), latency_p95_ms=float(s.get('latency_p95_ms', 0.0)),
         clamps=r.clamps, dropped_telemetry=r.dropped_telemetry,
@@ -200,7 +212,8 @@ def diagnostic_array(r: Report, node_name: str, stamp: Any) -> DiagnosticArray:
     episode = DiagnosticStatus(
         level=max(held, r.episode_level),
         name=f'{node_name}: episode', hardware_id=r.endpoint, message='; '.join(r.episode_reasons) or r.state,
-        values=[_kv('state', r.state), _kv('episode_id', r.episode_id), _kv('actions_sent', r.sent)]
+        values=[_kv('state', r.state), _kv('episode_id', r.episode_id), _kv('actions_sent', r.sent),
+                _kv('ticks_held', r.held)]
         + [_kv(k, float(s.get(k, 0.0))) for k in ('buffer_s', 'underrun_s', 'latency_p50_ms', 'latency_p95_ms')]
         + [_kv(k, int(s.get(k, 0))) for k in ('actions', 'chunks', 'underruns')]
         + [_kv('dropped_telemetry', r.dropped_telemetry), _kv('telemetry_rejected', r.telemetry_rejected),
@@ -210,17 +223,18 @@ def diagnostic_array(r: Report, node_name: str, stamp: Any) -> DiagnosticArray:
     p50, p99, worst = r.jitter_ms
     values = [_kv('rate_hz', r.rate_hz), _kv('tick_jitter_p50_ms', p50), _kv('tick_jitter_p99_ms', p99),
               _kv('tick_jitter_max_ms', worst), _kv('skipped_ticks', r.skipped_ticks), _kv('enabled', r.enabled),
-              _kv('clamps', r.clamps)]
+              _kv('clamps', r.clamps), _kv('scheduling', r.scheduling)]
     values += [_kv(f'window.{k}', int(w.get(k, 0))) for k in ('skipped_ticks', 'commands_checked', 'commands_clamped')]
     for joint, counts in sorted(r.clamp_counts.items()):
         values += [_kv(f'clamps.{joint}.limit', counts['limit']), _kv(f'clamps.{joint}.step', counts['step'])]
     control = DiagnosticStatus(
         level=r.control_level, name=f'{node_name}: control', hardware_id=r.endpoint,
-        message=('; '.join(r.control_reasons) or 'ok') + ('' if r.enabled else ' (dry run)'),
+        message=('; '.join(r.control_reasons) or 'ok') + ('' if r.enabled else ' (dry run)')
+        + ('; control thread on the default scheduler' if r.scheduling.startswith('default (') else ''),
         values=values)
     observation = DiagnosticStatus(
         level=WARN if r.problems else OK, name=f'{node_name}: observation', hardware_id=r.endpoint,
-        message='; '.join(r.problems) or 'all sources fresh',
+        message=r.observing or '; '.join(r.problems) or 'all sources fresh',
         values=[_kv(f'age_s.{source}', age) for source, age in sorted(r.ages.items())]
         + [_kv(f'jpeg_passthrough.{key}', n) for key, (n, _) in sorted(r.images.items())]
         + [_kv(f'decoded.{key}', n) for key, (_, n) in sorted(r.images.items())])

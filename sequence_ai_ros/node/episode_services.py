@@ -124,9 +124,13 @@ class EpisodeServices:
             except Exception:  # feedback is best effort
                 stats = {}
         return Act.Feedback(episode_id=eid, actions_sent=ep.sent if ep is not None else 0,
+                            ticks_held=ep.held if ep is not None else 0,
+                            ticks_skipped=ep.skipped if ep is not None else 0,
                             chunks=int(stats.get('chunks', 0)), underruns=int(stats.get('underruns', 0)),
                             buffer_s=float(stats.get('buffer_s', 0.0)),
-                            elapsed_s=time.monotonic() - ep.started if ep is not None else 0.0)
+                            # to the latest counted tick, not to now: a control thread that has not run for a
+                            # while (load), or an episode that has stopped, adds no periods the counts lack
+                            elapsed_s=ep.accounted_until - ep.started if ep is not None else 0.0)
 
     @staticmethod
     def _result(r: EpisodeReport) -> Act.Result:
@@ -134,7 +138,8 @@ class EpisodeServices:
                           underruns=r.underruns, underrun_s=float(r.underrun_s),
                           max_seam_jump=float(r.max_seam_jump), elapsed_s=float(r.elapsed_s),
                           latency_p50_ms=float(r.latency_p50_ms), latency_p95_ms=float(r.latency_p95_ms),
-                          commands_sent=int(r.commands_sent), message=r.message)
+                          commands_sent=int(r.commands_sent), ticks_held=int(r.ticks_held),
+                          ticks_skipped=int(r.ticks_skipped), message=r.message)
 
     # -- services ------------------------------------------------------------------------------------
     def _start(self, req: StartEpisode.Request, resp: StartEpisode.Response) -> StartEpisode.Response:

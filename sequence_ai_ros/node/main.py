@@ -16,10 +16,10 @@ hold, the episode ended ('interrupted'), rclpy shut down, so the arm is left hol
 
 from __future__ import annotations
 
-import signal
 import sys
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 import rclpy
 from rclpy.exceptions import ParameterException
@@ -27,6 +27,7 @@ from rclpy.executors import ExternalShutdownException
 from rclpy.lifecycle import TransitionCallbackReturn
 
 from sequence_ai_ros.exceptions import ConfigError
+from sequence_ai_ros.stop_signals import on_stop_signals
 
 #: GIL switch interval (s) while the node runs: a thread waiting for the GIL waits at most this long,
 #: which bounds the control thread's delay behind Python work in callbacks (CPython's default is 5 ms).
@@ -80,13 +81,31 @@ def usage() -> str:
     return '\n'.join(lines)
 
 
+def spin_until(executor: Any, stop: threading.Event, context: Any) -> None:
+    """Spin ``executor`` until ``stop`` is set or the context shuts down.
+
+    A lifecycle cleanup destroys subscriptions and publishers from a service callback while another
+    executor thread may be building its wait set from them: rclpy then raises ``InvalidHandle`` once
+    (seen under load; it killed the services thread, leaving the node unmanageable). The entity is gone
+    by then, so the next spin is clean: the loop goes on.
+    """
+    while not stop.is_set() and context.ok():
+        try:
+            executor.spin_once(timeout_sec=0.1)
+        except ExternalShutdownException:
+            return
+        except Exception as exc:  # rclpy's InvalidHandle has no public import path across distros
+            if type(exc).__name__ != 'InvalidHandle':
+                raise
+
+
 def main(args: Sequence[str] | None = None) -> int:
     """Run the policy node until SIGINT/SIGTERM; return the exit code.
 
     :returns: 0 after a clean shutdown (or ``--help``); 2 for a bad parameter (the message, on stderr, names it).
     """
     from sequence_ai_ros.node.executors import GroupsExecutor, OtherGroupsExecutor
-    from sequence_ai_ros.node.policy_node import PolicyNode
+    from sequence_ai_ros.node.policy_node import PolicyNode, rcl_reason
 
     argv = list(sys.argv[1:] if args is None else args)
     ros_args = argv.index('--ros-args') if '--ros-args' in argv else len(argv)
@@ -95,14 +114,13 @@ def main(args: Sequence[str] | None = None) -> int:
         return 0
 
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    context = _init(args)
+    try:
+        context = _init(args)
+    except Exception as exc:  # rcl refuses a bad remap/namespace (RCLError, no stable import path)
+        print(f'policy_node: invalid --ros-args: {rcl_reason(exc)}', file=sys.stderr)
+        return 2
     stop = threading.Event()
-
-    def on_signal(_signum: int, _frame: object) -> None:
-        stop.set()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, on_signal)
+    on_stop_signals(stop.set)     # the handler takes no lock (see stop_signals)
     try:
         node = PolicyNode(context=context)
     except (ConfigError, ParameterException) as exc:   # rclpy's own refusals are converted; this is a backstop
@@ -113,7 +131,9 @@ def main(args: Sequence[str] | None = None) -> int:
     services = OtherGroupsExecutor(inputs, num_threads=SERVICE_THREADS, context=context)
     services.add_node(node)       # node.executor: the action server's execute tasks run there
     executor = GroupsExecutor(node, inputs, context=context)
-    services_thread = threading.Thread(target=services.spin, name='seq-services', daemon=True)
+    services_done = threading.Event()     # the services spin on until the node has shut down
+    services_thread = threading.Thread(target=spin_until, args=(services, services_done, context),
+                                       name='seq-services', daemon=True)
     services_thread.start()
     starter = None
     if node.cfg.autostart:
@@ -122,15 +142,15 @@ def main(args: Sequence[str] | None = None) -> int:
     else:
         node.get_logger().info('autostart is false: waiting for lifecycle transitions (configure, activate)')
     try:
-        while not stop.is_set() and context.ok():
-            executor.spin_once(timeout_sec=0.1)
-    except (KeyboardInterrupt, ExternalShutdownException):
+        spin_until(executor, stop, context)
+    except KeyboardInterrupt:
         pass
     finally:
         stop.set()
         if starter is not None:
             starter.join(node.cfg.connect_timeout_s + 2.0)
         node.stop()
+        services_done.set()
         services.shutdown(timeout_sec=2.0)
         services_thread.join(5.0)
         executor.shutdown(timeout_sec=2.0)

@@ -311,7 +311,8 @@ def params_yaml(schema: Schema | None = None) -> str:
         f'#   ros2 run sequence_ai_ros {NODE_NAME} --ros-args --params-file config/policy_node.yaml',
         '# (restart): read_only, a change needs a restart. Arrays whose default is empty are commented out: a',
         '# ROS params file cannot spell an empty list (an empty YAML sequence has no type).',
-        f'{NODE_NAME}:',
+        f'# The key /**/{NODE_NAME} matches the node in any namespace (namespace:=robot1, -r __ns:=/robot1).',
+        f'/**/{NODE_NAME}:',
         '  ros__parameters:',
     ]
     open_groups: list[str] = []

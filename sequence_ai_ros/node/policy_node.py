@@ -25,6 +25,7 @@ diagnostic aggregator expects, with statuses named after the node's fully qualif
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -42,7 +43,7 @@ from sensor_msgs.msg import CompressedImage, Image, JointState
 from sequence_ai_msgs.msg import RunStatus
 from std_msgs.msg import Float64MultiArray
 
-from sequence_ai_ros.exceptions import SequenceAIError
+from sequence_ai_ros.exceptions import ConfigError, SequenceAIError
 from sequence_ai_ros.node import diagnostics, trajectory
 from sequence_ai_ros.node.controller_commands import CommandInterface
 from sequence_ai_ros.node.images import ImageConverter
@@ -65,6 +66,11 @@ def _stamp_s(msg: Any) -> float:
     if stamp is None or (stamp.sec == 0 and stamp.nanosec == 0):
         return math.nan
     return stamp.sec + stamp.nanosec * 1e-9
+
+
+def rcl_reason(exc: BaseException) -> str:
+    """An rcl error's message without the C source location rcl appends (``..., at src/rcl/x.c:73``)."""
+    return str(exc).split(', at ')[0]
 
 
 class PolicyNode(LifecycleNode):
@@ -93,19 +99,23 @@ class PolicyNode(LifecycleNode):
         cfg = self.cfg = declare_and_read(self)
         cfg.check_runnable()
         self.enabled = cfg.enabled
+        self.on_underrun = cfg.on_underrun
         self.trajectory_mode = cfg.command.mode == 'trajectory'
         self.commands = CommandInterface(cfg.command, cfg.command_joint_names, cfg.period_s)
         self.safety = SafetyFilter(cfg.safety, cfg.command_joint_names, self.commands.is_position)
         self.assembler = ObservationAssembler(
             cfg.joints.names, cfg.joints.max_age_s, {c.key: c.max_age_s for c in cfg.cameras},
-            joints_source=self.resolve_topic_name(cfg.joints.topic),
-            camera_sources={c.key: self.resolve_topic_name(c.topic) for c in cfg.cameras},
+            joints_source=self._resolve('joints.topic', cfg.joints.topic),
+            camera_sources={c.key: self._resolve(f'cameras.{c.name}.topic', c.topic) for c in cfg.cameras},
             clock=lambda: self.get_clock().now().nanoseconds * 1e-9, stamp_source=cfg.stamp_source)
         self.converters = {c.key: ImageConverter() for c in cfg.cameras}
         self._connect = connect
         self.runner = self._new_runner()
         self.health = diagnostics.Health(cfg.diagnostics)
-        self.command_topic = self.resolve_topic_name(self.commands.topic)
+        self.command_topic = self._resolve('command.topic' if cfg.command.topic else 'command.controller',
+                                           self.commands.topic)
+        if cfg.command.gripper_topic:
+            self._resolve('command.gripper_topic', cfg.command.gripper_topic)
         # Observations and reporting are served by a SingleThreadedExecutor of their own, the rest by a
         # MultiThreadedExecutor (see .executors: one MultiThreadedExecutor for all cost the control thread).
         self.inputs_group = MutuallyExclusiveCallbackGroup()
@@ -130,18 +140,46 @@ class PolicyNode(LifecycleNode):
         self._gripper_pub: Any = None
         self._tick: TickThread | None = None
         self._skipped_before = 0            # ticks skipped by control threads of earlier activations
+        self._stopping: TickThread | None = None   # a control thread being stopped (its skips still count)
+        self._skips_lock = threading.Lock()  # _skipped_before and _stopping change together
         self._session: threading.Thread | None = None
         self._session_stop = threading.Event()
         self._last_tick_error = 0.0
         self._traj_chunk = -1               # trajectory mode: the chunk last published
         self._traj_held = True              # trajectory mode: the stop of the episode has been held
+        self._controller_last: Any = None   # the last values the controller received (streaming mode)
+        self._dry_stop = False              # enabled:=false on a rate interface or in trajectory mode: stop the
+                                            # controller once (see _on_tick)
+        self._traj_ref: Any = None          # trajectory mode: the hold the controller was last sent
+        self._rebase: tuple[Any] | None = None   # a step-limit reference for the first enabled tick to take
         self.configure_error = ''
+        self._last_info = ''                # the runner's last info line (see _log)
         self._configure_failing_since: float | None = None   # time.monotonic() of the first failed attempt
         self._configure_reported = 0.0                       # when the last 'still failing' line was logged
 
+    def _resolve(self, param: str, topic: str) -> str:
+        """Resolve a configured topic name (namespace, remaps); a name rcl refuses is a parameter error.
+
+        :raises ConfigError: naming the parameter, for a name rcl refuses (spaces, '//', empty...).
+        """
+        try:
+            return self.resolve_topic_name(topic)
+        except Exception as exc:  # rclpy raises its RCLError (no stable import path across distros)
+            raise ConfigError(f'parameter {param}: {topic!r} is no valid ROS topic name '
+                              f'({rcl_reason(exc).removeprefix("failed to resolve name: ")})') from None
+
+    def _replace_runner(self) -> None:
+        """Close the runner and start a new one; ~/label (no id) and the last result still name the last episode."""
+        old = self.runner
+        old.close()
+        self.runner = self._new_runner()
+        self.runner.last_episode_id, self.runner.last_result = old.last_episode_id, old.last_result
+
     def _new_runner(self) -> Runner:
-        return Runner(self.cfg, self.commands, self.safety, self.assembler, connect=self._connect,
-                      on_contract=self._on_contract, log=self._log)
+        runner = Runner(self.cfg, self.commands, self.safety, self.assembler, connect=self._connect,
+                        on_contract=self._on_contract, log=self._log)
+        runner.on_underrun = self.on_underrun   # a run-time value survives cleanup
+        return runner
 
     @property
     def lifecycle_state(self) -> str:
@@ -150,7 +188,33 @@ class PolicyNode(LifecycleNode):
 
     # -- lifecycle transitions ----------------------------------------------------------------------
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
-        """Subscriptions, lifecycle publishers, the worker connection and the contract agreement."""
+        """Subscriptions, lifecycle publishers, the worker connection and the contract agreement.
+
+        Any failure, expected (worker unreachable, contract mismatch) or not (an rclpy refusal), is logged
+        with its cause, kept in ``configure_error`` for ~/status and /diagnostics, and leaves the node
+        unconfigured with nothing half-made (FAILURE; autostart retries).
+        """
+        try:
+            return self._configure()
+        except Exception as exc:  # rclpy would send it through on_error in silence
+            self._release()
+            return self._configure_failed(f'{type(exc).__name__}: {exc}')
+
+    def _configure_failed(self, error: str) -> TransitionCallbackReturn:
+        now = time.monotonic()
+        if self._configure_failing_since is None:
+            self._configure_failing_since = now
+        if error != self.configure_error:      # autostart retries every second: say each cause once,
+            self.get_logger().error(f'configure failed: {error}')
+            self._configure_reported = now
+        elif now - self._configure_reported >= CONFIGURE_REMINDER_S:   # and remind while it lasts
+            self.get_logger().warning(
+                f'still not configured after {now - self._configure_failing_since:.0f} s: {error}')
+            self._configure_reported = now
+        self.configure_error = error
+        return FAILURE
+
+    def _configure(self) -> TransitionCallbackReturn:
         cfg = self.cfg
         if self._configure_failing_since is None:   # the first attempt: say what the node waits for
             self.get_logger().info(f'configuring: connecting to {cfg.model} at {cfg.endpoint} '
@@ -161,24 +225,10 @@ class PolicyNode(LifecycleNode):
                 self.runner.validate(self.runner.contract)
             except SequenceAIError as exc:
                 error = f'the policy does not fit this node: {exc}'
-                self.runner.close()
-                self.runner = self._new_runner()
+                self._replace_runner()
                 self.runner.connection, self.runner.connection_error = 'disconnected', error
         if error:
-            now = time.monotonic()
-            if self._configure_failing_since is None:
-                self._configure_failing_since = now
-            if error != self.configure_error:      # autostart retries every second: say each cause once,
-                self.get_logger().error(f'configure failed: {error}')
-                self._configure_reported = now
-            elif now - self._configure_reported >= CONFIGURE_REMINDER_S:   # and remind while it lasts
-                self.get_logger().warning(
-                    f'still not configured after {now - self._configure_failing_since:.0f} s: {error}')
-                self._configure_reported = now
-            self.configure_error = error
-            return FAILURE
-        self.configure_error = ''
-        self._configure_failing_since = None
+            return self._configure_failed(error)
         if cfg.qos.reliability == 'best_effort':
             qos = QoSProfile(depth=cfg.qos.depth, reliability=ReliabilityPolicy.BEST_EFFORT,
                              durability=qos_profile_sensor_data.durability, history=qos_profile_sensor_data.history)
@@ -198,6 +248,8 @@ class PolicyNode(LifecycleNode):
         self._session_stop.clear()
         self._session = threading.Thread(target=self._session_loop, name='seq-session', daemon=True)
         self._session.start()
+        self.configure_error = ''
+        self._configure_failing_since = None
         self.get_logger().info(
             f'configured: {cfg.model} at {cfg.endpoint}, {cfg.control_rate_hz:g} Hz {cfg.command.interface} '
             f'({cfg.command.mode}) on {self.command_topic}')
@@ -208,8 +260,13 @@ class PolicyNode(LifecycleNode):
         ret = super().on_activate(state)
         if ret != SUCCESS:
             return ret
-        self._tick = TickThread(self.cfg.period_s, self._on_tick, on_error=self._on_tick_error, name='seq-tick')
-        self._tick.start()
+        self._tick = TickThread(self.cfg.period_s, self._on_tick, on_error=self._on_tick_error, name='seq-tick',
+                                priority=self.cfg.thread_priority)
+        scheduling = self._tick.start()
+        self.runner.grid = self._tick     # episodes count their periods on this thread's grid
+        if scheduling.startswith('default ('):      # refused (not merely slow to start: see /diagnostics)
+            self.get_logger().warning(f'control thread: {scheduling}; its timing is at the mercy of the default '
+                                      'scheduler (grant CAP_SYS_NICE or an rtprio limit, or set thread_priority:=0)')
         self.runner.accepting = True
         self.get_logger().info(f'active: commanding {self.command_topic}'
                                f'{"" if self.enabled else " (dry run: enabled=false)"}')
@@ -217,7 +274,7 @@ class PolicyNode(LifecycleNode):
 
     def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
         """Interrupt any episode, publish a last hold, stop the control thread and the publishers."""
-        self._hold_and_stop_ticking()
+        self._hold_and_stop_ticking('deactivate')
         return super().on_deactivate(state)
 
     def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
@@ -228,27 +285,42 @@ class PolicyNode(LifecycleNode):
     def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
         """From any state: a last hold when active, then as cleanup."""
         if self._tick is not None:
-            self._hold_and_stop_ticking()
+            self._hold_and_stop_ticking('shutdown')
         self._release()
         return SUCCESS
 
     def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
         """Back to unconfigured, holding."""
         if self._tick is not None:
-            self._hold_and_stop_ticking()
+            self._hold_and_stop_ticking('error')
         self._release()
         return SUCCESS
 
-    def _hold_and_stop_ticking(self) -> None:
+    def _hold_and_stop_ticking(self, transition: str) -> None:
         self.runner.accepting = False
-        self.runner.interrupt()
-        tick, self._tick = self._tick, None
+        self.runner.interrupt(f'lifecycle {transition}: the node stopped commanding')
+        with self._skips_lock:
+            tick, self._tick = self._tick, None
+            self._stopping = tick               # /diagnostics goes on counting its skips while it stops
         if tick is not None:
             tick.stop()
-            self._skipped_before += tick.skipped
+            with self._skips_lock:
+                self._skipped_before += tick.skipped_now()
+                self._stopping = None
         last = self.runner.last_command
-        if last is not None and self.runner.on_underrun == 'hold':
+        # a position hold, a zero rate (also for 'stop': a rate controller keeps its last command), and in
+        # trajectory mode always (publishing nothing lets joint_trajectory_controller play its trajectory out);
+        # to the controller itself when a dry run began so recently that its stop was not sent yet
+        pending, self._dry_stop = self._dry_stop, False
+        if pending:
+            self._stop_controller()
+        elif last is not None and (self.runner.on_underrun == 'hold' or not self.commands.is_position
+                                   or self.trajectory_mode):
             self._publish_hold(self.commands.hold_values(last))
+        # Inactive, the arm may be moved by anything else (teleop, another controller): the old command is
+        # neither republished on activate nor the step limit's reference; the measured state is.
+        self.runner.last_command = None
+        self._controller_last = self._traj_ref = None
 
     def _release(self) -> None:
         self.runner.accepting = False
@@ -256,8 +328,7 @@ class PolicyNode(LifecycleNode):
         if self._session is not None and self._session.is_alive():
             self._session.join(5.0)
         self._session = None
-        self.runner.close()
-        self.runner = self._new_runner()
+        self._replace_runner()
         for sub in self._subscriptions_made:
             self.destroy_subscription(sub)
         self._subscriptions_made = []
@@ -291,71 +362,128 @@ class PolicyNode(LifecycleNode):
         checked = on_set_check(params)      # types and validation from the parameter schema
         if not checked.successful:
             return checked
+        # diagnostics.* are checked together, as at start-up (a WARN threshold above its ERROR one is refused)
+        # and take effect at the next /diagnostics message
+        changes = {p.name.split('.', 1)[1]: p.value for p in params if p.name.startswith('diagnostics.')}
+        if changes:
+            try:
+                thresholds = dataclasses.replace(self.health.cfg, **changes)
+            except (ConfigError, TypeError) as exc:
+                return SetParametersResult(successful=False, reason=str(exc))
+            self.health.cfg = thresholds
         for p in params:
             if p.name == 'enabled':
+                if not bool(p.value) and self.enabled and (self.trajectory_mode or not self.commands.is_position):
+                    self._dry_stop = True     # the control thread stops the controller (see _on_tick)
+                if bool(p.value) and not self.enabled:
+                    # The dry run moved the step limit's reference along commands the controller never got:
+                    # the first enabled tick steps from what the controller last received (or the measured
+                    # state), so safety.max_step bounds the step the controller sees.
+                    self._rebase = (None if self.trajectory_mode else self._controller_last,)
                 self.enabled = bool(p.value)
             elif p.name == 'on_underrun':
-                self.runner.on_underrun = p.value
+                self.on_underrun = self.runner.on_underrun = p.value   # kept for the runner of a later configure
         return SetParametersResult(successful=True)
 
     # -- control thread ----------------------------------------------------------------------------
     def _on_tick(self, now: float) -> None:
+        enabled = self.enabled    # one reading per tick: the reference and the destination agree
+        if not enabled and self._dry_stop:
+            # A rate controller keeps applying its last command through a dry run, joint_trajectory_controller
+            # plays its last trajectory out: one stop (zero rate, or a hold) to the controller first, from
+            # this thread, so no command of an earlier tick can follow it.
+            self._dry_stop = False
+            self._stop_controller()
+        if enabled and self._rebase is not None:
+            (self.runner.last_command,), self._rebase = self._rebase, None
+            self._traj_chunk = -1     # trajectory mode: the playing chunk went to ~/would_command: send it now
         values = self.runner.tick(now)
         if self.trajectory_mode:
             self._trajectory_tick(values)
         elif values is not None:
-            self._publish(values)
+            self._publish(values, enabled)
 
-    def _publish(self, values: Any) -> None:
+    def _stop_controller(self) -> None:
+        """Send the controller (whatever ``enabled`` says) one zero-rate command or, in trajectory mode, a hold."""
+        if self.trajectory_mode:
+            last = self.runner.last_command
+            if last is not None:
+                self._publish_hold(self.commands.hold_values(last), enabled=True)
+        elif self._controller_last is not None and not self.commands.is_position:
+            self._publish(self.commands.hold_values(self._controller_last), True)
+
+    def _publish(self, values: Any, enabled: bool | None = None) -> None:
         if not np.all(np.isfinite(values)):
             # The last gate (the safety filter already refuses non-finite commands): never publish NaN/inf;
             # the run ends with 'validate' and the controller keeps its last finite command.
             self.runner.request_end('validate', 'a non-finite command reached the publisher; not published')
             return
         msg, gripper = self.commands.build(values, self.get_clock().now().to_msg())
-        self._send(msg, gripper)
+        if self._send(msg, gripper, enabled):
+            self._controller_last = np.array(values, dtype=np.float64)
 
-    def _send(self, msg: Any, gripper: Any = None) -> None:
+    def _send(self, msg: Any, gripper: Any = None, enabled: bool | None = None) -> bool:
+        """Publish to the controller, or to ``~/would_command`` in a dry run; True when the controller got it."""
         if self._cmd_pub is None:
-            return
-        if not self.enabled:
+            return False
+        if not (self.enabled if enabled is None else enabled):
             self._dry_pub.publish(msg)
-            return
+            return False
         self._cmd_pub.publish(msg)
         if gripper is not None and self._gripper_pub is not None:
             self._gripper_pub.publish(gripper)
+        return True
 
-    def _publish_hold(self, values: Any) -> None:
+    def _publish_hold(self, values: Any, enabled: bool | None = None) -> None:
         if self.trajectory_mode:
-            self._send(trajectory.hold_message(values, self.commands.joint_names,
-                                               self.get_clock().now().nanoseconds, self.cfg.period_s))
+            if self._send(trajectory.hold_message(values, self.commands.joint_names,
+                                                  self.get_clock().now().nanoseconds, self.cfg.period_s),
+                          None, enabled):
+                self._traj_ref = np.array(values, dtype=np.float64)
         else:
-            self._publish(values)
+            self._publish(values, enabled)
 
     def _trajectory_tick(self, values: Any) -> None:
-        """Trajectory mode: publish each new chunk's remaining horizon once; one hold when an episode stops."""
+        """Trajectory mode: publish each new chunk's remaining horizon once; one hold when an episode stops.
+
+        An invalid observation mid-episode (a stale or missing source) replaces the playing trajectory with
+        one hold at once, as streaming mode holds: the controller would otherwise play the old trajectory to
+        its end. When the observation is valid again the playing chunk's remaining horizon is published anew.
+        """
         runner = self.runner
         action = runner.last_action
         if action is not None:
             horizon = runner.horizon()
             if horizon is not None and horizon[0] != self._traj_chunk:
                 number, pos, dt, rows = horizon
+                last = runner.last_command
+                if self._traj_chunk == -1 and not action.delta:
+                    # nothing playing (an episode's start, after a hold): the step limit starts from where the
+                    # controller is, the hold it was sent or the measured state, not from this tick's value
+                    measured = runner.measured_state()
+                    last = self._traj_ref if self._traj_ref is not None else (
+                        measured if measured is not None else last)
                 plan = trajectory.plan_points(
                     rows, pos, dt, order=self.commands.action_order, delta=action.delta is not None,
-                    last=runner.last_command, safety=self.safety, period_s=self.cfg.period_s)
+                    last=last, safety=self.safety, period_s=self.cfg.period_s)
                 self._traj_chunk, self._traj_held = number, False
                 if plan.stop:
                     runner.request_end('validate', f'safety: {plan.stop}')
                 elif len(plan.ahead_s):
-                    self._send(trajectory.trajectory_message(plan, self.commands.joint_names,
-                                                             self.get_clock().now().nanoseconds))
+                    if self._send(trajectory.trajectory_message(plan, self.commands.joint_names,
+                                                                self.get_clock().now().nanoseconds)):
+                        self._traj_ref = None
             return
         ep = runner.episode
         stopped = ep is None or ep.stopped or ep.done.is_set()
-        if stopped and not self._traj_held and values is not None:
+        invalid = not stopped and ep.stale_since is not None
+        if values is None and runner.last_command is not None:
+            # on_underrun 'stop' publishes no per-tick hold, but a stop must still replace the trajectory
+            values = self.commands.hold_values(runner.last_command)
+        if (stopped or invalid) and not self._traj_held and values is not None:
             self._traj_held = True
             self._publish_hold(values)
-        if stopped:
+        if stopped or invalid:
             self._traj_chunk = -1
 
     def _on_tick_error(self, exc: BaseException) -> None:
@@ -378,6 +506,11 @@ class PolicyNode(LifecycleNode):
     def _log(self, level: str, message: str) -> None:
         # One call site per severity: rclpy refuses a call site whose severity changes between calls.
         logger = self.get_logger()
+        if level == 'info':
+            # autostart retries a failing configure every second: its 'connected to ...' once, not each time
+            if self.configure_error and message == self._last_info:
+                return
+            self._last_info = message
         if level == 'error':
             logger.error(message)
         elif level == 'warn':
@@ -400,34 +533,50 @@ class PolicyNode(LifecycleNode):
         message = ''
         if last is not None and (ep is None or ep.done.is_set()):
             message = f'last episode {last.episode_id}: {last.reason} {last.message}'.strip()
-        tick = self._tick
-        skipped = self._skipped_before + (tick.skipped if tick is not None else 0)
-        jitter = tick.jitter_ms(last=int(self.cfg.diagnostics.window_s * self.cfg.control_rate_hz)) \
+        with self._skips_lock:   # never falls: a stopping thread counts until its skips are added up
+            tick = self._tick
+            skipped = self._skipped_before + sum(t.skipped_now() for t in (tick, self._stopping) if t is not None)
+        jitter = tick.jitter_ms(last=int(self.health.cfg.window_s * self.cfg.control_rate_hz)) \
             if tick is not None else (0.0, 0.0, 0.0)
         dropped = r.dropped_telemetry()
         window = self.health.update(time.monotonic(), {
             'skipped_ticks': skipped, 'episode_ticks': r.episode_ticks, 'underrun_ticks': r.underrun_ticks,
             'commands_checked': self.safety.checked, 'commands_clamped': self.safety.clamped_commands,
-            'dropped_telemetry': dropped, 'telemetry_rejected': r.telemetry_rejected})
+            'dropped_telemetry': dropped, 'telemetry_rejected': r.telemetry_rejected,
+            'episodes_failed': r.episodes_failed})
         control_level, control_reasons = self.health.control(jitter[1], window)
         episode_level, episode_reasons = self.health.episode(window)
         lifecycle = self.lifecycle_state
         connection_error = r.connection_error or self.configure_error
         if lifecycle != 'active' and not connection_error:
             connection_error = f'lifecycle state {lifecycle}: not commanding'
+        connection = r.connection
+        if r.policy is None and connection == 'connecting' and lifecycle in ('unconfigured', 'finalized'):
+            connection = 'not connected'        # nothing is connecting until a configure
+        observing = ''
+        if tick is None:                        # no control thread: no tick snapshot to report
+            if lifecycle == 'inactive':         # configured: the subscriptions are up, so say what they hold
+                snap = self.assembler.snapshot(time.monotonic())
+            else:
+                snap, observing = None, f'not observing (lifecycle state {lifecycle})'
         return diagnostics.Report(
             state=diagnostics.state_of(r), episode_id=ep.id if ep is not None else '', deployment=self.cfg.model,
             endpoint=self.cfg.endpoint, action_space=r.contract.action_space.value if r.contract else '',
-            connection=r.connection, connection_error=connection_error, ready=r.ready, enabled=self.enabled,
+            connection=connection, connection_error=connection_error, ready=r.ready, enabled=self.enabled,
             stats=stats, clamps=self.safety.clamps, clamp_counts=self.safety.counts(),
             jitter_ms=jitter, rate_hz=self.cfg.control_rate_hz, skipped_ticks=skipped,
-            sent=ep.sent if ep is not None else 0, problems=list(snap.problems) if snap else [],
+            sent=ep.sent if ep is not None else 0, held=ep.held if ep is not None else 0,
+            episode_skipped=ep.skipped if ep is not None else 0,
+            episode_elapsed_s=ep.accounted_until - ep.started if ep is not None else 0.0,
+            problems=list(snap.problems) if snap else [],
             ages=dict(snap.ages) if snap else {}, message=message, dropped_telemetry=dropped,
             telemetry_rejected=r.telemetry_rejected,
             telemetry_error=last.telemetry_error if last is not None else '',
             images={k: (c.passthrough, c.decoded) for k, c in self.converters.items()}, lifecycle=lifecycle,
             control_level=control_level, control_reasons=control_reasons, episode_level=episode_level,
-            episode_reasons=episode_reasons, window=window)
+            episode_reasons=episode_reasons, window=window,
+            scheduling=tick.scheduling if tick is not None else f'no control thread (lifecycle state {lifecycle})',
+            observing=observing)
 
     def _diagnostic_name(self) -> str:
         return self.get_fully_qualified_name().lstrip('/')

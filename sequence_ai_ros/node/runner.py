@@ -13,7 +13,9 @@ all chunk logic. Threads and what they may call:
 
 Hold semantics: nothing is published before the first episode; before an episode's first action the
 hold is the measured state; afterwards, and after the episode ends, it is the last command
-(``on_underrun='hold'``) or nothing (``'stop'``). Velocity holds are zeros, never positions.
+(``on_underrun='hold'``) or nothing (``'stop'``). Velocity holds are zeros, never positions; on a rate
+interface (velocity, twist) ``'stop'`` sends one zero-rate command first, since the controller keeps
+applying its last one.
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
+from sequence_ai_ros.client.session import ENDPOINT_HINT
 from sequence_ai_ros.client.settings import EpisodeSettings
 from sequence_ai_ros.exceptions import (
     ConfigError,
@@ -41,6 +44,28 @@ from sequence_ai_ros.node.controller_commands import CommandInterface
 from sequence_ai_ros.node.observation import ObservationAssembler, Snapshot
 from sequence_ai_ros.node.safety import SafetyFilter
 from sequence_ai_ros.protocol.contract import Contract, check_names
+
+
+def _node_hint(message: str) -> str:
+    """The client's error message with its hint for connect() callers replaced by the node's endpoint parameter."""
+    return message.replace(ENDPOINT_HINT, 'set the node parameter endpoint (-p endpoint:=HOST:PORT, or the launch '
+                                          'argument endpoint:=HOST:PORT)')
+
+
+class ControlGrid(Protocol):
+    """The control thread's deadlines ``start + k * period``, by index k (node/tick.py's TickThread)."""
+
+    def index_at(self, t: float) -> int:
+        """The last deadline at or before ``t`` (monotonic s)."""
+
+    def settled_index(self) -> int:
+        """The last deadline decided: served, or skipped for good."""
+
+    def current_index(self) -> int:
+        """The deadline the running tick serves."""
+
+    def deadline_s(self, k: int) -> float:
+        """Deadline ``k``'s time (monotonic s)."""
 
 
 @dataclasses.dataclass
@@ -59,9 +84,33 @@ class EpisodeRun:
     message: str = ''
     stopped: bool = False         # the control thread no longer asks the client for actions
     stale_since: float | None = None
-    sent: int = 0                 # commands published in this episode
+    sent: int = 0                 # control ticks that commanded one of the policy's actions
+    skipped: int = 0              # control periods of the episode no tick served (the thread fell behind):
+                                  # its periods (Runner.periods) less the ticks counted in sent and held
+    held: int = 0                 # control ticks that held instead (invalid observation, underrun, before the
+                                  # first chunk, a refused command, the tick that found the episode over),
+                                  # whether a hold was published or not (on_underrun 'stop'):
+                                  # sent + held + skipped ticks = the episode's periods
+    last_tick: float = 0.0        # monotonic time of the latest tick counted in sent or held (s)
+    accounted_until: float = 0.0  # sent + held + skipped cover the periods from started to here (s): the
+                                  # latest counted tick, then the stop (feedback and ~/status elapsed_s)
+    grid: ControlGrid | None = None   # the control thread's grid the episode started on (Runner.grid)
+    first_index: int = -1         # its periods are that grid's deadlines after this index ...
+    accounted_index: int = -1     # ... up to this one, so far (sent + held + skipped cover them)
+    end_index: int | None = None  # ... and at most this one: what the grid had decided at the stop (a later
+                                  # deadline's tick no longer counts for the episode)
+    stopped_at: float | None = None   # monotonic time the node stopped asking for actions (s)
     outcome: Any = None           # the client's RunOutcome once ended
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+    def stop(self, now: float | None = None) -> None:
+        """Stop asking the client for actions (any thread); the first stop's time ends the episode's periods."""
+        if not self.stopped:
+            self.stopped_at = time.monotonic() if now is None else now
+            if self.grid is not None:
+                self.end_index = max(self.accounted_index,
+                                     min(self.grid.index_at(self.stopped_at), self.grid.settled_index()))
+            self.stopped = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +129,8 @@ class EpisodeReport:
     latency_p50_ms: float = 0.0
     latency_p95_ms: float = 0.0
     commands_sent: int = 0
+    ticks_held: int = 0
+    ticks_skipped: int = 0
     dropped_telemetry: int = 0
     telemetry_rejected: int = 0   # capture frames the worker refused (bad shape, NaN, bad image...)
     telemetry_error: str = ''     # the first refusal's reason
@@ -141,8 +192,12 @@ class Runner:
         self.episode_ticks = 0      # control ticks of running episodes after their first command
         self.underrun_ticks = 0     # of which held for lack of an action (an underrun), for /diagnostics
         self._trajectory = cfg.command.mode == 'trajectory'
+        #: the control thread's grid (its :class:`~sequence_ai_ros.node.tick.TickThread`); the node sets it on
+        #: activate; None before any control thread
+        self.grid: ControlGrid | None = None
         self._dropped: dict[str, int] = {}    # capture frames the client could not send, per episode id
         self.telemetry_rejected = 0           # capture frames the worker refused, over ended episodes
+        self.episodes_failed = 0              # episodes that ended 'error' (/diagnostics episode WARNs)
         self._lock = threading.Lock()
         self._starting = False
         self._next_ready_poll = 0.0
@@ -172,7 +227,7 @@ class Runner:
                 self.ready, _eta_s = self.policy.ready()
                 self.connection, self.connection_error = ('ready' if self.ready else 'warming'), ''
             except SequenceAIError as exc:
-                self.ready, self.connection, self.connection_error = False, 'disconnected', str(exc)
+                self.ready, self.connection, self.connection_error = False, 'disconnected', _node_hint(str(exc))
 
     def connect_now(self) -> str:
         """Connect to the worker now (blocking, bounded by ``connect_timeout_s``); return '' or the error."""
@@ -193,7 +248,8 @@ class Runner:
                              timeout=cfg.connect_timeout_s)
             contract = policy.contract
         except (SequenceAIError, OSError) as exc:
-            self.connection, self.connection_error = 'disconnected', str(exc)
+            # the client's hint is for connect() callers; the node's endpoint is a parameter
+            self.connection, self.connection_error = 'disconnected', _node_hint(str(exc))
             return
         self.contract = contract
         self.assembler.required_cameras = tuple(c.key for c in contract.observation.cameras)
@@ -206,21 +262,28 @@ class Runner:
 
     def _end(self, ep: EpisodeRun, reason: str) -> None:
         outcome = None
-        ep.stopped = True   # first: the control thread stops asking the client for actions
+        ep.stop()   # first: the control thread stops asking the client for actions
         try:
             outcome = self.policy.end_episode(reason=reason)
         except SequenceAIError as exc:
-            ep.message = ep.message or str(exc)
+            ep.message = ep.message or _node_hint(str(exc))
             ep.end_reason = ep.end_reason or 'error'
-        ep.stopped = True
+        ep.stop()
         ep.outcome = outcome
+        # The episode's periods run from its start to the node's stop (which the client's own finish may trail,
+        # when its session thread was busy): every one is a counted tick or a skipped one.
+        self.account(ep, ep.stopped_at if ep.stopped_at is not None else time.monotonic())
+        until = ep.accounted_until
         final = ep.end_reason or (outcome.reason if outcome is not None else reason)
+        if final == 'error':
+            self.episodes_failed += 1
         if outcome is not None and outcome.error is not None and not ep.message:
-            ep.message = str(outcome.error)
+            ep.message = _node_hint(str(outcome.error))
         self.last_result = EpisodeReport(
             ep.id, final, ep.message, *(() if outcome is None else (
                 outcome.actions, outcome.chunks, outcome.underruns, outcome.underrun_s, outcome.max_seam_jump,
-                outcome.elapsed_s, outcome.latency_p50_ms, outcome.latency_p95_ms)), commands_sent=ep.sent,
+                until - ep.started, outcome.latency_p50_ms, outcome.latency_p95_ms)), commands_sent=ep.sent,
+            ticks_held=ep.held, ticks_skipped=ep.skipped,
             dropped_telemetry=outcome.dropped_telemetry if outcome is not None else 0,
             telemetry_rejected=outcome.telemetry_rejected if outcome is not None else 0,
             telemetry_error=outcome.telemetry_error if outcome is not None else '')
@@ -288,7 +351,11 @@ class Runner:
         finally:
             with self._lock:
                 self._starting = False
-        ep = EpisodeRun(str(eid), settings.instruction, settings.max_seconds, time.monotonic())
+        started = time.monotonic()
+        ep = EpisodeRun(str(eid), settings.instruction, settings.max_seconds, started, last_tick=started,
+                        accounted_until=started, grid=self.grid)
+        if ep.grid is not None:
+            ep.first_index = ep.accounted_index = ep.grid.index_at(started)
         with self._lock:
             self._starting = False
             self.episode = ep
@@ -296,16 +363,19 @@ class Runner:
             self.holding = False
         return ep.id
 
-    def interrupt(self) -> str:
+    def interrupt(self, message: str = '') -> str:
         """Stop the running episode between two actions (thread-safe); return its id ('' if none).
 
         The next tick publishes the hold; the session thread ends the episode with 'interrupted'.
+
+        :param message: why, for the episode's result (e.g. a lifecycle deactivate); '' for a caller's interrupt.
         """
         ep = self.episode
         if ep is None or ep.done.is_set():
             return ''
-        ep.stopped = True
-        ep.end_reason = ep.end_reason or 'interrupted'
+        ep.stop()
+        if not ep.end_reason:
+            ep.end_reason, ep.message = 'interrupted', ep.message or message
         try:
             self.policy.interrupt()
         except SequenceAIError as exc:  # the hold has already fired; the end path reports the rest
@@ -319,7 +389,7 @@ class Runner:
             return ''
         if not ep.end_reason:
             ep.end_reason, ep.message = reason, message
-        ep.stopped = True
+        ep.stop()
         return ep.id
 
     def wait(self, episode_id: str, timeout: float) -> EpisodeReport | None:
@@ -379,7 +449,7 @@ class Runner:
         ep = self.episode
         if ep is not None and not ep.done.is_set() and self.policy is not None:
             ep.end_reason = ep.end_reason or 'interrupted'
-            ep.stopped = True
+            ep.stop()
             self._end(ep, ep.end_reason)
         if self.policy is not None:
             try:
@@ -388,6 +458,14 @@ class Runner:
                 self._log('warn', f'close: {exc}')
 
     # -- control thread --------------------------------------------------------------------------------
+    def measured_state(self) -> np.ndarray | None:
+        """The latest measured joint positions, float64 (D,) in command order (rad or m).
+
+        None on an interface that is not joint positions, or before any joint_states.
+        """
+        snap = self.last_snapshot
+        return self._measured(snap) if snap is not None else None
+
     def _measured(self, snap: Snapshot) -> np.ndarray | None:
         commands = self.commands
         if snap.state is None or self._measured_index is None or not (commands.is_joint and commands.is_position):
@@ -397,6 +475,13 @@ class Runner:
     def _hold(self, snap: Snapshot) -> np.ndarray | None:
         self.holding = True
         if self.on_underrun == 'stop':
+            if self.last_command is not None and not self.commands.is_position:
+                # a rate controller (velocity, twist) keeps applying its last command: 'stop' sends it one
+                # zero-rate command, then nothing
+                stop = self.commands.hold_values(self.last_command)
+                if not np.array_equal(stop, self.last_command):
+                    self.last_command = stop
+                    return stop
             return None
         if self.last_command is not None:
             return self.commands.hold_values(self.last_command)
@@ -407,6 +492,48 @@ class Runner:
             return np.zeros(len(self._measured_index))   # a joint velocity hold before any command: stand still
         return None
 
+    def account(self, ep: EpisodeRun, until: float) -> None:
+        """Set ``ep.skipped``: the episode's control periods up to ``until`` (s) no counted tick served.
+
+        A period is a deadline of the control thread's grid in (start, until]; each one got a tick counted in
+        ``sent`` or ``held``, or none (the thread was late by more than a period, or stalled). Counting them on
+        the grid, not as the pacer notices them one tick late, keeps a stall across the episode's start or end
+        on the right side of it. ``until`` is cut to what the grid has decided (a deadline not yet a period
+        old may still get its tick) and to the episode's end: the counts are exact at every call, and
+        ``accounted_until`` (elapsed_s) never outruns them.
+        """
+        grid = ep.grid    # its own grid: a re-activate before its end starts another one
+        if grid is None:
+            ep.accounted_until = max(until, ep.accounted_until)
+            return
+        # a deadline not decided yet may still get its tick; after the stop, ticks no longer count
+        last = min(grid.index_at(until), grid.settled_index())
+        if ep.end_index is not None:
+            last = min(last, ep.end_index)
+        last = max(last, ep.accounted_index)
+        ep.skipped = max(0, last - ep.first_index - ep.sent - ep.held)
+        ep.accounted_index = last
+        ep.accounted_until = max(ep.started, grid.deadline_s(last))
+
+    @staticmethod
+    def _served_before_stop(ep: EpisodeRun) -> bool:
+        """Whether this tick's deadline came before the episode's stop though the tick saw the stop (a race)."""
+        if ep.grid is None or ep.end_index is None:
+            return False
+        return ep.accounted_index < ep.grid.current_index() <= ep.end_index
+
+    def _counted(self, ep: EpisodeRun, now: float) -> None:
+        ep.last_tick = now
+        if ep.grid is not None and ep.end_index is not None:   # counted after the stop: its deadline is the
+            ep.end_index = max(ep.end_index, ep.grid.current_index())   # episode's (it saw no stop)
+        self.account(ep, now)
+
+    def _episode_hold(self, ep: EpisodeRun, snap: Snapshot, now: float) -> np.ndarray | None:
+        """Hold during a running episode, counted in ``ep.held`` (also when nothing is published: 'stop')."""
+        ep.held += 1
+        self._counted(ep, now)
+        return self._hold(snap)
+
     def tick(self, now: float) -> np.ndarray | None:
         """Return the command to publish at ``now`` (command order, float64), or None to publish nothing.
 
@@ -416,10 +543,12 @@ class Runner:
         snap = self.assembler.snapshot(now, ep.instruction if ep is not None else '')
         self.last_snapshot = snap
         self.last_action = None
-        if ep is None:
+        if ep is not None and ep.stopped and self._served_before_stop(ep):
+            return self._episode_hold(ep, snap, now)    # its deadline is the episode's: this tick holds for it
+        if ep is None or ep.stopped or ep.done.is_set():
+            # between episodes: the last command held, or nothing when there is none (before the first goal,
+            # after a re-activate, after an episode that never commanded)
             return None if self.last_command is None else self._hold(snap)
-        if ep.stopped or ep.done.is_set():
-            return self._hold(snap)
         if snap.observation is None:
             if ep.stale_since is None:
                 ep.stale_since = now
@@ -427,7 +556,7 @@ class Runner:
             elif now - ep.stale_since > self.cfg.stale_grace_s:
                 self.request_end('error', f'observation invalid for over {self.cfg.stale_grace_s} s: '
                                           f'{"; ".join(snap.problems)}')
-            return self._hold(snap)
+            return self._episode_hold(ep, snap, now)
         if ep.stale_since is not None:
             self._log('info', 'observation valid again; resuming')
             ep.stale_since = None
@@ -435,19 +564,19 @@ class Runner:
         try:
             action = policy.next_action(snap.observation, now=now)
         except EpisodeStateError:   # the session thread ended the episode between our checks
-            ep.stopped = True
-            return self._hold(snap)
+            ep.stop(now)
+            return self._episode_hold(ep, snap, now)    # the episode's last period: this tick holds
         if policy.episode_outcome() is not None:
-            ep.stopped = True
-            return self._hold(snap)
+            ep.stop(now)
+            return self._episode_hold(ep, snap, now)
         if ep.sent:
             self.episode_ticks += 1
         if action is None:
-            return self._hold(snap)
+            return self._episode_hold(ep, snap, now)
         if action.hold:
             if ep.sent:
                 self.underrun_ticks += 1
-            return self._hold(snap)
+            return self._episode_hold(ep, snap, now)
         self.last_action = action
         values = self.commands.order(action.values)
         last = self.last_command if self.last_command is not None else self._measured(snap)
@@ -456,10 +585,11 @@ class Runner:
         if checked.values is None:
             policy.report_command(None)   # capture: this tick held, the policy's action was refused
             self.request_end('validate', f'safety: {checked.stop}')
-            return self._hold(snap)
+            return self._episode_hold(ep, snap, now)
         if checked.clamped:   # capture keeps what reached the controller, and the policy's action beside it
             policy.report_command(self.commands.unorder(checked.values), clamped=True)
         self.holding = False
         self.last_command = checked.values
         ep.sent += 1
+        self._counted(ep, now)
         return checked.values

@@ -11,11 +11,20 @@ gRPC or locks held across I/O. The deadlines come from the client's :class:`~seq
 (the project's one deadline pacer), without its final spin: the control thread shares the GIL with
 the camera callbacks, and spinning for it cost 5 Hz of 50 under camera load; and on the grid of its
 first tick after an overrun (``keep_phase``), so the average rate holds.
+
+The thread asks for SCHED_FIFO at ``priority`` (the node's ``thread_priority``, 50 by default, as
+ros2_control's controller_manager and its ``realtime_tools::configure_sched_fifo`` do): on 2 busy cores the
+default scheduler woke it up to ~2.5 ms late at p99 (``make bench`` node). A refusal (no CAP_SYS_NICE, no
+rtprio limit) leaves it on the default scheduler, with the reason in :attr:`TickThread.scheduling`. The
+thread sleeps on its deadline whenever its tick takes less than a period (the node's tick reads buffers
+and publishes; it never waits on I/O), so a real-time priority leaves the rest of the process the time
+between ticks.
 """
 
 from __future__ import annotations
 
 import collections
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -37,24 +46,31 @@ class TickThread:
     :param on_error: called with the exception when ``fn`` raises (the loop goes on).
     :param name: the thread's name.
     :param window: how many recent periods the jitter statistics cover.
+    :param priority: SCHED_FIFO priority (1-99) the thread asks for; 0 keeps the default scheduler.
     """
 
     def __init__(self, period_s: float, fn: Callable[[float], None], *,
                  on_error: Callable[[BaseException], None] | None = None, name: str = 'seq-tick',
-                 window: int = 3000) -> None:
+                 window: int = 3000, priority: int = 0) -> None:
         self.period_s = float(period_s)
+        self.priority = int(priority)
+        #: how the thread is scheduled once started: 'SCHED_FIFO 50', 'default', or 'default (why FIFO was refused)'
+        self.scheduling = ''
+        self._scheduled = threading.Event()
+        self._ticking = threading.Event()     # set at the first tick: the grid exists from then on
         self.fn = fn
         self.on_error = on_error
-        self.ticks = 0
         self._errors: collections.deque[float] = collections.deque(maxlen=window)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._pacer: Pacer | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
-    def start(self) -> None:
-        """Start the thread."""
+    def start(self) -> str:
+        """Start the thread; return how it is scheduled (:attr:`scheduling`), once its first tick started."""
         self._thread.start()
+        self._ticking.wait(2.0)
+        return self.scheduling
 
     def stop(self, timeout: float = 2.0) -> None:
         """Ask the thread to stop and join it (bounded by ``timeout`` s)."""
@@ -87,13 +103,77 @@ class TickThread:
         pacer = self._pacer
         return pacer.skipped if pacer is not None else 0
 
+    @property
+    def ticks(self) -> int:
+        """Ticks run since start (each served one deadline)."""
+        pacer = self._pacer
+        return pacer.ticks if pacer is not None else 0
+
+    def index_at(self, t: float) -> int:
+        """Index of the grid's last deadline at or before ``t`` (monotonic s); -1 before the first tick."""
+        pacer = self._pacer
+        return pacer.index_at(t) if pacer is not None else -1
+
+    def deadline_s(self, k: int) -> float:
+        """Time (monotonic s) of the grid's deadline ``k`` (``start + k * period``)."""
+        pacer = self._pacer
+        return pacer.start_s + k * self.period_s if pacer is not None else time.monotonic()
+
+    def settled_index(self) -> int:
+        """Index of the grid's last deadline decided: it and every one before got its tick or never will.
+
+        Deadlines after it may still get a (late) tick. -1 before the first tick.
+        """
+        pacer = self._pacer
+        return pacer.counts()[0] if pacer is not None else -1
+
+    def current_index(self) -> int:
+        """Index of the deadline the latest tick served (in ``fn``: the tick running); -1 before any."""
+        pacer = self._pacer
+        return pacer.served_k if pacer is not None else -1
+
+    def skipped_now(self) -> int:
+        """Deadlines so far that got no tick and never will: :attr:`skipped` plus those more than a period old.
+
+        Never falls (a deadline counted here is not served later), and counts a stall's deadlines while it
+        lasts: the pacer counts a skip only at the wait after the late tick, so a thread stopped in a stall (a
+        deactivate) would never count it.
+        """
+        pacer = self._pacer
+        if pacer is None:
+            return 0
+        settled, ticks, _ = pacer.counts()
+        return settled + 1 - ticks     # deadlines 0 .. settled that no tick took
+
+    def _set_scheduling(self) -> None:
+        if not hasattr(os, 'sched_setscheduler'):
+            self.scheduling = 'default'
+        elif self.priority <= 0:
+            try:   # the default scheduler, also when the creating thread was real-time (threads inherit it)
+                os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+            except OSError:
+                pass
+            self.scheduling = 'default'
+        else:
+            try:   # pid 0: the calling thread (Linux sched_setscheduler(2))
+                os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(self.priority))
+                self.scheduling = f'SCHED_FIFO {self.priority}'
+            except OSError as exc:
+                self.scheduling = f'default (SCHED_FIFO {self.priority} refused: {exc.strerror or exc})'
+        self._scheduled.set()
+
     def _run(self) -> None:
-        pacer = self._pacer = Pacer(self.period_s, wake=self._stop, spin=False, keep_phase=True)
+        pacer = Pacer(self.period_s, wake=self._stop, spin=False, keep_phase=True)
+        self._set_scheduling()
         period = self.period_s
         last = None
         first = True
         while not self._stop.is_set():
-            if not first:
+            if first:
+                pacer.first()          # the grid starts at the first tick, however late the thread started
+                self._pacer = pacer
+                self._ticking.set()
+            else:
                 pacer.wait()
                 if self._stop.is_set():
                     break
@@ -103,7 +183,6 @@ class TickThread:
                 with self._lock:
                     self._errors.append(abs(now - last - period))
             last = now
-            self.ticks += 1
             try:
                 self.fn(now)
             except Exception as exc:  # the control loop must survive a bad tick; the error is reported

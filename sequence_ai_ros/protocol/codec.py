@@ -18,6 +18,11 @@ from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 #: dtypes accepted on the wire; anything else is a contract violation.
 ALLOWED_DTYPES = frozenset({'float32', 'float64', 'uint8', 'int32', 'int64', 'bool'})
 ENCODINGS = ('jpeg', 'png', 'raw')
+#: Per allowed dtype name: (the native dtype, its little-endian wire dtype), built once (a name lookup
+#: per tensor, not a dtype parse and byte-order swap).
+_DTYPES = {name: (np.dtype(name), np.dtype(name).newbyteorder('<')) for name in ALLOWED_DTYPES}
+#: Per native dtype: (its name, its wire dtype), for packing.
+_BY_DTYPE = {native: (name, wire) for name, (native, wire) in _DTYPES.items()}
 #: Channels of Pillow modes whose band count is not their colour count (a palette holds RGB colours).
 _CHANNELS_OF_MODE = {'P': 3, '1': 1, 'I;16': 1, 'I': 1, 'F': 1}
 
@@ -38,10 +43,14 @@ def to_tensor(array: np.ndarray | list | tuple, dtype: str | None = None, out: p
     :raises ContractViolation: for a dtype outside :data:`ALLOWED_DTYPES`.
     """
     arr = np.asarray(array, dtype=dtype)
-    name = arr.dtype.name
-    if name not in ALLOWED_DTYPES:
-        raise ContractViolation(f'dtype {name} cannot go on the wire; use one of {sorted(ALLOWED_DTYPES)}')
-    arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder('<'))
+    entry = _BY_DTYPE.get(arr.dtype)
+    if entry is None:                                   # a non-native byte order, or not allowed
+        name = arr.dtype.name
+        if name not in _DTYPES:
+            raise ContractViolation(f'dtype {name} cannot go on the wire; use one of {sorted(ALLOWED_DTYPES)}')
+        entry = name, _DTYPES[name][1]
+    name, wire = entry
+    arr = np.ascontiguousarray(arr, dtype=wire)
     if out is None:
         return pb.Tensor(shape=arr.shape, dtype=name, data=arr.tobytes())
     out.shape[:] = arr.shape
@@ -60,23 +69,25 @@ def from_tensor(tensor: pb.Tensor, *, what: str = 'tensor', dtype: str | None = 
     :raises ContractViolation: for an unknown dtype, a byte count that does not match the shape,
         a wrong dtype or rank, or non-finite values when ``finite``.
     """
-    if tensor.dtype not in ALLOWED_DTYPES:
-        raise ContractViolation(f'{what}: dtype {_clip(tensor.dtype)!r} is not allowed')
-    if dtype is not None and tensor.dtype != dtype:
-        raise ContractViolation(f'{what}: dtype {tensor.dtype} but {dtype} is required')
-    shape = tuple(int(s) for s in tensor.shape)
+    name = tensor.dtype                                 # each read of a string field builds a new str
+    if name not in _DTYPES:
+        raise ContractViolation(f'{what}: dtype {_clip(name)!r} is not allowed')
+    if dtype is not None and name != dtype:
+        raise ContractViolation(f'{what}: dtype {name} but {dtype} is required')
+    shape = tuple(tensor.shape)
     if ndim is not None and len(shape) != ndim:
         raise ContractViolation(f'{what}: shape {_clip(shape)} has {len(shape)} dims, {ndim} required')
-    if any(s < 0 for s in shape):
+    if shape and min(shape) < 0:
         raise ContractViolation(f'{what}: negative dimension in shape {_clip(shape)}')
-    dt = np.dtype(tensor.dtype).newbyteorder('<')
-    expected = math.prod(shape) * dt.itemsize          # Python ints: a shape whose size overflows int64 is refused
+    native, wire = _DTYPES[name]
+    expected = math.prod(shape) * wire.itemsize        # Python ints: a shape whose size overflows int64 is refused
     data = tensor.data                                  # read once: each read of a bytes field copies it
     if len(data) != expected:
-        raise ContractViolation(f'{what}: {len(data)} bytes for shape {shape} {tensor.dtype} '
-                                f'({expected} expected)')
-    arr = np.frombuffer(data, dtype=dt).reshape(shape).astype(tensor.dtype, copy=False)
-    if finite and arr.dtype.kind == 'f' and not np.all(np.isfinite(arr)):
+        raise ContractViolation(f'{what}: {len(data)} bytes for shape {shape} {name} ({expected} expected)')
+    arr = np.frombuffer(data, dtype=wire).reshape(shape)
+    if wire != native:                                  # big-endian hosts only
+        arr = arr.astype(native)
+    if finite and native.kind == 'f' and not np.isfinite(arr).all():
         raise ContractViolation(f'{what}: non-finite values (NaN or inf)')
     return arr
 
@@ -92,10 +103,21 @@ def encode_image(key: str, image: np.ndarray | bytes, encoding: str = 'jpeg',
     :param out: fill this message in place (e.g. ``request.images.add()``); default a new one.
     :raises ContractViolation: for a non-uint8 array, a bad shape, unknown encoding or unreadable bytes.
     """
+    enc, width, height, channels, data = image_payload(key, image, encoding, quality)
+    return _image(out, key, enc, width, height, channels, bytes(data))
+
+
+def image_payload(key: str, image: np.ndarray | bytes, encoding: str = 'jpeg',
+                  quality: int = 90) -> tuple[str, int, int, int, bytes | memoryview]:
+    """Encode a camera frame: ``(encoding, width, height, channels, data)``, as :func:`encode_image` packs it.
+
+    ``data`` of a raw frame is a read-only view of the array's C-order bytes (no copy when the array is
+    C-contiguous): use it before the array changes. Arguments and errors as :func:`encode_image`.
+    """
     if isinstance(image, (bytes, bytearray, memoryview)):
         data = bytes(image)
         width, height, channels, enc = probe_encoded(data)
-        return _image(out, key, enc, width, height, channels, data)
+        return enc, width, height, channels, data
     arr = np.asarray(image)
     if arr.dtype != np.uint8:
         raise ContractViolation(f'image {key!r}: dtype {arr.dtype}, uint8 required')
@@ -107,8 +129,9 @@ def encode_image(key: str, image: np.ndarray | bytes, encoding: str = 'jpeg',
         raise ContractViolation(f'image {key!r}: shape {arr.shape} is empty; width and height must be >= 1')
     height, width, channels = arr.shape
     if encoding == 'raw':
-        data = np.ascontiguousarray(arr).tobytes()
-    elif encoding in ('jpeg', 'png'):
+        view = memoryview(np.ascontiguousarray(arr)).cast('B')
+        return encoding, width, height, channels, view.toreadonly()
+    if encoding in ('jpeg', 'png'):
         from PIL import Image as PILImage
 
         pil = PILImage.fromarray(arr[:, :, 0] if channels == 1 else arr)
@@ -117,10 +140,8 @@ def encode_image(key: str, image: np.ndarray | bytes, encoding: str = 'jpeg',
             pil.save(buf, format='JPEG', quality=quality)
         else:
             pil.save(buf, format='PNG', compress_level=1)
-        data = buf.getvalue()
-    else:
-        raise ContractViolation(f'image {key!r}: unknown encoding {encoding!r}; expected {ENCODINGS}')
-    return _image(out, key, encoding, width, height, channels, data)
+        return encoding, width, height, channels, buf.getvalue()
+    raise ContractViolation(f'image {key!r}: unknown encoding {encoding!r}; expected {ENCODINGS}')
 
 
 def _image(out: pb.Image | None, key: str, encoding: str, width: int, height: int, channels: int,

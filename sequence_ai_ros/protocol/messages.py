@@ -80,29 +80,108 @@ def pack_observation(obs: Observation, contract: Contract, *, episode_id: str, r
     :param out: an empty ObservationRequest to fill in place (``EpisodeRequest().observation``: no copy).
     :raises ContractViolation: when the state does not match the contract or a camera is missing.
     """
-    check_state(obs, contract)
-    names = contract.observation.state_names
     req = pb.ObservationRequest() if out is None else out
     # Built in place, field by field: constructing messages and copying them in copies every image twice.
-    req.episode_id, req.request_id, req.instruction = episode_id, request_id, obs.instruction
-    req.robot_time_s, req.expected_delay_actions = obs.timestamp, int(expected_delay_actions)
-    codec.to_tensor(obs.state, 'float32', out=req.state)
-    req.state_names.extend(obs.state_names or names)
+    _pack_fields(obs, contract, req, episode_id=episode_id, request_id=request_id, chunk_tail=chunk_tail,
+                 expected_delay_actions=expected_delay_actions, last_action=last_action,
+                 observation_step=observation_step, tail_request_id=tail_request_id)
     pack_images(obs, contract, out=req.images)
-    if obs.params:
-        req.params.update(obs.params)
     for past in history:
         frame = req.history.add()
         frame.robot_time_s = past.timestamp
         codec.to_tensor(past.state, 'float32', out=frame.state)
         pack_images(past, contract, out=frame.images)
+    return req
+
+
+def _pack_fields(obs: Observation, contract: Contract, req: pb.ObservationRequest, *, episode_id: str,
+                 request_id: int, chunk_tail: np.ndarray | None, expected_delay_actions: int,
+                 last_action: np.ndarray | None, observation_step: float | None, tail_request_id: int) -> None:
+    """Fill every field of ``req`` but ``images`` and ``history`` (see :func:`pack_observation`)."""
+    check_state(obs, contract)
+    names = contract.observation.state_names
+    req.episode_id, req.request_id, req.instruction = episode_id, request_id, obs.instruction
+    req.robot_time_s, req.expected_delay_actions = obs.timestamp, int(expected_delay_actions)
+    codec.to_tensor(obs.state, 'float32', out=req.state)
+    req.state_names.extend(obs.state_names or names)
+    if obs.params:
+        req.params.update(obs.params)
     if chunk_tail is not None:
         codec.to_tensor(np.asarray(chunk_tail, np.float32).reshape(-1, contract.action_dim), out=req.chunk_tail)
     if last_action is not None:
         codec.to_tensor(last_action, 'float32', out=req.last_action)
     if observation_step is not None:
         req.observation_step, req.tail_request_id, req.splice_tail = observation_step, tail_request_id, True
-    return req
+
+
+# Protobuf wire format (https://protobuf.dev/programming-guides/encoding/): a length-delimited field is
+# its key (field number << 3 | 2) as a varint, the length as a varint, then the bytes.
+_EPISODE_OBSERVATION, _OBSERVATION_IMAGES, _OBSERVATION_HISTORY, _FRAME_IMAGES, _IMAGE_DATA = 2, 7, 8, 3, 6
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _field(number: int, size: int) -> bytes:
+    """The key and length of length-delimited field ``number`` holding ``size`` bytes."""
+    return _varint(number << 3 | 2) + _varint(size)
+
+
+def _image_pieces(obs: Observation, contract: Contract, field: int, pieces: list) -> int:
+    """Append the wire pieces of ``obs``'s images (repeated Image ``field``) to ``pieces``; return their size."""
+    total = 0
+    for cam in contract.observation.cameras:
+        if cam.key not in obs.images:
+            raise ContractViolation(f'camera {cam.key!r} required by the contract is missing '
+                                    f'(observation has {sorted(obs.images)})')
+        enc, width, height, channels, data = codec.image_payload(cam.key, obs.images[cam.key], cam.encoding)
+        head = pb.Image(key=cam.key, encoding=enc, width=width, height=height, channels=channels).SerializeToString()
+        size = len(data) if isinstance(data, bytes) else data.nbytes
+        head += _field(_IMAGE_DATA, size)
+        key = _field(field, len(head) + size)
+        pieces += (key, head, data)
+        total += len(key) + len(head) + size
+    return total
+
+
+def observation_request_bytes(obs: Observation, contract: Contract, *, episode_id: str, request_id: int,
+                              history: Sequence[Observation] = (), chunk_tail: np.ndarray | None = None,
+                              expected_delay_actions: int = 0, last_action: np.ndarray | None = None,
+                              observation_step: float | None = None, tail_request_id: int = 0) -> bytes:
+    """The wire bytes of ``EpisodeRequest(observation=pack_observation(...))``, with the same arguments.
+
+    The same message for any protobuf parser (``EpisodeRequest.FromString`` gives what
+    :func:`pack_observation` builds), but each frame's pixels are copied once, straight into the wire
+    bytes: the small fields are serialized by protobuf, and every Image is written as its header fields
+    plus its ``data`` field from the array's own buffer (a raw frame is not first copied into a bytes
+    object, then into the message, then into its serialization).
+
+    :raises ContractViolation: as :func:`pack_observation`.
+    """
+    req = pb.ObservationRequest()
+    _pack_fields(obs, contract, req, episode_id=episode_id, request_id=request_id, chunk_tail=chunk_tail,
+                 expected_delay_actions=expected_delay_actions, last_action=last_action,
+                 observation_step=observation_step, tail_request_id=tail_request_id)
+    small = req.SerializeToString()
+    pieces: list = [b'', small]
+    size = len(small) + _image_pieces(obs, contract, _OBSERVATION_IMAGES, pieces)
+    for past in history:
+        frame = pb.Frame(robot_time_s=past.timestamp)
+        codec.to_tensor(past.state, 'float32', out=frame.state)
+        head = frame.SerializeToString()
+        at = len(pieces)
+        pieces += (b'', head)
+        frame_size = len(head) + _image_pieces(past, contract, _FRAME_IMAGES, pieces)
+        pieces[at] = _field(_OBSERVATION_HISTORY, frame_size)
+        size += len(pieces[at]) + frame_size
+    pieces[0] = _field(_EPISODE_OBSERVATION, size)
+    return b''.join(pieces)
 
 
 @dataclasses.dataclass
@@ -224,14 +303,15 @@ def pack_chunk(actions: np.ndarray, contract: Contract, *, request_id: int, epis
     if arr.nbytes + _CHUNK_OVERHEAD > max_bytes:
         raise ContractViolation(f'a chunk of shape {arr.shape} is {arr.nbytes} bytes; the transport limit is '
                                 f'{max_bytes} bytes per message')
-    if not np.all(np.isfinite(arr)):
+    if not np.isfinite(arr).all():
         raise ContractViolation('policy returned non-finite actions (NaN or inf)')
     msg = pb.ActionChunk(
         request_id=request_id, episode_id=episode_id, actions=codec.to_tensor(arr),
         action_space=contract.action_space.to_proto(), dt=contract.dt,
         covers_seconds=arr.shape[0] * contract.dt, done=done, robot_time_s=robot_time_s,
         timings=pb.Timings(queue_wait_ms=queue_wait_ms, inference_ms=inference_ms))
-    if msg.ByteSize() > max_bytes:
+    # ByteSize() encodes the message to measure it: only when ids and framing could pass the limit
+    if arr.nbytes + 4 * len(episode_id) + _CHUNK_OVERHEAD > max_bytes and msg.ByteSize() > max_bytes:
         raise ContractViolation(f'the packed chunk is {msg.ByteSize()} bytes; the transport limit is '
                                 f'{max_bytes} bytes per message')
     return msg

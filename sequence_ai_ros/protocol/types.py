@@ -46,12 +46,12 @@ class Observation:
         self.state_names = tuple(self.state_names)
         if self.state.ndim != 1:
             raise ContractViolation(f'observation state must be (D,), got shape {self.state.shape}')
-        if not np.all(np.isfinite(self.state)):
+        if not np.isfinite(self.state).all():
             raise ContractViolation('observation state has non-finite values (NaN or inf)')
         if self.state_names and len(self.state_names) != self.state.shape[0]:
             raise ContractViolation(f'{len(self.state_names)} state names for a state of '
                                     f'{self.state.shape[0]} values')
-        if any(not n for n in self.state_names):
+        if not all(self.state_names):
             raise ContractViolation('observation state_names has an empty name')
         self.images = dict(self.images)
         self.params = {str(k): str(v) for k, v in self.params.items()}

@@ -100,7 +100,7 @@ class ServerConfig:
     metrics_port: int | None = _opt(None, '--metrics-port', 'serve Prometheus metrics on this port at /metrics '
                                     '(default: off; 0 picks a free one)', 'PORT')
     agent_port: int | None = _opt(None, '--agent-port', 'answer HAProxy agent-check probes on this port with the '
-                                  "replica's gRPC health (default: off; see deploy/haproxy.cfg)", 'PORT')
+                                  "replica's gRPC health (default: off; see worker/haproxy.cfg)", 'PORT')
 
     def __post_init__(self) -> None:
         def number(value: Any) -> bool:

@@ -15,7 +15,7 @@ The episode ends exactly once (:meth:`ActiveEpisode.end`) with reason:
 - ``shutdown`` when the worker stops (an Error and EpisodeEnded are sent).
 
 Threads: none of its own. :meth:`EpisodeCallHandler.replies` is a coroutine on the worker's event loop
-(``seq-grpc-loop``, gRPC asyncio); a reader *task* moves incoming messages into an asyncio queue so that
+(``seq-grpc-loop``, gRPC asyncio); a reader *task* moves incoming messages into an inbox (:class:`_Inbox`) so that
 idle and start time can be measured without blocking on the network. Inference runs on the deployment's
 inference thread and is awaited; capture writes and episode ends (hook wait, commit) run on the loop's
 small bounded executor (``seq-io``), so an open stream costs no thread at all.
@@ -24,6 +24,7 @@ small bounded executor (``seq-io``), so an open stream costs no thread at all.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import logging
 import time
@@ -44,7 +45,10 @@ _SHUTDOWN = object()
 
 
 _PENDING = object()
-QUICK_WAIT_S = 0.002   # how long the loop polls a fast inference before the thread->loop hand-off (s)
+#: How long the loop polls a fast inference before the thread->loop hand-off (s). Polls are bare loop passes
+#: (``sleep(0)``), never timed sleeps: a sub-millisecond asyncio timer costs a whole millisecond on an idle
+#: loop (epoll's timeout is in ms, rounded up), which put ~1 ms into the round trip's tail.
+QUICK_WAIT_S = 0.0002
 
 
 class _Failed:
@@ -57,23 +61,83 @@ class _Failed:
 
 
 async def _quick_wait(future: concurrent.futures.Future) -> Any:
-    """Poll ``future`` for up to :data:`QUICK_WAIT_S`, yielding the loop between polls with growing sleeps.
+    """Poll ``future`` for up to :data:`QUICK_WAIT_S`, yielding the loop (one pass, no timer) between polls.
 
-    A 0-2 ms inference is then picked up without ``wrap_future``'s hand-off (a task, a self-pipe write
-    and wake-up per request); other streams keep running in between.
+    A fast inference (a 0 ms policy answers in tens of microseconds) is then picked up without
+    ``wrap_future``'s hand-off (a task, a self-pipe write and wake-up per request); other streams keep
+    running in between, and each pass's ``select(0)`` lets the inference thread take the GIL.
 
     :returns: the future's result, a :class:`_Failed` holding its exception, or ``_PENDING`` when it
         is still running after the quick wait (the caller then awaits it the slow way, with deadlines).
     """
     deadline = time.monotonic() + QUICK_WAIT_S
-    pause = 0.0
     while not future.done():
         if time.monotonic() >= deadline:
             return _PENDING
-        await asyncio.sleep(pause)
-        pause = min(0.0005, pause * 2 or 0.00005)
+        await asyncio.sleep(0)
     exc = future.exception()
     return _Failed(exc) if exc is not None else future.result()
+
+
+class _Inbox:
+    """The stream's incoming messages in order, for one consumer on the event loop.
+
+    Cheaper per message than ``asyncio.Queue`` + ``wait_for`` (a task, a getter future and a timer per
+    wait, and two more loop passes before the consumer runs): a message that finds the consumer waiting is
+    handed to its future directly; otherwise it waits in a deque. Loop thread only (``put`` included).
+    """
+
+    __slots__ = ('_items', '_loop', '_waiter')
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._items: collections.deque = collections.deque()
+        self._loop = loop
+        self._waiter: asyncio.Future | None = None
+
+    def put(self, item: Any) -> None:
+        """Queue ``item`` (or hand it to the waiting consumer)."""
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            self._waiter = None
+            waiter.set_result(item)
+        else:
+            self._items.append(item)
+
+    async def get(self, timeout: float) -> Any:
+        """Return the next item; wait up to ``timeout`` (s) for one.
+
+        :raises asyncio.TimeoutError: when none came within ``timeout``.
+        """
+        if self._items:
+            return self._items.popleft()
+        waiter = self._waiter = self._loop.create_future()
+        timer = self._loop.call_later(max(0.0, timeout), _expire, waiter)
+        try:
+            return await waiter
+        finally:
+            timer.cancel()
+            if self._waiter is waiter:
+                self._waiter = None
+
+
+def _expire(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_exception(asyncio.TimeoutError())
+
+
+#: An Episode request as the stream hands it over: (message, size on the wire in bytes), or a bare message.
+Request = tuple[pb.EpisodeRequest, int] | pb.EpisodeRequest
+
+
+def parse_request(data: bytes) -> tuple[pb.EpisodeRequest, int]:
+    """The Episode stream's request deserializer: the message and its size on the wire (bytes).
+
+    The size checks a request against its contract's limit without ``ByteSize()``, which in upb
+    re-encodes the whole message (~300 KB for two raw 224x224 frames) just to measure it.
+
+    :raises google.protobuf.message.DecodeError: for bytes that are not an EpisodeRequest (gRPC fails the call).
+    """
+    return pb.EpisodeRequest.FromString(data), len(data)
 
 
 def _has_encoded_images(req: pb.ObservationRequest) -> bool:
@@ -104,14 +168,14 @@ class EpisodeCallHandler:
         self.start_timeout_s = start_timeout_s
         self.client = client
         self.active: ActiveEpisode | None = None
-        self._inbox: asyncio.Queue = asyncio.Queue()
         self._loop = asyncio.get_running_loop()
+        self._inbox = _Inbox(self._loop)
         self._splicer = TailSplicer()   # fills chunk_tail of pipelined requests from answers not yet received
         self._to_capture: tuple[Any, ...] | None = None   # the request answered last, captured after its reply
 
     def shutdown(self) -> None:
         """Ask the stream to end its episode (reason ``shutdown``) and close; returns at once; any thread."""
-        self._loop.call_soon_threadsafe(self._inbox.put_nowait, _SHUTDOWN)
+        self._loop.call_soon_threadsafe(self._inbox.put, _SHUTDOWN)
 
     def on_done(self) -> None:
         """The call ended: end the episode as ``disconnect`` if still running (in the background)."""
@@ -127,21 +191,25 @@ class EpisodeCallHandler:
         if job is not None or (self.active is not None and not self.active.ended):
             self._loop.run_in_executor(None, finish)
 
-    async def _read(self, requests: AsyncIterator[pb.EpisodeRequest]) -> None:
+    async def _read(self, requests: AsyncIterator[Request]) -> None:
         try:
-            async for req in requests:
-                self._inbox.put_nowait(req)
+            async for req in requests:   # (message, wire bytes) from parse_request, or a bare message
+                self._inbox.put(req if isinstance(req, tuple) else (req, None))
         except Exception as exc:  # grpc raises when the call is cancelled or the peer drops
             LOG.debug('episode %s: request stream ended: %s', self.episode_id, exc)
         finally:
-            self._inbox.put_nowait(_CLOSED)
+            self._inbox.put(_CLOSED)
 
     async def _io(self, fn: Any, *args: Any) -> Any:
         """Run blocking work (capture files, SQLite, the end hook's wait) on the loop's bounded executor."""
         return await self._loop.run_in_executor(None, fn, *args)
 
-    async def replies(self, requests: AsyncIterator[pb.EpisodeRequest]) -> AsyncIterator[pb.EpisodeReply]:
-        """Consume the robot's messages and yield the replies (the gRPC response stream)."""
+    async def replies(self, requests: AsyncIterator[Request]) -> AsyncIterator[pb.EpisodeReply]:
+        """Consume the robot's messages and yield the replies (the gRPC response stream).
+
+        :param requests: the call's requests: ``(message, size on the wire)`` as :func:`parse_request` gives
+            them, or bare messages (their size is then measured when checked).
+        """
         reader = asyncio.ensure_future(self._read(requests))
         last = opened = time.monotonic()
         try:
@@ -151,9 +219,7 @@ class EpisodeCallHandler:
                 if self.active is None:
                     wait = min(wait, self.start_timeout_s - (now - opened))
                 try:
-                    # a message already queued needs no timer (wait_for costs a task and a timer per message)
-                    item = (self._inbox.get_nowait() if not self._inbox.empty()
-                            else await asyncio.wait_for(self._inbox.get(), timeout=max(0.0, wait)))
+                    item = await self._inbox.get(wait)
                 except asyncio.TimeoutError:
                     if self.active is None and time.monotonic() - opened >= self.start_timeout_s:
                         LOG.info('stream from %s closed: no EpisodeStart within %g s', self.client or '?',
@@ -172,9 +238,10 @@ class EpisodeCallHandler:
                     async for reply in self._close('shutdown', 'the worker is shutting down'):
                         yield reply
                     return
+                item, nbytes = item
                 kind = item.WhichOneof('kind')
                 if kind == 'observation':
-                    yield await self._observe(item.observation)
+                    yield await self._observe(item.observation, nbytes)
                     await self._capture_request()   # after the reply went out: off the round trip
                 elif kind == 'telemetry':
                     if self.active is None:
@@ -224,13 +291,13 @@ class EpisodeCallHandler:
         return pb.EpisodeReply(started=pb.EpisodeStarted(episode_id=eid, capture=rec.active,
                                                          capture_fps=rec.fps, capture_images=rec.images))
 
-    async def _infer(self, active: ActiveEpisode, req: pb.ObservationRequest) -> pb.ActionChunk:
+    async def _infer(self, active: ActiveEpisode, req: pb.ObservationRequest, nbytes: int | None) -> pb.ActionChunk:
         """Decode (raw frames inline; JPEG/PNG on the executor), queue, await the inference thread, pack."""
         runtime = self.runtime
         if _has_encoded_images(req):
-            inp = await self._io(runtime.decode, req)   # JPEG/PNG decoding off the loop
+            inp = await self._io(runtime.decode, req, nbytes)   # JPEG/PNG decoding off the loop
         else:
-            inp = runtime.decode(req)                   # raw frames and state: a copy, cheaper than a hop
+            inp = runtime.decode(req, nbytes)                   # raw frames and state: a copy, cheaper than a hop
         future = runtime.submit(active, req, inp)
         result = await _quick_wait(future)
         if result is _PENDING:
@@ -250,7 +317,7 @@ class EpisodeCallHandler:
             raise result.exc
         return runtime.finish(active, req, result)
 
-    async def _observe(self, req: pb.ObservationRequest) -> pb.EpisodeReply:
+    async def _observe(self, req: pb.ObservationRequest, nbytes: int | None = None) -> pb.EpisodeReply:
         rid = req.request_id
         active = self.active
         if active is None:
@@ -265,7 +332,7 @@ class EpisodeCallHandler:
         chunk = None
         try:
             self._splicer.complete(req, self.runtime.definition.contract.action_dim)   # pipelined requests
-            chunk = await self._infer(active, req)
+            chunk = await self._infer(active, req, nbytes)
             self._splicer.record(req, chunk)
             reply = pb.EpisodeReply(chunk=chunk)
         except SequenceAIError as exc:

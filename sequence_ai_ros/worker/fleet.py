@@ -7,7 +7,7 @@ share one ``$SEQ_HOME``: the registry, the usage database (additive SQLite updat
 capture store (SQLite index, per-process staging), so a fleet's field data exports as one dataset and a
 label lands in the shared store whichever replica receives it.
 
-HAProxy runs in the foreground (``haproxy -db``) on ``deploy/haproxy.cfg`` rendered for N replicas (the
+HAProxy runs in the foreground (``haproxy -db``) on ``sequence_ai_ros/worker/haproxy.cfg`` rendered for N replicas (the
 server lines between its ``# BEGIN SERVERS`` / ``# END SERVERS`` markers) with a stats socket added, so
 :meth:`Fleet.balancer_state` can tell which replicas HAProxy sees UP and with what weight.
 
@@ -19,6 +19,10 @@ killed, so its logs can be read.
 
 Ports are free ones unless pinned (``replica_ports``, ``agent_ports``, ``metrics_ports``: N ports each, or
 one port as the first of N consecutive ones), so a dashboard or a Prometheus scrape config can name them.
+A replica binds its free ports itself (port 0) and the fleet reads them from its log (``serving ... on``,
+``metrics on``, ``agent on``): a port picked here and bound seconds later by the replica could meanwhile be
+taken, e.g. as the source port of a connection. HAProxy cannot bind port 0 and report it: its port is picked
+just before it starts, and picked again (up to :data:`BIND_ATTEMPTS` times) when it could not bind it.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import shutil
 import signal
 import socket
@@ -38,11 +43,18 @@ from pathlib import Path
 
 from sequence_ai_ros.exceptions import ConfigError, MissingDependency
 
-#: The shipped HAProxy configuration (a repository file; pass ``haproxy_config`` elsewhere).
-HAPROXY_CONFIG = Path(__file__).resolve().parents[2] / 'deploy' / 'haproxy.cfg'
+#: The shipped HAProxy configuration (package data: found in a wheel or colcon install as in a checkout).
+HAPROXY_CONFIG = Path(__file__).resolve().with_name('haproxy.cfg')
 BEGIN, END = '# BEGIN SERVERS', '# END SERVERS'
 #: Connections one source address may hold at the balancer (stick-table sc_conn_cur).
 CONN_PER_CLIENT = 64
+#: Starts of HAProxy on a free port before a bind failure is reported (a free port can be taken meanwhile).
+BIND_ATTEMPTS = 3
+#: What ``seq serve`` prints once its ports are bound (cli/serving.py); group 1 is ``host:port``.
+#: Read from the replica's stdout alone (its log lines go to stderr) and from whole lines only.
+_PORT_LINES = {'port': re.compile(r'^serving .* on (\S+?)(?: \(TLS\))?\n', re.M),
+               'metrics_port': re.compile(r'^metrics on http://(\S+)/metrics\n', re.M),
+               'agent_port': re.compile(r'^agent on (\S+) .*\n', re.M)}
 
 
 def free_port(host: str = '127.0.0.1') -> int:
@@ -123,7 +135,7 @@ class Fleet:
     :param port: the balancer's port robots dial (0: a free one, see :attr:`port`).
     :param home: the shared $SEQ_HOME (default the environment's).
     :param serve_args: more ``seq serve`` options for every replica (e.g. ``['--token-file', F]``).
-    :param haproxy_config: the template (default the shipped ``deploy/haproxy.cfg``).
+    :param haproxy_config: the template (default the shipped ``sequence_ai_ros/worker/haproxy.cfg``).
     :param ready_timeout_s: bound (s) for every replica to be ready and HAProxy to see it UP.
     :param replica_ports: pin the replicas' gRPC ports (N ports, or one: the first of N consecutive ones);
         None: free ones.
@@ -156,7 +168,8 @@ class Fleet:
         self.run_dir = Path(tempfile.mkdtemp(prefix='seq-fleet-'))
         #: the run directory when :meth:`stop` kept it (a process crashed or had to be killed), else None
         self.kept: Path | None = None
-        self.port = port or free_port()
+        #: the balancer's port (a free one is picked when HAProxy starts, unless pinned)
+        self.port = port
         self.replicas: list[Replica] = []
         self.haproxy: subprocess.Popen | None = None
         self._env = dict(os.environ)
@@ -172,17 +185,12 @@ class Fleet:
             self._wait_replicas(ready_timeout_s)
             config = self.run_dir / 'haproxy.cfg'
             config.write_text(render_config(template_path.read_text(), replicas))
-            lb_env = dict(self._env, SEQ_LB_BIND=f'127.0.0.1:{self.port}', SEQ_LB_STATS=str(self.stats_socket),
-                          SEQ_LB_CONN_PER_CLIENT=str(conn_per_client))
-            for r in self.replicas:
-                lb_env[f'SEQ_REPLICA_{r.index}'] = r.address
-                lb_env[f'SEQ_AGENT_{r.index}'] = str(r.agent_port)
-            self.haproxy = subprocess.Popen([self._haproxy_bin, '-db', '-f', str(config)], env=lb_env,
-                                            stdout=open(self.run_dir / 'haproxy.log', 'w'), stderr=subprocess.STDOUT)
-            self.wait_balanced(ready_timeout_s)
-        except BaseException:
+            self._start_haproxy(config, conn_per_client, pinned=bool(port), timeout_s=ready_timeout_s)
+        except BaseException as exc:
             self._failed = True
             self.stop(grace=2.0)
+            if isinstance(exc, ConfigError):
+                raise ConfigError(f'{exc}\n(the fleet\'s config and logs are kept in {self.kept})') from None
             raise
 
     @property
@@ -195,24 +203,55 @@ class Fleet:
         """``127.0.0.1:port`` robots dial (``connect(endpoint=...)``)."""
         return f'127.0.0.1:{self.port}'
 
+    def _start_haproxy(self, config: Path, conn_per_client: int, pinned: bool, timeout_s: float) -> None:
+        """Start HAProxy on :attr:`port` (a free one unless ``pinned``) and wait until it sees every replica UP.
+
+        :raises ConfigError: when it exits (after :data:`BIND_ATTEMPTS` free ports, if it could not bind) or
+            does not see the replicas UP within ``timeout_s``.
+        """
+        for attempt in range(1, BIND_ATTEMPTS + 1):
+            if not pinned:
+                self.port = free_port()
+            lb_env = dict(self._env, SEQ_LB_BIND=f'127.0.0.1:{self.port}', SEQ_LB_STATS=str(self.stats_socket),
+                          SEQ_LB_CONN_PER_CLIENT=str(conn_per_client))
+            for r in self.replicas:
+                lb_env[f'SEQ_REPLICA_{r.index}'] = r.address
+                lb_env[f'SEQ_AGENT_{r.index}'] = str(r.agent_port)
+            with open(self.run_dir / 'haproxy.log', 'w') as log:
+                self.haproxy = subprocess.Popen([self._haproxy_bin, '-db', '-f', str(config)], env=lb_env,
+                                                stdout=log, stderr=subprocess.STDOUT)
+            try:
+                self.wait_balanced(timeout_s)
+                return
+            except ConfigError:
+                taken = self.haproxy.poll() is not None and 'cannot bind' in self.log('haproxy')
+                if pinned or not taken or attempt == BIND_ATTEMPTS:
+                    raise
+
     def _start_replica(self, k: int, names: list[str], serve_args: list[str],
                        pinned: tuple[int | None, ...] = (None, None, None)) -> Replica:
-        port, agent, metrics = (p or free_port() for p in pinned)
+        port, agent, metrics = (p or 0 for p in pinned)    # 0: the replica binds a free one and prints it
         argv = [sys.executable, '-m', 'sequence_ai_ros.cli', 'serve', *names, '--port', str(port), '--warm',
                 '--agent-port', str(agent), '--metrics-port', str(metrics), '--trusted-proxy', '127.0.0.1',
                 *serve_args]
-        log = open(self.run_dir / f'replica{k}.log', 'w')
-        proc = subprocess.Popen(argv, env=self._env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        # stdout apart from the log (stderr): with PYTHONUNBUFFERED a log line can land inside a printed one
+        with open(self.run_dir / f'replica{k}.out', 'w') as out, open(self.run_dir / f'replica{k}.log', 'w') as log:
+            proc = subprocess.Popen(argv, env=self._env, stdout=out, stderr=log, start_new_session=True)
         return Replica(k, port, agent, metrics, proc)
 
     def log(self, name: str) -> str:
-        """Return the output so far of ``haproxy`` or ``replicaK``."""
-        path = self.run_dir / f'{name}.log'
+        """Return the output so far of ``haproxy`` or ``replicaK`` (a replica's stdout, then its log)."""
+        texts = [self._read(f'{name}.out'), self._read(f'{name}.log')]
+        return '\n'.join(t for t in texts if t)
+
+    def _read(self, file: str) -> str:
+        path = self.run_dir / file
         return path.read_text(errors='replace') if path.exists() else ''
 
     def agent_status(self, replica: Replica) -> str:
         """Return what the replica's agent answers HAProxy now ('' when it does not answer)."""
+        if not replica.agent_port:
+            return ''
         try:
             with socket.create_connection(('127.0.0.1', replica.agent_port), timeout=1.0) as s:
                 return s.recv(64).decode().strip()
@@ -222,7 +261,7 @@ class Fleet:
     def _wait_replicas(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         for r in self.replicas:
-            while self.agent_status(r) != 'up ready':
+            while not self._read_ports(r) or self.agent_status(r) != 'up ready':
                 if r.process.poll() is not None:
                     raise ConfigError(f'replica {r.index} exited ({r.process.returncode}):\n'
                                       f'{self.log(f"replica{r.index}")}')
@@ -230,6 +269,19 @@ class Fleet:
                     raise ConfigError(f'replica {r.index} not ready after {timeout_s:g} s:\n'
                                       f'{self.log(f"replica{r.index}")}')
                 time.sleep(0.1)
+
+    def _read_ports(self, replica: Replica) -> bool:
+        """Fill in ``replica``'s ports from what it printed once bound; return whether all three are known."""
+        if replica.port and replica.agent_port and replica.metrics_port:
+            return True
+        text = self._read(f'replica{replica.index}.out')
+        found = {what: line.group(1) for what, line in ((w, rx.search(text)) for w, rx in _PORT_LINES.items())
+                 if line is not None}
+        if len(found) < len(_PORT_LINES):
+            return False
+        for what, address in found.items():
+            setattr(replica, what, int(address.rsplit(':', 1)[1]))
+        return True
 
     def balancer_state(self) -> dict[str, tuple[str, int]]:
         """Return ``{replicaK: (status, weight)}`` as HAProxy sees its servers (``show stat``)."""

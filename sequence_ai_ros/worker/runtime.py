@@ -295,13 +295,16 @@ class DeploymentRuntime:
         instance = self._instance
         return self.scheduler.submit(episode.id, lambda: self._call(instance, inp, episode), payload=(inp, episode))
 
-    def decode(self, req: pb.ObservationRequest) -> messages.PolicyInput:
+    def decode(self, req: pb.ObservationRequest, nbytes: int | None = None) -> messages.PolicyInput:
         """Check the request's size and decode it against the contract (images decoded: the costly part).
 
+        :param nbytes: the request's size on the wire (bytes) when known (the Episode stream's deserializer
+            gives it); None measures it with ``ByteSize()``, which in upb re-encodes the whole message.
         :raises ContractViolation: for a request over the contract's size or a malformed one.
         """
-        if req.ByteSize() > self.max_message_bytes:
-            raise ContractViolation(f'request {req.request_id}: {req.ByteSize()} bytes exceeds the contract\'s '
+        size = req.ByteSize() if nbytes is None else nbytes
+        if size > self.max_message_bytes:
+            raise ContractViolation(f'request {req.request_id}: {size} bytes exceeds the contract\'s '
                                     f'{self.max_message_bytes}')
         return messages.unpack_observation(req, self.contract)
 

@@ -39,14 +39,13 @@ from sequence_ai_ros.home import usage_file
 from sequence_ai_ros.malloc_tuning import tune_malloc
 from sequence_ai_ros.policy.loader import PolicyDefinition, load_policy_file
 from sequence_ai_ros.protocol import AUTH_METADATA, errors, messages
-from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
 from sequence_ai_ros.worker.capture_hook import open_store
 from sequence_ai_ros.worker.config import ServerConfig, field_names
 from sequence_ai_ros.worker.health_agent import HealthAgent
 from sequence_ai_ros.worker.metrics import MetricsSink, PrometheusMetrics
 from sequence_ai_ros.worker.registry import Registry
 from sequence_ai_ros.worker.runtime import DeploymentRuntime
-from sequence_ai_ros.worker.servicer import PolicyServicer
+from sequence_ai_ros.worker.servicer import PolicyServicer, add_to_server
 from sequence_ai_ros.worker.usage import Usage, UsageMeter
 
 LOG = logging.getLogger(__name__)
@@ -227,7 +226,7 @@ class WorkerServer:
         # max_streams (OVERLOADED), and unary calls and health always answer.
         server = grpc.aio.server(options=options, interceptors=interceptors)
         servicer = PolicyServicer(self.runtimes, config)
-        pb_grpc.add_PolicyServiceServicer_to_server(servicer, server)
+        add_to_server(servicer, server)
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         address = f'{config.host}:{config.port}'

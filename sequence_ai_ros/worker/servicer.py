@@ -32,7 +32,7 @@ from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
 from sequence_ai_ros.protocol.contract import PROTOCOL_VERSION, clip
 from sequence_ai_ros.worker.config import ServerConfig
-from sequence_ai_ros.worker.episode_call import EpisodeCallHandler
+from sequence_ai_ros.worker.episode_call import EpisodeCallHandler, parse_request
 from sequence_ai_ros.worker.runtime import DeploymentRuntime
 
 LOG = logging.getLogger(__name__)
@@ -67,6 +67,34 @@ def client_of(context: grpc.aio.ServicerContext, trusted_proxies: tuple[str, ...
         if forwarded:
             return forwarded
     return host
+
+
+#: The service's full name, from the proto (``sequence_ai.v1.PolicyService``).
+SERVICE = pb.DESCRIPTOR.services_by_name['PolicyService'].full_name
+
+
+def add_to_server(servicer: PolicyServicer, server: grpc.aio.Server) -> None:
+    """Register ``servicer`` on ``server``: the generated handlers, except the Episode stream's deserializer.
+
+    Episode requests are parsed by :func:`~sequence_ai_ros.worker.episode_call.parse_request`, which also
+    hands over each request's size on the wire, so the contract's size limit costs no re-encoding.
+    """
+    handlers = {
+        'Handshake': grpc.unary_unary_rpc_method_handler(
+            servicer.Handshake, request_deserializer=pb.HandshakeRequest.FromString,
+            response_serializer=pb.HandshakeReply.SerializeToString),
+        'Ready': grpc.unary_unary_rpc_method_handler(
+            servicer.Ready, request_deserializer=pb.ReadyRequest.FromString,
+            response_serializer=pb.ReadyReply.SerializeToString),
+        'Episode': grpc.stream_stream_rpc_method_handler(
+            servicer.Episode, request_deserializer=parse_request,
+            response_serializer=pb.EpisodeReply.SerializeToString),
+        'Label': grpc.unary_unary_rpc_method_handler(
+            servicer.Label, request_deserializer=pb.LabelRequest.FromString,
+            response_serializer=pb.LabelReply.SerializeToString),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)
 
 
 class PolicyServicer(pb_grpc.PolicyServiceServicer):

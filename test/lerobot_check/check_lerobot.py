@@ -111,9 +111,12 @@ def install_paths(c: Check) -> None:
         env = dict(c.lr_env, PATH=f'{venv / "bin"}:{c.lr_env["PATH"]}')
         c.run(f'install_{mode}_seq', [str(venv / 'bin' / 'seq'), 'init', '--list'], 120, env=env)
         c.run(f'install_{mode}_stubs', [str(venv / 'bin' / 'python'), '-c',
-                                        'import sequence_ai_ros.protocol.sequence_ai_pb2_grpc, sequence_ai'], 120,
+                                        'import sequence_ai_ros.protocol.sequence_ai_pb2_grpc, sequence_ai\n'
+                                        'from sequence_ai_ros.worker.fleet import HAPROXY_CONFIG as cfg\n'
+                                        'assert cfg.is_file(), f"seq fleet template missing: {cfg}"'], 120,
               env=env)
-        c.step(f'install path {mode}: pip install {" ".join(target)} -> seq and the gRPC stubs import')
+        c.step(f'install path {mode}: pip install {" ".join(target)} -> seq, the gRPC stubs and the HAProxy '
+               'template')
     env = dict(os.environ, SEQ_RESOLVE_LEROBOT='1')
     out = c.run('resolve_lerobot_set', [sys.executable, '-m', 'pytest', 'test/test_requirements.py', '-q',
                                         '-p', 'no:cacheprovider', '-k', 'lerobot'], 900, env=env, ok=False)
@@ -237,9 +240,18 @@ def serve_and_check(c: Check, kind: str, ckpt: Path, bag: Path, ds_info: dict, d
     if max(figures['batched_calls']) < 2:
         c.failures.append(f'{kind}: {figures["batched_robots"]} concurrent episodes were never batched '
                           f'(calls {figures["batched_calls"]})')
-    if figures['p95_over_covers'] < 0.45 and figures['loop']['underruns'] > 0:
-        c.failures.append(f'{kind}: {figures["loop"]["underruns"]} underruns with p95/covers '
-                          f'{figures["p95_over_covers"]:.2f} < 0.45')
+    # Below 0.45 the prefetch hides the round trip. A single stall (a loaded machine) can still outlast the
+    # prefetch lead, which is max(p95 of past round trips, MIN_LEAD_FRACTION of a chunk): then the arm may run
+    # dry for at most the slow round trip's excess over that lead (p95 over a few chunks is about the slowest).
+    from sequence_ai_ros.client.records import MIN_LEAD_FRACTION
+
+    loop = figures['loop']
+    explained_s = max(0.0, loop['latency_p95_ms'] / 1e3 - MIN_LEAD_FRACTION * figures['covers_seconds']) + 1.0 / HZ
+    figures['dry_explained_s'] = explained_s
+    if figures['p95_over_covers'] < 0.45 and loop['underrun_s'] > explained_s:
+        c.failures.append(f'{kind}: {loop["underruns"]} underruns ({loop["underrun_s"]:.3f} s dry) with p95/covers '
+                          f'{figures["p95_over_covers"]:.2f} < 0.45, more than a stall past the prefetch lead '
+                          f'explains ({explained_s:.3f} s)')
     if figures['loop']['reason'] not in ('completed', 'timeout') or figures['loop']['actions'] == 0:
         c.failures.append(f'{kind}: closed loop ended {figures["loop"]["reason"]} ({figures["loop"]["message"]})')
     return figures
@@ -299,7 +311,7 @@ def summary(c: Check, results: dict[str, dict], fields: str) -> str:
                   f'{loop["reason"]}; underruns {loop["underruns"]} ({loop["underrun_s"]:.3f} s); '
                   f'latency p50 {loop["latency_p50_ms"]:.1f} ms, p95 {loop["latency_p95_ms"]:.1f} ms; '
                   f'p95 / covers_seconds {r["p95_over_covers"]:.2f} '
-                  '(0 underruns required below 0.45)',
+                  f'(below 0.45 no dry time beyond a stall past the prefetch lead: {r["dry_explained_s"]:.3f} s)',
                   f'  MAE over the action horizon (H={r["chunk_length"]}, episode 5, {r["mae_windows"]} windows, every '
                   f'{r["mae_stride"]}th):']
         lines += [f'    {name:18s} {value:.5f}' for name, value in r['mae'].items()]
