@@ -171,3 +171,107 @@ def test_seed_commands_through_the_node_keep_what_the_robot_did(tmp_path, seq_ho
 
     stats = _seq('policy', 'stats', 'ramp')
     assert 'policy ramp: 1 episodes' in stats.stdout and '100% of 1' in stats.stdout, stats.stdout
+
+
+class _ScriptedGrid:
+    """The control thread's deadlines ``start + k * period`` (Runner's ControlGrid).
+
+    The test says which deadline each tick serves, as the TickThread's pacer does.
+    """
+
+    def __init__(self, start: float, period: float) -> None:
+        self.start, self.period, self.k = start, period, -1
+
+    def index_at(self, t: float) -> int:
+        return int((t - self.start) // self.period) if t >= self.start else -1
+
+    def settled_index(self) -> int:
+        return self.k
+
+    def current_index(self) -> int:
+        return self.k
+
+    def deadline_s(self, k: int) -> float:
+        return self.start + k * self.period
+
+
+def test_ticks_woken_late_keep_their_own_rows_on_the_control_grid(tmp_path):
+    """Capture maps the node's ticks to rows by the deadline each served, not by when it woke.
+
+    A 30 Hz node against a 30 Hz policy: ticks woken 0.6 of a period late (still serving their deadline, as
+    the pacer does up to a period) and two skipped deadlines. Every fresh tick is its own row, a skipped
+    deadline a held row, and each row's command and clamp flag are its own tick's (stamped by wake-up time,
+    an early tick after a late first one shared its neighbour's row and lost its command).
+    """
+    import time
+
+    from sensor_msgs.msg import JointState
+
+    from sequence_ai_ros.capture.settings import CaptureSettings, save_settings
+    from sequence_ai_ros.capture.store import CaptureStore
+    from sequence_ai_ros.datasets.rows import build_rows
+    from sequence_ai_ros.node.config import CommandConfig, JointsConfig, NodeConfig, SafetyConfig
+    from sequence_ai_ros.node.controller_commands import CommandInterface
+    from sequence_ai_ros.node.observation import ObservationAssembler
+    from sequence_ai_ros.node.runner import Runner, episode_settings
+    from sequence_ai_ros.node.safety import SafetyFilter
+    from sequence_ai_ros.protocol.spaces import ActionSpace
+    from sequence_ai_ros.worker import serve_policy_file
+
+    names = tuple(NAMES)
+    capture = tmp_path / 'capture'
+    save_settings(capture / 'ramp', CaptureSettings(rate=1.0, enabled=True))
+    rng = np.random.default_rng(7)
+    late = rng.random(200) < 0.4           # which deadlines' ticks wake 0.6 of a period late
+    late[:12] = True                       # the first command's tick among them
+    skipped = {40, 41, 77}                 # deadlines that get no tick (a stall)
+    ticks: list[tuple[int, np.ndarray | None, bool, bool]] = []   # (deadline, command, fresh, clamped)
+    with serve_policy_file(RAMP, 'ramp', capture_root=capture, names=list(names), step=0.01) as server:
+        cfg = NodeConfig(model='ramp', endpoint=f'127.0.0.1:{server.port}', control_rate_hz=30.0,
+                         joints=JointsConfig(names=names), command=CommandConfig(controller='arm'),
+                         safety=SafetyConfig(lower_limits=(-1.0,) * 4, upper_limits=(1.0, 1.0, J2_LIMIT, 1.0)))
+        commands = CommandInterface(cfg.command, cfg.command_joint_names, cfg.period_s)
+        runner = Runner(cfg, commands, SafetyFilter(cfg.safety, cfg.command_joint_names),
+                        ObservationAssembler(names, 0.5, {}, joints_source='joint_states'))
+        runner.accepting = True
+        assert runner.connect_now() == ''
+        period = cfg.period_s
+        grid = runner.grid = _ScriptedGrid(time.monotonic() + 0.05, period)
+        runner.start(episode_settings('reach', 30.0))
+        for k in range(len(late)):
+            if k in skipped:
+                continue
+            wake = grid.deadline_s(k) + (0.6 * period if late[k] else 0.0)
+            time.sleep(max(0.0, wake - time.monotonic()))
+            now = time.monotonic()
+            runner.assembler.put_joints(JointState(name=list(names), position=[0.1, 0.2, 0.3, 0.4]), now)
+            grid.k = k
+            value = runner.tick(now)
+            fresh = runner.last_action is not None
+            was_clamped = fresh and not np.allclose(runner.last_action.values, value)
+            ticks.append((k, value, fresh, bool(was_clamped)))
+            runner.session_step(now)
+        eid = runner.request_end('completed')
+        runner.session_step(time.monotonic())
+        result = runner.wait(eid, 10)
+        runner.close()
+    assert result is not None
+    [episode] = CaptureStore(capture / 'ramp', 'ramp').episodes()
+    rows = build_rows(episode, 30.0, ActionSpace.JOINT_ABSOLUTE, 4, 4, [])
+
+    fresh = [(k, v, c) for k, v, f, c in ticks if f]
+    assert len(fresh) > 100 and any(c for _, _, c in fresh), 'the ramp must run and cross the j2 limit'
+    k0 = fresh[0][0]
+    by_deadline = {k: (v, c) for k, v, c in fresh}
+    last = max(by_deadline)
+    # every deadline from the first command to the last is one row: its own tick's, or held
+    assert len(rows) == last - k0 + 1, (len(rows), last - k0 + 1)
+    for r in range(len(rows)):
+        k = k0 + r
+        if k in by_deadline:
+            value, clamped = by_deadline[k]
+            assert not rows.held[r], f'row {r} (deadline {k}) is its fresh tick, not a hold'
+            np.testing.assert_array_equal(rows.action[r], np.asarray(value, np.float32), err_msg=f'row {r}')
+            assert rows.clamped[r] == clamped, f'row {r} (deadline {k}): clamp flag of another tick'
+        else:
+            assert rows.held[r], f'row {r} (deadline {k}) had no fresh tick'

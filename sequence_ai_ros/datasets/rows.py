@@ -34,8 +34,10 @@ its held rows stay held, each the command in effect at ``t_k``. A caller faster 
 as many rows as its executed policy steps or one more: its last command gets a whole row although it
 ran for only part of one (the engine counts a step as executed at the next tick). Otherwise ticks
 sharing a cell are summed (delta, velocity) or the first one is the row's command (absolute). Trailing
-held rows (after the last command) are dropped. When 1/dt is not a whole number the rows come at
-``round(1/dt)`` Hz (see :meth:`CaptureSettings.row_fps`) by the same rule.
+held rows (after the last command) are dropped. The ROS node stamps each tick with the control
+deadline it serves (node/runner.py), not its wake-up time, so its ticks sit on their cells exactly: a
+tick woken late (up to a period; later ones are skipped) keeps its own row. When 1/dt is not a whole
+number the rows come at ``round(1/dt)`` Hz (see :meth:`CaptureSettings.row_fps`) by the same rule.
 
 Stores written before this rule (``format`` 1: frames sampled at the capture fps) go through the same
 mapping: each frame is one tick. Frames are re-checked (:class:`FrameChecker`), so a frame that a

@@ -534,6 +534,21 @@ class Runner:
         self._counted(ep, now)
         return self._hold(snap)
 
+    def _stamp_on_grid(self, snap: Snapshot) -> None:
+        """Stamp the observation with the control deadline this tick serves (monotonic s), not its wake-up.
+
+        Capture maps telemetry to dataset rows on a ``k / fps`` timeline by this stamp
+        (datasets/rows.py): on the deadline, a tick woken late (up to a period: later ones are skipped) stays in
+        its own row instead of sharing the next one with the next tick. Freshness was judged at the real
+        ``now`` (the snapshot); the engine's clock also gets the real ``now``.
+        """
+        grid, obs = self.grid, snap.observation
+        if grid is None or obs is None:
+            return
+        k = grid.current_index()
+        if k >= 0:
+            obs.timestamp = grid.deadline_s(k)
+
     def tick(self, now: float) -> np.ndarray | None:
         """Return the command to publish at ``now`` (command order, float64), or None to publish nothing.
 
@@ -541,6 +556,7 @@ class Runner:
         """
         ep = self.episode
         snap = self.assembler.snapshot(now, ep.instruction if ep is not None else '')
+        self._stamp_on_grid(snap)
         self.last_snapshot = snap
         self.last_action = None
         if ep is not None and ep.stopped and self._served_before_stop(ep):

@@ -29,7 +29,8 @@ class Observation:
         JPEG/PNG bytes, which are sent untouched.
     :param instruction: the task in natural language; act() overwrites it with its pinned instruction.
     :param timestamp: the robot's monotonic clock (s) when the observation was taken
-        (``time.monotonic()`` by default); never compared across hosts.
+        (``time.monotonic()`` by default; the ROS node gives its control tick's deadline); never compared
+        across hosts. Capture puts telemetry on dataset rows by it.
     :param params: inference parameters (e.g. ``{'seed': '3'}``), kept by capture.
     :raises ContractViolation: for a state that is not 1-d, not finite, or whose names do not match.
     """
