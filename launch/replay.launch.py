@@ -1,6 +1,6 @@
 """Replay a rosbag into the policy node against a local worker: worker, node and bag player.
 
-    seq data to-rosbag ../shared/data/g1_pick_bottle_v21 --episode 5 --out /tmp/g1_ep5
+    ros2 run sequence_ai_ros seq data to-rosbag ../shared/data/g1_pick_bottle_v21 --episode 5 --out /tmp/g1_ep5
     ros2 launch sequence_ai_ros replay.launch.py bag:=/tmp/g1_ep5 policy:=my_policy/policy.py model:=my_policy \
         params_file:=$(ros2 pkg prefix sequence_ai_ros)/share/sequence_ai_ros/config/g1.yaml
 

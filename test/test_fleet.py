@@ -13,6 +13,7 @@ import json
 import shutil
 import socket
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -251,6 +252,11 @@ def test_a_fleet_keeps_its_logs_when_a_replica_crashed_and_refuses_overlapping_p
         Fleet(['replica_echo'], 2, replica_ports=[50600], agent_ports=[50610, 50600])
     with pytest.raises(ConfigError, match='3 ports for 2 replicas'):
         Fleet(['replica_echo'], 2, metrics_ports=[1, 2, 3])
+    # TLS replicas behind the shipped plaintext template would never come UP: refused before anything starts
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match='--tls-cert makes the replicas serve TLS.*plaintext h2'):
+        Fleet(['replica_echo'], 2, serve_args=['--tls-cert', 'c.pem', '--tls-key', 'k.pem'])
+    assert time.monotonic() - started < 5, 'refused up front, not after ready_timeout_s'
     assert seq_main(['deploy', str(POLICY), '--name', 'replica_echo']) == 0
     fleet = Fleet(['replica_echo'], 1, home=seq_home)
     try:

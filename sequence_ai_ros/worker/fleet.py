@@ -142,8 +142,9 @@ class Fleet:
     :param agent_ports: pin their HAProxy agent ports, likewise.
     :param metrics_ports: pin their Prometheus ports, likewise.
     :raises MissingDependency: when HAProxy is not installed.
-    :raises ConfigError: when a replica or HAProxy fails to start (their output is in the message), or for
-        pinned ports of the wrong count, out of range or used twice.
+    :raises ConfigError: when a replica or HAProxy fails to start (their output is in the message), for
+        pinned ports of the wrong count, out of range or used twice, or for TLS replicas (``--tls-cert`` in
+        ``serve_args``) behind the shipped plaintext template.
     """
 
     def __init__(self, names: Sequence[str], replicas: int = 3, *, port: int = 0, home: str | Path | None = None,
@@ -165,6 +166,15 @@ class Fleet:
         template_path = Path(haproxy_config) if haproxy_config is not None else HAPROXY_CONFIG
         if not template_path.is_file():
             raise ConfigError(f'HAProxy template {template_path} not found (pass --haproxy-config)')
+        tls = [a for a in serve_args if str(a).split('=')[0] in ('--tls-cert', '--tls-key')]
+        if tls and haproxy_config is None:
+            # the shipped template speaks plaintext h2 to the replicas (its health check too): TLS replicas
+            # would never come UP, and the fleet would fail only after ready_timeout_s
+            raise ConfigError(f'serve_args {tls[0]} makes the replicas serve TLS, but the shipped HAProxy '
+                              f'template ({HAPROXY_CONFIG}) talks plaintext h2 to them and health-checks them '
+                              'so: they would never come UP. Terminate TLS at HAProxy instead (a `crt` on its '
+                              'bind line, in your own --haproxy-config), or give a template whose server lines '
+                              'use `ssl verify required ca-file ...` with `check-ssl`.')
         self.run_dir = Path(tempfile.mkdtemp(prefix='seq-fleet-'))
         #: the run directory when :meth:`stop` kept it (a process crashed or had to be killed), else None
         self.kept: Path | None = None
