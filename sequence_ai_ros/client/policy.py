@@ -45,6 +45,47 @@ class _OpenEpisode:
         self.engine, self.stream, self.implicit = engine, stream, implicit
         self.telemetry: TelemetryBuffer | None = None
         self.closed: RunOutcome | None = None
+        # joint_delta capture: the absolute target the robot commanded at the last tick (None before any),
+        # whether report_command changed it, and the target before the newest tick (for its amend)
+        self.commanded: np.ndarray | None = None
+        self.amended = False
+        self.commanded_before: np.ndarray | None = None
+
+    def telemetry_action(self, action: Action | None) -> np.ndarray | None:
+        """What capture keeps as this tick's command: the action's values, or the increment in joint_delta.
+
+        joint_delta actions reach the robot integrated (``values`` is the absolute target, float32 (D,) rad):
+        capture keeps the increment the robot executed, this target minus the previous tick's commanded one
+        (the first tick's: the measured state the engine integrated onto), so the rows of a delta space sum
+        to the commanded path (datasets/rows.py). Unchanged by the robot it is the policy's own increment
+        ``delta``, bit for bit; a hold is 0.
+        """
+        if action is None or action.action_space is not ActionSpace.JOINT_DELTA or action.delta is None:
+            return None if action is None else action.values
+        values = np.asarray(action.values, np.float32)
+        delta = np.asarray(action.delta, np.float32)
+        before = self.commanded if self.commanded is not None else (values - delta)
+        amended = self.amended
+        self.commanded_before, self.commanded, self.amended = before, values.copy(), False
+        if action.hold:
+            return np.zeros_like(delta)
+        return delta if not amended else (values - before).astype(np.float32)
+
+    def amend_command(self, commanded: np.ndarray | None) -> np.ndarray | None:
+        """Turn what the robot commanded at the newest tick into what capture keeps (see telemetry_action).
+
+        :param commanded: float32 (D,) the robot's command (joint_delta: its absolute target, rad), or None
+            when it held.
+        """
+        if self.engine.contract.action_space is not ActionSpace.JOINT_DELTA or self.commanded_before is None:
+            return commanded
+        before = self.commanded_before
+        self.amended = True
+        if commanded is None:   # the robot held the previous target: the tick moved nothing
+            self.commanded = before
+            return None
+        self.commanded = np.array(commanded, np.float32)
+        return (self.commanded - before).astype(np.float32)
 
 
 class Policy:
@@ -275,12 +316,15 @@ class Policy:
         captured row then holds this command, and the policy's action is kept beside it. Cheap and
         never blocks; does nothing when the episode is not captured.
 
-        :param commanded: float32 (D,) in the contract's action order, or None when the robot held.
+        :param commanded: float32 (D,) in the contract's action order, or None when the robot held. In
+            joint_delta, the absolute target (as the action's ``values``); capture keeps the increment the
+            robot executed (this target minus the previous one).
         :param clamped: True when a safety filter changed the policy's action.
         """
         ep = self._episode
         if ep is not None and ep.telemetry is not None and ep.closed is None:
-            ep.telemetry.amend(None if commanded is None else np.asarray(commanded, np.float32), clamped)
+            ep.telemetry.amend(ep.amend_command(None if commanded is None else np.asarray(commanded, np.float32)),
+                               clamped)
 
     def episode_outcome(self) -> RunOutcome | None:
         """None while the episode runs; its RunOutcome once it finished (completed, timeout, validate, error...)."""
@@ -391,7 +435,7 @@ class Policy:
         action = ep.engine.tick(obs, now)
         tel = ep.telemetry
         if tel is not None and ep.engine.outcome() is None:
-            batch = tel.add(obs, None if action is None else action.values, action is None or action.hold)
+            batch = tel.add(obs, ep.telemetry_action(action), action is None or action.hold)
             if batch:
                 ep.stream.send_telemetry(batch)
         return action

@@ -15,6 +15,11 @@ import numpy as np
 
 from sequence_ai_ros.protocol.types import Observation
 
+#: Share of a cell a time may fall short of its cell's start and still count in it. Times on an exact grid
+#: (the node stamps its ticks ``start + k * period``) carry float error of about ulp(t): 1.2e-10 s at a
+#: week of uptime, 3.6e-9 of a 30 Hz cell; 1e-4 (3.3 us at 30 Hz) covers clocks of decades.
+CELL_SLACK = 1e-4
+
 
 class GridSampler:
     """True once per grid cell of ``period_s`` on the given clock.
@@ -31,7 +36,7 @@ class GridSampler:
         """Return True when ``t`` (s) falls in a new grid cell (always for the first call)."""
         if self._t0 is None:
             self._t0 = t
-        cell = int(math.floor((t - self._t0) / self.period_s + 1e-9))
+        cell = int(math.floor((t - self._t0) / self.period_s + CELL_SLACK))
         if cell > self._cell:
             self._cell = cell
             return True
@@ -124,8 +129,9 @@ class TelemetryBuffer:
             return
         last = self._frames[-1]
         new = None if commanded is None else np.array(commanded, np.float32)
-        if last.action is not None and (new is None or not np.array_equal(new, last.action)):
-            last.policy_action = last.action
+        if last.policy_action is None and last.action is not None and (
+                new is None or not np.array_equal(new, last.action)):
+            last.policy_action = last.action    # the policy's own, kept across amends (clamped, then held)
         last.action = new
         last.clamped = bool(clamped)
         if new is None:

@@ -28,7 +28,8 @@ stays true. Ticks that arrive late (after a stall, one per row) and then share a
 tick move back one row each, filling the stall's last held row (absolute and delta spaces, at most
 ``MAX_CATCH_UP`` rows back), so a fixed-step loop that falls behind and catches up loses no executed
 step. Only a caller that ticks once per row catches up (the median of its recent tick intervals above
-``CATCH_UP_MIN_TICK`` of a row period): a faster caller (50 Hz ticks, 30 Hz rows) shares cells by design,
+``CATCH_UP_MIN_TICK`` of a row period, and the tick after the late one sooner than that share of the
+median): a faster caller (50 Hz ticks, 30 Hz rows) shares cells by design,
 and after a stall it skips ticks rather than bunching them (the node's tick thread keeps its phase), so
 its held rows stay held, each the command in effect at ``t_k``. A caller faster than the rows exports
 as many rows as its executed policy steps or one more: its last command gets a whole row although it
@@ -105,6 +106,20 @@ def _frames(episode: CapturedEpisode) -> Iterator[pb.TelemetryFrame]:
 
 def _vec(t: pb.Tensor) -> np.ndarray:
     return codec.from_tensor(t, what='action', dtype='float32', ndim=1, finite=True)
+
+
+def _once_per_row(intervals: collections.deque[float], period: float, gap_s: float) -> bool:
+    """True when a tick that shares a cell with the one before, ``gap_s`` (s) after it, is that one catching up.
+
+    The caller ticks once per row (the median of its recent tick intervals above ``CATCH_UP_MIN_TICK`` of
+    the row period ``period``, s) and this tick came sooner than its own rhythm (less than that share of the
+    median), as a fixed-step loop does when it catches up or after a late tick. A caller a little faster than
+    the rows (35 Hz ticks, 30 Hz rows) shares a cell now and then at its own rhythm: that is no catch-up.
+    """
+    if not intervals:
+        return True
+    median = float(np.median(intervals))
+    return median > CATCH_UP_MIN_TICK * period and gap_s < CATCH_UP_MIN_TICK * median
 
 
 #: Longest stall (s) between two kept frames that held rows may fill; a larger jump is a bad frame.
@@ -192,7 +207,7 @@ def build_rows(episode: CapturedEpisode, fps: float, space: ActionSpace, state_d
         late = (cell is not None and fresh and not velocity and cell['fresh'] == 1 and g >= 0
                 and len(rows['state']) - g <= MAX_CATCH_UP and rows['k'][-1] == cell['k'] - 1
                 and all(rows['fresh'][j] == 1 for j in range(g + 1, len(rows['state'])))
-                and (not intervals or float(np.median(intervals)) > CATCH_UP_MIN_TICK * period))
+                and _once_per_row(intervals, period, frame.robot_time_s - (last_fresh_t or frame.robot_time_s)))
         if late:
             # The ticks since a stall's last held row were each one late: move them back one row (the
             # held row is filled), and this tick takes the cell, so no executed step is merged away.

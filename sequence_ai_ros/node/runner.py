@@ -534,16 +534,29 @@ class Runner:
         self._counted(ep, now)
         return self._hold(snap)
 
+    def report_dry_tick(self) -> None:
+        """Tell capture that this tick's command went to ``~/would_command`` (a dry run), not the controller.
+
+        Its row is then held, with the policy's action kept beside it: a dry run never exports as executed
+        (an episode that was dry throughout has no executed action and is skipped by the export, named).
+        """
+        policy = self.policy
+        if policy is not None:
+            policy.report_command(None)
+
     def _stamp_on_grid(self, snap: Snapshot) -> None:
         """Stamp the observation with the control deadline this tick serves (monotonic s), not its wake-up.
 
         Capture maps telemetry to dataset rows on a ``k / fps`` timeline by this stamp
         (datasets/rows.py): on the deadline, a tick woken late (up to a period: later ones are skipped) stays in
         its own row instead of sharing the next one with the next tick. Freshness was judged at the real
-        ``now`` (the snapshot); the engine's clock also gets the real ``now``.
+        ``now`` (the snapshot); the engine's clock also gets the real ``now``. Velocity spaces keep the
+        wake-up time: their rows weight each command by the time it was in effect, i.e. from its publication
+        to the next one.
         """
         grid, obs = self.grid, snap.observation
-        if grid is None or obs is None:
+        contract = self.contract
+        if grid is None or obs is None or (contract is not None and 'velocity' in contract.action_space.value):
             return
         k = grid.current_index()
         if k >= 0:

@@ -1,0 +1,267 @@
+"""Captured rows from the node's control ticks: real TickThread, in-process worker, capture on, rows as exported.
+
+The node stamps each tick with its control deadline ``pacer.start_s + k * period``; capture and the
+observation history sample those stamps on grids (client/sampling.py GridSampler) and rows.py maps them to
+rows. Also joint_delta and joint_velocity exports (the increments and velocities the robot executed).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from test_node_support import RAMP
+
+pytestmark = [pytest.mark.ros]
+
+NAMES = ('j0', 'j1', 'j2', 'j3')
+
+
+def _run_node_episode(tmp_path, *, rate_hz: float, seconds: float, space: str = 'joint_absolute',
+                      stalls: dict[int, float] | None = None, step: float = 0.001,
+                      late: dict[int, float] | None = None):
+    """A Runner ticked by a real TickThread against an in-process ramp worker; capture on with images.
+
+    Returns (rows, ticks) where ticks is a list of (wake_time, stamp, command or None) per telemetry tick.
+    """
+    from sensor_msgs.msg import JointState
+
+    from sequence_ai_ros.capture.settings import CaptureSettings, save_settings
+    from sequence_ai_ros.capture.store import CaptureStore
+    from sequence_ai_ros.datasets.rows import build_rows
+    from sequence_ai_ros.node.config import CameraConfig, CommandConfig, JointsConfig, NodeConfig, SafetyConfig
+    from sequence_ai_ros.node.controller_commands import CommandInterface
+    from sequence_ai_ros.node.observation import ObservationAssembler
+    from sequence_ai_ros.node.runner import Runner, episode_settings
+    from sequence_ai_ros.node.safety import SafetyFilter
+    from sequence_ai_ros.node.tick import TickThread
+    from sequence_ai_ros.protocol.spaces import ActionSpace
+    from sequence_ai_ros.worker import serve_policy_file
+
+    capture = tmp_path / 'capture'
+    save_settings(capture / 'ramp', CaptureSettings(rate=1.0, enabled=True, images=True))
+    img = np.zeros((48, 64, 3), np.uint8)
+    with serve_policy_file(RAMP, 'ramp', capture_root=capture, names=list(NAMES), step=step, camera='cam',
+                           camera_size=(64, 48), action_space=space) as server:
+        cfg = NodeConfig(model='ramp', endpoint=f'127.0.0.1:{server.port}', control_rate_hz=rate_hz,
+                         joints=JointsConfig(names=NAMES),
+                         command=CommandConfig(controller='arm',
+                                               kind='velocity' if 'velocity' in space else 'position'),
+                         cameras=(CameraConfig(name='front', topic='/front/image_raw', key='cam'),),
+                         safety=SafetyConfig(lower_limits=(-5.0,) * 4, upper_limits=(5.0,) * 4))
+        commands = CommandInterface(cfg.command, cfg.command_joint_names, cfg.period_s)
+        runner = Runner(cfg, commands, SafetyFilter(cfg.safety, cfg.command_joint_names),
+                        ObservationAssembler(NAMES, 0.5, {'cam': 0.5}, joints_source='joint_states'))
+        runner.accepting = True
+        assert runner.connect_now() == ''
+        counter = [0]
+        sent: list = []     # (wake, fresh, published command) per tick
+
+        def fn(now: float) -> None:
+            runner.assembler.put_joints(JointState(name=list(NAMES), position=[0.1, 0.2, 0.3, 0.4]), now)
+            counter[0] += 1
+            frame = img.copy()
+            frame[0, 0, 0] = counter[0] % 256
+            runner.assembler.put_image('cam', lambda: frame, now)
+            if late and counter[0] in late:      # the thread wakes this share of a period late (still its deadline)
+                time.sleep(late[counter[0]] * cfg.period_s)
+                now = time.monotonic()
+            value = runner.tick(now)
+            snap = runner.last_snapshot
+            stamp = snap.observation.timestamp if snap is not None and snap.observation is not None else None
+            sent.append((now, runner.last_action is not None, None if value is None else np.array(value), stamp))
+            if stalls and counter[0] in stalls:
+                time.sleep(stalls[counter[0]])      # the thread overruns (a stall): the next deadlines are skipped
+
+        tick = TickThread(cfg.period_s, fn, name='brk-tick')
+        tick.start()
+        runner.grid = tick
+        stop = threading.Event()
+
+        def session() -> None:
+            while not stop.is_set():
+                runner.session_step(time.monotonic())
+                stop.wait(0.02)
+
+        st = threading.Thread(target=session, daemon=True)
+        st.start()
+        try:
+            runner.start(episode_settings('reach', 30.0))
+            time.sleep(seconds)
+            eid = runner.request_end('completed')
+            result = runner.wait(eid, 30)
+        finally:
+            stop.set()
+            st.join(2)
+            tick.stop()
+            runner.close()
+    assert result is not None
+    [episode] = CaptureStore(capture / 'ramp', 'ramp').episodes()
+    rows = build_rows(episode, 30.0, ActionSpace(space), 4, 4, ['cam'])
+    return rows, result, tick, sent
+
+
+@pytest.mark.parametrize('uptime_s', [
+    0.0,
+    7 * 86400.0,   # a week of uptime: grid stamps carry float error of ulp(t)
+])
+def test_30hz_node_rows_each_show_their_own_ticks_camera_frame(tmp_path, monkeypatch, uptime_s):
+    """A 30 Hz node against a 30 Hz policy: every tick is a row and carries the row's camera frame."""
+    real = time.monotonic
+    if uptime_s:
+        def far() -> float:
+            return real() + uptime_s
+
+        monkeypatch.setattr(time, 'monotonic', far)
+        from sequence_ai_ros.client.engine import EpisodeEngine  # its default clock was bound at import
+        defaults = EpisodeEngine.__init__.__defaults__
+        assert real in defaults, defaults
+        monkeypatch.setattr(EpisodeEngine.__init__, '__defaults__',
+                            tuple(far if d is real else d for d in defaults))
+    rows, result, tick, _ = _run_node_episode(tmp_path, rate_hz=30.0, seconds=3.0)
+    assert len(rows) > 60, len(rows)
+    frames = rows.frame_ticks['cam']
+    held = rows.held
+    steps = np.diff(frames)
+    both_fresh = ~held[1:] & ~held[:-1]
+    bad = np.flatnonzero(both_fresh & (steps != 1))
+    assert bad.size == 0, (f'{bad.size} of {int(both_fresh.sum())} consecutive fresh rows do not use their own '
+                           f'tick\'s frame: rows {bad[:10].tolist()} steps {steps[bad[:10]].tolist()} '
+                           f'(skipped ticks {tick.skipped})')
+
+
+def test_joint_delta_node_export_rows_are_the_executed_increments(tmp_path):
+    rows, result, tick, sent = _run_node_episode(tmp_path, rate_hz=30.0, seconds=2.0, space='joint_delta')
+    commands = np.array([v for _, fresh, v, _ in sent if fresh])
+    assert len(commands) > 30
+    # the node commanded 0.1.. + 0.001 per step (node_ramp step=0.001 increments): each row is the increment
+    # the robot executed (not the integrated target), and the rows sum to the commanded path
+    fresh = rows.action[~rows.held]
+    np.testing.assert_allclose(fresh, np.float32(0.001), rtol=0, atol=1e-7)
+    assert np.all(rows.action[rows.held] == 0), 'a held row adds nothing'
+    path = commands[-1] - np.array([0.1, 0.2, 0.3, 0.4])
+    np.testing.assert_allclose(rows.action.astype(np.float64).sum(0), path, atol=1e-5)
+
+
+@pytest.mark.parametrize('space', [
+    'joint_absolute',
+    'joint_delta',
+])
+def test_python_api_run_exports_what_act_received(tmp_path, space):
+    """run() (the Python API): the exported rows reproduce what act() was given (joint_delta: its increments)."""
+    from sequence_ai_ros.capture.settings import CaptureSettings, save_settings
+    from sequence_ai_ros.capture.store import CaptureStore
+    from sequence_ai_ros.client import connect
+    from sequence_ai_ros.datasets.rows import build_rows
+    from sequence_ai_ros.protocol.spaces import ActionSpace
+    from sequence_ai_ros.worker import serve_policy_file
+
+    capture = tmp_path / 'capture'
+    save_settings(capture / 'ramp', CaptureSettings(rate=1.0, enabled=True))
+    state = np.array([0.1, 0.2, 0.3, 0.4], np.float32)
+    received: list[np.ndarray] = []
+
+    def observe():
+        return {'state': received[-1] if received else state, 'state_names': list(NAMES)}
+
+    def act(action):
+        received.append(np.array(action.values, np.float32))
+
+    with serve_policy_file(RAMP, 'ramp', capture_root=capture, names=list(NAMES), step=0.001,
+                           action_space=space) as server:
+        with connect('ramp', endpoint=f'127.0.0.1:{server.port}') as policy:
+            policy.wait_until_ready()
+            out = policy.run(observe, act, max_actions=60)
+    assert out.reason == 'completed', out
+    [episode] = CaptureStore(capture / 'ramp', 'ramp').episodes()
+    rows = build_rows(episode, 30.0, ActionSpace(space), 4, 4, [])
+    got = np.array(received)
+    if space == 'joint_absolute':
+        np.testing.assert_array_equal(rows.action[~rows.held], got[:int((~rows.held).sum())])
+    else:
+        np.testing.assert_allclose(state + np.cumsum(rows.action, 0)[-1], got[-1], atol=1e-5)
+
+
+def _rows_by_cell_rule(sent, fps=30.0):
+    """Rows as rows.py's module docstring defines them for ticks faster than the rows (no catch-up).
+
+    The cell's first tick's command; a cell without a tick is held (the previous command).
+    Returns (actions, held).
+    """
+    fresh = [(st, v) for _, f, v, st in sent if f]
+    t0 = fresh[0][0]
+    cells: dict[int, np.ndarray] = {}
+    for st, v in fresh:
+        cells.setdefault(int(np.floor((st - t0) * fps + 0.5)), v)
+    last = max(cells)
+    actions, held, prev = [], [], None
+    for r in range(last + 1):
+        if r in cells:
+            prev = cells[r]
+            actions.append(prev)
+            held.append(False)
+        else:
+            actions.append(prev)
+            held.append(True)
+    return np.array(actions, np.float32), np.array(held)
+
+
+@pytest.mark.parametrize('rate_hz', [
+    15.0, 30.0, 47.0, 50.0, 100.0,
+    35.0,   # ticks a little faster than the rows: they share a cell now and then, which is no catch-up
+])
+def test_node_rows_after_a_stall_follow_the_cell_rule(tmp_path, rate_hz):
+    stalls = {40: 0.25, 80: 0.1}
+    rows, result, tick, sent = _run_node_episode(tmp_path, rate_hz=rate_hz, seconds=4.0, stalls=stalls, step=0.01)
+    want, want_held = _rows_by_cell_rule(sent)
+    n = min(len(rows), len(want))
+    assert abs(len(rows) - len(want)) <= 1, (len(rows), len(want))
+    diff = np.flatnonzero(np.any(rows.action[:n] != want[:n], axis=1) | (rows.held[:n] != want_held[:n]))
+    assert diff.size == 0, (f'{rate_hz} Hz: rows {diff.tolist()[:12]} differ from the cell rule (held got '
+                            f'{np.flatnonzero(rows.held).tolist()} want {np.flatnonzero(want_held).tolist()})')
+
+
+def test_velocity_rows_integrate_to_the_commanded_displacement_with_late_wakeups(tmp_path):
+    rng = np.random.default_rng(3)
+    late = {i: float(x) for i, x in enumerate(rng.uniform(0, 0.9, 400)) if i % 2 == 0}
+    rows, result, tick, sent = _run_node_episode(tmp_path, rate_hz=30.0, seconds=3.0, space='joint_velocity',
+                                                 step=0.2, late=late)
+    # what the controller applied: each published velocity until the next published command
+    fresh_idx = [i for i, (_, f, _, _) in enumerate(sent) if f]
+    last = fresh_idx[-1]
+    disp = np.zeros(4)
+    for i in fresh_idx[:-1]:
+        disp += sent[i][2] * (sent[i + 1][0] - sent[i][0])
+    disp += sent[last][2] / 30.0          # rows.py gives the last tick one row period
+    exported = rows.action.astype(np.float64).sum(0) / 30.0
+    np.testing.assert_allclose(exported, disp, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_gil_hog_never_stamps_a_tick_more_than_a_period_before_its_wakeup(tmp_path):
+    """A thread holding the GIL in long C calls (sum over a range) while the node ticks at 30 Hz."""
+    import sys
+    stop = threading.Event()
+
+    def hog() -> None:
+        while not stop.is_set():
+            sum(range(4_000_000))       # one C call: the GIL is held for tens of ms
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(0.001)        # as the node does
+    threads = [threading.Thread(target=hog, daemon=True) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        rows, result, tick, sent = _run_node_episode(tmp_path, rate_hz=30.0, seconds=3.0)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(5)
+        sys.setswitchinterval(old)
+    period = 1 / 30
+    lag = np.array([now - st for now, _, _, st in sent if st is not None]) / period
+    print(f'ticks {len(sent)} skipped {tick.skipped} lag/period max {lag.max():.2f} p50 {np.median(lag):.2f}')
+    assert lag.min() >= 0 and lag.max() < 1.0, lag.max()
