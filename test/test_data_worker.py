@@ -147,3 +147,23 @@ def _run_until_killed(port: int, g1: LeRobotDataset, failure: list) -> None:
         _drive(port, g1, 'doomed', actions=100_000)
     except Exception as exc:  # noqa: BLE001  (ConnectionLost is the expected end)
         failure.append(exc)
+
+
+@pytest.mark.slow
+def test_a_reused_episode_id_is_refused_up_front_and_the_first_episode_is_kept(tmp_path: Path,
+                                                                              g1_dataset: Path) -> None:
+    """Episode ids are unique per deployment: a second run with a used id never starts (it ran uncaptured)."""
+    from sequence_ai_ros.exceptions import EpisodeIdUsed, EpisodeStateError
+    from sequence_ai_ros.worker import serve_policy_file
+
+    g1 = LeRobotDataset(g1_dataset)
+    root = tmp_path / 'capture'
+    save_settings(root / 'fast', CaptureSettings(rate=1.0, enabled=True))
+    with serve_policy_file(FAST, 'fast', capture_root=root) as server:
+        first, labelled, _ = _drive(server.port, g1, 'trial-1')
+        with pytest.raises(EpisodeStateError, match="episode 'trial-1' was already captured or run") as err:
+            _drive(server.port, g1, 'trial-1')    # run() raises the worker's typed refusal
+    assert first.reason == 'completed' and labelled is True
+    assert issubclass(EpisodeIdUsed, EpisodeStateError) and 'give each episode a new id' in str(err.value)
+    (ep,) = CaptureStore(root / 'fast', 'fast').episodes()
+    assert ep.episode_id == 'trial-1' and ep.label['success'] is True and ep.frames >= 45

@@ -275,3 +275,39 @@ def test_ticks_woken_late_keep_their_own_rows_on_the_control_grid(tmp_path):
             assert rows.clamped[r] == clamped, f'row {r} (deadline {k}): clamp flag of another tick'
         else:
             assert rows.held[r], f'row {r} (deadline {k}) had no fresh tick'
+
+
+def test_a_dry_run_exports_no_executed_action_and_a_reused_episode_id_is_refused(tmp_path, seq_home, processes,
+                                                                                 probe):
+    """enabled:=false: nothing reaches the controller, so no exported row may claim a command; ids are unique."""
+    import subprocess
+
+    folder = tmp_path / 'ramp'
+    folder.mkdir()
+    shutil.copy(RAMP, folder / 'policy.py')
+    (folder / 'config.yaml').write_text(yaml.safe_dump({'names': NAMES, 'step': 0.01}))
+    _seq('deploy', str(folder / 'policy.py'))
+    _seq('policy', 'capture', 'ramp', '--rate', '1.0')
+    serve = processes.spawn([sys.executable, '-m', 'sequence_ai_ros.cli', 'serve', 'ramp', '--port', '0'])
+    port = int(serve.stdout.readline().split('127.0.0.1:')[1].split()[0])
+    params = node_params(tmp_path, model='ramp', endpoint=f'127.0.0.1:{port}', control_rate_hz=30.0,
+                         enabled=False, **{'joints.names': NAMES, 'command.controller': 'arm'})
+    proc = spawn_node(processes, tmp_path / 'node.log', params)
+    probe.publish_joints(NAMES)
+    assert probe.wait_connected(timeout=60), node_log(proc)
+    handle = probe.send_goal(instruction='reach', max_seconds=30.0, max_actions=45, episode_id='dry-1')
+    result = probe.result(handle, timeout=60)
+    assert result.reason == 'completed' and result.commands_sent > 30, (result, node_log(proc))
+    assert probe.values() == [], 'dry run: nothing reaches the controller topic'
+    again = probe.result(probe.send_goal(instruction='reach', max_seconds=5.0, episode_id='dry-1'), timeout=60)
+    assert again.reason == 'error' and "episode 'dry-1' was already captured or run" in again.message, again
+    serve.terminate()
+    serve.wait(timeout=20)
+
+    out = tmp_path / 'export'
+    done = subprocess.run([sys.executable, '-m', 'sequence_ai_ros.cli', 'policy', 'data', 'export', 'ramp', '--out',
+                           str(out), '--format', 'lerobot'], capture_output=True, text=True, timeout=300)
+    # the episode is kept (its policy actions and observations) but has no executed action: the export skips
+    # it by name and says why; with nothing else to export it is an error (exit 2)
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    assert "no exportable episodes (skipped: [('dry-1', 'no executed action (0 rows)')])" in done.stderr, done

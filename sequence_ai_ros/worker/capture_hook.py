@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sequence_ai_ros.exceptions import EpisodeIdUsed
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import Contract
 
@@ -66,6 +67,8 @@ class EpisodeRecorder:
                 settings = store.settings
                 self.fps = float(settings.row_fps(contract.dt))
                 self.images = bool(settings.images)
+        except EpisodeIdUsed:
+            raise                       # the robot is told: its episode does not start
         except Exception as exc:
             LOG.error('capture of episode %s not started: %s', episode_id, exc)
             self._ep = None
