@@ -54,7 +54,7 @@ def test_demo_uses_a_private_domain_by_default(monkeypatch):
     monkeypatch.setenv('ROS_DOMAIN_ID', '0')
     env: dict[str, str] = {}
     domain = private_domain(env)
-    assert 102 <= domain <= 201 and env['ROS_DOMAIN_ID'] == os.environ['ROS_DOMAIN_ID'] == str(domain)
+    assert 1 <= domain <= 101 and env['ROS_DOMAIN_ID'] == os.environ['ROS_DOMAIN_ID'] == str(domain)
     assert env['ROS_AUTOMATIC_DISCOVERY_RANGE'] == 'LOCALHOST'
 
 

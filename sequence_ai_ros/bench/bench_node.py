@@ -148,7 +148,7 @@ def _isolate() -> None:
     os.environ.setdefault('ROS_AUTOMATIC_DISCOVERY_RANGE', 'LOCALHOST')
     os.environ.setdefault('ROS_LOCALHOST_ONLY', '1')
     if 'ROS_DOMAIN_ID' not in os.environ:
-        os.environ['ROS_DOMAIN_ID'] = str(101 + os.getpid() % 100)
+        os.environ['ROS_DOMAIN_ID'] = str(1 + os.getpid() % 101)   # 0..101: DDS ports below the ephemeral range
 
 
 def main() -> dict[str, Any]:

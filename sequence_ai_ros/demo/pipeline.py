@@ -62,12 +62,14 @@ class DemoArgs:
 def private_domain(env: dict[str, str]) -> int:
     """Put the demo (and its children, through ``env``) in a ROS domain of its own, discovery on this host only.
 
-    The domain is ``SEQ_DEMO_DOMAIN_ID`` when set, else one derived from the process id in 102..201, apart
-    from the default domain 0 and the 1..101 the tests and bench draw from. Set before rclpy loads.
+    The domain is ``SEQ_DEMO_DOMAIN_ID`` when set, else one derived from the process id in 1..101: apart from
+    the default domain 0, and within 0..101, the ids whose DDS ports stay below Linux's ephemeral port range
+    (ROS 2 docs, "The ROS_DOMAIN_ID"). Another process that happens to share it is caught by the demo's
+    publisher check on its topics. Set before rclpy loads.
 
     :returns: the domain id.
     """
-    domain = int(os.environ.get('SEQ_DEMO_DOMAIN_ID') or 102 + os.getpid() % 100)
+    domain = int(os.environ.get('SEQ_DEMO_DOMAIN_ID') or 1 + os.getpid() % 101)
     for target in (os.environ, env):
         target.update(ROS_DOMAIN_ID=str(domain), ROS_AUTOMATIC_DISCOVERY_RANGE='LOCALHOST', ROS_LOCALHOST_ONLY='1')
     return domain
