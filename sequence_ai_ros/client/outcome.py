@@ -18,6 +18,8 @@ class RunOutcome:
     """The result of one episode.
 
     :param actions: actions executed, in chunk steps (a 50 Hz caller against dt=1/30 s executes 30 per s).
+        On the clock (next_action without a fixed period, absolute spaces) it is the timeline's position:
+        steps that passed while the caller stalled count, though the robot held its last command.
     :param chunks: action chunks received and accepted.
     :param elapsed_s: seconds from the episode's start to its end (robot monotonic clock).
     :param reason: one of :data:`REASONS`.
