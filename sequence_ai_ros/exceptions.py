@@ -68,13 +68,5 @@ class CaptureError(SequenceAIError):
     """Raised when the capture store cannot write or read (quota, disk full, corruption)."""
 
 
-class EpisodeIdUsed(EpisodeStateError, CaptureError):
-    """Raised when an episode id was already used by a deployment whose capture store records its episodes.
-
-    Episode ids are unique per deployment (field data and labels are kept under them): a robot that starts
-    a second episode with a used id is refused up front, as an episode-state error on the wire.
-    """
-
-
 class ExportError(SequenceAIError):
     """Raised when an export cannot be written (e.g. a non-empty --out without --force)."""

@@ -9,10 +9,16 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
+from test_data_rows import _contract, _episode, _frame
+from test_data_support import make_store
 from test_node_support import RAMP
+
+from sequence_ai_ros.datasets.rows import build_rows
+from sequence_ai_ros.protocol.spaces import ActionSpace
 
 pytestmark = [pytest.mark.ros]
 
@@ -21,7 +27,7 @@ NAMES = ('j0', 'j1', 'j2', 'j3')
 
 def _run_node_episode(tmp_path, *, rate_hz: float, seconds: float, space: str = 'joint_absolute',
                       stalls: dict[int, float] | None = None, step: float = 0.001,
-                      late: dict[int, float] | None = None):
+                      late: dict[int, float] | None = None, safety=None, toggle=None, prefetch=True):
     """A Runner ticked by a real TickThread against an in-process ramp worker; capture on with images.
 
     Returns (rows, ticks) where ticks is a list of (wake_time, stamp, command or None) per telemetry tick.
@@ -50,7 +56,7 @@ def _run_node_episode(tmp_path, *, rate_hz: float, seconds: float, space: str = 
                          command=CommandConfig(controller='arm',
                                                kind='velocity' if 'velocity' in space else 'position'),
                          cameras=(CameraConfig(name='front', topic='/front/image_raw', key='cam'),),
-                         safety=SafetyConfig(lower_limits=(-5.0,) * 4, upper_limits=(5.0,) * 4))
+                         safety=safety or SafetyConfig(lower_limits=(-5.0,) * 4, upper_limits=(5.0,) * 4))
         commands = CommandInterface(cfg.command, cfg.command_joint_names, cfg.period_s)
         runner = Runner(cfg, commands, SafetyFilter(cfg.safety, cfg.command_joint_names),
                         ObservationAssembler(NAMES, 0.5, {'cam': 0.5}, joints_source='joint_states'))
@@ -58,6 +64,7 @@ def _run_node_episode(tmp_path, *, rate_hz: float, seconds: float, space: str = 
         assert runner.connect_now() == ''
         counter = [0]
         sent: list = []     # (wake, fresh, published command) per tick
+        dstate = {'was_dry': False, 'ctl': None}
 
         def fn(now: float) -> None:
             runner.assembler.put_joints(JointState(name=list(NAMES), position=[0.1, 0.2, 0.3, 0.4]), now)
@@ -68,10 +75,21 @@ def _run_node_episode(tmp_path, *, rate_hz: float, seconds: float, space: str = 
             if late and counter[0] in late:      # the thread wakes this share of a period late (still its deadline)
                 time.sleep(late[counter[0]] * cfg.period_s)
                 now = time.monotonic()
+            dry = bool(toggle) and counter[0] in toggle
+            if not dry and dstate['was_dry']:      # policy_node: enabled:=true rebases on the controller's last
+                runner.last_command = dstate['ctl']
+                dstate['was_dry'] = False
             value = runner.tick(now)
+            if dry:
+                dstate['was_dry'] = True
+                if runner.last_action is not None:
+                    runner.report_dry_tick()
+            elif value is not None:
+                dstate['ctl'] = np.array(value)
             snap = runner.last_snapshot
             stamp = snap.observation.timestamp if snap is not None and snap.observation is not None else None
-            sent.append((now, runner.last_action is not None, None if value is None else np.array(value), stamp))
+            sent.append((now, runner.last_action is not None and not dry,
+                         None if (value is None or dry) else np.array(value), stamp))
             if stalls and counter[0] in stalls:
                 time.sleep(stalls[counter[0]])      # the thread overruns (a stall): the next deadlines are skipped
 
@@ -88,7 +106,7 @@ def _run_node_episode(tmp_path, *, rate_hz: float, seconds: float, space: str = 
         st = threading.Thread(target=session, daemon=True)
         st.start()
         try:
-            runner.start(episode_settings('reach', 30.0))
+            runner.start(episode_settings('reach', 30.0, prefetch=prefetch))
             time.sleep(seconds)
             eid = runner.request_end('completed')
             result = runner.wait(eid, 30)
@@ -100,7 +118,7 @@ def _run_node_episode(tmp_path, *, rate_hz: float, seconds: float, space: str = 
     assert result is not None
     [episode] = CaptureStore(capture / 'ramp', 'ramp').episodes()
     rows = build_rows(episode, 30.0, ActionSpace(space), 4, 4, ['cam'])
-    return rows, result, tick, sent
+    return rows, result, tick, sent, episode
 
 
 @pytest.mark.parametrize('uptime_s', [
@@ -120,7 +138,7 @@ def test_30hz_node_rows_each_show_their_own_ticks_camera_frame(tmp_path, monkeyp
         assert real in defaults, defaults
         monkeypatch.setattr(EpisodeEngine.__init__, '__defaults__',
                             tuple(far if d is real else d for d in defaults))
-    rows, result, tick, _ = _run_node_episode(tmp_path, rate_hz=30.0, seconds=3.0)
+    rows, result, tick, _, _ = _run_node_episode(tmp_path, rate_hz=30.0, seconds=3.0)
     assert len(rows) > 60, len(rows)
     frames = rows.frame_ticks['cam']
     held = rows.held
@@ -133,7 +151,7 @@ def test_30hz_node_rows_each_show_their_own_ticks_camera_frame(tmp_path, monkeyp
 
 
 def test_joint_delta_node_export_rows_are_the_executed_increments(tmp_path):
-    rows, result, tick, sent = _run_node_episode(tmp_path, rate_hz=30.0, seconds=2.0, space='joint_delta')
+    rows, result, tick, sent, _ = _run_node_episode(tmp_path, rate_hz=30.0, seconds=2.0, space='joint_delta')
     commands = np.array([v for _, fresh, v, _ in sent if fresh])
     assert len(commands) > 30
     # the node commanded 0.1.. + 0.001 per step (node_ramp step=0.001 increments): each row is the increment
@@ -214,7 +232,7 @@ def _rows_by_cell_rule(sent, fps=30.0):
 ])
 def test_node_rows_after_a_stall_follow_the_cell_rule(tmp_path, rate_hz):
     stalls = {40: 0.25, 80: 0.1}
-    rows, result, tick, sent = _run_node_episode(tmp_path, rate_hz=rate_hz, seconds=4.0, stalls=stalls, step=0.01)
+    rows, result, tick, sent, _ = _run_node_episode(tmp_path, rate_hz=rate_hz, seconds=4.0, stalls=stalls, step=0.01)
     want, want_held = _rows_by_cell_rule(sent)
     n = min(len(rows), len(want))
     assert abs(len(rows) - len(want)) <= 1, (len(rows), len(want))
@@ -226,7 +244,7 @@ def test_node_rows_after_a_stall_follow_the_cell_rule(tmp_path, rate_hz):
 def test_velocity_rows_integrate_to_the_commanded_displacement_with_late_wakeups(tmp_path):
     rng = np.random.default_rng(3)
     late = {i: float(x) for i, x in enumerate(rng.uniform(0, 0.9, 400)) if i % 2 == 0}
-    rows, result, tick, sent = _run_node_episode(tmp_path, rate_hz=30.0, seconds=3.0, space='joint_velocity',
+    rows, result, tick, sent, _ = _run_node_episode(tmp_path, rate_hz=30.0, seconds=3.0, space='joint_velocity',
                                                  step=0.2, late=late)
     # what the controller applied: each published velocity until the next published command
     fresh_idx = [i for i, (_, f, _, _) in enumerate(sent) if f]
@@ -255,7 +273,7 @@ def test_gil_hog_never_stamps_a_tick_more_than_a_period_before_its_wakeup(tmp_pa
     for t in threads:
         t.start()
     try:
-        rows, result, tick, sent = _run_node_episode(tmp_path, rate_hz=30.0, seconds=3.0)
+        rows, result, tick, sent, _ = _run_node_episode(tmp_path, rate_hz=30.0, seconds=3.0)
     finally:
         stop.set()
         for t in threads:
@@ -265,3 +283,134 @@ def test_gil_hog_never_stamps_a_tick_more_than_a_period_before_its_wakeup(tmp_pa
     lag = np.array([now - st for now, _, _, st in sent if st is not None]) / period
     print(f'ticks {len(sent)} skipped {tick.skipped} lag/period max {lag.max():.2f} p50 {np.median(lag):.2f}')
     assert lag.min() >= 0 and lag.max() < 1.0, lag.max()
+
+
+def test_run_loop_after_a_reanchor_then_a_slightly_late_tick_loses_no_step(tmp_path: Path) -> None:
+    """A 5 Hz fixed-step loop (run(): Pacer(keep_phase=False)) keeps every executed step.
+
+    Tick 3 overran >1 period, so the pacer re-anchored at 0.68 s (phase 0.4 of a row); tick 6 is 0.04 s
+    (0.2 period) late, tick 7 on time. Ten act() calls, ten executed steps: ten executed rows.
+    """
+    store = make_store(tmp_path / 'late')
+    times = [0.0, 0.2, 0.4, 0.68, 0.88, 1.08, 1.32, 1.48, 1.68, 1.88]
+    frames = [_frame(t, np.full(3, i), np.full(3, 10 + i)) for i, t in enumerate(times)]
+    _, ep = _episode(store, 'late', _contract(dt=0.2), frames)
+    rows = build_rows(ep, 5, ActionSpace.JOINT_ABSOLUTE, 3, 3, [])
+    executed = rows.action[~rows.held][:, 0]
+    np.testing.assert_array_equal(executed, np.arange(10, 20))
+
+
+def _node_episode(tmp_path, **kw):
+    return _run_node_episode(tmp_path, **kw)
+
+
+@pytest.mark.ros
+def test_joint_delta_clamped_rows_keep_the_policys_delta_in_action_policy(tmp_path):
+    from sequence_ai_ros.node.config import SafetyConfig
+    safety = SafetyConfig(lower_limits=(-5.0,) * 4, upper_limits=(5.0,) * 4, max_step=(0.0005,))
+    rows, result, tick, sent, _ = _node_episode(tmp_path, rate_hz=30.0, seconds=2.0, space='joint_delta',
+                                                safety=safety)
+    commands = np.array([v for _, fresh, v, _ in sent if fresh])
+    start = np.array([0.1, 0.2, 0.3, 0.4])
+    # what held up: the rows sum to what the controller received
+    np.testing.assert_allclose(start + rows.action.astype(np.float64).sum(0), commands[-1], atol=1e-5)
+    assert rows.clamped[~rows.held].all()
+    # README: `action.policy` the policy's output -- node_ramp's joint_delta output is 0.001 every step
+    np.testing.assert_allclose(rows.policy_action[~rows.held], np.float32(0.001), atol=1e-6)
+
+
+@pytest.mark.ros
+def test_dry_rows_keep_the_policys_actions_in_action_policy(tmp_path):
+    rows, result, tick, sent, _ = _node_episode(tmp_path, rate_hz=30.0, seconds=2.5, space='joint_absolute',
+                                                step=0.01, toggle=set(range(25, 40)))
+    dry = rows.held
+    assert dry.sum() >= 10
+    # the ramp moves 0.01 per step: the policy's actions in a dry stretch are not all one value
+    assert len(np.unique(rows.policy_action[dry][:, 0])) > 1, rows.policy_action[dry][:, 0]
+
+
+def _serve(root):
+    from test_data_worker import FAST
+
+    from sequence_ai_ros.worker import serve_policy_file
+    return serve_policy_file(FAST, 'fast', capture_root=root)
+
+
+def _obs():
+    from test_data_worker import NAMES
+
+    from sequence_ai_ros.client import Observation
+    return Observation(state=np.zeros(26, np.float32), state_names=NAMES)
+
+
+def test_a_captured_id_runs_again_and_is_told_it_is_not_captured(tmp_path):
+    """A run under an id already captured (a reconnect, a reused id) is served; with capture on it is told."""
+    from sequence_ai_ros.capture.settings import CaptureSettings, save_settings
+    from sequence_ai_ros.client import connect
+
+    root = tmp_path / 'capture'
+    save_settings(root / 'fast', CaptureSettings(rate=1.0, enabled=True))
+    with _serve(root) as server:
+        with connect('fast', endpoint=f'127.0.0.1:{server.port}') as p:
+            assert p.run(_obs, lambda a: None, max_actions=20, episode_id='X').reason == 'completed'
+        with connect('fast', endpoint=f'127.0.0.1:{server.port}') as p:
+            again = p.run(_obs, lambda a: None, max_actions=20, episode_id='X')
+        assert again.reason == 'completed' and 'already captured' in again.capture_error, again
+        save_settings(root / 'fast', CaptureSettings(rate=1.0, enabled=False))
+        with connect('fast', endpoint=f'127.0.0.1:{server.port}') as p:
+            off = p.run(_obs, lambda a: None, max_actions=20, episode_id='X')
+        assert off.reason == 'completed' and off.capture_error == '', off   # capture off: nothing to say
+
+
+@pytest.mark.ros
+def test_node_joint_delta_rows_sum_to_the_controller_across_a_clamp_and_an_underrun(tmp_path):
+    from sequence_ai_ros.node.config import SafetyConfig
+    safety = SafetyConfig(lower_limits=(-5.0,) * 4, upper_limits=(0.12, 5.0, 5.0, 5.0))
+    rows, result, tick, sent, _ = _node_episode(tmp_path, rate_hz=30.0, seconds=3.0, space='joint_delta',
+                                                safety=safety, prefetch=False)   # an underrun at every chunk end
+    assert result.underruns >= 1, result
+    commands = np.array([v for _, fresh, v, _ in sent if fresh])
+    start = np.array([0.1, 0.2, 0.3, 0.4])
+    np.testing.assert_allclose(start + rows.action.astype(np.float64).sum(0), commands[-1], atol=1e-5)
+
+
+def test_python_api_joint_delta_rows_sum_to_the_robot_across_a_clamp_and_an_underrun(tmp_path):
+    import time
+
+    from test_node_support import RAMP
+
+    from sequence_ai_ros.capture.settings import CaptureSettings, save_settings
+    from sequence_ai_ros.capture.store import CaptureStore
+    from sequence_ai_ros.client import Observation, connect
+    from sequence_ai_ros.worker import serve_policy_file
+
+    names = ('j0', 'j1', 'j2', 'j3')
+    period, limit = 1 / 30, np.float32(0.13)
+    capture = tmp_path / 'capture'
+    save_settings(capture / 'ramp', CaptureSettings(rate=1.0, enabled=True))
+    robot = np.array([0.1, 0.2, 0.3, 0.4], np.float32)
+    start = robot.copy()
+    with serve_policy_file(RAMP, 'ramp', capture_root=capture, names=list(names), step=0.001,
+                           action_space='joint_delta') as server, \
+            connect('ramp', endpoint=f'127.0.0.1:{server.port}') as policy:
+        policy.wait_until_ready()
+        policy.begin_episode('reach', max_actions=10_000, control_period=period, prefetch=False)
+        t = time.monotonic()
+        holds = 0
+        for _ in range(150):
+            a = policy.next_action(Observation(state=robot, state_names=names, timestamp=t), now=t)
+            if a is not None and a.hold:
+                holds += 1                       # the robot repeats its last command
+            elif a is not None:
+                target = np.array(a.values, np.float32)
+                if target[0] > limit:            # the robot's own safety clamp, reported as the docs say
+                    target[0] = limit
+                    policy.report_command(target, clamped=True)
+                robot = target
+            time.sleep(0.004)
+            t += period
+        policy.end_episode()
+    assert holds >= 1
+    [episode] = CaptureStore(capture / 'ramp', 'ramp').episodes()
+    rows = build_rows(episode, 30.0, ActionSpace.JOINT_DELTA, 4, 4, [])
+    np.testing.assert_allclose(start + rows.action.astype(np.float64).sum(0), robot, atol=1e-5)

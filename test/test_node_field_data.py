@@ -132,10 +132,13 @@ def test_seed_commands_through_the_node_keep_what_the_robot_did(tmp_path, seq_ho
     # At 30 Hz each command the node executed (commands_sent) is one row; the engine's step count (actions,
     # the floor of the clock-paced position) may be one less, as the last tick was emitted before the limit
     # was seen. At 50 Hz the rows sample the ticks, and the last command may take one more row (rows.py).
+    # A stall of the control loop (a loaded machine) skips deadlines: the arm held, the rows are held, and
+    # `actions` (the timeline's position, on the clock) counts the steps that passed (Act.action).
     if rate_hz == 30.0:
-        assert fresh == result.commands_sent and fresh - result.actions in (0, 1), (fresh, result)
+        assert fresh == result.commands_sent, (fresh, result)
+        assert -result.ticks_skipped <= fresh - result.actions <= 1, (fresh, result)
     else:
-        assert fresh - result.actions in (0, 1), (fresh, result, int(held.sum()))
+        assert -int(held.sum()) <= fresh - result.actions <= 1, (fresh, result, int(held.sum()))
 
     # action == the commands that reached the controller topic (float32), in order, none dropped or added
     start = int(np.flatnonzero(np.all(commands == action[0], axis=1))[0])
@@ -277,9 +280,12 @@ def test_ticks_woken_late_keep_their_own_rows_on_the_control_grid(tmp_path):
             assert rows.held[r], f'row {r} (deadline {k}) had no fresh tick'
 
 
-def test_a_dry_run_exports_no_executed_action_and_a_reused_episode_id_is_refused(tmp_path, seq_home, processes,
+def test_a_dry_run_exports_no_executed_action_and_a_reused_episode_id_is_told(tmp_path, seq_home, processes,
                                                                                  probe):
-    """enabled:=false: nothing reaches the controller, so no exported row may claim a command; ids are unique."""
+    """enabled:=false: nothing reaches the controller, so no exported row may claim a command.
+
+    A run under a captured id is not captured, and the goal's result says so.
+    """
     import subprocess
 
     folder = tmp_path / 'ramp'
@@ -299,8 +305,11 @@ def test_a_dry_run_exports_no_executed_action_and_a_reused_episode_id_is_refused
     result = probe.result(handle, timeout=60)
     assert result.reason == 'completed' and result.commands_sent > 30, (result, node_log(proc))
     assert probe.values() == [], 'dry run: nothing reaches the controller topic'
-    again = probe.result(probe.send_goal(instruction='reach', max_seconds=5.0, episode_id='dry-1'), timeout=60)
-    assert again.reason == 'error' and "episode 'dry-1' was already captured or run" in again.message, again
+    # the same id again: served, not captured, and the goal's result says so
+    again = probe.result(probe.send_goal(instruction='reach', max_seconds=5.0, max_actions=10, episode_id='dry-1'),
+                         timeout=60)
+    assert again.reason == 'completed' and "not captured: deployment ramp: episode 'dry-1' was already " \
+        'captured' in again.message, again
     serve.terminate()
     serve.wait(timeout=20)
 

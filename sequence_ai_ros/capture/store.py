@@ -47,7 +47,7 @@ from sequence_ai_ros.capture.episode import (
 from sequence_ai_ros.capture.index import INDEX_FILE, Index
 from sequence_ai_ros.capture.recovery import recover_store, tree_bytes
 from sequence_ai_ros.capture.settings import CaptureSettings, load_settings
-from sequence_ai_ros.exceptions import CaptureError, ConfigError, EpisodeIdUsed
+from sequence_ai_ros.exceptions import CaptureError, ConfigError
 from sequence_ai_ros.protocol.contract import Contract
 
 __all__ = ['CaptureStore', 'CaptureSettings', 'EpisodeCapture', 'CapturedEpisode', 'CaptureLookupError',
@@ -132,8 +132,7 @@ class CaptureStore:
         :param instruction: the episode's instruction (a LeRobot export's task).
         :param contract: the deployment's contract (names and cameras of an export).
         :returns: the episode's capture, or None when not sampled, capture is off, or paused.
-        :raises CaptureError: for an empty id.
-        :raises EpisodeIdUsed: for an id this store already recorded (captured or not) or is capturing.
+        :raises CaptureError: for an empty id or an id that was already captured.
         """
         if not episode_id:
             raise CaptureError('episode_id must not be empty')
@@ -151,12 +150,13 @@ class CaptureStore:
             why = self._refuse(settings, episode_id)
             with self._lock:
                 running = any(ep.episode_id == episode_id for ep in self._active)
-            if running or not self.index.decide(episode_id, now, why is None, why or 'captured'):
-                raise EpisodeIdUsed(f'deployment {self.deployment}: episode {episode_id!r} was already captured '
-                                    'or run (its field data and label are kept under that id): give each '
-                                    'episode a new id')
-            if why is not None:
+            first = self.index.decide(episode_id, now, why is None, why or 'captured')
+            if why is not None:     # not captured anyway (off, paused, sampled out): nothing to tell the robot
                 return None
+            if running or not first:
+                raise CaptureError(f'deployment {self.deployment}: episode {episode_id!r} was already captured '
+                                   '(a reconnect of it, or a reused id): this run of it is not captured; give '
+                                   'each new episode its own id')
             base = tree_bytes(self.root, skip='staging') if settings.quota_bytes is not None else 0
             with self._lock:
                 self._base_bytes = base

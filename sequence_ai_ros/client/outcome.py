@@ -41,6 +41,8 @@ class RunOutcome:
     :param telemetry_rejected: capture telemetry frames the worker refused (wrong shape or dtype, NaN,
         an image whose header disagrees with its size or format); the episode was kept without them.
     :param telemetry_error: the first refusal, ``"CONTRACT_VIOLATION: <why>"``; '' when none.
+    :param capture_error: capture is on for the deployment but this episode was not kept, and why (its id
+        was already captured: a reconnect or a reused id; the store paused...); '' otherwise.
     :param error: the typed exception behind reason ``validate`` or ``error``; None otherwise, and for an
         ``error`` that the caller's own code raised (that exception propagates from act()/run()).
     """
@@ -64,6 +66,7 @@ class RunOutcome:
     max_seam_gap: float = 0.0
     telemetry_rejected: int = 0
     telemetry_error: str = ''
+    capture_error: str = ''
 
     def __post_init__(self) -> None:
         if self.reason not in REASONS:

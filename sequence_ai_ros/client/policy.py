@@ -45,31 +45,36 @@ class _OpenEpisode:
         self.engine, self.stream, self.implicit = engine, stream, implicit
         self.telemetry: TelemetryBuffer | None = None
         self.closed: RunOutcome | None = None
+        self.capture_error = ''     # the worker's word on why capture is on but this episode is not kept
         # joint_delta capture: the absolute target the robot commanded at the last tick (None before any),
         # whether report_command changed it, and the target before the newest tick (for its amend)
         self.commanded: np.ndarray | None = None
         self.amended = False
         self.commanded_before: np.ndarray | None = None
 
-    def telemetry_action(self, action: Action | None) -> np.ndarray | None:
-        """What capture keeps as this tick's command: the action's values, or the increment in joint_delta.
+    def telemetry_action(self, action: Action | None) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """What capture keeps of this tick: ``(command, policy's action)``, the second None when the same.
 
         joint_delta actions reach the robot integrated (``values`` is the absolute target, float32 (D,) rad):
-        capture keeps the increment the robot executed, this target minus the previous tick's commanded one
-        (the first tick's: the measured state the engine integrated onto), so the rows of a delta space sum
-        to the commanded path (datasets/rows.py). Unchanged by the robot it is the policy's own increment
-        ``delta``, bit for bit; a hold is 0.
+        capture keeps the increment the robot executed, this target minus the robot's previous target (the
+        first tick's: the measured state the engine integrated onto), so the rows of a delta space sum to the
+        commanded path (datasets/rows.py), and the policy's own increment ``delta`` beside it when they
+        differ (after a clamp the engine integrates on its own, unclamped target). A hold executes nothing
+        (0) and leaves the robot's target where it was.
         """
         if action is None or action.action_space is not ActionSpace.JOINT_DELTA or action.delta is None:
-            return None if action is None else action.values
+            return (None if action is None else action.values), None
         values = np.asarray(action.values, np.float32)
         delta = np.asarray(action.delta, np.float32)
         before = self.commanded if self.commanded is not None else (values - delta)
-        amended = self.amended
-        self.commanded_before, self.commanded, self.amended = before, values.copy(), False
+        self.commanded_before = before
         if action.hold:
-            return np.zeros_like(delta)
-        return delta if not amended else (values - before).astype(np.float32)
+            return np.zeros_like(delta), None
+        amended, self.commanded, self.amended = self.amended, values.copy(), False
+        if not amended:
+            return delta, None
+        executed = (values - before).astype(np.float32)
+        return executed, (None if np.array_equal(executed, delta) else delta)
 
     def amend_command(self, commanded: np.ndarray | None) -> np.ndarray | None:
         """Turn what the robot commanded at the newest tick into what capture keeps (see telemetry_action).
@@ -81,7 +86,7 @@ class _OpenEpisode:
             return commanded
         before = self.commanded_before
         self.amended = True
-        if commanded is None:   # the robot held the previous target: the tick moved nothing
+        if commanded is None:   # the robot held its previous target: the tick moved nothing
             self.commanded = before
             return None
         self.commanded = np.array(commanded, np.float32)
@@ -435,7 +440,8 @@ class Policy:
         action = ep.engine.tick(obs, now)
         tel = ep.telemetry
         if tel is not None and ep.engine.outcome() is None:
-            batch = tel.add(obs, ep.telemetry_action(action), action is None or action.hold)
+            command, policy_action = ep.telemetry_action(action)
+            batch = tel.add(obs, command, action is None or action.hold, policy_action=policy_action)
             if batch:
                 ep.stream.send_telemetry(batch)
         return action
@@ -443,6 +449,9 @@ class Policy:
     def _on_started(self, episode: _OpenEpisode, msg: pb.EpisodeStarted) -> None:
         if msg.capture and msg.capture_fps > 0:
             episode.telemetry = TelemetryBuffer(msg.capture_fps, msg.capture_images)
+        if msg.capture_error:
+            episode.capture_error = msg.capture_error
+            LOG.warning('episode %s is not captured: %s', msg.episode_id, msg.capture_error)
 
     def _end_locked(self, reason: str, wait: bool = True) -> RunOutcome | None:
         ep = self._episode
@@ -456,6 +465,8 @@ class Policy:
         tel = ep.telemetry.flush() if ep.telemetry is not None else None
         if tel:
             ep.stream.send_telemetry(tel)
+        if ep.capture_error:
+            out = dataclasses.replace(out, capture_error=ep.capture_error)
         if ep.stream.dropped_telemetry:
             LOG.warning('episode %s: %d capture frames were dropped (send queue full)', out.episode_id,
                         ep.stream.dropped_telemetry)

@@ -107,13 +107,18 @@ class TelemetryBuffer:
         self._frames: list[TelemetrySample] = []
         self._batch_s = batch_s
 
-    def add(self, obs: Observation, action: np.ndarray | None, hold: bool) -> list[TelemetrySample] | None:
-        """Keep one tick; return a batch to send (every tick before this one), or None."""
+    def add(self, obs: Observation, action: np.ndarray | None, hold: bool,
+            policy_action: np.ndarray | None = None) -> list[TelemetrySample] | None:
+        """Keep one tick; return a batch to send (every tick before this one), or None.
+
+        :param policy_action: float32 (D,) the policy's action when it differs from ``action`` already.
+        """
         due = self._grid.due(obs.timestamp)
         self._frames.append(TelemetrySample(
             robot_time_s=obs.timestamp, state=obs.state,
             action=None if action is None else np.array(action, np.float32),
-            hold=hold, images=dict(obs.images) if (self._images and due) else {}))
+            hold=hold, images=dict(obs.images) if (self._images and due) else {},
+            policy_action=None if policy_action is None else np.array(policy_action, np.float32)))
         if len(self._frames) > 1 and obs.timestamp - self._frames[0].robot_time_s >= self._batch_s:
             batch, self._frames = self._frames[:-1], self._frames[-1:]
             return batch

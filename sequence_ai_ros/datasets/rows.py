@@ -15,30 +15,31 @@ either side of ``t_k``). Then:
   0), so the cumulative sum of the rows reproduces the commanded path; in velocity spaces: the mean
   commanded velocity over the cell (each tick's command weighted by the time to the next tick, divided
   by the row period), so ``sum(action) / fps`` is the commanded displacement;
-- ``action.policy``: the same reduction of the policy's actions (before the robot's safety filter);
+- ``action.policy``: the same reduction of the policy's actions (before the robot's safety filter; a tick
+  the robot did not execute, as in a dry run, keeps its policy action here while its row is held);
 - ``action.clamped``: any tick of the cell was clamped; ``action.held``: the row's command is a hold
   (absolute: its first tick held; delta/velocity: no tick of the cell commanded).
 
 50 Hz ticks against a 30 Hz policy (dt = 1/30 s): ticks at 0, 20, 40, 60, 80 ms... fall in cells 0, 1, 1,
 2, 2, 3, 4, 4, 5, 5... (row 1 spans [16.7, 50) ms); rows take the ticks at 0, 20, 60, 100, 120, 160 ms...,
 each the command in effect at 0, 33.3, 66.7, 100, 133.3, 166.7 ms. A 30 Hz caller against a 30 Hz
-policy gives each tick its own row. A cell with no tick (a stall longer than a row) becomes a held
-row (previous state and frames; absolute: the previous command, delta/velocity: zero), so the timeline
-stays true. Ticks that arrive late (after a stall, one per row) and then share a cell with the next
-tick move back one row each, filling the stall's last held row (absolute and delta spaces, at most
-``MAX_CATCH_UP`` rows back), so a fixed-step loop that falls behind and catches up loses no executed
-step. Only a caller that ticks once per row catches up (the median of its recent tick intervals above
-``CATCH_UP_MIN_TICK`` of a row period, and the tick after the late one sooner than that share of the
-median): a faster caller (50 Hz ticks, 30 Hz rows) shares cells by design,
-and after a stall it skips ticks rather than bunching them (the node's tick thread keeps its phase), so
-its held rows stay held, each the command in effect at ``t_k``. A caller faster than the rows exports
-as many rows as its executed policy steps or one more: its last command gets a whole row although it
-ran for only part of one (the engine counts a step as executed at the next tick). Otherwise ticks
-sharing a cell are summed (delta, velocity) or the first one is the row's command (absolute). Trailing
-held rows (after the last command) are dropped. The ROS node stamps each tick with the control
-deadline it serves (node/runner.py), not its wake-up time, so its ticks sit on their cells exactly: a
-tick woken late (up to a period; later ones are skipped) keeps its own row. When 1/dt is not a whole
-number the rows come at ``round(1/dt)`` Hz (see :meth:`CaptureSettings.row_fps`) by the same rule.
+policy gives each tick its own row. A cell with no tick (a stall longer than a row) becomes a held row
+(previous state and frames; absolute: the previous command, delta/velocity: zero), so the timeline stays
+true. Ticks that arrive late (after a stall, one per row) and then share a cell with the next tick move
+back one row each, filling the stall's last held row (absolute and delta spaces, at most ``MAX_CATCH_UP``
+rows back), so a fixed-step loop that falls behind and catches up loses no executed step. Only a caller
+that ticks once per row catches up (the median of its recent tick intervals above ``CATCH_UP_MIN_TICK``
+of a row period, and the two ticks sharing the cell not a whole number of those intervals apart, as the
+node's deadline-stamped ticks are): a faster caller (50 Hz ticks, 30 Hz rows) shares cells by design, and
+after a stall it skips ticks rather than bunching them (the node's tick thread keeps its phase), so its
+held rows stay held, each the command in effect at ``t_k``. A caller faster than the rows exports as many
+rows as its executed policy steps or one more: its last command gets a whole row although it ran for only
+part of one (the engine counts a step as executed at the next tick). Otherwise ticks sharing a cell are
+summed (delta, velocity) or the first one is the row's command (absolute). Trailing held rows (after the
+last command) are dropped. The ROS node stamps each tick with the control deadline it serves
+(node/runner.py), not its wake-up time, so its ticks sit on their cells exactly: a tick woken late (up to
+a period; later ones are skipped) keeps its own row. When 1/dt is not a whole number the rows come at
+``round(1/dt)`` Hz (see :meth:`CaptureSettings.row_fps`) by the same rule.
 
 Stores written before this rule (``format`` 1: frames sampled at the capture fps) go through the same
 mapping: each frame is one tick. Frames are re-checked (:class:`FrameChecker`), so a frame that a
@@ -109,18 +110,28 @@ def _vec(t: pb.Tensor) -> np.ndarray:
 
 
 def _once_per_row(intervals: collections.deque[float], period: float, gap_s: float) -> bool:
-    """True when a tick that shares a cell with the one before, ``gap_s`` (s) after it, is that one catching up.
+    """True when a tick that shares a cell with the one before, ``gap_s`` (s) after it, may be a catch-up.
 
-    The caller ticks once per row (the median of its recent tick intervals above ``CATCH_UP_MIN_TICK`` of
-    the row period ``period``, s) and this tick came sooner than its own rhythm (less than that share of the
-    median), as a fixed-step loop does when it catches up or after a late tick. A caller a little faster than
-    the rows (35 Hz ticks, 30 Hz rows) shares a cell now and then at its own rhythm: that is no catch-up.
+    The caller ticks once per row: the median of its recent tick intervals is above ``CATCH_UP_MIN_TICK`` of
+    the row period ``period`` (s). Not when the gap is a whole number of those intervals to float precision:
+    the ticks then lie on a grid, as the ROS node's do (it stamps each tick with its control deadline, so
+    none is late), and one a little faster than the rows (35 Hz ticks, 30 Hz rows) shares a cell now and
+    then by design.
     """
     if not intervals:
         return True
     median = float(np.median(intervals))
-    return median > CATCH_UP_MIN_TICK * period and gap_s < CATCH_UP_MIN_TICK * median
+    if median <= CATCH_UP_MIN_TICK * period:
+        return False
+    steps = gap_s / median
+    return round(steps) < 1 or abs(steps - round(steps)) > ON_GRID_TOLERANCE
 
+
+#: A gap between two ticks that is a whole multiple of their median interval to this share of it is a grid's
+#: (the node's deadline stamps: float error under 1e-6 of a 30 Hz interval up to ~3 years of uptime); a
+#: caller stamped by its wake-ups (~1 ms of jitter) lands that close to a multiple about once in 3,000 ticks,
+#: and its late tick then merely shares the next row.
+ON_GRID_TOLERANCE = 1e-5
 
 #: Longest stall (s) between two kept frames that held rows may fill; a larger jump is a bad frame.
 MAX_GAP_S = 300.0
@@ -218,10 +229,13 @@ def build_rows(episode: CapturedEpisode, fps: float, space: ActionSpace, state_d
             for j in range(g, len(rows['state']) - 1):
                 rows['k'][j] -= 1
             cell = None
+        # a tick the robot did not execute although the policy acted (a dry run, a refused action): its row is
+        # held, and the policy's action is kept in action.policy
+        dry = cmd is None and pol is not None
         if cell is None or k > cell['k']:
             if absolute:
                 a = cmd if fresh else last_cmd
-                p = pol if fresh else a
+                p = pol if (fresh or dry) else a
             else:
                 a = np.zeros(action_dim, np.float32)
                 p = np.zeros(action_dim, np.float32)
@@ -234,6 +248,8 @@ def build_rows(episode: CapturedEpisode, fps: float, space: ActionSpace, state_d
             cell['clamped'] |= bool(frame.clamped)
             if not absolute and fresh:
                 cell['held'] = False
+        if dry and not absolute and not velocity:
+            cell['policy'] += pol
         if fresh:
             if last_fresh_t is not None:
                 intervals.append(frame.robot_time_s - last_fresh_t)

@@ -279,6 +279,10 @@ class Runner:
             self.episodes_failed += 1
         if outcome is not None and outcome.error is not None and not ep.message:
             ep.message = _node_hint(str(outcome.error))
+        if outcome is not None and outcome.capture_error:
+            note = f'not captured: {outcome.capture_error}'
+            ep.message = f'{ep.message}; {note}' if ep.message else note
+            self._log('warning', f'episode {ep.id} {note}')
         self.last_result = EpisodeReport(
             ep.id, final, ep.message, *(() if outcome is None else (
                 outcome.actions, outcome.chunks, outcome.underruns, outcome.underrun_s, outcome.max_seam_jump,

@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sequence_ai_ros.exceptions import EpisodeIdUsed
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import Contract
 
@@ -59,6 +58,8 @@ class EpisodeRecorder:
         self.images = False
         self.rejected = 0
         self.rejected_first = ''
+        #: why capture is on but this episode is not captured (told to the robot at its start), else ''
+        self.not_captured = ''
         if store is None:
             return
         try:
@@ -67,10 +68,9 @@ class EpisodeRecorder:
                 settings = store.settings
                 self.fps = float(settings.row_fps(contract.dt))
                 self.images = bool(settings.images)
-        except EpisodeIdUsed:
-            raise                       # the robot is told: its episode does not start
         except Exception as exc:
             LOG.error('capture of episode %s not started: %s', episode_id, exc)
+            self.not_captured = str(exc)
             self._ep = None
 
     @property

@@ -289,7 +289,8 @@ class EpisodeCallHandler:
         self.episode_id = eid
         rec = self.active.recorder
         return pb.EpisodeReply(started=pb.EpisodeStarted(episode_id=eid, capture=rec.active,
-                                                         capture_fps=rec.fps, capture_images=rec.images))
+                                                         capture_fps=rec.fps, capture_images=rec.images,
+                                                         capture_error=rec.not_captured))
 
     async def _infer(self, active: ActiveEpisode, req: pb.ObservationRequest, nbytes: int | None) -> pb.ActionChunk:
         """Decode (raw frames inline; JPEG/PNG on the executor), queue, await the inference thread, pack."""
