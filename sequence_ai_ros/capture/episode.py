@@ -5,6 +5,7 @@ Layout under ``$SEQ_HOME/capture/<deployment>/``::
     settings.json                  CaptureSettings (written by ``seq policy capture``)
     store.db                       SQLite index (WAL): episodes, sampling decisions, labels
     staging/<pid>-<dir>/           an episode being captured (invisible to readers)
+    staging/.claim-<dir>           the pid capturing that episode id (replicas share a store: one capture each)
     episodes/<dir>/episode.rec     its records (requests, chunks, errors, telemetry; see records.py)
     episodes/<dir>/episode.json    its metadata (instruction, contract, reason, stats, counts)
     episodes/<dir>/label.json      its label, when labelled
@@ -182,6 +183,7 @@ class EpisodeCapture:
         self.started_at = started_at
         self.dir_name = _dir_name(episode_id)
         self.staging = store.root / 'staging' / f'{os.getpid()}-{self.dir_name}'
+        self.claim: Path | None = None   # the store's claim on the id (released at commit or drop)
         self._lock = threading.RLock()   # commit() reads the counters under it
         self._closed = False
         self.requests = 0

@@ -204,10 +204,17 @@ class Index:
         return None if row is None else {'success': bool(row[0]), 'notes': row[1], 'labelled_at': row[2]}
 
     def add_run(self, run: dict[str, Any]) -> None:
-        """Record (or replace) one episode the worker ran: the keys of the ``runs`` table."""
+        """Record (or replace) one episode the worker ran: the keys of the ``runs`` table.
+
+        A run that was not captured never replaces the record of a captured run of the same id (a reconnect
+        of that episode, a reused id, or a refused duplicate start): the record stays the captured data's.
+        """
         cols = RUN_COLUMNS
+        updates = ','.join(f'{c}=excluded.{c}' for c in cols if c != 'episode_id')
         with self.connect() as conn:
-            conn.execute(f'INSERT OR REPLACE INTO runs({",".join(cols)}) VALUES ({",".join("?" * len(cols))})',
+            conn.execute(f'INSERT INTO runs({",".join(cols)}) VALUES ({",".join("?" * len(cols))}) '
+                         f'ON CONFLICT(episode_id) DO UPDATE SET {updates} '
+                         'WHERE runs.captured = 0 OR excluded.captured = 1',
                          [run.get(c, 0) for c in cols])
 
     def seen(self, episode_id: str) -> bool:

@@ -26,6 +26,14 @@ def recover_store(root: Path, index: Index) -> dict[str, int]:
     out = {'dropped': 0, 'indexed': 0, 'missing': 0}
     staging = root / 'staging'
     for d in sorted(staging.iterdir()) if staging.is_dir() else ():
+        if d.name.startswith('.claim-'):   # an episode id's capture claim (CaptureStore._claim): a dead owner's
+            try:                           # goes; a half-written one (no pid) is left to its writer
+                owner = int(d.read_text(encoding='ascii') or 0)
+            except (OSError, ValueError):
+                owner = 0
+            if owner and owner != os.getpid() and not pid_alive(owner):
+                d.unlink(missing_ok=True)
+            continue
         if d.name.startswith('.'):
             continue  # a free-space probe file of a live store
         pid = d.name.split('-', 1)[0]

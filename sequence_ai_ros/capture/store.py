@@ -41,7 +41,9 @@ from sequence_ai_ros.capture.episode import (
     META_FILE,
     CapturedEpisode,
     EpisodeCapture,
+    _dir_name,
     contract_from_json,
+    pid_alive,
     write_json_atomic,
 )
 from sequence_ai_ros.capture.index import INDEX_FILE, Index
@@ -153,15 +155,24 @@ class CaptureStore:
             first = self.index.decide(episode_id, now, why is None, why or 'captured')
             if why is not None:     # not captured anyway (off, paused, sampled out): nothing to tell the robot
                 return None
-            if running or not first:
+            if running:
+                raise CaptureError(f'deployment {self.deployment}: episode {episode_id!r} is being captured by '
+                                   'this worker: this run of it is not captured; give each new episode its own id')
+            if not first:
                 raise CaptureError(f'deployment {self.deployment}: episode {episode_id!r} was already captured '
                                    '(a reconnect of it, or a reused id): this run of it is not captured; give '
                                    'each new episode its own id')
-            base = tree_bytes(self.root, skip='staging') if settings.quota_bytes is not None else 0
-            with self._lock:
-                self._base_bytes = base
-                ep = EpisodeCapture(self, episode_id, instruction, contract, settings, now)
-                self._active.add(ep)
+            claim = self._claim(episode_id)
+            try:
+                base = tree_bytes(self.root, skip='staging') if settings.quota_bytes is not None else 0
+                with self._lock:
+                    self._base_bytes = base
+                    ep = EpisodeCapture(self, episode_id, instruction, contract, settings, now)
+                    ep.claim = claim
+                    self._active.add(ep)
+            except BaseException:
+                claim.unlink(missing_ok=True)
+                raise
             return ep
         except (OSError, sqlite3.Error) as exc:
             self._fault(exc, f'starting episode {episode_id}')
@@ -401,9 +412,47 @@ class CaptureStore:
         if used > quota:
             raise CaptureError(f'store quota reached: {used} > quota_bytes {quota}')
 
+    def _claim(self, episode_id: str) -> Path:
+        """Claim an episode id for this process while it is captured: ``staging/.claim-<dir>`` holds the pid.
+
+        Replicas of a fleet share one store: a reconnect of an episode that lands on another replica while
+        the first still captures it would be captured twice. The claim is created atomically (a hard link,
+        which fails when the name exists); a dead process's claim is taken over.
+
+        :raises CaptureError: when a live process (this one included: a concurrent start) holds the claim.
+        """
+        staging = self.root / 'staging'
+        path = staging / f'.claim-{_dir_name(episode_id)}'
+        mine = staging / f'.claim-{os.getpid()}-{threading.get_ident()}'
+        mine.write_text(str(os.getpid()), encoding='ascii')
+        try:
+            for _ in range(3):
+                try:
+                    os.link(mine, path)
+                    return path
+                except FileExistsError:
+                    try:
+                        owner = int(path.read_text(encoding='ascii') or 0)
+                    except (OSError, ValueError):
+                        owner = 0
+                    if owner and (owner == os.getpid() or pid_alive(owner)):
+                        where = 'this worker' if owner == os.getpid() else f'another worker process (pid {owner})'
+                        raise CaptureError(f'deployment {self.deployment}: episode {episode_id!r} is being '
+                                           f'captured by {where} sharing this store: this run of it is not '
+                                           'captured; give each new episode its own id') from None
+                    path.unlink(missing_ok=True)   # a dead process's claim
+            raise CaptureError(f'deployment {self.deployment}: episode {episode_id!r}: its capture claim '
+                               f'{path} could not be taken')
+        finally:
+            mine.unlink(missing_ok=True)
+
     def _release(self, ep: EpisodeCapture) -> None:
         with self._lock:
             self._active.discard(ep)
+        claim = ep.claim
+        if claim is not None:
+            ep.claim = None
+            claim.unlink(missing_ok=True)
 
     def _set_pause(self, kind: str | None, diagnostic: str) -> None:
         with self._lock:

@@ -41,8 +41,9 @@ class RunOutcome:
     :param telemetry_rejected: capture telemetry frames the worker refused (wrong shape or dtype, NaN,
         an image whose header disagrees with its size or format); the episode was kept without them.
     :param telemetry_error: the first refusal, ``"CONTRACT_VIOLATION: <why>"``; '' when none.
-    :param capture_error: capture is on for the deployment but this episode was not kept, and why (its id
-        was already captured: a reconnect or a reused id; the store paused...); '' otherwise.
+    :param capture_error: capture is on for the deployment but this episode is not kept, and why: its id
+        was already captured, or is being captured by another worker sharing the store (a reconnect or a
+        reused id); '' otherwise (a paused or full store is reported by the worker's diagnostics).
     :param error: the typed exception behind reason ``validate`` or ``error``; None otherwise, and for an
         ``error`` that the caller's own code raised (that exception propagates from act()/run()).
     """

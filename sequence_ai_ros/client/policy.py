@@ -334,7 +334,12 @@ class Policy:
     def episode_outcome(self) -> RunOutcome | None:
         """None while the episode runs; its RunOutcome once it finished (completed, timeout, validate, error...)."""
         ep = self._episode
-        return ep.closed or ep.engine.outcome() if ep is not None else None
+        if ep is None:
+            return None
+        out = ep.closed or ep.engine.outcome()
+        if out is not None and ep.capture_error and not out.capture_error:
+            out = dataclasses.replace(out, capture_error=ep.capture_error)
+        return out
 
     def stats(self) -> dict[str, Any]:
         """Live numbers of the current (or last) episode: buffer_s, actions, chunks, underruns, latency..."""

@@ -113,24 +113,26 @@ def _once_per_row(intervals: collections.deque[float], period: float, gap_s: flo
     """True when a tick that shares a cell with the one before, ``gap_s`` (s) after it, may be a catch-up.
 
     The caller ticks once per row: the median of its recent tick intervals is above ``CATCH_UP_MIN_TICK`` of
-    the row period ``period`` (s). Not when the gap is a whole number of those intervals to float precision:
-    the ticks then lie on a grid, as the ROS node's do (it stamps each tick with its control deadline, so
-    none is late), and one a little faster than the rows (35 Hz ticks, 30 Hz rows) shares a cell now and
-    then by design.
+    the row period ``period`` (s). Not when the ticks lie on a grid: the gap and every recent interval a
+    whole number of median intervals, to float precision, as the ROS node's ticks are (it stamps each with
+    its control deadline, so none is late; one a little faster than the rows, 35 Hz ticks against 30 Hz
+    rows, shares a cell now and then by design). A late tick breaks that (its own interval is off the grid),
+    as does a clock quantised coarser than the period's fraction (33 and 34 ms intervals at 30 Hz).
     """
     if not intervals:
         return True
     median = float(np.median(intervals))
     if median <= CATCH_UP_MIN_TICK * period:
         return False
-    steps = gap_s / median
-    return round(steps) < 1 or abs(steps - round(steps)) > ON_GRID_TOLERANCE
+    return not all(_whole(x / median) for x in (gap_s, *intervals))
+
+
+def _whole(steps: float) -> bool:
+    return round(steps) >= 1 and abs(steps - round(steps)) <= ON_GRID_TOLERANCE
 
 
 #: A gap between two ticks that is a whole multiple of their median interval to this share of it is a grid's
-#: (the node's deadline stamps: float error under 1e-6 of a 30 Hz interval up to ~3 years of uptime); a
-#: caller stamped by its wake-ups (~1 ms of jitter) lands that close to a multiple about once in 3,000 ticks,
-#: and its late tick then merely shares the next row.
+#: (the node's deadline stamps: float error under 1e-6 of a 30 Hz interval up to ~3 years of uptime).
 ON_GRID_TOLERANCE = 1e-5
 
 #: Longest stall (s) between two kept frames that held rows may fill; a larger jump is a bad frame.

@@ -253,6 +253,11 @@ class DeploymentRuntime:
 
         :raises EpisodeStateError: when an episode with this id is already running on this worker.
         """
+        with self._lock:
+            running = episode_id in self._episodes
+        if running:   # refused before its capture is touched (a second start never disturbs the first's)
+            raise EpisodeStateError(f'episode {clip(episode_id)!r} is already running on {self.name!r}; '
+                                    'every robot needs its own episode id')
         recorder = EpisodeRecorder(self.capture_store, episode_id, instruction, self.contract, version=self.version)
         active = ActiveEpisode(self, Episode(id=episode_id, instruction=instruction, deployment=self.name),
                                recorder)
