@@ -95,6 +95,14 @@ def write_json_atomic(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+def claim_owner(path: Path) -> int:
+    """Return the pid written in a capture claim file (``staging/.claim-<dir>``), 0 when unreadable or empty."""
+    try:
+        return int(path.read_text(encoding='ascii') or 0)
+    except (OSError, ValueError):
+        return 0
+
+
 def pid_alive(pid: int) -> bool:
     """Return True when a process with this pid exists on this host."""
     try:

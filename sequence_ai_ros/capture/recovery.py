@@ -13,7 +13,7 @@ import os
 import shutil
 from pathlib import Path
 
-from sequence_ai_ros.capture.episode import LABEL_FILE, META_FILE, pid_alive
+from sequence_ai_ros.capture.episode import LABEL_FILE, META_FILE, claim_owner, pid_alive
 from sequence_ai_ros.capture.index import Index
 
 
@@ -27,10 +27,7 @@ def recover_store(root: Path, index: Index) -> dict[str, int]:
     staging = root / 'staging'
     for d in sorted(staging.iterdir()) if staging.is_dir() else ():
         if d.name.startswith('.claim-'):   # an episode id's capture claim (CaptureStore._claim): a dead owner's
-            try:                           # goes; a half-written one (no pid) is left to its writer
-                owner = int(d.read_text(encoding='ascii') or 0)
-            except (OSError, ValueError):
-                owner = 0
+            owner = claim_owner(d)         # goes; a half-written one (no pid) is left to its writer
             if owner and owner != os.getpid() and not pid_alive(owner):
                 d.unlink(missing_ok=True)
             continue

@@ -42,6 +42,7 @@ from sequence_ai_ros.capture.episode import (
     CapturedEpisode,
     EpisodeCapture,
     _dir_name,
+    claim_owner,
     contract_from_json,
     pid_alive,
     write_json_atomic,
@@ -156,12 +157,9 @@ class CaptureStore:
             if why is not None:     # not captured anyway (off, paused, sampled out): nothing to tell the robot
                 return None
             if running:
-                raise CaptureError(f'deployment {self.deployment}: episode {episode_id!r} is being captured by '
-                                   'this worker: this run of it is not captured; give each new episode its own id')
+                raise self._not_captured(episode_id, 'is being captured by this worker')
             if not first:
-                raise CaptureError(f'deployment {self.deployment}: episode {episode_id!r} was already captured '
-                                   '(a reconnect of it, or a reused id): this run of it is not captured; give '
-                                   'each new episode its own id')
+                raise self._not_captured(episode_id, 'was already captured (a reconnect of it, or a reused id)')
             claim = self._claim(episode_id)
             try:
                 base = tree_bytes(self.root, skip='staging') if settings.quota_bytes is not None else 0
@@ -412,6 +410,11 @@ class CaptureStore:
         if used > quota:
             raise CaptureError(f'store quota reached: {used} > quota_bytes {quota}')
 
+    def _not_captured(self, episode_id: str, why: str) -> CaptureError:
+        """The refusal told to the robot when capture is on but this run of ``episode_id`` is not kept."""
+        return CaptureError(f'deployment {self.deployment}: episode {episode_id!r} {why}: this run of it is not '
+                            'captured; give each new episode its own id')
+
     def _claim(self, episode_id: str) -> Path:
         """Claim an episode id for this process while it is captured: ``staging/.claim-<dir>`` holds the pid.
 
@@ -431,15 +434,11 @@ class CaptureStore:
                     os.link(mine, path)
                     return path
                 except FileExistsError:
-                    try:
-                        owner = int(path.read_text(encoding='ascii') or 0)
-                    except (OSError, ValueError):
-                        owner = 0
+                    owner = claim_owner(path)
                     if owner and (owner == os.getpid() or pid_alive(owner)):
                         where = 'this worker' if owner == os.getpid() else f'another worker process (pid {owner})'
-                        raise CaptureError(f'deployment {self.deployment}: episode {episode_id!r} is being '
-                                           f'captured by {where} sharing this store: this run of it is not '
-                                           'captured; give each new episode its own id') from None
+                        raise self._not_captured(episode_id, f'is being captured by {where} sharing this '
+                                                             'store') from None
                     path.unlink(missing_ok=True)   # a dead process's claim
             raise CaptureError(f'deployment {self.deployment}: episode {episode_id!r}: its capture claim '
                                f'{path} could not be taken')

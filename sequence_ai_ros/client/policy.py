@@ -52,6 +52,12 @@ class _OpenEpisode:
         self.amended = False
         self.commanded_before: np.ndarray | None = None
 
+    def told(self, out: RunOutcome) -> RunOutcome:
+        """``out`` with what the worker told at the start (``capture_error``), for every outcome read."""
+        if not self.capture_error or out.capture_error:
+            return out
+        return dataclasses.replace(out, capture_error=self.capture_error)
+
     def telemetry_action(self, action: Action | None) -> tuple[np.ndarray | None, np.ndarray | None]:
         """What capture keeps of this tick: ``(command, policy's action)``, the second None when the same.
 
@@ -337,9 +343,7 @@ class Policy:
         if ep is None:
             return None
         out = ep.closed or ep.engine.outcome()
-        if out is not None and ep.capture_error and not out.capture_error:
-            out = dataclasses.replace(out, capture_error=ep.capture_error)
-        return out
+        return None if out is None else ep.told(out)
 
     def stats(self) -> dict[str, Any]:
         """Live numbers of the current (or last) episode: buffer_s, actions, chunks, underruns, latency..."""
@@ -470,8 +474,7 @@ class Policy:
         tel = ep.telemetry.flush() if ep.telemetry is not None else None
         if tel:
             ep.stream.send_telemetry(tel)
-        if ep.capture_error:
-            out = dataclasses.replace(out, capture_error=ep.capture_error)
+        out = ep.told(out)
         if ep.stream.dropped_telemetry:
             LOG.warning('episode %s: %d capture frames were dropped (send queue full)', out.episode_id,
                         ep.stream.dropped_telemetry)

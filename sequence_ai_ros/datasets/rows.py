@@ -220,7 +220,8 @@ def build_rows(episode: CapturedEpisode, fps: float, space: ActionSpace, state_d
         late = (cell is not None and fresh and not velocity and cell['fresh'] == 1 and g >= 0
                 and len(rows['state']) - g <= MAX_CATCH_UP and rows['k'][-1] == cell['k'] - 1
                 and all(rows['fresh'][j] == 1 for j in range(g + 1, len(rows['state'])))
-                and _once_per_row(intervals, period, frame.robot_time_s - (last_fresh_t or frame.robot_time_s)))
+                and last_fresh_t is not None
+                and _once_per_row(intervals, period, frame.robot_time_s - last_fresh_t))
         if late:
             # The ticks since a stall's last held row were each one late: move them back one row (the
             # held row is filled), and this tick takes the cell, so no executed step is merged away.

@@ -256,19 +256,21 @@ class DeploymentRuntime:
         with self._lock:
             running = episode_id in self._episodes
         if running:   # refused before its capture is touched (a second start never disturbs the first's)
-            raise EpisodeStateError(f'episode {clip(episode_id)!r} is already running on {self.name!r}; '
-                                    'every robot needs its own episode id')
+            raise self._already_running(episode_id)
         recorder = EpisodeRecorder(self.capture_store, episode_id, instruction, self.contract, version=self.version)
         active = ActiveEpisode(self, Episode(id=episode_id, instruction=instruction, deployment=self.name),
                                recorder)
         with self._lock:
-            if episode_id in self._episodes:
+            if episode_id in self._episodes:   # a start that raced the check above
                 recorder.commit('duplicate', {})
-                raise EpisodeStateError(f'episode {clip(episode_id)!r} is already running on {self.name!r}; '
-                                        'every robot needs its own episode id')
+                raise self._already_running(episode_id)
             self._episodes[episode_id] = active
         self.usage.add(episodes=1)
         return active
+
+    def _already_running(self, episode_id: str) -> EpisodeStateError:
+        return EpisodeStateError(f'episode {clip(episode_id)!r} is already running on {self.name!r}; '
+                                 'every robot needs its own episode id')
 
     def forget(self, episode_id: str) -> None:
         """Drop an ended episode from the running set."""
