@@ -5,7 +5,7 @@ import time
 
 import numpy as np
 import pytest
-from test_node_capture_rows import _run_node_episode
+from test_node_capture_rows import START, _run_node_episode, run_and_export
 from test_node_support import RAMP
 
 from sequence_ai_ros.datasets.rows import build_rows
@@ -274,39 +274,13 @@ def test_concurrent_starts_of_one_id_do_not_pause_capture(tmp_path):
 @pytest.mark.parametrize('seed', [1, 2, 3])
 def test_run_loop_with_overruns_exports_every_act(tmp_path, space, seed):
     """run() at the row rate; act() overruns now and then (0.3 to 2.5 periods): rows == what act() received."""
-    from sequence_ai_ros.capture.settings import CaptureSettings, save_settings
-    from sequence_ai_ros.capture.store import CaptureStore
-    from sequence_ai_ros.client import connect
-    from sequence_ai_ros.worker import serve_policy_file
-
     rng = np.random.default_rng(seed)
-    capture = tmp_path / 'capture'
-    save_settings(capture / 'ramp', CaptureSettings(rate=1.0, enabled=True))
-    state = np.array([0.1, 0.2, 0.3, 0.4], np.float32)
-    received: list[np.ndarray] = []
     sleeps = {int(i): float(rng.uniform(0.3, 2.5)) for i in rng.choice(np.arange(5, 85), 10, replace=False)}
-
-    def observe():
-        return {'state': received[-1] if received else state, 'state_names': list(NAMES)}
-
-    def act(action):
-        received.append(np.array(action.values, np.float32))
-        if len(received) in sleeps:
-            time.sleep(sleeps[len(received)] / 30)
-
-    with serve_policy_file(RAMP, 'ramp', capture_root=capture, names=list(NAMES), step=0.001,
-                           action_space=space) as server:
-        with connect('ramp', endpoint=f'127.0.0.1:{server.port}') as policy:
-            policy.wait_until_ready()
-            out = policy.run(observe, act, max_actions=90)
-    assert out.reason == 'completed', out
-    [episode] = CaptureStore(capture / 'ramp', 'ramp').episodes()
-    rows = build_rows(episode, 30.0, ActionSpace(space), 4, 4, [])
-    got = np.array(received)
+    rows, got = run_and_export(tmp_path, space, max_actions=90, overruns=sleeps)
     if space == 'joint_absolute':
         np.testing.assert_array_equal(rows.action[~rows.held], got, err_msg=f'held {np.flatnonzero(rows.held)}')
     else:
-        np.testing.assert_allclose(state + np.cumsum(rows.action, 0)[-1], got[-1], atol=1e-5)
+        np.testing.assert_allclose(START + np.cumsum(rows.action, 0)[-1], got[-1], atol=1e-5)
         assert (~rows.held).sum() == len(got), ((~rows.held).sum(), len(got), np.flatnonzero(rows.held))
 
 

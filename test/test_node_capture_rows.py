@@ -163,43 +163,53 @@ def test_joint_delta_node_export_rows_are_the_executed_increments(tmp_path):
     np.testing.assert_allclose(rows.action.astype(np.float64).sum(0), path, atol=1e-5)
 
 
+START = np.array([0.1, 0.2, 0.3, 0.4], np.float32)   # the ramp's robot state before the first action
+
+
+def run_and_export(tmp_path, space: str, max_actions: int, overruns: dict[int, float] | None = None):
+    """run() a captured ramp (robot state = the last action received) and build its exported rows.
+
+    :param overruns: act() call number -> how many 30 Hz periods that call sleeps (an overrun).
+    :returns: (rows, float32 (N, 4) the actions act() received).
+    """
+    from sequence_ai_ros.capture.settings import CaptureSettings, save_settings
+    from sequence_ai_ros.capture.store import CaptureStore
+    from sequence_ai_ros.client import connect
+    from sequence_ai_ros.worker import serve_policy_file
+
+    capture = tmp_path / 'capture'
+    save_settings(capture / 'ramp', CaptureSettings(rate=1.0, enabled=True))
+    received: list[np.ndarray] = []
+
+    def observe():
+        return {'state': received[-1] if received else START, 'state_names': list(NAMES)}
+
+    def act(action):
+        received.append(np.array(action.values, np.float32))
+        if overruns and len(received) in overruns:
+            time.sleep(overruns[len(received)] / 30)
+
+    with serve_policy_file(RAMP, 'ramp', capture_root=capture, names=list(NAMES), step=0.001,
+                           action_space=space) as server:
+        with connect('ramp', endpoint=f'127.0.0.1:{server.port}') as policy:
+            policy.wait_until_ready()
+            out = policy.run(observe, act, max_actions=max_actions)
+    assert out.reason == 'completed', out
+    [episode] = CaptureStore(capture / 'ramp', 'ramp').episodes()
+    return build_rows(episode, 30.0, ActionSpace(space), 4, 4, []), np.array(received)
+
+
 @pytest.mark.parametrize('space', [
     'joint_absolute',
     'joint_delta',
 ])
 def test_python_api_run_exports_what_act_received(tmp_path, space):
     """run() (the Python API): the exported rows reproduce what act() was given (joint_delta: its increments)."""
-    from sequence_ai_ros.capture.settings import CaptureSettings, save_settings
-    from sequence_ai_ros.capture.store import CaptureStore
-    from sequence_ai_ros.client import connect
-    from sequence_ai_ros.datasets.rows import build_rows
-    from sequence_ai_ros.protocol.spaces import ActionSpace
-    from sequence_ai_ros.worker import serve_policy_file
-
-    capture = tmp_path / 'capture'
-    save_settings(capture / 'ramp', CaptureSettings(rate=1.0, enabled=True))
-    state = np.array([0.1, 0.2, 0.3, 0.4], np.float32)
-    received: list[np.ndarray] = []
-
-    def observe():
-        return {'state': received[-1] if received else state, 'state_names': list(NAMES)}
-
-    def act(action):
-        received.append(np.array(action.values, np.float32))
-
-    with serve_policy_file(RAMP, 'ramp', capture_root=capture, names=list(NAMES), step=0.001,
-                           action_space=space) as server:
-        with connect('ramp', endpoint=f'127.0.0.1:{server.port}') as policy:
-            policy.wait_until_ready()
-            out = policy.run(observe, act, max_actions=60)
-    assert out.reason == 'completed', out
-    [episode] = CaptureStore(capture / 'ramp', 'ramp').episodes()
-    rows = build_rows(episode, 30.0, ActionSpace(space), 4, 4, [])
-    got = np.array(received)
+    rows, got = run_and_export(tmp_path, space, max_actions=60)
     if space == 'joint_absolute':
         np.testing.assert_array_equal(rows.action[~rows.held], got[:int((~rows.held).sum())])
     else:
-        np.testing.assert_allclose(state + np.cumsum(rows.action, 0)[-1], got[-1], atol=1e-5)
+        np.testing.assert_allclose(START + np.cumsum(rows.action, 0)[-1], got[-1], atol=1e-5)
 
 
 def _rows_by_cell_rule(sent, fps=30.0):
