@@ -220,15 +220,17 @@ def test_a_rerun_of_a_captured_id_keeps_the_captured_runs_record(tmp_path):
     [0.0, 0.033, 0.067, 0.1, 0.133, 0.250, 0.283, 0.300, 0.333, 0.367, 0.4],            # 1 ms clock
     [0.0, 0.0333, 0.0667, 0.1, 0.1333, 0.250, 0.2833, 0.300, 0.3333, 0.3667, 0.4],      # 0.1 ms clock
 ])
-def test_quantised_clock_catch_up_keeps_every_executed_step(tmp_path, times):
-    """Same ticks with the second late one 0.2 ms later export all 11 executed steps (rows.py catch-up)."""
+def test_a_quantised_clock_never_moves_a_record_off_its_deadline(tmp_path, times):
+    """A coarse robot clock (1 ms or 0.1 ms) and late ticks: records placed by the deadline they served
+    export all 11 executed steps, one row each (no time is rounded)."""
     from test_data_rows import _contract, _episode, _frame
     from test_data_support import make_store
     store = make_store(tmp_path / 's')
-    frames = [_frame(t, np.full(3, i), np.full(3, 10 + i)) for i, t in enumerate(times)]
+    frames = [_frame(t, np.full(3, i), np.full(3, 10 + i), span=(i, i, i + 1)) for i, t in enumerate(times)]
     _, ep = _episode(store, 'e', _contract(dt=1 / 30), frames)
     rows = build_rows(ep, 30, ActionSpace.JOINT_ABSOLUTE, 3, 3, [])
-    np.testing.assert_array_equal(rows.action[~rows.held][:, 0], np.arange(10, 21))
+    np.testing.assert_array_equal(rows.action[:, 0], np.arange(10, 21))
+    assert not rows.held.any()
 
 
 def test_concurrent_starts_of_one_id_do_not_pause_capture(tmp_path):
@@ -286,9 +288,10 @@ def test_run_loop_with_overruns_exports_every_act(tmp_path, space, seed):
 
 @pytest.mark.parametrize('rate_hz,late_p', [(30.0, 0.0), (30.0, 0.15), (30.0, 0.3), (15.0, 0.2)])
 def test_next_action_loop_rows_are_the_commands(tmp_path, rate_hz, late_p):
-    """A next_action() loop with some ticks late 0.3-0.95 of a period: every command is one row, in order.
+    """A next_action() loop with some ticks late 0.3-0.95 of a period: every command keeps its rows, in order.
 
     Its own Pacer-like schedule, time.monotonic() stamps, joint_absolute; the tick after a late one on time.
+    Each command covers its period: one row at 30 Hz, two at 15 Hz (a 30 Hz policy's rows).
     """
     from sequence_ai_ros.capture.settings import CaptureSettings, save_settings
     from sequence_ai_ros.capture.store import CaptureStore
@@ -321,22 +324,23 @@ def test_next_action_loop_rows_are_the_commands(tmp_path, rate_hz, late_p):
     [episode] = CaptureStore(capture / 'ramp', 'ramp').episodes()
     rows = build_rows(episode, 30.0, ActionSpace.JOINT_ABSOLUTE, 4, 4, [])
     ex = rows.action[~rows.held]
-    assert len(ex) == len(sent) and np.array_equal(ex, np.array(sent)), (len(ex), len(sent),
-                                                                            np.flatnonzero(rows.held).tolist())
+    per = int(round(30.0 / rate_hz))
+    want = np.repeat(np.array(sent), per, axis=0)
+    assert len(ex) == len(want) and np.array_equal(ex, want), (len(ex), len(want),
+                                                               np.flatnonzero(rows.held).tolist())
 
 
 @pytest.mark.ros
 @pytest.mark.parametrize('rate_hz', [15.0, 30.0, 35.0, 47.0, 50.0])
-def test_node_rows_with_late_wakeups_and_stalls_follow_the_cell_rule(tmp_path, rate_hz):
-    from test_node_capture_rows import _rows_by_cell_rule
+def test_node_rows_with_late_wakeups_and_stalls_are_the_ticks_on_their_deadlines(tmp_path, rate_hz):
+    from test_node_capture_rows import _rows_by_span_rule
     rng = np.random.default_rng(int(rate_hz))
     late = {i: float(x) for i, x in enumerate(rng.uniform(0.2, 0.9, 400)) if i % 3 == 0 and i not in (40, 80)}
     stalls = {40: 0.2, 80: 0.12, 100: 0.05}
     rows, result, tick, sent, _ = _run_node_episode(tmp_path, rate_hz=rate_hz, seconds=4.0, stalls=stalls,
                                                     late=late, step=0.01)
-    want, want_held = _rows_by_cell_rule(sent)
-    n = min(len(rows), len(want))
-    assert abs(len(rows) - len(want)) <= 1, (len(rows), len(want))
-    diff = np.flatnonzero(np.any(rows.action[:n] != want[:n], axis=1) | (rows.held[:n] != want_held[:n]))
+    want, want_held = _rows_by_span_rule(sent, rate_hz)
+    assert len(rows) == len(want), (len(rows), len(want))
+    diff = np.flatnonzero(np.any(rows.action != want, axis=1) | (rows.held != want_held))
     assert diff.size == 0, (f'{rate_hz} Hz: rows {diff.tolist()[:12]} differ (held got '
                             f'{np.flatnonzero(rows.held).tolist()} want {np.flatnonzero(want_held).tolist()})')

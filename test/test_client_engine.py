@@ -83,7 +83,7 @@ def test_cold_start_executes_row_zero_and_skips_nothing():
     rig.reply(ramp(100))
     action = rig.tick()
     assert not action.hold and action.index == 0 and action.values[0] == 100
-    assert rig.engine.stats()['skipped'] == 0
+    assert rig.engine.stats()['stale_actions'] == 0
     assert rig.engine.stats()['underruns'] == 0                      # waiting for the first chunk is no underrun
 
 
@@ -102,7 +102,7 @@ def test_stale_rows_are_skipped_by_counting_executed_actions():
     action = rig.tick()
     executed_since = rig.executed[-2].values[0] - sent_at_row + 1
     assert action.values[0] == 1000 + executed_since                 # chunk[0] aligned with the observation
-    assert rig.engine.stats()['skipped'] == executed_since
+    assert rig.engine.stats()['stale_actions'] == executed_since
 
 
 def test_prefetch_lead_comes_from_warm_round_trips_not_the_cold_one():

@@ -43,7 +43,7 @@ def test_prefetch_keeps_the_buffer_full_and_closed_loop_underruns_every_chunk(se
     on, off = results[True], results[False]
     print(f'\nmean latency {mean * 1e3:.0f} ms = 0.35 covers_seconds (+-20 %), 500 actions:'
           f'\n  prefetch on : {on}  underruns={on.underruns} underrun_s={on.underrun_s:.3f} '
-          f'p50={on.latency_p50_ms:.0f} ms p95={on.latency_p95_ms:.0f} ms skipped={on.skipped}'
+          f'p50={on.latency_p50_ms:.0f} ms p95={on.latency_p95_ms:.0f} ms stale={on.stale_actions}'
           f'\n  prefetch off: {off}  underruns={off.underruns} underrun_s={off.underrun_s:.3f}')
     assert on.underruns == 0 and on.underrun_s == 0.0
     assert off.underruns >= off.chunks - 1 and off.underruns >= 4   # one stall per chunk after the first

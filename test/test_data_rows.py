@@ -19,6 +19,7 @@ from PIL import Image
 from test_data_support import FakeClock, make_store
 
 from sequence_ai_ros.capture.store import CaptureStore
+from sequence_ai_ros.client.resample import pieces, position_mask, sample
 from sequence_ai_ros.cli import main as seq_main
 from sequence_ai_ros.datasets import stats as lerobot_stats
 from sequence_ai_ros.datasets.lerobot_writer import export_lerobot
@@ -59,9 +60,13 @@ def _png(width: int, height: int, depth: int, colour: int) -> bytes:
 
 
 def _frame(t: float, state, action=None, hold: bool = False, clamped: bool = False, policy=None,
-           image: pb.Image | None = None) -> pb.TelemetryFrame:
+           image: pb.Image | None = None, span: tuple[int, float, float] | None = None) -> pb.TelemetryFrame:
+    """One telemetry record; ``span`` = (grid_index, step_start, step_end) as the client sends it (None: a
+    record of a store written before spans existed)."""
     f = pb.TelemetryFrame(robot_time_s=t, state=codec.to_tensor(np.asarray(state, np.float32)), hold=hold,
                           clamped=clamped)
+    if span is not None:
+        f.grid_index, f.step_start, f.step_end = span
     if action is not None:
         f.action.CopyFrom(codec.to_tensor(np.asarray(action, np.float32)))
     if policy is not None:
@@ -144,12 +149,16 @@ def test_5hz_delta_policy_exports_every_executed_step(tmp_path: Path) -> None:
         assert json.loads((out / 'meta/info.json').read_text())['fps'] == 5
 
 
-def test_a_loop_that_falls_behind_and_catches_up_loses_no_step(tmp_path: Path) -> None:
-    """A 5 Hz fixed-step loop: tick 3 comes 0.15 s late (after a stall), tick 4 on time; ten rows, ten steps."""
+def test_a_loop_that_falls_behind_keeps_every_tick_on_the_deadline_it_served(tmp_path: Path) -> None:
+    """A 5 Hz fixed-step loop: tick 3 wakes 0.15 s late, tick 4 on time; each serves its own deadline.
+
+    Its records carry their place on the timeline (grid index, step span), so the lateness of a wake-up
+    never moves a row: ten rows, ten steps, each its own tick's command and state.
+    """
     store = make_store(tmp_path / 'late')
     times = [0.2 * i for i in range(10)]
     times[3] += 0.15
-    frames = [_frame(t, np.full(3, i), np.full(3, 10 + i)) for i, t in enumerate(times)]
+    frames = [_frame(t, np.full(3, i), np.full(3, 10 + i), span=(i, i, i + 1)) for i, t in enumerate(times)]
     _, ep = _episode(store, 'late', _contract(dt=0.2), frames)
     rows = build_rows(ep, 5, ActionSpace.JOINT_ABSOLUTE, 3, 3, [])
     assert len(rows) == 10 and not rows.held.any()
@@ -157,17 +166,67 @@ def test_a_loop_that_falls_behind_and_catches_up_loses_no_step(tmp_path: Path) -
     np.testing.assert_array_equal(rows.state[:, 0], np.arange(10))
 
 
-def test_a_longer_stall_with_several_late_ticks_loses_no_step(tmp_path: Path) -> None:
-    """Ticks 3, 4, 5 come 0.32 s late, 0.15 s late and on time (catching up): still ten rows, ten steps."""
+def test_missed_deadlines_are_held_rows_and_the_rest_keep_their_steps(tmp_path: Path) -> None:
+    """Deadlines 3 and 4 got no tick (a stall): two held rows on the command in effect; the rest are exact."""
     store = make_store(tmp_path / 'late2')
-    times = [0.2 * i for i in range(10)]
-    times[3] += 0.32
-    times[4] += 0.15
-    frames = [_frame(t, np.full(3, i), np.full(3, 10 + i)) for i, t in enumerate(times)]
+    served = [0, 1, 2, 5, 6, 7, 8, 9]
+    frames = [_frame(0.2 * g + 0.01, np.full(3, g), np.full(3, 10 + g), span=(g, g, g + 1)) for g in served]
     _, ep = _episode(store, 'late2', _contract(dt=0.2), frames)
     rows = build_rows(ep, 5, ActionSpace.JOINT_ABSOLUTE, 3, 3, [])
-    np.testing.assert_array_equal(rows.action[:, 0], np.arange(10, 20))
+    assert len(rows) == 10
+    np.testing.assert_array_equal(rows.action[:, 0], [10, 11, 12, 12, 12, 15, 16, 17, 18, 19])
+    np.testing.assert_array_equal(rows.state[:, 0], [0, 1, 2, 2, 2, 5, 6, 7, 8, 9])
+    assert rows.held.tolist() == [False] * 3 + [True] * 2 + [False] * 5
+
+
+def test_50hz_records_against_a_30hz_policy_take_the_tick_in_effect_at_each_row(tmp_path: Path) -> None:
+    """Records of a 50 Hz node (spans of 0.6 steps, a stall of four deadlines): each row is the command in
+    effect at its step, whatever time the ticks woke (here 0..40 % of a period late)."""
+    store = make_store(tmp_path / 'arm')
+    rng = np.random.default_rng(1)
+    served = [g for g in range(101) if not 20 < g < 25]
+    frames = [_frame(g * 0.02 + rng.uniform(0, 0.008), q(g * 0.02) * 0.9, q(g * 0.02),
+                     span=(g, g * 0.6, (g + 1) * 0.6)) for g in served]
+    _, ep = _episode(store, 'stall50', _contract(), frames)
+    rows = build_rows(ep, 30, ActionSpace.JOINT_ABSOLUTE, 3, 3, [])
+    assert len(rows) == 61
+    for k in range(61):
+        g = max(x for x in served if x * 0.6 <= k + 1e-9)
+        np.testing.assert_array_equal(rows.action[k], q(g * 0.02), err_msg=f'row {k}')
+    assert rows.held.tolist()[12:16] == [False, True, True, False]
+
+
+def test_delta_records_straddling_rows_are_split_by_the_share_of_their_span(tmp_path: Path) -> None:
+    """ee_delta at dt 0.2 s driven at 12.5 Hz (2.5x: spans of 0.4 steps): each row sums exactly the increments
+    executed within it (a tick across a step boundary carries its parts, so it splits there exactly: the rows
+    are the policy's own steps); the gripper is a target."""
+    store = make_store(tmp_path / 'wx')
+    contract = Contract('ee_delta', ('x', 'y', 'z', 'roll', 'pitch', 'yaw', 'grip'), 0.2, 4,
+                        ObservationContract((), NAMES), deployment='wx')
+    rng = np.random.default_rng(7)
+    per_step = rng.normal(0, 0.01, (10, 7)).astype(np.float32)
+    per_step[:, 6] = np.linspace(0, 1, 10)
+    mask = position_mask(ActionSpace.EE_DELTA, 7)
+    frames = []
+    for g in range(25):
+        a, b = 0.4 * g, 0.4 * (g + 1)
+        inc = sample(per_step, ActionSpace.EE_DELTA, a, 0.4, mask)    # as the client reads the chunk
+        f = _frame(g * 0.08, np.full(3, g), inc, span=(g, a, b))
+        parts = pieces(per_step, ActionSpace.EE_DELTA, a, 0.4, mask)  # the tick across a step boundary
+        if parts is not None:
+            f.pieces.CopyFrom(codec.to_tensor(parts[0]))
+            f.piece_share.extend(parts[1].tolist())
+        frames.append(f)
+    _episode(store, 'bridge', contract, frames)
+    ep = next(e for e in store.episodes() if e.episode_id == 'bridge')
+    rows = build_rows(ep, 5, ActionSpace.EE_DELTA, 3, 7, [])
     assert len(rows) == 10 and not rows.held.any()
+    np.testing.assert_allclose(rows.action[:, :6], per_step[:, :6], atol=1e-6)
+    # the gripper, a position: the target the robot commanded in effect at each row (the tick starting at or
+    # before it, which read the chunk at its own start)
+    in_effect = [sample(per_step, ActionSpace.EE_DELTA, 0.4 * int(np.floor(k / 0.4 + 1e-9)), 0.4, mask)[6]
+                 for k in range(10)]
+    np.testing.assert_array_equal(rows.action[:, 6], np.array(in_effect, np.float32))
 
 
 def test_delta_rows_sum_the_ticks_so_the_commanded_path_is_kept(tmp_path: Path) -> None:

@@ -71,7 +71,7 @@ def underrun_curve() -> list[dict]:
                                      max_seconds=ACTIONS * DT * (2 + 2 * ratio) + 2)
                     rows.append({'ratio': ratio, 'prefetch': prefetch, 'underruns': out.underruns,
                                  'underrun_s': round(out.underrun_s, 3), 'chunks': out.chunks,
-                                 'skipped': out.skipped, 'actions': out.actions, 'reason': out.reason,
+                                 'skipped': out.stale_actions, 'actions': out.actions, 'reason': out.reason,
                                  'p95_ms': round(out.latency_p95_ms, 1)})
                     r = rows[-1]
                     print(f"  {ratio:4.2f}  {'on ' if prefetch else 'off'}  {r['underruns']:9d}  "

@@ -5,6 +5,9 @@ A frame is kept only when it could become a dataset row as it is:
 - ``state``: dtype float32, shape (D,) with D the contract's state size, every value finite;
 - ``action`` and ``policy_action`` (when present): float32 (A,) with A the contract's action size, finite;
 - ``robot_time_s``: finite and within :data:`MAX_ROBOT_TIME_S` of 0 (a monotonic clock);
+- the timeline (:mod:`sequence_ai_ros.protocol.timeline`): ``grid_index`` below ``MAX_GRID_INDEX``; the
+  span finite, within ``MAX_STEP``, ``step_end >= step_start``; ``hold_reason`` '' or one of ``HOLD_REASONS``;
+  ``pieces`` (when present) float32 (P, A) with P >= 2, finite, one positive ``piece_share`` each, summing to 1;
 - each image: a known encoding (jpeg, png, raw); for jpeg/png the header, read by Pillow's lazy
   ``Image.open`` (no pixel decode), must show the declared format, width, height and channels; a png
   must hold 8-bit samples, greyscale for 1 channel or RGB for 3 (its IHDR: no 16-bit, no palette); a
@@ -27,6 +30,7 @@ from sequence_ai_ros.exceptions import ContractViolation
 from sequence_ai_ros.protocol import codec
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import Contract, clip
+from sequence_ai_ros.protocol.timeline import HOLD_REASONS, MAX_GRID_INDEX, MAX_STEP
 
 _MODE_CHANNELS = {'L': 1, 'RGB': 3, 'YCbCr': 3, 'I;16': 1, 'P': 1, 'RGBA': 4, 'CMYK': 4, 'LA': 2, '1': 1}
 
@@ -58,6 +62,7 @@ class FrameChecker:
         if not (math.isfinite(frame.robot_time_s) and abs(frame.robot_time_s) <= MAX_ROBOT_TIME_S):
             raise ContractViolation(f'robot_time_s {frame.robot_time_s!r} is not a monotonic clock reading '
                                     f'(finite, |t| <= {MAX_ROBOT_TIME_S:g} s)')
+        _timeline(frame)
         c = self.contract
         state_dim = len(c.observation.state_names) if c is not None and c.observation.state_names else None
         _vector(frame.state, 'state', state_dim)
@@ -66,6 +71,7 @@ class FrameChecker:
             _vector(frame.action, 'action', action_dim)
         if frame.HasField('policy_action'):
             _vector(frame.policy_action, 'policy_action', action_dim)
+        _pieces(frame, action_dim)
         sizes = {}
         for image in frame.images:
             key = clip(image.key, 60)
@@ -83,6 +89,31 @@ class FrameChecker:
             self.sizes.setdefault(key, size)
         for image in frame.images:
             self.channels.setdefault(image.key, image.channels)
+
+
+def _timeline(frame: pb.TelemetryFrame) -> None:
+    if frame.grid_index >= MAX_GRID_INDEX:
+        raise ContractViolation(f'grid_index {frame.grid_index} is not a control deadline (>= 2**53)')
+    a, b = frame.step_start, frame.step_end
+    if not (math.isfinite(a) and math.isfinite(b) and abs(a) <= MAX_STEP and abs(b) <= MAX_STEP and b >= a):
+        raise ContractViolation(f'step span [{a!r}, {b!r}) is not a span of chunk steps (finite, within '
+                                f'{MAX_STEP:g}, end >= start)')
+    if frame.hold_reason and frame.hold_reason not in HOLD_REASONS:
+        raise ContractViolation(f'hold_reason {clip(frame.hold_reason, 40)!r} is not one of {", ".join(HOLD_REASONS)}')
+
+
+def _pieces(frame: pb.TelemetryFrame, dim: int | None) -> None:
+    share = list(frame.piece_share)
+    if not frame.HasField('pieces'):
+        if share:
+            raise ContractViolation('piece_share without pieces')
+        return
+    arr = codec.from_tensor(frame.pieces, what='pieces', dtype='float32', ndim=2, finite=True)
+    if arr.shape[0] < 2 or arr.shape[0] != len(share) or (dim is not None and arr.shape[1] != dim):
+        raise ContractViolation(f'pieces of shape {arr.shape} with {len(share)} shares; (P, {dim or "A"}) with P >= 2 '
+                                f'and one share each is required')
+    if not all(math.isfinite(x) and x > 0 for x in share) or abs(sum(share) - 1.0) > 1e-6:
+        raise ContractViolation('piece_share must be positive and sum to 1')
 
 
 def _vector(tensor: pb.Tensor, what: str, dim: int | None) -> np.ndarray:

@@ -175,16 +175,26 @@ class ObservationAdapter:
 
         :raises ContractViolation: for an undecodable image.
         """
+        fitted = self.fit_frames(obs.images)
+        return obs if fitted is obs.images else dataclasses.replace(obs, images=fitted)
+
+    def fit_frames(self, images: Mapping[str, ImageLike]) -> Mapping[str, ImageLike]:
+        """Return ``images`` with each contract camera's frame fitted to its size (the same mapping when all fit).
+
+        Requests and capture telemetry both go through it, so a captured frame is the frame the policy saw.
+
+        :raises ContractViolation: for an undecodable image.
+        """
         changed = {}
         for cam in self.contract.observation.cameras:
-            image = obs.images.get(cam.key)
+            image = images.get(cam.key)
             if image is not None:
                 fitted = fit_image(image, cam, self.fits[cam.key])
                 if fitted is not image:
                     changed[cam.key] = fitted
         if not changed:
-            return obs
-        return dataclasses.replace(obs, images={**obs.images, **changed})
+            return images
+        return {**images, **changed}
 
 
 __all__ = ['DEFAULT_FIT', 'FITS', 'NameIndex', 'ObservationAdapter', 'check_fit', 'fit_image']

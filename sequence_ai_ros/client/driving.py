@@ -38,6 +38,8 @@ def drive(policy: Policy, observe: ObserveFn, act: ActFn, settings: EpisodeSetti
         holding = False              # set before on_underrun is called, so a raising hold is not repeated
         end_reason = 'interrupted'
         stop_at = None if settings.max_seconds is None else time.monotonic() + settings.max_seconds
+        grid = 0                     # the deadline this tick serves, counted from the first (missed ones included)
+        warned = False
         try:
             pacer = Pacer(period, wake=policy._wake)
             while True:
@@ -54,7 +56,7 @@ def drive(policy: Policy, observe: ObserveFn, act: ActFn, settings: EpisodeSetti
                     break
                 if pin and obs.instruction != instruction:
                     obs = dataclasses.replace(obs, instruction=instruction)   # the caller's object is untouched
-                action = policy._tick(obs, time.monotonic())
+                action = policy._tick(obs, time.monotonic(), grid)
                 if engine.outcome() is not None:
                     break
                 if action is None or action.hold:
@@ -65,7 +67,16 @@ def drive(policy: Policy, observe: ObserveFn, act: ActFn, settings: EpisodeSetti
                 else:
                     holding = False
                     act(action)
+                policy._commit()     # the tick's record: what act() was given is what the robot executed
+                missed = pacer.skipped
                 pacer.wait(until=stop_at)
+                missed = pacer.skipped - missed
+                grid += 1 + missed
+                if missed and not warned:
+                    warned = True
+                    LOG.warning('episode %s: the control loop overran its %.1f ms period (observe() and act() '
+                                'took longer): %d period(s) skipped, never bunched; RunOutcome.ticks_skipped '
+                                'counts them', engine.episode_id, 1000 * period, missed)
                 if policy._wake.is_set() and engine.outcome() is None:
                     # A chunk arrived while nothing played (the first one, or after a dry spell): act on
                     # it at once and pace the following actions from now.

@@ -37,6 +37,7 @@ from sequence_ai_ros.client.records import (
 )
 from sequence_ai_ros.client.sampling import History
 from sequence_ai_ros.client.settings import EpisodeSettings
+from sequence_ai_ros.client.steps import Step
 from sequence_ai_ros.exceptions import ActionSpaceMismatch, ContractViolation, PolicyException, SequenceAIError
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import Contract
@@ -45,6 +46,8 @@ from sequence_ai_ros.protocol.spaces import ActionSpace
 from sequence_ai_ros.protocol.types import Action, Observation
 
 _EPS = 1e-9
+#: A tick without a given grid index may come this share of a period before its deadline and still serve it.
+GRID_EARLY = 0.05
 _Live, _Pending = LiveChunk, Pending
 
 
@@ -100,17 +103,34 @@ class EpisodeEngine:
         self._rtts: list[float] = []
         self._outcome: RunOutcome | None = None
         self.smooth_seam_ignored = settings.smooth_seam > 0 and not self._space.is_absolute
+        # the episode's timeline (see client/steps.py): the deadline of the latest tick, counted from the
+        # first (and the caller's own index of the first), and where its span starts, in chunk steps
+        self._grid_first: int | None = None
+        self._grid: int | None = None
+        self._grid_t = self._grid_t0 = 0.0
+        self._span_start = 0.0
+        self._span_len = 0.0
+        #: the Step the latest tick created, for the caller to complete and commit (None before any)
+        self.step: Step | None = None
+        self._pieces: tuple[np.ndarray, np.ndarray] | None = None   # the emitted tick's parts (see Step.pieces)
 
     # -- control thread ---------------------------------------------------------------------------
 
-    def tick(self, obs: Observation, now: float) -> Action | None:
+    def tick(self, obs: Observation, now: float, grid_index: int | None = None) -> Action | None:
         """Return the action for ``now`` (monotonic s) given the current observation; never blocks.
 
+        The tick's :class:`~sequence_ai_ros.client.steps.Step` is left in :attr:`step`.
+
+        :param grid_index: the control deadline this tick serves, on the caller's grid (any origin; it must
+            grow by one per deadline, more when deadlines were missed); None estimates it from ``now``: with a
+            fixed ``control_period``, the period holding ``now`` counted from the first tick (a tick may come
+            :data:`GRID_EARLY` of a period early); without one, the measured period since the previous tick.
         :returns: an Action; ``hold=True`` repeats the last command (or the measured state before the
             first) when the buffer is dry or the episode has finished; None when there is nothing to hold.
         """
         with self._lock:
-            self._advance(now)
+            gap = self._place(now, grid_index)
+            self._advance(now, gap)
             if self._last_tick is not None and self.settings.control_period is None and now > self._last_tick:
                 self._period = 0.8 * self._period + 0.2 * (now - self._last_tick)
             self._last_tick = now
@@ -119,7 +139,7 @@ class EpisodeEngine:
             if self._outcome is None:
                 self._check_limits(now)
             if self._outcome is not None:
-                return self._hold(obs)
+                return self._record(obs, self._hold(obs), 'ended')
             live = self._live
             action = None
             if live is not None and live.pos < live.length - _EPS:
@@ -128,9 +148,62 @@ class EpisodeEngine:
                 self.underruns += 1
                 self._dry_since = now
             if self._outcome is not None:      # emit may fail validation (joint_delta without a state)
-                return self._hold(obs)
+                return self._record(obs, self._hold(obs), 'ended')
             self._maybe_request()
-            return action if action is not None else self._hold(obs)
+            if action is not None:
+                return self._record(obs, action, '')
+            return self._record(obs, self._hold(obs), 'waiting' if self._last_values is None else 'underrun')
+
+    def set_target(self, target: np.ndarray) -> None:
+        """Take the target the robot committed (joint_delta, float32 (A,)): the next increment integrates onto it."""
+        with self._lock:
+            self._last_values = np.array(target, np.float32)
+
+    def _place(self, now: float, given: int | None) -> int:
+        """Put this tick on the episode's timeline; return how many deadlines it is after the previous tick."""
+        if given is not None:
+            if self._grid_first is None:
+                self._grid_first = int(given)
+            g = int(given) - self._grid_first
+        elif self._grid is None:
+            g = 0
+            self._grid_t0 = now
+        elif self.settings.control_period:
+            # a fixed period: the deadline whose period holds ``now`` (a tick up to 0.95 of a period late still
+            # serves its own), counted from the first tick
+            g = int(math.floor((now - self._grid_t0) / self.settings.control_period + GRID_EARLY))
+        else:
+            g = self._grid + max(1, int(math.floor((now - self._grid_t) / self._period + 0.5)))
+        gap = 1
+        if self._grid is None:
+            g = max(0, g)
+            self._span_start = g * self._steps_per_tick()
+        else:
+            g = max(g, self._grid + 1)
+            gap = g - self._grid
+            self._span_start += gap * self._span_len
+        self._grid, self._grid_t = g, now
+        self._span_len = self._steps_per_tick()
+        return gap
+
+    def _steps_per_tick(self) -> float:
+        return (self.settings.control_period or self._period) / self.contract.dt
+
+    def _record(self, obs: Observation, action: Action | None, hold_reason: str) -> Action | None:
+        """Create this tick's Step (see client/steps.py) and return ``action``."""
+        fresh = action is not None and not action.hold
+        policy_action = None
+        if fresh:
+            policy_action = action.delta if action.delta is not None else action.values
+        command = None if action is None else np.array(action.values, np.float32)
+        pieces, self._pieces = (self._pieces if fresh else None), None
+        self.step = Step(grid_index=self._grid or 0, step_start=self._span_start,
+                         step_end=self._span_start + self._span_len, observation=obs,
+                         policy_action=None if policy_action is None else np.array(policy_action, np.float32),
+                         command=command, hold_reason='' if fresh else hold_reason,
+                         pieces=None if pieces is None else pieces[0],
+                         piece_share=None if pieces is None else pieces[1])
+        return action
 
     def check(self, now: float) -> RunOutcome | None:
         """Apply the limits (max_actions counting the last emitted action, max_seconds); return the outcome."""
@@ -217,7 +290,7 @@ class EpisodeEngine:
                     reason=reason, underruns=self.underruns, underrun_s=self.underrun_s,
                     max_seam_jump=self.max_seam_jump, latency_p50_ms=1000 * percentile(self._rtts, 50),
                     latency_p95_ms=1000 * percentile(self._rtts, 95), episode_id=self.episode_id,
-                    skipped=int(round(self.skipped)), smooth_seam_ignored=self.smooth_seam_ignored, error=error,
+                    stale_actions=int(round(self.skipped)), smooth_seam_ignored=self.smooth_seam_ignored, error=error,
                     peak_in_flight=self.peak_in_flight, discarded=self.discarded, max_seam_gap=self.max_seam_gap)
                 if self._wake is not None:
                     self._wake.set()
@@ -253,7 +326,7 @@ class EpisodeEngine:
             return {
                 'episode_id': self.episode_id, 'buffer_s': buffer_s, 'actions': int(math.floor(self.executed + _EPS)),
                 'chunks': self.chunks, 'underruns': self.underruns, 'underrun_s': self.underrun_s,
-                'skipped': int(round(self.skipped)), 'max_seam_jump': self.max_seam_jump,
+                'stale_actions': int(round(self.skipped)), 'max_seam_jump': self.max_seam_jump,
                 'latency_p50_ms': 1000 * percentile(rtts, 50), 'latency_p95_ms': 1000 * percentile(rtts, 95),
                 'prefetch_lead_s': self._latency.lead_s(self._period), 'in_flight': len(self._in_flight),
                 'peak_in_flight': self.peak_in_flight, 'discarded': self.discarded,
@@ -285,12 +358,15 @@ class EpisodeEngine:
         limit = self.settings.max_actions
         return math.inf if limit is None else max(0.0, limit - self.executed)
 
-    def _advance(self, now: float) -> None:
+    def _advance(self, now: float, gap: int = 1) -> None:
         live = self._live
         if self._emit_t is not None and live is not None:
             whole = live.length - live.pos
             by_step = self._by_step()
-            want = self._emit_step if by_step else (now - self._emit_t) / live.dt
+            # act/run in an absolute space: deadlines a slow callback missed pass on the chunk too (the chunk
+            # stays on the clock, its stale rows skipped); a delta space runs every increment once
+            steps = gap if (self.fixed_step and self._space.is_absolute) else 1
+            want = self._emit_step * steps if by_step else (now - self._emit_t) / live.dt
             adv = max(0.0, min(want, whole, self._to_limit()))   # rows past max_actions never run
             if not by_step and want > whole + _EPS and self._dry_since is None and whole < self._to_limit():
                 # The chunk ran out between two ticks: the dry spell began when it did, not at this tick.
@@ -339,6 +415,8 @@ class EpisodeEngine:
         # the tick's span of chunk steps, never past max_actions: a delta space integrates every row of it
         s = min(self._step(live), max(self._to_limit(), _EPS))
         raw = resample.sample(live.actions, live.space, live.pos, s, self._mask)
+        self._pieces = None if self._mask.all() else resample.pieces(live.actions, live.space, live.pos, s,
+                                                                       self._mask)
         delta = None
         values = raw
         if live.space is ActionSpace.JOINT_DELTA:

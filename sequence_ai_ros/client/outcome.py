@@ -30,7 +30,8 @@ class RunOutcome:
     :param latency_p50_ms: median chunk round trip (ms), measured on the robot; 0 when unmeasured.
     :param latency_p95_ms: 95th percentile chunk round trip (ms).
     :param episode_id: the episode's id.
-    :param skipped: stale actions skipped at chunk switches, in chunk steps (counted, never estimated).
+    :param stale_actions: stale actions skipped at chunk switches, in chunk steps (counted, never estimated):
+        rows of a chunk that were already past when it arrived.
     :param smooth_seam_ignored: True when smooth_seam > 0 was asked on a delta or velocity space (a no-op).
     :param dropped_telemetry: capture frames (telemetry) lost on the robot because the send queue was full
         (0 when nothing was lost or the episode was not captured).
@@ -41,6 +42,14 @@ class RunOutcome:
     :param telemetry_rejected: capture telemetry frames the worker refused (wrong shape or dtype, NaN,
         an image whose header disagrees with its size or format); the episode was kept without them.
     :param telemetry_error: the first refusal, ``"CONTRACT_VIOLATION: <why>"``; '' when none.
+    :param commands_sent: control ticks that commanded one of the policy's actions (the node's Act result and
+        ``~/status`` use the same name).
+    :param ticks_held: control ticks that held instead: before the first chunk, during an underrun, a command
+        the robot refused or sent to a dry run.
+    :param ticks_skipped: control periods no tick served because the caller's own code (``observe()``,
+        ``act()``) or its loop overran the period: commands_sent + ticks_held + ticks_skipped = the episode's
+        control periods. act()/run() never burst to catch up: a missed period is skipped, counted here and
+        logged once per episode; in absolute spaces the chunk moves on with the clock.
     :param capture_error: capture is on for the deployment but this episode is not kept, and why: its id
         was already captured, or is being captured by another worker sharing the store (a reconnect or a
         reused id); '' otherwise (a paused or full store is reported by the worker's diagnostics).
@@ -58,7 +67,7 @@ class RunOutcome:
     latency_p50_ms: float = 0.0
     latency_p95_ms: float = 0.0
     episode_id: str = ''
-    skipped: int = 0
+    stale_actions: int = 0
     smooth_seam_ignored: bool = False
     error: SequenceAIError | None = None
     dropped_telemetry: int = 0
@@ -68,10 +77,26 @@ class RunOutcome:
     telemetry_rejected: int = 0
     telemetry_error: str = ''
     capture_error: str = ''
+    commands_sent: int = 0
+    ticks_held: int = 0
+    ticks_skipped: int = 0
 
     def __post_init__(self) -> None:
         if self.reason not in REASONS:
             raise ValueError(f'unknown reason {self.reason!r}; expected one of {REASONS}')
 
     def __str__(self) -> str:
-        return f'RunOutcome({self.actions} actions over {self.chunks} chunks in {self.elapsed_s:.1f}s, {self.reason})'
+        notes = []
+        if self.underruns:
+            notes.append(f'{self.underruns} underruns ({self.underrun_s:.2f} s)')
+        if self.ticks_skipped:
+            notes.append(f'{self.ticks_skipped} control periods skipped (overruns)')
+        if self.telemetry_rejected:
+            notes.append(f'{self.telemetry_rejected} capture frames refused: {self.telemetry_error}')
+        if self.dropped_telemetry:
+            notes.append(f'{self.dropped_telemetry} capture frames dropped')
+        if self.capture_error:
+            notes.append(f'not captured: {self.capture_error}')
+        tail = ''.join(f'; {n}' for n in notes)
+        return (f'RunOutcome({self.actions} actions over {self.chunks} chunks in {self.elapsed_s:.1f}s, '
+                f'{self.reason}{tail})')

@@ -27,6 +27,7 @@ from sequence_ai_ros.client.pacing import ThreadGuard
 from sequence_ai_ros.client.sampling import TelemetryBuffer
 from sequence_ai_ros.client.session import Connection, EpisodeCall, TlsLike, resolve_endpoint
 from sequence_ai_ros.client.settings import EpisodeSettings
+from sequence_ai_ros.client.steps import Step, StepLedger
 from sequence_ai_ros.exceptions import CaptureError, ContractViolation, EpisodeStateError, NotReady
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import Contract
@@ -39,18 +40,15 @@ ActFn = Callable[[Action], Any]
 
 
 class _OpenEpisode:
-    """An open episode: its engine, its stream, its capture state; ``implicit`` when next_action opened it."""
+    """An open episode: its engine, its stream, its steps' ledger; ``implicit`` when next_action opened it."""
 
     def __init__(self, engine: EpisodeEngine, stream: EpisodeCall, implicit: bool = False) -> None:
         self.engine, self.stream, self.implicit = engine, stream, implicit
+        on_target = engine.set_target if engine.contract.action_space is ActionSpace.JOINT_DELTA else None
+        self.ledger = StepLedger(engine.contract.action_space, on_target)
         self.telemetry: TelemetryBuffer | None = None
         self.closed: RunOutcome | None = None
         self.capture_error = ''     # the worker's word on why capture is on but this episode is not kept
-        # joint_delta capture: the absolute target the robot commanded at the last tick (None before any),
-        # whether report_command changed it, and the target before the newest tick (for its amend)
-        self.commanded: np.ndarray | None = None
-        self.amended = False
-        self.commanded_before: np.ndarray | None = None
 
     def told(self, out: RunOutcome) -> RunOutcome:
         """``out`` with what the worker told at the start (``capture_error``), for every outcome read."""
@@ -58,45 +56,13 @@ class _OpenEpisode:
             return out
         return dataclasses.replace(out, capture_error=self.capture_error)
 
-    def telemetry_action(self, action: Action | None) -> tuple[np.ndarray | None, np.ndarray | None]:
-        """What capture keeps of this tick: ``(command, policy's action)``, the second None when the same.
-
-        joint_delta actions reach the robot integrated (``values`` is the absolute target, float32 (D,) rad):
-        capture keeps the increment the robot executed, this target minus the robot's previous target (the
-        first tick's: the measured state the engine integrated onto), so the rows of a delta space sum to the
-        commanded path (datasets/rows.py), and the policy's own increment ``delta`` beside it when they
-        differ (after a clamp the engine integrates on its own, unclamped target). A hold executes nothing
-        (0) and leaves the robot's target where it was.
-        """
-        if action is None or action.action_space is not ActionSpace.JOINT_DELTA or action.delta is None:
-            return (None if action is None else action.values), None
-        values = np.asarray(action.values, np.float32)
-        delta = np.asarray(action.delta, np.float32)
-        before = self.commanded if self.commanded is not None else (values - delta)
-        self.commanded_before = before
-        if action.hold:
-            return np.zeros_like(delta), None
-        amended, self.commanded, self.amended = self.amended, values.copy(), False
-        if not amended:
-            return delta, None
-        executed = (values - before).astype(np.float32)
-        return executed, (None if np.array_equal(executed, delta) else delta)
-
-    def amend_command(self, commanded: np.ndarray | None) -> np.ndarray | None:
-        """Turn what the robot commanded at the newest tick into what capture keeps (see telemetry_action).
-
-        :param commanded: float32 (D,) the robot's command (joint_delta: its absolute target, rad), or None
-            when it held.
-        """
-        if self.engine.contract.action_space is not ActionSpace.JOINT_DELTA or self.commanded_before is None:
-            return commanded
-        before = self.commanded_before
-        self.amended = True
-        if commanded is None:   # the robot held its previous target: the tick moved nothing
-            self.commanded = before
-            return None
-        self.commanded = np.array(commanded, np.float32)
-        return (self.commanded - before).astype(np.float32)
+    def capture(self, step: Step) -> None:
+        """The ledger's sink: one committed step, one telemetry record (when the episode is captured)."""
+        tel = self.telemetry
+        if tel is not None:
+            batch = tel.add(step)
+            if batch:
+                self.stream.send_telemetry(batch)
 
 
 class Policy:
@@ -269,7 +235,7 @@ class Policy:
             stream = EpisodeCall(self._conn, self.model, eid, settings.instruction, self.contract,
                                  on_chunk=engine.on_chunk, on_error=engine.fail,
                                  on_started=lambda m: self._on_started(episode, m), client_id=self.client_id,
-                                 fit_images=self.adapter.images)
+                                 fit_images=self.adapter.images, fit_frames=self.adapter.fit_frames)
             holder['stream'] = stream
             episode = _OpenEpisode(engine, stream, implicit)
             self._episode = episode
@@ -277,7 +243,8 @@ class Policy:
             stream.start()
             return eid
 
-    def next_action(self, observation: Observation | Mapping[str, Any], now: float | None = None) -> Action | None:
+    def next_action(self, observation: Observation | Mapping[str, Any], now: float | None = None, *,
+                    grid_index: int | None = None) -> Action | None:
         """Return the action for *now* on the chunk's own timeline; never blocks (I/O runs on the episode's threads).
 
         The seed's loop works as written (``policy.wait_until_ready(); while running:
@@ -289,6 +256,9 @@ class Policy:
 
         :param observation: the current observation (or a dict that converts to one).
         :param now: ``time.monotonic()`` of this tick (s); default the clock now.
+        :param grid_index: the control deadline this tick serves on the caller's own grid (a fixed-rate
+            control thread's deadline count: any origin, one per period, more after missed periods); None
+            estimates it from ``now`` and the control period. Capture places the tick's record by it.
         :returns: the Action to command; ``hold=True`` on an underrun or after the episode finished
             (repeat the last command, or the measured state before the first); None when there is
             nothing to hold yet (e.g. an ee space before its first chunk).
@@ -308,7 +278,7 @@ class Policy:
                 raise
             if self._opens_next(ep):
                 self._open(EpisodeSettings(), None, implicit=True)
-            return self._tick(obs, time.monotonic() if now is None else now)
+            return self._tick(obs, time.monotonic() if now is None else now, grid_index)
 
     def _opens_next(self, ep: _OpenEpisode | None) -> bool:
         """True when next_action() opens an episode: none open, or an implicit one ended by interrupt/idle timeout."""
@@ -320,22 +290,34 @@ class Policy:
         idle = out.reason == 'error' and isinstance(out.error, EpisodeStateError) and ep.stream.ended.is_set()
         return out.reason == 'interrupted' or idle
 
-    def report_command(self, commanded: Any, clamped: bool = False) -> None:
-        """Tell capture what the robot really commanded for the action :meth:`next_action` just returned.
+    def report_command(self, commanded: Any, clamped: bool = False, *, hold_reason: str = '') -> None:
+        """Complete this tick's record with what the robot really commanded for the action next_action returned.
 
-        For loops that change the action before commanding it (a safety filter's clamps, a hold): the
-        captured row then holds this command, and the policy's action is kept beside it. Cheap and
-        never blocks; does nothing when the episode is not captured.
+        For loops that change the action before commanding it (a safety filter's clamps, a refusal, a dry
+        run): the tick's record (:class:`~sequence_ai_ros.client.steps.Step`) then holds this command, and
+        the policy's action is kept beside it. Call it at most once per tick, after deciding the command;
+        without it the command is the action as returned (the record is committed at the next
+        next_action() or at the episode's end). Cheap and never blocks. In joint_delta the next increment
+        is integrated onto this target.
 
-        :param commanded: float32 (D,) in the contract's action order, or None when the robot held. In
-            joint_delta, the absolute target (as the action's ``values``); capture keeps the increment the
-            robot executed (this target minus the previous one).
+        :param commanded: float32 (D,) in the contract's action order, or None when the robot held (commanded
+            nothing new). In joint_delta, the absolute target (as the action's ``values``); capture keeps the
+            increment the robot executed (this target minus the previous one).
         :param clamped: True when a safety filter changed the policy's action.
+        :param hold_reason: why the robot held (``refused`` when ``commanded`` is None and none is given;
+            ``dry_run`` for a command that went elsewhere); see
+            :data:`~sequence_ai_ros.protocol.timeline.HOLD_REASONS`.
+        :raises ValueError: for an unknown hold_reason.
         """
         ep = self._episode
-        if ep is not None and ep.telemetry is not None and ep.closed is None:
-            ep.telemetry.amend(ep.amend_command(None if commanded is None else np.asarray(commanded, np.float32)),
-                               clamped)
+        if ep is None or ep.closed is not None:
+            return
+        step = ep.ledger.pending
+        if step is None or step.completed:
+            return
+        step.complete(None if commanded is None else np.asarray(commanded, np.float32), clamped=clamped,
+                      hold_reason=hold_reason)
+        ep.ledger.commit()
 
     def episode_outcome(self) -> RunOutcome | None:
         """None while the episode runs; its RunOutcome once it finished (completed, timeout, validate, error...)."""
@@ -440,24 +422,28 @@ class Policy:
         return driving.drive(self, observe, act, settings, pin=pin, until=until, on_underrun=on_underrun,
                              episode_id=episode_id)
 
-    def _tick(self, obs: Observation, now: float) -> Action | None:
+    def _tick(self, obs: Observation, now: float, grid_index: int | None = None) -> Action | None:
         ep = self._episode
         if ep is None or ep.closed is not None:
             raise EpisodeStateError('no open episode')
         if ep.engine.settings.instruction and not obs.instruction:
             obs = dataclasses.replace(obs, instruction=ep.engine.settings.instruction)
-        action = ep.engine.tick(obs, now)
-        tel = ep.telemetry
-        if tel is not None and ep.engine.outcome() is None:
-            command, policy_action = ep.telemetry_action(action)
-            batch = tel.add(obs, command, action is None or action.hold, policy_action=policy_action)
-            if batch:
-                ep.stream.send_telemetry(batch)
+        action = ep.engine.tick(obs, now, grid_index)
+        ep.ledger.open(ep.engine.step)          # the previous tick's record is committed as it stands
+        if ep.engine.outcome() is not None:
+            ep.ledger.pending = None            # a tick after the end is not the episode's
         return action
+
+    def _commit(self) -> None:
+        """Commit this tick's record as it stands (act()/run(), once the caller's act() returned)."""
+        ep = self._episode
+        if ep is not None and ep.closed is None:
+            ep.ledger.commit()
 
     def _on_started(self, episode: _OpenEpisode, msg: pb.EpisodeStarted) -> None:
         if msg.capture and msg.capture_fps > 0:
-            episode.telemetry = TelemetryBuffer(msg.capture_fps, msg.capture_images)
+            episode.telemetry = TelemetryBuffer(msg.capture_fps, msg.capture_images, self.contract.dt)
+            episode.ledger.sink = episode.capture
         if msg.capture_error:
             episode.capture_error = msg.capture_error
             LOG.warning('episode %s is not captured: %s', msg.episode_id, msg.capture_error)
@@ -469,6 +455,10 @@ class Policy:
         if ep.closed is not None:
             return ep.closed
         out = ep.engine.finish(reason)
+        ep.ledger.commit()        # the last tick's record is the episode's
+        ledger = ep.ledger
+        out = dataclasses.replace(out, commands_sent=ledger.commands_sent, ticks_held=ledger.ticks_held,
+                                  ticks_skipped=ledger.ticks_skipped)
         # The worker hears how it ended, 'error' included (the caller's code raised, or no chunk came within
         # chunk_timeout), so captured data is flagged; a stream that already failed sends nothing (close()).
         tel = ep.telemetry.flush() if ep.telemetry is not None else None
@@ -487,6 +477,11 @@ class Policy:
             if ep.stream.telemetry_rejected:
                 out = dataclasses.replace(out, telemetry_rejected=ep.stream.telemetry_rejected,
                                           telemetry_error=ep.stream.telemetry_error)
+                LOG.warning('episode %s: capture refused %d frames (the episode was kept without them); first: %s',
+                            out.episode_id, out.telemetry_rejected, out.telemetry_error)
+        if out.ticks_skipped:
+            LOG.warning('episode %s: %d control periods were skipped: the control loop (observe/act, or the '
+                        'caller of next_action) overran its period', out.episode_id, out.ticks_skipped)
         else:          # the worker still hears how it ended; the wait for its answer runs on its own thread
             closer = threading.Thread(target=ep.stream.close, args=(end,), name=f'seq-close-{out.episode_id[:24]}',
                                       daemon=True)

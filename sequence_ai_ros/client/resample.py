@@ -107,6 +107,24 @@ def sample(actions: np.ndarray, space: ActionSpace, p: float, s: float, mask: np
     return out
 
 
+def pieces(actions: np.ndarray, space: ActionSpace, p: float, s: float,
+           mask: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Split a tick of ``s`` chunk steps at ``p`` at the chunk-step boundaries it crosses.
+
+    :returns: ``(values, share)``: float32 (P, D) the tick read over each part (:func:`sample` of the part:
+        rate channels integrated or averaged over it, position channels at its start), and float64 (P,) each
+        part's share of the tick (summing to 1); None when the tick lies within one chunk step.
+    """
+    t = actions.shape[0]
+    end = min(p + s, float(t))
+    cuts = [p] + [float(i) for i in range(int(math.floor(p)) + 1, int(math.ceil(end - 1e-9)))] + [end]
+    if len(cuts) <= 2 or end - p <= 1e-12:
+        return None
+    values = np.stack([sample(actions, space, a, b - a, mask) for a, b in zip(cuts[:-1], cuts[1:], strict=True)])
+    share = np.diff(np.asarray(cuts, np.float64)) / (end - p)
+    return values.astype(np.float32), share
+
+
 def blend_seam(new: np.ndarray, start: float, old: np.ndarray, offset: float, n: int) -> np.ndarray:
     """Cross-fade the first ``n`` rows of ``new`` from ``old``'s continuation (absolute spaces only).
 

@@ -23,6 +23,7 @@ import socket
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -185,27 +186,44 @@ def _serialize_request(item: bytes | pb.EpisodeRequest) -> bytes:
     return item if isinstance(item, bytes) else item.SerializeToString()
 
 
-def _pack_telemetry(frames: list[TelemetrySample], contract: Contract) -> pb.Telemetry:
-    """Pack telemetry frames; images as JPEG (encoded bytes pass through), the contract's cameras first.
+def _pack_telemetry(frames: list[TelemetrySample], contract: Contract,
+                    fit: Callable[[dict], Any] | None = None) -> tuple[pb.Telemetry, list[str]]:
+    """Pack telemetry records; images fitted as requests are (``fit``), then JPEG, the contract's cameras first.
 
     Every camera the robot observed goes, not only those the policy uses: a dataset captured for
     fine-tuning keeps the robot's cameras even when the current policy ignores them.
+
+    :returns: the message, and why each frame that could not be fitted was left out of it.
     """
     out = pb.Telemetry()
+    problems: list[str] = []
     order = [c.key for c in contract.observation.cameras]
     for f in frames:
         frame = pb.TelemetryFrame(robot_time_s=f.robot_time_s, state=codec.to_tensor(f.state, 'float32'),
-                                  hold=f.hold)
+                                  hold=f.hold, clamped=f.clamped, grid_index=f.grid_index,
+                                  step_start=f.step_start, step_end=f.step_end, hold_reason=f.hold_reason)
         if f.action is not None:
             frame.action.CopyFrom(codec.to_tensor(f.action, 'float32'))
         if f.policy_action is not None:
             frame.policy_action.CopyFrom(codec.to_tensor(f.policy_action, 'float32'))
-        frame.clamped = f.clamped
-        for key in order + sorted(k for k in f.images if k not in order):
-            if key in f.images:
-                frame.images.append(codec.encode_image(key, f.images[key], 'jpeg'))
+        if f.pieces is not None and f.piece_share is not None:
+            frame.pieces.CopyFrom(codec.to_tensor(f.pieces, 'float32'))
+            frame.piece_share.extend(float(x) for x in f.piece_share)
+        images = f.images
+        if images and fit is not None:
+            try:
+                images = fit(images)
+            except SequenceAIError as exc:
+                problems.append(f'CONTRACT_VIOLATION: {exc}')
+                images = {}
+        for key in order + sorted(k for k in images if k not in order):
+            if key in images:
+                try:
+                    frame.images.append(codec.encode_image(key, images[key], 'jpeg'))
+                except SequenceAIError as exc:
+                    problems.append(f'CONTRACT_VIOLATION: {exc}')
         out.frames.append(frame)
-    return out
+    return out, problems
 
 
 class EpisodeCall:
@@ -220,13 +238,16 @@ class EpisodeCall:
     :param on_error: called once with the typed error when the stream fails (not after :meth:`close`).
     :param on_started: called with EpisodeStarted (capture flags).
     :param fit_images: fits an observation's images to the contract (on gRPC's request thread, before encoding).
+    :param fit_frames: fits a telemetry record's camera frames the same way (capture keeps what the policy saw).
     """
 
     def __init__(self, conn: Connection, deployment: str, episode_id: str, instruction: str, contract: Contract,
                  on_chunk: Callable[[pb.ActionChunk], None], on_error: Callable[[SequenceAIError], None],
                  on_started: Callable[[pb.EpisodeStarted], None], client_id: str = '',
-                 fit_images: Callable[[Observation], Observation] | None = None) -> None:
+                 fit_images: Callable[[Observation], Observation] | None = None,
+                 fit_frames: Callable[[dict], Any] | None = None) -> None:
         self._fit = fit_images or (lambda obs: obs)
+        self._fit_frames = fit_frames
         self.conn, self.deployment, self.episode_id, self.contract = conn, deployment, episode_id, contract
         self._start = pb.EpisodeStart(episode_id=episode_id, instruction=instruction, client_id=client_id)
         self._on_chunk, self._on_error, self._on_started = on_chunk, on_error, on_started
@@ -305,7 +326,11 @@ class EpisodeCall:
         if isinstance(item, pb.EpisodeEnd):
             msg.end.CopyFrom(item)
         else:
-            msg.telemetry.CopyFrom(_pack_telemetry(item, self.contract))
+            packed, problems = _pack_telemetry(item, self.contract, self._fit_frames)
+            if problems:
+                self.telemetry_rejected += len(problems)
+                self.telemetry_error = self.telemetry_error or problems[0]
+            msg.telemetry.CopyFrom(packed)
         return msg
 
     def _requests(self):  # noqa: ANN202 - consumed by gRPC's request thread
@@ -345,8 +370,8 @@ class EpisodeCall:
                     self._fail(errors.from_error(reply.error))
                 elif kind == 'ended':
                     self.captured = reply.ended.captured
-                    self.telemetry_rejected = reply.ended.telemetry_rejected
-                    self.telemetry_error = reply.ended.telemetry_error
+                    self.telemetry_rejected += reply.ended.telemetry_rejected
+                    self.telemetry_error = self.telemetry_error or reply.ended.telemetry_error
                     self.ended.set()
             if not self.ended.is_set():
                 self._fail(ConnectionLost(f'the worker closed episode {self.episode_id!r} without EpisodeEnded'))

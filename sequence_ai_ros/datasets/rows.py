@@ -1,59 +1,57 @@
-"""From a captured episode's control ticks to dataset rows on an exact ``k / fps`` timeline.
+"""From a captured episode's control-tick records to dataset rows, by each record's chunk-step span.
 
-The robot streams one telemetry frame per control tick (state, the command it sent after its safety
-filter, the policy's action when that differed, hold and clamp flags) and camera frames at the row rate.
-A row ``k`` stands for the time ``t_k = t0 + k / fps`` where ``t0`` is the robot time of the first tick
-that commanded a policy action (ticks before it, while the arm waited for the first chunk, make no row).
+The robot streams one telemetry record per control tick (protocol ``sequence_ai.v1.2``): the measured
+state, what it executed after its safety filter (in the policy's action space: a joint_delta tick's
+increment), the policy's action when that differed, hold and clamp flags, why it held, camera frames on
+the ticks where a row starts, and the tick's place on the episode's timeline: the control deadline it
+served (``grid_index``) and the chunk steps it covers, ``[step_start, step_end)`` (the control grid in
+units of the policy's dt, 0 at the episode's first deadline). Rows are never placed by rounding a
+wall-clock time: they are read off those spans.
 
-Which ticks make row k: those with ``round((t - t0) * fps) == k`` (the row's *cell*, half a row period
-either side of ``t_k``). Then:
+Row ``k`` stands for the point ``u0 + k`` on that axis, in rows (a chunk step is ``fps * dt`` rows, 1
+when the rows come at the policy's rate), where ``u0`` is the start of the first record that executed a
+policy action (records before it, while the arm waited for the first chunk, make no row). LeRobot's row
+convention holds: the row's state at its time, its action over ``[t, t + 1 / fps)``.
 
-- ``observation.state``: the measured state of the first tick of the cell;
-- camera frames: the newest frame received at or before that tick (the first frame when none yet);
-- ``action`` in absolute spaces: the command of the cell's first tick, the command in effect at ``t_k``
-  (a hold repeats the previous command); in delta spaces: the sum of the cell's commands (a hold adds
-  0), so the cumulative sum of the rows reproduces the commanded path; in velocity spaces: the mean
-  commanded velocity over the cell (each tick's command weighted by the time to the next tick, divided
-  by the row period), so ``sum(action) / fps`` is the commanded displacement;
-- ``action.policy``: the same reduction of the policy's actions (before the robot's safety filter; a tick
-  the robot did not execute, as in a dry run, keeps its policy action here while its row is held);
-- ``action.clamped``: any tick of the cell was clamped; ``action.held``: the row's command is a hold
-  (absolute: its first tick held; delta/velocity: no tick of the cell commanded).
+- ``observation.state``: the state of the record in effect at the row's point (the latest record starting
+  at or before it): the observation at the row's start;
+- camera frames: the newest frame at or before that record (the camera's first frame for rows before it);
+- ``action`` in absolute spaces (and the position channels of joint_velocity and ee_delta, the gripper):
+  the target of the record in effect at the row's point (a hold repeats the previous target);
+- ``action`` in delta spaces: the sum of the increments executed within the row's span; a record whose
+  span crosses a chunk-step boundary carries the policy's action over each part (``pieces``), so it is split
+  there exactly (by the policy's own parts, scaled to what the robot executed after a clamp), and within
+  one chunk step by the share of its span: the rows sum to the executed path at every row boundary, and are
+  the policy's own steps when nothing was changed; in velocity spaces: the mean commanded velocity over the
+  row, each command weighted by the time it was in effect (from its publication, the record's robot time,
+  to the next one: a rate controller keeps applying the last), so ``sum(action) / fps`` is the commanded
+  displacement;
+- ``action.policy``: the same reduction of the policy's actions (a tick the robot did not execute, as in
+  a dry run or a refused command, keeps its policy action here while its row is held);
+- ``action.clamped``: a record the row covers was clamped; ``action.held``: the row executed nothing
+  fresh (absolute: the record in effect held; delta/velocity: no record in the row's span executed).
 
-50 Hz ticks against a 30 Hz policy (dt = 1/30 s): ticks at 0, 20, 40, 60, 80 ms... fall in cells 0, 1, 1,
-2, 2, 3, 4, 4, 5, 5... (row 1 spans [16.7, 50) ms); rows take the ticks at 0, 20, 60, 100, 120, 160 ms...,
-each the command in effect at 0, 33.3, 66.7, 100, 133.3, 166.7 ms. A 30 Hz caller against a 30 Hz
-policy gives each tick its own row. A cell with no tick (a stall longer than a row) becomes a held row
-(previous state and frames; absolute: the previous command, delta/velocity: zero), so the timeline stays
-true. Ticks that arrive late (after a stall, one per row) and then share a cell with the next tick move
-back one row each, filling the stall's last held row (absolute and delta spaces, at most ``MAX_CATCH_UP``
-rows back), so a fixed-step loop that falls behind and catches up loses no executed step. Only a caller
-that ticks once per row catches up (the median of its recent tick intervals above ``CATCH_UP_MIN_TICK``
-of a row period, and the two ticks sharing the cell not a whole number of those intervals apart, as the
-node's deadline-stamped ticks are): a faster caller (50 Hz ticks, 30 Hz rows) shares cells by design, and
-after a stall it skips ticks rather than bunching them (the node's tick thread keeps its phase), so its
-held rows stay held, each the command in effect at ``t_k``. A caller faster than the rows exports as many
-rows as its executed policy steps or one more: its last command gets a whole row although it ran for only
-part of one (the engine counts a step as executed at the next tick). Otherwise ticks sharing a cell are
-summed (delta, velocity) or the first one is the row's command (absolute). Trailing held rows (after the
-last command) are dropped. The ROS node stamps each tick with the control deadline it serves
-(node/runner.py), not its wake-up time, so its ticks sit on their cells exactly: a tick woken late (up to
-a period; later ones are skipped) keeps its own row. When 1/dt is not a whole number the rows come at
-``round(1/dt)`` Hz (see :meth:`CaptureSettings.row_fps`) by the same rule.
+Control deadlines no tick served (a stalled control loop: the next record's ``grid_index`` jumps) leave
+a gap in the spans; rows in it are held (the previous state and frames; absolute: the previous target,
+delta/velocity: zero), so the timeline stays true. Trailing held rows (after the last executed action)
+are dropped. 50 Hz ticks against a 30 Hz policy cover 0.6 steps each: rows take the ticks in effect at
+0, 1, 2... steps, and a delta row sums one and two thirds of the ticks in it.
 
-Stores written before this rule (``format`` 1: frames sampled at the capture fps) go through the same
-mapping: each frame is one tick. Frames are re-checked (:class:`FrameChecker`), so a frame that a
-legacy store kept unchecked (wrong shape, NaN...) is skipped and counted, never exported.
+Stores written before the spans existed (records without them, or ``format`` 1: frames sampled at the
+capture fps) are mapped by the rule of their time: a tick belongs to row ``round((t - t0) * fps)``; the
+row's state and absolute action are its first tick's, delta rows sum the ticks in it, velocity rows weight
+each command by the time to the next tick. Records are re-checked (:class:`FrameChecker`), so a frame
+that a store kept unchecked (wrong shape, NaN...) is skipped and counted, never exported.
 
-The episode is read twice, streaming (bounded memory whatever its length): :func:`build_rows` keeps the
-numbers (small) and, per row and camera, the index of the tick whose frame it uses;
-:func:`row_images` then streams the frames in row order.
+The episode is read twice, streaming its records (the images stay on disk): :func:`build_rows` keeps the
+numbers and, per row and camera, the index of the record whose frame it uses; :func:`row_images` then
+streams the frames in row order.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
+import math
 from collections.abc import Iterator
 
 import numpy as np
@@ -61,16 +59,16 @@ import numpy as np
 from sequence_ai_ros.capture.episode import RECORDS_FILE, CapturedEpisode
 from sequence_ai_ros.capture.frame_check import FrameChecker
 from sequence_ai_ros.capture.records import TELEMETRY, read_records
+from sequence_ai_ros.client.resample import position_mask
 from sequence_ai_ros.exceptions import ContractViolation
 from sequence_ai_ros.protocol import codec
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.spaces import ActionSpace
 
-#: How many rows back a late tick may be moved to fill a stall's held row (see the module docstring).
-MAX_CATCH_UP = 8
-#: A late tick is moved back only when the median of the recent fresh-tick intervals exceeds this share of
-#: the row period, i.e. the caller ticks once per row (see the module docstring).
-CATCH_UP_MIN_TICK = 0.75
+#: Longest stall (s) between two kept records that held rows may fill; a larger jump is a bad record.
+MAX_GAP_S = 300.0
+#: Float slack on the row axis (rows): spans are sums of control periods in dt units.
+SPAN_SLACK = 1e-6
 
 
 @dataclasses.dataclass
@@ -78,11 +76,11 @@ class EpisodeRows:
     """The rows of one episode (numbers only) and where their camera frames are.
 
     :param state: float32 (N, D) measured state.
-    :param action: float32 (N, A) commanded action (see the module docstring).
+    :param action: float32 (N, A) executed action (see the module docstring).
     :param policy_action: float32 (N, A) the policy's action, reduced the same way.
     :param clamped: bool (N,). :param held: bool (N,).
-    :param frame_ticks: per camera key, int64 (N,) the tick index whose frame each row uses.
-    :param skipped_frames: telemetry frames skipped because they failed the contract check.
+    :param frame_ticks: per camera key, int64 (N,) the record index whose frame each row uses.
+    :param skipped_frames: telemetry records skipped because they failed the contract check.
     :param first_problem: the first such failure ('' when none).
     """
 
@@ -99,6 +97,26 @@ class EpisodeRows:
         return len(self.state)
 
 
+@dataclasses.dataclass
+class _Record:
+    """One checked telemetry record, on the row axis (``a``..``b`` in rows from the episode's origin)."""
+
+    i: int                       # its index among the episode's telemetry records (for its frames)
+    a: float
+    b: float
+    grid: int
+    state: np.ndarray
+    cmd: np.ndarray | None       # executed (None: nothing commanded)
+    pol: np.ndarray | None       # the policy's action (cmd when the same)
+    fresh: bool
+    clamped: bool
+    share: float = 0.0           # legacy velocity: the tick's time to the next one, in rows
+    parts: list[tuple[float, float, np.ndarray | None, np.ndarray]] | None = None
+    # a span across chunk-step boundaries: (start, end, executed, policy's) of each part (rows)
+    t: float = 0.0               # robot time (s)
+    raw_parts: tuple[np.ndarray, list[float], bool] | None = None
+
+
 def _frames(episode: CapturedEpisode) -> Iterator[pb.TelemetryFrame]:
     for rec in read_records(episode.path / RECORDS_FILE):
         if rec.kind == TELEMETRY:
@@ -109,66 +127,21 @@ def _vec(t: pb.Tensor) -> np.ndarray:
     return codec.from_tensor(t, what='action', dtype='float32', ndim=1, finite=True)
 
 
-def _once_per_row(intervals: collections.deque[float], period: float, gap_s: float) -> bool:
-    """True when a tick that shares a cell with the one before, ``gap_s`` (s) after it, may be a catch-up.
-
-    The caller ticks once per row: the median of its recent tick intervals is above ``CATCH_UP_MIN_TICK`` of
-    the row period ``period`` (s). Not when the ticks lie on a grid: the gap and every recent interval a
-    whole number of median intervals, to float precision, as the ROS node's ticks are (it stamps each with
-    its control deadline, so none is late; one a little faster than the rows, 35 Hz ticks against 30 Hz
-    rows, shares a cell now and then by design). A late tick breaks that (its own interval is off the grid),
-    as does a clock quantised coarser than the period's fraction (33 and 34 ms intervals at 30 Hz).
-    """
-    if not intervals:
-        return True
-    median = float(np.median(intervals))
-    if median <= CATCH_UP_MIN_TICK * period:
-        return False
-    return not all(_whole(x / median) for x in (gap_s, *intervals))
+def has_span(frame: pb.TelemetryFrame) -> bool:
+    """True for a record of protocol v1.2 or later: it carries its chunk-step span."""
+    return frame.step_end > frame.step_start
 
 
-def _whole(steps: float) -> bool:
-    return round(steps) >= 1 and abs(steps - round(steps)) <= ON_GRID_TOLERANCE
-
-
-#: A gap between two ticks that is a whole multiple of their median interval to this share of it is a grid's
-#: (the node's deadline stamps: float error under 1e-6 of a 30 Hz interval up to ~3 years of uptime).
-ON_GRID_TOLERANCE = 1e-5
-
-#: Longest stall (s) between two kept frames that held rows may fill; a larger jump is a bad frame.
-MAX_GAP_S = 300.0
-
-
-def build_rows(episode: CapturedEpisode, fps: float, space: ActionSpace, state_dim: int, action_dim: int,
-               camera_keys: list[str]) -> EpisodeRows:
-    """Map the episode's ticks to rows at ``fps`` (see the module docstring); streams the records once.
-
-    :raises CaptureError: when the episode's record file is unreadable or corrupt.
-    """
+def _read(episode: CapturedEpisode, state_dim: int, action_dim: int, camera_keys: list[str],
+          fps: float, rows_per_step: float) -> tuple[list[_Record], dict[str, list[tuple[int, int]]], int, str, bool]:
+    """Check and parse the records: (records, per camera the (record, tick) of each frame, skipped, problem, legacy)."""
     checker = FrameChecker(episode.contract)
-    absolute = space.is_absolute
-    velocity = not absolute and 'velocity' in space.value
-    period = 1.0 / fps
-    rows: dict[str, list] = {k: [] for k in ('state', 'action', 'policy', 'clamped', 'held', 'k', 'frames', 'fresh')}
-    gap_rows: list[int] = []   # indices of rows a stall left held (a late tick may still claim the last one)
-    latest: dict[str, int] = {}
+    records: list[_Record] = []
+    frames: dict[str, list[tuple[int, int]]] = {k: [] for k in camera_keys}
     skipped, problem = 0, ''
-    t0: float | None = None
-    cell: dict | None = None   # the row being built
-    last_cmd = np.zeros(action_dim, np.float32)
-    pending_v: tuple[float, np.ndarray, np.ndarray] | None = None   # velocity: the tick awaiting its duration
-    intervals: collections.deque[float] = collections.deque(maxlen=15)   # recent fresh-tick intervals (s)
-    last_fresh_t: float | None = None
-
-    def close(c: dict, at: int | None = None) -> None:
-        values = {'state': c['state'], 'action': c['action'], 'policy': c['policy'], 'clamped': c['clamped'],
-                  'held': c['held'], 'k': c['k'], 'frames': c['frames'], 'fresh': c.get('fresh', 0)}
-        for name, value in values.items():
-            if at is None:
-                rows[name].append(value)
-            else:
-                rows[name][at] = value
-
+    velocity = episode.contract is not None and episode.contract.action_space is ActionSpace.JOINT_VELOCITY
+    legacy: bool | None = None
+    last_t: float | None = None
     for i, frame in enumerate(_frames(episode)):
         try:
             checker.check(frame)
@@ -178,107 +151,138 @@ def build_rows(episode: CapturedEpisode, fps: float, space: ActionSpace, state_d
             if (state.shape[0] != state_dim or (cmd is not None and cmd.shape[0] != action_dim)
                     or (pol is not None and pol.shape[0] != action_dim)):
                 raise ContractViolation(f'state {state.shape} / action sizes differ from the contract')
+            spanned = has_span(frame)
+            if legacy is None:
+                legacy = not spanned
+            if spanned == legacy:
+                raise ContractViolation('a record with a chunk-step span among records without one (or the reverse)')
+            if legacy:
+                a = frame.robot_time_s
+                if last_t is not None and not 0 <= a - last_t <= MAX_GAP_S:
+                    raise ContractViolation(f'robot_time_s {a!r} is before the previous record or more than '
+                                            f'{MAX_GAP_S:g} s after it')
+                b = a
+            else:
+                a, b = frame.step_start * rows_per_step, frame.step_end * rows_per_step
+                if records and not (records[-1].a - SPAN_SLACK <= a and frame.grid_index > records[-1].grid):
+                    raise ContractViolation(f'record {i} starts at step {frame.step_start!r} (grid index '
+                                            f'{frame.grid_index}), before the previous one')
+                if records and a - records[-1].b > MAX_GAP_S * fps:
+                    raise ContractViolation(f'record {i} starts {(a - records[-1].b) / fps:g} s after the previous '
+                                            f'one ends (more than {MAX_GAP_S:g} s)')
         except ContractViolation as exc:
             skipped += 1
             problem = problem or f'telemetry frame {i}: {exc}'
             continue
+        last_t = frame.robot_time_s
+        n = len(records)
         for image in frame.images:
-            if image.key in camera_keys:
-                latest[image.key] = i
-        fresh = cmd is not None and not frame.hold
-        if t0 is None:
-            if not fresh:
-                continue
-            t0 = frame.robot_time_s
-        k = int(np.floor((frame.robot_time_s - t0) * fps + 0.5))
-        if k < 0 or (cell is not None and k - cell['k'] > MAX_GAP_S * fps):
-            # A clock that runs backwards or leaps (a robot sent 1e300 s) would fill rows without end:
-            # the frame is refused like any other bad frame, and the episode keeps its timeline.
-            skipped += 1
-            problem = problem or (f'telemetry frame {i}: robot_time_s {frame.robot_time_s!r} is before the '
-                                  f'episode start or more than {MAX_GAP_S:g} s after the previous frame')
-            continue
-        if velocity and pending_v is not None:
-            t_prev, v_prev, p_prev = pending_v
-            w = max(0.0, frame.robot_time_s - t_prev) / period
-            cell['action'] += v_prev * w
-            cell['policy'] += p_prev * w
-            pending_v = None
-        if cell is not None and k > cell['k']:
-            close(cell)
-            prev = cell
-            for gap in range(cell['k'] + 1, k):   # a stall: held rows keep the timeline
-                hold_cmd = prev['action'] if absolute else np.zeros(action_dim, np.float32)
-                close({**prev, 'k': gap, 'action': hold_cmd, 'policy': hold_cmd, 'held': True, 'clamped': False,
-                       'fresh': 0})
-                gap_rows.append(len(rows['state']) - 1)
-            cell = None
-        g = gap_rows[-1] if gap_rows else -1
-        # Only a caller that ticks at the row rate (or slower) catches up: a faster one (50 Hz ticks against
-        # 30 Hz rows) shares cells by design, and its ticks after a stall are on time, not late. The median
-        # is taken last, only for a tick that is otherwise a catch-up candidate.
-        late = (cell is not None and fresh and not velocity and cell['fresh'] == 1 and g >= 0
-                and len(rows['state']) - g <= MAX_CATCH_UP and rows['k'][-1] == cell['k'] - 1
-                and all(rows['fresh'][j] == 1 for j in range(g + 1, len(rows['state'])))
-                and last_fresh_t is not None
-                and _once_per_row(intervals, period, frame.robot_time_s - last_fresh_t))
-        if late:
-            # The ticks since a stall's last held row were each one late: move them back one row (the
-            # held row is filled), and this tick takes the cell, so no executed step is merged away.
-            gap_rows.pop()
-            for name in rows:
-                rows[name][g:-1] = rows[name][g + 1:]
-            close({**cell, 'k': cell['k'] - 1}, at=len(rows['state']) - 1)
-            for j in range(g, len(rows['state']) - 1):
-                rows['k'][j] -= 1
-            cell = None
-        # a tick the robot did not execute although the policy acted (a dry run, a refused action): its row is
-        # held, and the policy's action is kept in action.policy
-        dry = cmd is None and pol is not None
-        if cell is None or k > cell['k']:
-            if absolute:
-                a = cmd if fresh else last_cmd
-                p = pol if (fresh or dry) else a
-            else:
-                a = np.zeros(action_dim, np.float32)
-                p = np.zeros(action_dim, np.float32)
-            cell = {'k': k, 'state': state, 'action': np.array(a, np.float32), 'policy': np.array(p, np.float32),
-                    'clamped': bool(frame.clamped), 'held': not fresh, 'fresh': 0,
-                    'frames': {key: latest.get(key, -1) for key in camera_keys}}
-            if not absolute and fresh:
-                cell['held'] = False
+            if image.key in frames:
+                frames[image.key].append((n, i))
+        rec = _Record(i, a, b, int(frame.grid_index), state, cmd, pol, fresh=cmd is not None and not frame.hold,
+                      clamped=bool(frame.clamped), t=frame.robot_time_s)
+        if not legacy and frame.HasField('pieces'):
+            rec.raw_parts = (codec.from_tensor(frame.pieces, what='pieces', dtype='float32', ndim=2),
+                             list(frame.piece_share), frame.HasField('policy_action'))
+        records.append(rec)
+    if velocity and not legacy:
+        _velocity_spans(records, fps)
+    for rec in records:
+        if rec.raw_parts is not None:
+            rec.parts = _parts(rec, *rec.raw_parts, velocity)
+    return records, frames, skipped, problem, bool(legacy)
+
+
+def _parts(rec: _Record, pieces: np.ndarray, share: list[float], differs: bool,
+           velocity: bool) -> list[tuple[float, float, np.ndarray | None, np.ndarray]]:
+    """The record's span cut where it crosses chunk steps: (start, end, executed, policy's) of each part (rows).
+
+    Unchanged by the robot, the parts are the policy's own; otherwise (a clamp) the executed value is split in
+    the proportions of the policy's parts, per dimension (by share where the policy's total is 0).
+    """
+    weights = np.asarray(share, np.float64)
+    values = pieces.astype(np.float64)
+    # the tick's value the parts make up: increments add up, mean velocities average by share
+    total = (weights[:, None] * values).sum(0) if velocity else values.sum(0)
+    out = []
+    x, length = rec.a, rec.b - rec.a
+    for j, w in enumerate(weights):
+        y = rec.b if j == len(weights) - 1 else x + w * length
+        pol = values[j]
+        ex: np.ndarray | None
+        if rec.cmd is None:
+            ex = None
+        elif not differs:
+            ex = pol
         else:
-            cell['clamped'] |= bool(frame.clamped)
-            if not absolute and fresh:
-                cell['held'] = False
-        if dry and not absolute and not velocity:
-            cell['policy'] += pol
-        if fresh:
-            if last_fresh_t is not None:
-                intervals.append(frame.robot_time_s - last_fresh_t)
-            last_fresh_t = frame.robot_time_s
-            last_cmd = cmd
-            cell['fresh'] += 1
-            if not absolute:
-                if velocity:
-                    pending_v = (frame.robot_time_s, cmd, pol)
-                else:
-                    cell['action'] += cmd
-                    cell['policy'] += pol
-    if cell is not None:
-        if velocity and pending_v is not None:   # the last tick: one tick period (taken as the row period)
-            cell['action'] += pending_v[1]
-            cell['policy'] += pending_v[2]
-        close(cell)
-    n = len(rows['state'])
+            cmd = rec.cmd.astype(np.float64)
+            fallback = cmd if velocity else cmd * w
+            safe = np.where(np.abs(total) > 1e-12, total, 1.0)
+            ex = np.where(np.abs(total) > 1e-12, cmd * pol / safe, fallback)
+        out.append((x, y, ex, pol))
+        x = y
+    return out
+
+
+def _velocity_spans(records: list[_Record], fps: float) -> None:
+    """Velocity spaces: span each record from its robot time to the next record's (the last: its own length).
+
+    A velocity command is in effect from its publication to the next one: a rate controller keeps applying it.
+    """
+    for j, r in enumerate(records):
+        length = r.b - r.a
+        r.a = r.t * fps
+        r.b = records[j + 1].t * fps if j + 1 < len(records) else r.a + length
+        if j + 1 < len(records):
+            r.b = max(r.a, r.b)
+
+
+def _legacy_spans(records: list[_Record], fps: float) -> None:
+    """Give records without spans the cells of their times: row ``round((t - t0) * fps)``, one row wide."""
+    t0 = next((r.a for r in records if r.fresh), None)
+    if t0 is None:
+        return
+    for j, r in enumerate(records):
+        cell = math.floor((r.a - t0) * fps + 0.5)
+        nxt = records[j + 1].a if j + 1 < len(records) else None
+        r.share = 1.0 if nxt is None else max(0.0, nxt - r.a) * fps
+        r.a, r.b, r.grid = float(cell), float(cell + 1), cell
+
+
+def build_rows(episode: CapturedEpisode, fps: float, space: ActionSpace, state_dim: int, action_dim: int,
+               camera_keys: list[str]) -> EpisodeRows:
+    """Map the episode's records to rows at ``fps`` (Hz; see the module docstring); streams the records once.
+
+    :raises CaptureError: when the episode's record file is unreadable or corrupt.
+    """
+    contract = episode.contract
+    dt = contract.dt if contract is not None and contract.dt > 0 else 1.0 / fps
+    records, frames, skipped, problem, legacy = _read(episode, state_dim, action_dim, camera_keys, fps, fps * dt)
+    if legacy:
+        _legacy_spans(records, fps)
+    first = next((j for j, r in enumerate(records) if r.fresh), None)
+    empty = EpisodeRows(np.zeros((0, state_dim), np.float32), np.zeros((0, action_dim), np.float32),
+                        np.zeros((0, action_dim), np.float32), np.zeros(0, bool), np.zeros(0, bool),
+                        {k: np.zeros(0, np.int64) for k in camera_keys}, skipped, problem)
+    if first is None:
+        return empty
+    rows = _reduce(records, first, space, action_dim, legacy)
+    n = len(rows['held'])
     while n and rows['held'][n - 1]:
         n -= 1
     frame_ticks = {}
     for key in camera_keys:
-        arr = np.array([f.get(key, -1) for f in rows['frames'][:n]], np.int64)
-        known = arr[arr >= 0]
-        if len(known) and (arr < 0).any():
-            arr[arr < 0] = known[0]   # rows before the camera's first frame show that frame
+        seen = frames[key]
+        arr = np.full(n, -1, np.int64)
+        q = 0
+        latest = -1
+        for k, j in enumerate(rows['record'][:n]):
+            while q < len(seen) and seen[q][0] <= j:
+                latest = seen[q][1]
+                q += 1
+            arr[k] = latest
+        if seen and (arr < 0).any():
+            arr[arr < 0] = seen[0][1]     # rows before the camera's first frame show that frame
         frame_ticks[key] = arr
     return EpisodeRows(
         state=np.array(rows['state'][:n], np.float32).reshape(n, state_dim),
@@ -286,6 +290,100 @@ def build_rows(episode: CapturedEpisode, fps: float, space: ActionSpace, state_d
         policy_action=np.array(rows['policy'][:n], np.float32).reshape(n, action_dim),
         clamped=np.array(rows['clamped'][:n], bool), held=np.array(rows['held'][:n], bool),
         frame_ticks=frame_ticks, skipped_frames=skipped, first_problem=problem)
+
+
+def _reduce(records: list[_Record], first: int, space: ActionSpace, action_dim: int, legacy: bool) -> dict:
+    """The rows' numbers, from the first executed record to the end of the last record's span."""
+    mask = position_mask(space, action_dim)      # channels sampled as targets; the others are summed/averaged
+    velocity = space is ActionSpace.JOINT_VELOCITY
+    n_rec = len(records)
+    prev_fresh = [-1] * n_rec                    # the latest record at or before q that executed
+    latest = -1
+    for q, r in enumerate(records):
+        if r.fresh:
+            latest = q
+        prev_fresh[q] = latest
+    u0 = records[first].a
+    end = max(r.b for r in records[first:])
+    out: dict[str, list] = {k: [] for k in ('state', 'action', 'policy', 'clamped', 'held', 'record')}
+    scan, j_latest, lo, k = first, first, first, 0
+    while True:
+        p = u0 + k
+        if p >= end - SPAN_SLACK:
+            break
+        j_cell = -1
+        while scan < n_rec and records[scan].a <= p + SPAN_SLACK:
+            if legacy and j_cell < 0 and records[scan].a == p:
+                j_cell = scan                    # legacy: the first tick of the row's cell
+            j_latest = scan
+            scan += 1
+        # the record in effect at p: the latest starting at or before it (legacy: the first of its cell)
+        j = j_cell if j_cell >= 0 else j_latest
+        rec = records[j]
+        in_gap = p >= rec.b - SPAN_SLACK          # no record covers p: deadlines no tick served (a stall)
+        last = records[prev_fresh[j]]
+        while lo < n_rec and records[lo].b <= p + SPAN_SLACK:
+            lo += 1
+        action = np.zeros(action_dim, np.float64)
+        policy = np.zeros(action_dim, np.float64)
+        fresh_any = clamped_any = False
+        q = lo
+        while q < n_rec and records[q].a < p + 1 - SPAN_SLACK:
+            r = records[q]
+            q += 1
+            if legacy:
+                if r.a != p:
+                    continue
+                w = r.share if velocity else 1.0
+            elif r.parts is not None:
+                hit = False
+                for x, y, ex, pol in r.parts:
+                    overlap = min(y, p + 1) - max(x, p)
+                    if overlap <= SPAN_SLACK:
+                        continue
+                    hit = True
+                    w = overlap if velocity else overlap / (y - x)
+                    if r.fresh and ex is not None:
+                        action += w * ex
+                    if r.fresh or r.cmd is None:
+                        policy += w * pol
+                if hit:
+                    clamped_any |= r.clamped
+                    fresh_any |= r.fresh
+                continue
+            else:
+                overlap = min(r.b, p + 1) - max(r.a, p)
+                if overlap <= SPAN_SLACK:
+                    continue
+                w = overlap if velocity else overlap / (r.b - r.a)
+            clamped_any |= r.clamped
+            if r.fresh:
+                fresh_any = True
+                action += w * r.cmd
+            if r.pol is not None and (r.fresh or r.cmd is None):   # a dry or refused tick keeps the policy's
+                policy += w * r.pol
+        # the target in effect (absolute spaces, position channels): the record's own when it executed, else
+        # the last executed one (a hold repeats it); the policy's: the record's own when it acted
+        own = rec.fresh and not in_gap
+        target = np.asarray(rec.cmd if own else last.cmd, np.float64)
+        acted = not in_gap and rec.pol is not None and (rec.fresh or rec.cmd is None)
+        policy_target = np.asarray(rec.pol if acted else target, np.float64)
+        if space.is_absolute:
+            held, a_row, p_row = not own, target, policy_target
+            clamped = clamped_any if legacy else (rec.clamped and not in_gap)
+        else:
+            held, a_row, p_row = not fresh_any, action, policy
+            a_row[mask] = target[mask]
+            p_row[mask] = policy_target[mask]
+            clamped = clamped_any
+        out['state'].append(rec.state)
+        out['action'].append(a_row.astype(np.float32))
+        out['policy'].append(p_row.astype(np.float32))
+        out['clamped'].append(bool(clamped))
+        out['held'].append(bool(held))
+        out['record'].append(j)
+        k += 1
+    return out
 
 
 def row_images(episode: CapturedEpisode, key: str, frame_ticks: np.ndarray) -> Iterator[tuple[pb.Image, int]]:

@@ -397,9 +397,7 @@ class PolicyNode(LifecycleNode):
         if enabled and self._rebase is not None:
             (self.runner.last_command,), self._rebase = self._rebase, None
             self._traj_chunk = -1     # trajectory mode: the playing chunk went to ~/would_command: send it now
-        values = self.runner.tick(now)
-        if not enabled and self.runner.last_action is not None:
-            self.runner.report_dry_tick()   # capture: the arm held, the policy's action goes to ~/would_command
+        values = self.runner.tick(now, dry=not enabled)   # a dry run's commands go to ~/would_command
         if self.trajectory_mode:
             self._trajectory_tick(values)
         elif values is not None:

@@ -538,42 +538,18 @@ class Runner:
         self._counted(ep, now)
         return self._hold(snap)
 
-    def report_dry_tick(self) -> None:
-        """Tell capture that this tick's command went to ``~/would_command`` (a dry run), not the controller.
-
-        Its row is then held, with the policy's action kept beside it: a dry run never exports as executed
-        (an episode that was dry throughout has no executed action and is skipped by the export, named).
-        """
-        policy = self.policy
-        if policy is not None:
-            policy.report_command(None)
-
-    def _stamp_on_grid(self, snap: Snapshot) -> None:
-        """Stamp the observation with the control deadline this tick serves (monotonic s), not its wake-up.
-
-        Capture maps telemetry to dataset rows on a ``k / fps`` timeline by this stamp
-        (datasets/rows.py): on the deadline, a tick woken late (up to a period: later ones are skipped) stays in
-        its own row instead of sharing the next one with the next tick. Freshness was judged at the real
-        ``now`` (the snapshot); the engine's clock also gets the real ``now``. Velocity spaces keep the
-        wake-up time: their rows weight each command by the time it was in effect, i.e. from its publication
-        to the next one.
-        """
-        grid, obs = self.grid, snap.observation
-        contract = self.contract
-        if grid is None or obs is None or (contract is not None and 'velocity' in contract.action_space.value):
-            return
-        k = grid.current_index()
-        if k >= 0:
-            obs.timestamp = grid.deadline_s(k)
-
-    def tick(self, now: float) -> np.ndarray | None:
+    def tick(self, now: float, dry: bool = False) -> np.ndarray | None:
         """Return the command to publish at ``now`` (command order, float64), or None to publish nothing.
 
         Never blocks: reads the latest observation and the client's buffer.
+
+        :param dry: a dry run (``enabled`` false): the command goes to ``~/would_command``, not the controller,
+            so the tick's record holds (reason ``dry_run``) with the policy's action kept beside it; a dry run
+            never exports as executed (an episode dry throughout has no executed action and is skipped by the
+            export, named).
         """
         ep = self.episode
         snap = self.assembler.snapshot(now, ep.instruction if ep is not None else '')
-        self._stamp_on_grid(snap)
         self.last_snapshot = snap
         self.last_action = None
         if ep is not None and ep.stopped and self._served_before_stop(ep):
@@ -594,8 +570,11 @@ class Runner:
             self._log('info', 'observation valid again; resuming')
             ep.stale_since = None
         policy = self.policy
+        grid = self.grid
         try:
-            action = policy.next_action(snap.observation, now=now)
+            # the tick's record is placed on the episode's timeline by the deadline it serves (capture's rows)
+            action = policy.next_action(snap.observation, now=now,
+                                        grid_index=grid.current_index() if grid is not None else None)
         except EpisodeStateError:   # the session thread ended the episode between our checks
             ep.stop(now)
             return self._episode_hold(ep, snap, now)    # the episode's last period: this tick holds
@@ -616,11 +595,14 @@ class Runner:
         # trajectory mode publishes the chunk's points (checked there), not this per-tick value
         checked = self.safety.check(values, last, count=not self._trajectory)
         if checked.values is None:
-            policy.report_command(None)   # capture: this tick held, the policy's action was refused
+            policy.report_command(None, hold_reason='refused')   # this tick held: the policy's action was refused
             self.request_end('validate', f'safety: {checked.stop}')
             return self._episode_hold(ep, snap, now)
-        if checked.clamped:   # capture keeps what reached the controller, and the policy's action beside it
-            policy.report_command(self.commands.unorder(checked.values), clamped=True)
+        # the tick's record: what reaches the controller, and the policy's action beside it when clamped
+        if dry:
+            policy.report_command(None, hold_reason='dry_run')
+        else:
+            policy.report_command(self.commands.unorder(checked.values), clamped=checked.clamped)
         self.holding = False
         self.last_command = checked.values
         ep.sent += 1

@@ -15,7 +15,9 @@ from sequence_ai_ros.exceptions import ContractViolation
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.spaces import ActionSpace
 
-PROTOCOL_VERSION = 'sequence_ai.v1'
+#: The wire protocol's version, checked exactly at the handshake. ``.2``: each telemetry frame carries its
+#: control tick's grid index, chunk-step span and hold reason (one record per tick).
+PROTOCOL_VERSION = 'sequence_ai.v1.2'
 #: Largest chunk_length (actions per chunk) a contract may declare.
 MAX_CHUNK_LENGTH = 10_000
 #: Characters of client-supplied text echoed in an error message.

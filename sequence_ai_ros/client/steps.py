@@ -1,0 +1,160 @@
+"""One control tick, one record: the :class:`Step` the engine creates and the robot's loop completes once.
+
+Each tick of an episode produces one Step, in one direction:
+
+1. the engine (:meth:`EpisodeEngine.tick`) creates it with the tick's place on the timeline (the control
+   deadline it serves and the chunk steps it covers, :mod:`sequence_ai_ros.protocol.timeline`), the
+   policy's action and what the engine would command (the hold's reason when it holds);
+2. the robot's loop completes it once, after deciding the command: the node after its safety filter
+   (``Policy.report_command``), act()/run() after the caller's ``act()`` returned, a plain next_action
+   loop by calling next_action again (the command is then the action as returned);
+3. :class:`StepLedger` commits it: it turns the command into what the robot executed in the policy's
+   action space (a joint_delta target into the increment from the previous target), counts it, feeds
+   the committed target back to the engine (joint_delta integrates onto what the robot commanded), and
+   hands it to capture, which streams it as one telemetry record.
+
+Nothing is amended after the commit, and no time stamp is rewritten: the export reads rows off the spans.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+
+from sequence_ai_ros.protocol.spaces import ActionSpace
+from sequence_ai_ros.protocol.timeline import HOLD_REASONS
+from sequence_ai_ros.protocol.types import Observation
+
+
+@dataclasses.dataclass
+class Step:
+    """One control tick's record.
+
+    :param grid_index: the control deadline the tick serves, counted from the episode's first (0).
+    :param step_start: the first chunk step it covers, on the episode's chunk-step axis (0 at the first
+        deadline; the control grid in units of the policy's dt).
+    :param step_end: the end of that span (``step_start`` + the control period / dt).
+    :param observation: what the tick saw (its state, its camera frames, its robot time).
+    :param policy_action: float32 (A,) the policy's action for the tick in the contract's space (joint_delta
+        and ee_delta: the increment), or None when the tick held.
+    :param command: float32 (A,) what the robot commands, in the contract's order (joint_delta: the absolute
+        target), or None when it commands nothing.
+    :param hold_reason: '' when the tick executes a fresh policy action, else one of
+        :data:`~sequence_ai_ros.protocol.timeline.HOLD_REASONS`.
+    :param clamped: True when the robot's safety filter changed the policy's action.
+    :param pieces: float32 (P, A), P >= 2, for a tick of a delta or velocity space that spans a chunk-step
+        boundary: the policy's action over each part of the span that lies in one chunk step (an increment, or
+        a mean velocity), so the export splits the tick exactly at the boundary; None otherwise.
+    :param piece_share: float (P,) each part's share of the span (summing to 1), with ``pieces``.
+    :param executed: float32 (A,) what the robot executed in the policy's action space, set at the commit
+        (joint_delta: this target minus the previous one; a hold: zeros in delta spaces), or None.
+    """
+
+    grid_index: int
+    step_start: float
+    step_end: float
+    observation: Observation
+    policy_action: np.ndarray | None
+    command: np.ndarray | None
+    hold_reason: str = ''
+    clamped: bool = False
+    executed: np.ndarray | None = None
+    completed: bool = False
+    pieces: np.ndarray | None = None
+    piece_share: np.ndarray | None = None
+    proposed: np.ndarray | None = None      # the engine's command, before the robot completed the step
+
+    def __post_init__(self) -> None:
+        if self.proposed is None and self.command is not None:
+            self.proposed = self.command
+
+    @property
+    def held(self) -> bool:
+        """True when the tick executed no fresh policy action."""
+        return bool(self.hold_reason)
+
+    def complete(self, command: np.ndarray | None, *, clamped: bool = False, hold_reason: str = '') -> None:
+        """Record what the robot commanded at this tick (once; after its safety filter).
+
+        :param command: float32 (A,) in the contract's order (joint_delta: the absolute target), or None when
+            it commanded nothing (its own check refused, or a dry run).
+        :param clamped: True when a safety filter changed the policy's action.
+        :param hold_reason: why it held ('' keeps the engine's: fresh, or its hold); a None command without
+            one is ``refused``.
+        :raises ValueError: for a second completion or an unknown reason.
+        """
+        if self.completed:
+            raise ValueError('this tick was already completed: report its command once')
+        if hold_reason and hold_reason not in HOLD_REASONS:
+            raise ValueError(f'unknown hold_reason {hold_reason!r}; expected one of {HOLD_REASONS}')
+        self.command = None if command is None else np.array(command, np.float32)
+        self.clamped = bool(clamped)
+        if hold_reason:
+            self.hold_reason = hold_reason
+        elif command is None and not self.hold_reason:
+            self.hold_reason = 'refused'
+        self.completed = True
+
+
+class StepLedger:
+    """Commits an episode's steps in order: executed values, counts, the engine's feedback, capture.
+
+    :param space: the contract's action space.
+    :param on_target: called with each committed joint_delta target (float32 (A,)), which the engine
+        integrates the next increment onto.
+    :param sink: called with each committed Step (capture), or None.
+    """
+
+    def __init__(self, space: ActionSpace, on_target: Callable[[np.ndarray], None] | None = None) -> None:
+        self.space = space
+        self._on_target = on_target
+        self.sink: Callable[[Step], None] | None = None
+        self.pending: Step | None = None
+        self._target: np.ndarray | None = None     # joint_delta: the robot's last commanded target
+        self._last_grid: int | None = None
+        self.commands_sent = 0      # ticks that executed a fresh policy action
+        self.ticks_held = 0         # ticks that held instead (any reason)
+        self.ticks_skipped = 0      # control deadlines no tick served (a callback overran the period)
+
+    def open(self, step: Step) -> None:
+        """Take the engine's new step; the previous one is committed first, as it stands."""
+        self.commit()
+        self.pending = step
+
+    def commit(self) -> Step | None:
+        """Commit the pending step (its command as completed, or as the engine made it); return it."""
+        step, self.pending = self.pending, None
+        if step is None:
+            return None
+        step.completed = True
+        step.executed = self._executed(step)
+        if self._last_grid is not None:
+            self.ticks_skipped += max(0, step.grid_index - self._last_grid - 1)
+        self._last_grid = step.grid_index
+        if step.held:
+            self.ticks_held += 1
+        else:
+            self.commands_sent += 1
+        if self.sink is not None:
+            self.sink(step)
+        return step
+
+    def _executed(self, step: Step) -> np.ndarray | None:
+        command = step.command
+        if self.space is not ActionSpace.JOINT_DELTA or command is None:
+            return command        # a hold's command moves nothing in a rate space: its rates are zero
+        # joint_delta: the robot commands absolute targets; it executed this one minus the previous one
+        before = self._target
+        if before is None and step.policy_action is not None:
+            before = (command - step.policy_action).astype(np.float32)   # the state the engine integrated onto
+        self._target = command.copy()
+        if step.held or before is None:
+            return np.zeros_like(command)     # a hold commands the target it already had: it moves nothing
+        if self._on_target is not None and step.proposed is not None and not np.array_equal(command, step.proposed):
+            self._on_target(self._target)     # the robot changed the target (a clamp): integrate onto its own
+        if not step.clamped and step.policy_action is not None and step.hold_reason == '' \
+                and np.array_equal(command, (before + step.policy_action).astype(np.float32)):
+            return step.policy_action.copy()      # unchanged: the policy's own increment, bit for bit
+        return (command - before).astype(np.float32)
