@@ -221,8 +221,10 @@ def test_a_rerun_of_a_captured_id_keeps_the_captured_runs_record(tmp_path):
     [0.0, 0.0333, 0.0667, 0.1, 0.1333, 0.250, 0.2833, 0.300, 0.3333, 0.3667, 0.4],      # 0.1 ms clock
 ])
 def test_a_quantised_clock_never_moves_a_record_off_its_deadline(tmp_path, times):
-    """A coarse robot clock (1 ms or 0.1 ms) and late ticks: records placed by the deadline they served
-    export all 11 executed steps, one row each (no time is rounded)."""
+    """A coarse robot clock (1 ms or 0.1 ms) and late ticks: all 11 executed steps export, one row each.
+
+    The records are placed by the deadline they served: no time is rounded.
+    """
     from test_data_rows import _contract, _episode, _frame
     from test_data_support import make_store
     store = make_store(tmp_path / 's')

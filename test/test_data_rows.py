@@ -19,8 +19,8 @@ from PIL import Image
 from test_data_support import FakeClock, make_store
 
 from sequence_ai_ros.capture.store import CaptureStore
-from sequence_ai_ros.client.resample import pieces, position_mask, sample
 from sequence_ai_ros.cli import main as seq_main
+from sequence_ai_ros.client.resample import pieces, position_mask, sample
 from sequence_ai_ros.datasets import stats as lerobot_stats
 from sequence_ai_ros.datasets.lerobot_writer import export_lerobot
 from sequence_ai_ros.datasets.rows import build_rows
@@ -61,8 +61,11 @@ def _png(width: int, height: int, depth: int, colour: int) -> bytes:
 
 def _frame(t: float, state, action=None, hold: bool = False, clamped: bool = False, policy=None,
            image: pb.Image | None = None, span: tuple[int, float, float] | None = None) -> pb.TelemetryFrame:
-    """One telemetry record; ``span`` = (grid_index, step_start, step_end) as the client sends it (None: a
-    record of a store written before spans existed)."""
+    """One telemetry record.
+
+    ``span`` = (grid_index, step_start, step_end) as the client sends it (None: a record of a store written
+    before spans existed).
+    """
     f = pb.TelemetryFrame(robot_time_s=t, state=codec.to_tensor(np.asarray(state, np.float32)), hold=hold,
                           clamped=clamped)
     if span is not None:
@@ -180,8 +183,10 @@ def test_missed_deadlines_are_held_rows_and_the_rest_keep_their_steps(tmp_path: 
 
 
 def test_50hz_records_against_a_30hz_policy_take_the_tick_in_effect_at_each_row(tmp_path: Path) -> None:
-    """Records of a 50 Hz node (spans of 0.6 steps, a stall of four deadlines): each row is the command in
-    effect at its step, whatever time the ticks woke (here 0..40 % of a period late)."""
+    """Records of a 50 Hz node (spans of 0.6 steps, a stall of four deadlines): rows take the tick in effect.
+
+    Each row is the command in effect at its step, whatever time the ticks woke (here 0..40 % of a period late).
+    """
     store = make_store(tmp_path / 'arm')
     rng = np.random.default_rng(1)
     served = [g for g in range(101) if not 20 < g < 25]
@@ -197,9 +202,11 @@ def test_50hz_records_against_a_30hz_policy_take_the_tick_in_effect_at_each_row(
 
 
 def test_delta_records_straddling_rows_are_split_by_the_share_of_their_span(tmp_path: Path) -> None:
-    """ee_delta at dt 0.2 s driven at 12.5 Hz (2.5x: spans of 0.4 steps): each row sums exactly the increments
-    executed within it (a tick across a step boundary carries its parts, so it splits there exactly: the rows
-    are the policy's own steps); the gripper is a target."""
+    """ee_delta at dt 0.2 s driven at 12.5 Hz (2.5x: spans of 0.4 steps): each row is the policy's own step.
+
+    Each row sums exactly the increments executed within it (a tick across a step boundary carries its parts,
+    so it splits there exactly); the gripper is a target.
+    """
     store = make_store(tmp_path / 'wx')
     contract = Contract('ee_delta', ('x', 'y', 'z', 'roll', 'pitch', 'yaw', 'grip'), 0.2, 4,
                         ObservationContract((), NAMES), deployment='wx')
