@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from sequence_ai_ros.client import Observation, connect
-from sequence_ai_ros.client.adapter import DEFAULT_FIT, NameIndex, ObservationAdapter, fit_image
+from sequence_ai_ros.client.adapter import DEFAULT_FIT, NameIndex, ObservationAdapter, fit_image, pad_size
 from sequence_ai_ros.exceptions import ContractViolation
 from sequence_ai_ros.node.images import ImageConverter
 from sequence_ai_ros.node.observation import JointMapper
@@ -46,6 +46,54 @@ def test_resize_stretches_and_pad_keeps_the_aspect_ratio_with_black_bars():
     assert fit_image(frame(), CameraSpec('any')) .shape == (480, 640, 3)  # 0x0 accepts any size
     with pytest.raises(ValueError, match='fit'):
         fit_image(frame(), SPEC, 'crop')
+
+
+def openpi_resize_with_pad(image: np.ndarray, height: int, width: int) -> np.ndarray:
+    """openpi_client.image_tools.resize_with_pad for one uint8 (H, W, 3) frame, written out from its formula."""
+    pil = Image.fromarray(image)
+    cur_width, cur_height = pil.size
+    if (cur_width, cur_height) == (width, height):
+        return image
+    ratio = max(cur_width / width, cur_height / height)
+    resized_height = int(cur_height / ratio)
+    resized_width = int(cur_width / ratio)
+    pad_h0, remainder_h = divmod(height - resized_height, 2)
+    pad_w0, remainder_w = divmod(width - resized_width, 2)
+    out = np.zeros((height, width, 3), np.uint8)
+    out[pad_h0:height - (pad_h0 + remainder_h), pad_w0:width - (pad_w0 + remainder_w)] = np.asarray(
+        pil.resize((resized_width, resized_height), Image.BILINEAR))
+    return out
+
+
+def lit(image: np.ndarray) -> tuple[int, int, int, int]:
+    """(rows above, rows below, columns left, columns right) of black padding around a picture with no black."""
+    rows = np.flatnonzero(image.max(axis=(1, 2)))
+    cols = np.flatnonzero(image.max(axis=(0, 2)))
+    return int(rows[0]), image.shape[0] - 1 - int(rows[-1]), int(cols[0]), image.shape[1] - 1 - int(cols[-1])
+
+
+@pytest.mark.parametrize('size, target', [
+    ((848, 480), (224, 224)),      # openpi: 224x126, 98 rows of padding (rounding gave 127 and 97)
+    ((480, 848), (224, 224)),      # the same, standing: 98 columns
+    ((640, 480), (224, 224)),
+    ((1280, 720), (224, 224)),
+    ((300, 200), (224, 224)),      # 224x149: an odd 75 rows, 37 above and 38 below
+    ((224, 225), (224, 224)),      # 225 / (225 / 224) truncates to 223 in floats: one black row and column
+    ((1920, 1080), (320, 240)),
+    ((100, 60), (224, 224)),       # upscaled
+])
+def test_pad_fits_as_openpis_resize_with_pad(size, target):
+    width, height = target
+    image = frame(*size)
+    padded = fit_image(image, CameraSpec('cam', width=width, height=height), 'pad')
+    np.testing.assert_array_equal(padded, openpi_resize_with_pad(image, height, width))
+    ratio = max(size[0] / width, size[1] / height)
+    scaled = int(size[0] / ratio), int(size[1] / ratio)
+    assert pad_size(*size, width, height) == scaled
+    (above, extra_h), (left, extra_w) = divmod(height - scaled[1], 2), divmod(width - scaled[0], 2)
+    assert lit(padded) == (above, above + extra_h, left, left + extra_w)
+    if size == (848, 480):
+        assert scaled == (224, 126) and lit(padded) == (49, 49, 0, 0)     # 98 rows of letterbox
 
 
 def test_state_is_mapped_by_name_subset_and_reorder():

@@ -4,7 +4,11 @@
 - a tensor shape whose size overflows int64 is a CONTRACT_VIOLATION (it was "worker internal error");
 - an image is checked against its declared size from its header, before any pixel is decoded;
 - after an inference timeout the next error says "inference exceeded", not "failed to load";
-- ready() counts down from the deployment's measured load time.
+- ready() counts down from the deployment's measured load time;
+- a closed Policy answers every call with EpisodeStateError (it raised gRPC's "closed channel" ValueError),
+  and interrupt() on it does nothing;
+- an episode begun with begin_episode() that the worker ends for idleness raises that error on the next
+  next_action() once (it answered holds forever, with no signal).
 """
 
 from __future__ import annotations
@@ -15,12 +19,13 @@ import time
 
 import numpy as np
 import pytest
+from doubles import CountingRobot
 from PIL import Image
 from test_worker_server import _self_signed
 from test_worker_support import POLICIES, Stream, channel, state_request, wait_ready
 
 from sequence_ai_ros.client import Observation, connect
-from sequence_ai_ros.exceptions import ConnectionLost, ContractViolation, NotReady
+from sequence_ai_ros.exceptions import ConnectionLost, ContractViolation, EpisodeStateError, NotReady
 from sequence_ai_ros.protocol import codec
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
@@ -129,3 +134,64 @@ def test_ready_counts_down_from_the_measured_load_time(tmp_path, seq_home):
             assert policy.ready() == (True, 0.0)
     finally:
         server.stop(grace=0.5)
+
+
+def test_a_closed_policy_refuses_every_call_with_episode_state_error(serve):
+    endpoint = serve(dt=0.01, chunk_length=10)
+    policy = connect('lat', endpoint=endpoint)
+    robot = CountingRobot()
+    out = policy.run(robot.observe, robot.act, max_actions=5)
+    assert out.reason == 'completed'
+    policy.close()
+    calls = {
+        'ready': policy.ready,
+        'wait_until_ready': lambda: policy.wait_until_ready(timeout=1),
+        'label': lambda: policy.label(True),
+        'begin_episode': policy.begin_episode,
+        'next_action': lambda: policy.next_action(robot.observe()),
+        'act': lambda: policy.act('pick', robot.observe, robot.act, max_seconds=1.0),
+        'run': lambda: policy.run(robot.observe, robot.act, max_actions=5),
+    }
+    for name, call in calls.items():
+        with pytest.raises(EpisodeStateError, match=r"Policy\('lat'\) is closed: connect\(\) again") as info:
+            call()
+        assert not isinstance(info.value, ValueError), name          # not gRPC's "closed channel"
+    assert len(robot.actions) == 5                                    # nothing ran after close
+    assert policy.interrupt() is None                                 # a documented no-op
+    last = policy.end_episode()                                       # nothing sent: the last outcome
+    assert last == policy.episode_outcome() and last.reason == 'completed' and last.episode_id == out.episode_id
+    policy.close()                                                    # idempotent
+    with connect('lat', endpoint=endpoint) as again:                  # a new handle works
+        assert again.run(CountingRobot().observe, lambda a: None, max_actions=3).reason == 'completed'
+
+
+def test_a_begun_episode_ended_for_idleness_raises_on_the_next_next_action_once(serve):
+    endpoint = serve(dt=0.01, chunk_length=20, idle_timeout_s=0.4)
+    with connect('lat', endpoint=endpoint) as policy:
+        policy.wait_until_ready(timeout=30)
+        eid = policy.begin_episode('pick')
+        robot = CountingRobot()
+        for _ in range(20):
+            policy.next_action(robot.observe())
+            time.sleep(0.01)
+        deadline = time.monotonic() + 10
+        while policy.episode_outcome() is None and time.monotonic() < deadline:
+            time.sleep(0.05)                          # the robot pauses: no message reaches the worker
+        out = policy.episode_outcome()
+        assert out is not None and out.reason == 'error' and 'idle_timeout' in str(out.error)
+        raised, answers = [], []
+        deadline = time.monotonic() + 10
+        while not raised and time.monotonic() < deadline:   # the worker's EpisodeEnded follows its error
+            try:
+                answers.append(policy.next_action(robot.observe()))
+            except EpisodeStateError as exc:
+                raised.append(exc)
+            time.sleep(0.01)
+        assert len(raised) == 1 and raised[0] is out.error and 'idle_timeout' in str(raised[0])
+        assert all(a is None or a.hold for a in answers)       # before the end was confirmed: holds
+        after = [policy.next_action(robot.observe()) for _ in range(5)]   # once: then holds again
+        assert all(a is not None and a.hold for a in after)
+        assert policy.stats()['episode_id'] == eid and policy.episode_outcome().reason == 'error'
+        assert policy.end_episode().reason == 'error'         # it keeps its own reason
+        policy.next_action(robot.observe())                   # a new (implicit) episode opens
+        assert policy.stats()['episode_id'] != eid and policy.episode_outcome() is None

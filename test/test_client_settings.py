@@ -16,7 +16,7 @@ from doubles import CountingRobot
 
 from sequence_ai_ros.client import connect
 from sequence_ai_ros.client.sampling import TelemetrySample
-from sequence_ai_ros.client.settings import EpisodeSettings
+from sequence_ai_ros.client.settings import CHECKS, MAX_CONTROL_PERIOD_S, MIN_CONTROL_PERIOD_S, EpisodeSettings
 from sequence_ai_ros.protocol.spaces import ActionSpace
 from sequence_ai_ros.worker import serve_policy_file
 
@@ -67,6 +67,30 @@ def test_settings_refuse_what_they_would_otherwise_coerce(kwargs, error, match):
     with pytest.raises(error, match=match):
         EpisodeSettings(**kwargs)
     assert EpisodeSettings(max_actions=4.0).max_actions == 4
+
+
+#: Values just outside each check of :data:`CHECKS` (a new check needs its probes here).
+OUTSIDE = {
+    'text': [None, 3, b'pick'],
+    'limit': [0, -1e-9, math.inf, math.nan, True, '5'],
+    'steps': [0, 2.5, math.inf, True],
+    'period': [math.nextafter(MIN_CONTROL_PERIOD_S, 0.0), math.nextafter(MAX_CONTROL_PERIOD_S, math.inf), 0, True],
+    'flag': ['false', 0, None],
+    'rows': [-1, 0.5, True, '3', None],
+    'space': [3, 'teleport'],
+}
+
+
+def test_every_option_is_checked_by_its_fields_check():
+    """No option is listed by hand: each field names its check, and a value just outside it is refused naming it."""
+    assert set(OUTSIDE) == set(CHECKS)
+    for field in dataclasses.fields(EpisodeSettings):
+        check = field.metadata['check']          # KeyError: a field declared without a check
+        for value in OUTSIDE[check]:
+            with pytest.raises((TypeError, ValueError), match=field.name):
+                EpisodeSettings(**{field.name: value})
+    EpisodeSettings(control_period=MIN_CONTROL_PERIOD_S)                 # the bounds themselves pass
+    EpisodeSettings(control_period=MAX_CONTROL_PERIOD_S)
 
 
 def test_max_seconds_ends_a_run_whose_control_period_is_longer(endpoint):

@@ -4,7 +4,10 @@
 - every config/*.yaml validates against the schema (names, types, bounds), and a deliberately wrong file
   is refused, so the check itself cannot rot;
 - the config dataclass defaults are the schema defaults; the ROS descriptors carry the schema's ranges;
-- a writable parameter set at run time is checked against the schema (the on-set callback).
+- a writable parameter set at run time is checked against the schema (the on-set callback);
+- every validation the schema declares is enforced by the config dataclasses: a value just outside each
+  one is refused naming the parameter (the dataclasses find their checked fields in the schema, so a new
+  bounded parameter cannot be accepted out of bounds).
 """
 
 from __future__ import annotations
@@ -13,13 +16,23 @@ import dataclasses
 import math
 import subprocess
 import sys
+import typing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from sequence_ai_ros.exceptions import ConfigError
 from sequence_ai_ros.node import parameter_schema
-from sequence_ai_ros.node.config import CommandConfig, JointsConfig, NodeConfig, QosConfig, SafetyConfig
+from sequence_ai_ros.node.config import (
+    CAMERA_GROUP,
+    CameraConfig,
+    CommandConfig,
+    JointsConfig,
+    NodeConfig,
+    QosConfig,
+    SafetyConfig,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA = parameter_schema.load()
@@ -157,3 +170,101 @@ def test_policy_node_help_lists_every_parameter() -> None:
     assert done.stdout.startswith('usage: policy_node --ros-args')
     for name in ('model', 'endpoint', 'control_rate_hz', 'safety.max_step', 'cameras.<name>.topic', 'autostart'):
         assert f'  {name}  (' in done.stdout, name
+
+
+def _outside(spec: parameter_schema.ParamSpec, rule: str, args: list) -> list[Any]:
+    """Values of ``spec``'s type just outside validation ``rule`` (every other rule of the entry passes)."""
+    integer = spec.type.startswith('int')
+
+    def below(x: float) -> float:
+        return x - 1 if integer else math.nextafter(float(x), -math.inf)
+
+    def above(x: float) -> float:
+        return x + 1 if integer else math.nextafter(float(x), math.inf)
+
+    if rule == 'bounds<>':
+        values = [below(args[0]), above(args[1])]
+    elif rule in ('gt<>', 'lt<>'):
+        values = [args[0] if integer else float(args[0])]
+    elif rule == 'gt_eq<>':
+        values = [below(args[0])]
+    elif rule == 'lt_eq<>':
+        values = [above(args[0])]
+    elif rule == 'one_of<>':
+        values = ['not-' + str(args[0][0])]
+    elif rule == 'not_empty<>':
+        values = [() if spec.type.endswith('_array') else '']
+    elif rule == 'unique<>':
+        values = [('a', 'a')]
+    elif rule == 'sequence_ai_ros::no_empty_strings':
+        values = [('a', '')]
+    elif rule == 'sequence_ai_ros::name_parts':
+        values = [('cam.high',), ('9cam',)]
+    elif rule == 'sequence_ai_ros::endpoint':
+        values = ['notaport', '127.0.0.1:0', '127.0.0.1:65536']
+    elif rule == 'sequence_ai_ros::all_finite':
+        values = [(math.inf,), (math.nan,)]
+    elif rule == 'sequence_ai_ros::all_positive':
+        values = [(0.0,), (-1.0,)]
+    else:
+        raise AssertionError(f'{spec.name}: no value outside validation {rule}; teach _outside this validator')
+    if spec.type.endswith('_array'):
+        values = [v if isinstance(v, tuple) else (v,) for v in values]
+    return values
+
+
+def _groups() -> dict[str, type]:
+    """The schema group of each nested config dataclass of NodeConfig, read from NodeConfig's fields."""
+    hints = typing.get_type_hints(NodeConfig)
+    groups = {f.name + '.': hints[f.name] for f in dataclasses.fields(NodeConfig)
+              if dataclasses.is_dataclass(hints[f.name])}
+    (camera,) = typing.get_args(hints['cameras'])[:1]
+    return {**groups, CAMERA_GROUP: camera}
+
+
+def _build(name: str, value: Any) -> tuple[str, Any]:
+    """Build the NodeConfig that holds ``value`` as schema parameter ``name``; return (concrete name, build)."""
+    if name == 'camera_names':
+        return name, lambda: NodeConfig(cameras=tuple(CameraConfig(n, f'/cam{i}', key=f'k{i}')
+                                                      for i, n in enumerate(value)))
+    group, leaf = name[:name.rfind('.') + 1], name[name.rfind('.') + 1:]
+    groups = _groups()
+    cls = NodeConfig if not group else groups.get(group)
+    assert cls is not None, f'schema group {group} is held by no config dataclass of NodeConfig'
+    assert leaf in {f.name for f in dataclasses.fields(cls)}, f'schema parameter {name} has no field in {cls.__name__}'
+    if not group:
+        return name, lambda: NodeConfig(**{leaf: value})
+    if group == CAMERA_GROUP:
+        given = {'name': 'front', 'topic': '/front', leaf: value}
+        return f'cameras.front.{leaf}', lambda: NodeConfig(cameras=(cls(**given),))
+    return name, lambda: NodeConfig(**{group[:-1]: cls(**{leaf: value})})
+
+
+def test_every_validation_in_the_schema_is_enforced_by_the_config_dataclasses():
+    """A value just outside each declared validation (bounds, comparisons, choices...) is a ConfigError naming it.
+
+    A schema entry whose dataclass lacks the field fails here (TypeError), and so would a field the
+    dataclass forgot to check: NodeConfig(status_depth=0) for a status_depth bounded [1, 1000].
+    """
+    tried: set[str] = set()
+    for spec in SCHEMA:
+        for rule, args in spec.validation.items():
+            for value in _outside(spec, rule, args):
+                concrete, build = _build(spec.name, value)
+                with pytest.raises(ConfigError, match=rf'parameter {concrete.replace(".", "[.]")}: ') as info:
+                    build()
+                assert 'unknown validator' not in str(info.value), (spec.name, rule)
+                tried.add(spec.name)
+    assert tried == {spec.name for spec in SCHEMA if spec.validation} and len(tried) > 30
+
+
+def test_a_value_at_each_bound_is_accepted():
+    """The probes above are just outside: the bounds themselves pass (inclusive ``bounds<>``)."""
+    for spec in SCHEMA:
+        bounds = spec.bounds()
+        if bounds is None or spec.name.startswith('diagnostics.'):   # warn <= error is a cross check
+            continue
+        for value in bounds:
+            value = value if spec.type.startswith('int') else float(value)
+            _, build = _build(spec.name, value)
+            build()

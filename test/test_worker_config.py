@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 
 import pytest
 from test_worker_support import POLICIES
@@ -11,7 +12,7 @@ from test_worker_support import POLICIES
 from sequence_ai_ros.cli import serving
 from sequence_ai_ros.exceptions import ConfigError
 from sequence_ai_ros.protocol import DEFAULT_PORT
-from sequence_ai_ros.worker.config import ServerConfig
+from sequence_ai_ros.worker.config import RULES, ServerConfig
 from sequence_ai_ros.worker.server import serve_policy_file
 
 
@@ -53,6 +54,34 @@ def test_cli_flags_fill_the_config(tmp_path):
 def test_invalid_settings_are_refused_at_construction(field, value, match):
     with pytest.raises(ConfigError, match=match):
         ServerConfig(**{field: value})
+
+
+#: Values just outside each rule of :data:`RULES` (a new rule needs its probes here).
+OUTSIDE = {
+    'address': ['', '  ', None],
+    'port': [-1, 65536, True, 1.0, None],
+    'optional_port': [-1, 65536, True, '9000'],
+    'seconds': [0, -1e-9, math.inf, math.nan, True, '5'],
+    'count': [0, True, 1.5],
+    'count_or_0': [-1, True, 0.5],
+    'flag': ['yes', 1, None],
+    'token': ['', 7],
+    'tls': [('c.pem',), 'c.pem', ('c.pem', 'k.pem', 'x')],
+    'addresses': ['127.0.0.1', ('',), (1,)],
+}
+
+
+def test_every_setting_is_checked_by_its_fields_rule():
+    """No setting is listed by hand: each field names its rule, and a value just outside it is refused naming it."""
+    assert set(OUTSIDE) == set(RULES)
+    for field in dataclasses.fields(ServerConfig):
+        rule = field.metadata['rule']        # KeyError: a field declared without a rule
+        for value in OUTSIDE[rule]:
+            with pytest.raises(ConfigError, match=rf'^{field.name}\b'):
+                ServerConfig(**{field.name: value})
+    with pytest.raises(ConfigError) as info:
+        ServerConfig(token='')
+    assert "got" not in str(info.value)                                  # a token is never echoed
 
 
 def test_embedded_binds_a_free_port_and_rejects_unknown_settings():

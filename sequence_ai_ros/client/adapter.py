@@ -2,7 +2,8 @@
 
 - **Images** are fitted to the contract camera's size, per camera: ``resize`` (the default, in both the
   node and the Python API; Pillow bilinear) or ``pad`` (keep the aspect ratio: scale to fit, then pad with
-  black, as openpi's ``resize_with_pad`` does). A frame already at the contract's size, and JPEG bytes of
+  black, as openpi's ``resize_with_pad`` does, to the pixel: its truncated scaled size and its split of
+  the padding, see :func:`pad_size`). A frame already at the contract's size, and JPEG bytes of
   that size, pass through untouched (no decode, no copy). A camera whose contract size is 0x0 accepts any.
 - **State** is mapped by joint names when the observation names its values: the contract's names are
   picked out of the robot's (a subset, in any order). A name the contract needs and the robot lacks,
@@ -89,11 +90,25 @@ def fit_image(image: ImageLike, spec: CameraSpec | None, fit: str = DEFAULT_FIT)
     pil = PILImage.fromarray(arr.reshape(arr.shape[0], arr.shape[1]) if mono else arr)
     if fit == 'resize':
         return np.asarray(pil.resize((spec.width, spec.height), PILImage.BILINEAR))
-    scale = min(spec.width / pil.width, spec.height / pil.height)
-    w, h = max(1, round(pil.width * scale)), max(1, round(pil.height * scale))
+    w, h = pad_size(pil.width, pil.height, spec.width, spec.height)
     canvas = PILImage.new(pil.mode, (spec.width, spec.height))
     canvas.paste(pil.resize((w, h), PILImage.BILINEAR), ((spec.width - w) // 2, (spec.height - h) // 2))
     return np.asarray(canvas)
+
+
+def pad_size(cur_width: int, cur_height: int, width: int, height: int) -> tuple[int, int]:
+    """The (width, height) a ``pad`` fit scales a frame to before padding, as openpi's ``resize_with_pad``.
+
+    openpi truncates (``int(cur / ratio)`` with ``ratio = max(cur_width / width, cur_height / height)``),
+    so 848x480 into 224x224 scales to 224x126 and pads 98 rows (49 above, 49 below); rounding would give
+    127 rows and 97 of padding. The padding is ``divmod(size - scaled, 2)``: the odd row or column goes
+    below or right. A side that would truncate to 0 (an extreme aspect ratio) keeps 1 pixel.
+
+    :param cur_width: the frame's width (px).  :param cur_height: its height (px).
+    :param width: the contract's width (px).  :param height: its height (px).
+    """
+    ratio = max(cur_width / width, cur_height / height)
+    return max(1, int(cur_width / ratio)), max(1, int(cur_height / ratio))
 
 
 class NameIndex:
@@ -197,4 +212,4 @@ class ObservationAdapter:
         return {**images, **changed}
 
 
-__all__ = ['DEFAULT_FIT', 'FITS', 'NameIndex', 'ObservationAdapter', 'check_fit', 'fit_image']
+__all__ = ['DEFAULT_FIT', 'FITS', 'NameIndex', 'ObservationAdapter', 'check_fit', 'fit_image', 'pad_size']

@@ -80,6 +80,11 @@ class Policy:
     :raises ConnectionLost: when the worker cannot be reached within ``timeout``.
     :raises UnknownDeployment, ProtocolVersionError, Unauthenticated: as the worker answers.
     :raises ValueError: for an unknown image_fit.
+
+    After :meth:`close`, the calls that would talk to the worker (``ready``, ``wait_until_ready``, ``label``,
+    ``begin_episode``, ``next_action``, ``act``, ``run``) raise :class:`EpisodeStateError`; ``interrupt``
+    and ``report_command`` do nothing; ``end_episode``, ``episode_outcome``, ``stats`` and ``chunk_horizon``
+    report the last episode; ``close`` again does nothing.
     """
 
     def __init__(self, model: str, *, endpoint: str | None = None, token: str | None = None, tls: TlsLike = None,
@@ -110,6 +115,8 @@ class Policy:
         self._last_episode_id: str | None = None
         self._closers: list[threading.Thread] = []
         self._closed = False
+        # the begun episode whose idle end next_action() already raised (it raises it once)
+        self._idle_raised: _OpenEpisode | None = None
 
     # -- connection -------------------------------------------------------------------------------
 
@@ -119,11 +126,18 @@ class Policy:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _check_open(self) -> None:
+        """Raise EpisodeStateError when this Policy is closed (its channel is gone)."""
+        if self._closed:
+            raise EpisodeStateError(f'Policy({self.model!r}) is closed: connect() again for a new handle')
+
     def ready(self) -> tuple[bool, float]:
         """Return (ready, eta_seconds) without blocking (one Ready call, 2 s deadline); asking starts a cold worker.
 
         :raises ConnectionLost: when the worker is unreachable.
+        :raises EpisodeStateError: when this Policy is closed.
         """
+        self._check_open()
         reply = self._conn.ready(self.model, timeout=2.0)
         self._ready = reply.ready
         return reply.ready, reply.eta_seconds
@@ -134,7 +148,9 @@ class Policy:
         :param timeout: seconds to wait (s); None uses ``ready_timeout``.
         :raises NotReady: when the load failed, or it is not ready within ``timeout``.
         :raises ConnectionLost: when the worker is unreachable.
+        :raises EpisodeStateError: when this Policy is closed.
         """
+        self._check_open()
         bound = self.ready_timeout if timeout is None else timeout
         deadline = time.monotonic() + bound
         while True:
@@ -169,8 +185,9 @@ class Policy:
         :returns: True: the worker stored the label with the captured episode.
         :raises CaptureError: with the worker's answer when it did not store it (unknown episode,
             episode not captured, capture off); never a silent ok.
-        :raises EpisodeStateError: when there is no episode to label.
+        :raises EpisodeStateError: when there is no episode to label, or this Policy is closed.
         """
+        self._check_open()
         eid = episode_id or self._last_episode_id
         if not eid:
             raise EpisodeStateError('no episode to label: run one first or pass episode_id')
@@ -201,11 +218,12 @@ class Policy:
             with reason 'error' and a PolicyException; None: ``max(10 s, 10 * covers_seconds)``
             (:data:`~sequence_ai_ros.client.engine.CHUNK_TIMEOUT_MIN_S`, ``CHUNK_TIMEOUT_COVERS``).
         :param settings: all of the above as one :class:`EpisodeSettings` (then leave them at their defaults).
-        :raises EpisodeStateError: when an episode is still running on this handle.
+        :raises EpisodeStateError: when an episode is still running on this handle, or this Policy is closed.
         :raises TypeError: for a bool or a non-number as a limit, period or chunk_timeout; for ``settings``
             together with other options.
         :raises ValueError: for a negative smooth_seam, a non-finite or non-positive period, limit or chunk_timeout.
         """
+        self._check_open()
         given = EpisodeSettings(instruction=instruction, max_seconds=max_seconds, max_actions=max_actions,
                                 prefetch=prefetch, smooth_seam=smooth_seam, expect_action_space=expect_action_space,
                                 control_period=control_period, chunk_timeout=chunk_timeout)
@@ -217,8 +235,7 @@ class Policy:
 
     def _open(self, settings: EpisodeSettings, episode_id: str | None, fixed_step: bool = False,
               implicit: bool = False) -> str:
-        if self._closed:
-            raise EpisodeStateError('this Policy is closed')
+        self._check_open()
         with self._lock:
             if self._episode is not None:
                 if self._episode.engine.outcome() is None:
@@ -249,10 +266,13 @@ class Policy:
 
         The seed's loop works as written (``policy.wait_until_ready(); while running:
         robot.act(policy.next_action(observe()))``): when no episode is open, this call opens one with the
-        default :class:`EpisodeSettings` (the first call after connect, after ``end_episode()`` or
-        ``close()``, and, for an episode opened this way, after ``interrupt()`` or after the worker ended it
-        for idleness). :meth:`begin_episode` stays, optional, to pass settings; an episode it opened keeps
-        answering holds once finished, until ``end_episode()``.
+        default :class:`EpisodeSettings` (the first call after connect, after ``end_episode()``, and, for an
+        episode opened this way, after ``interrupt()`` or after the worker ended it for idleness).
+        :meth:`begin_episode` stays, optional, to pass settings; an episode it opened is the caller's to
+        end: once finished it keeps answering holds until ``end_episode()``. When the worker ended such an
+        episode for idleness (no message for its ``idle_timeout_s``), the next call raises the worker's
+        EpisodeStateError once (``episode_outcome()`` has reason 'error' and the same error); the calls
+        after it answer holds again, until ``end_episode()``.
 
         :param observation: the current observation (or a dict that converts to one).
         :param now: ``time.monotonic()`` of this tick (s); default the clock now.
@@ -265,9 +285,11 @@ class Policy:
         :raises ContractViolation: for a bad observation (not an Observation or dict, a state that is not a
             finite (D,) vector of the contract's size and names...); the open episode ends with reason
             'validate' and the caller holds the arm.
-        :raises EpisodeStateError: when this Policy is closed.
+        :raises EpisodeStateError: when this Policy is closed; once, when the worker ended an episode
+            begun with :meth:`begin_episode` for idleness (the message says ``idle_timeout``): hold the arm.
         :raises RuntimeError: when another thread is inside act/run/next_action on this handle.
         """
+        self._check_open()
         with self._guard:
             ep = self._episode
             try:
@@ -278,7 +300,17 @@ class Policy:
                 raise
             if self._opens_next(ep):
                 self._open(EpisodeSettings(), None, implicit=True)
+            elif ep is not None and ep is not self._idle_raised and self._ended_idle(ep):
+                self._idle_raised = ep       # once: the calls after it hold, until end_episode()
+                raise ep.engine.outcome().error
             return self._tick(obs, time.monotonic() if now is None else now, grid_index)
+
+    @staticmethod
+    def _ended_idle(ep: _OpenEpisode) -> bool:
+        """True when the worker ended ``ep`` for idleness: its EpisodeStateError, then its EpisodeEnded."""
+        out = ep.engine.outcome()
+        return (out is not None and out.reason == 'error' and isinstance(out.error, EpisodeStateError)
+                and ep.stream.ended.is_set())
 
     def _opens_next(self, ep: _OpenEpisode | None) -> bool:
         """True when next_action() opens an episode: none open, or an implicit one ended by interrupt/idle timeout."""
@@ -287,8 +319,7 @@ class Policy:
         out = ep.engine.outcome()
         if not ep.implicit or out is None:
             return False
-        idle = out.reason == 'error' and isinstance(out.error, EpisodeStateError) and ep.stream.ended.is_set()
-        return out.reason == 'interrupted' or idle
+        return out.reason == 'interrupted' or self._ended_idle(ep)
 
     def report_command(self, commanded: Any, clamped: bool = False, *, hold_reason: str = '') -> None:
         """Complete this tick's record with what the robot really commanded for the action next_action returned.
@@ -341,14 +372,25 @@ class Policy:
         return ep.engine.horizon() if ep is not None else None
 
     def interrupt(self) -> None:
-        """Stop the running episode between actions (thread-safe); act/run fire hold and return 'interrupted'."""
+        """Stop the running episode between actions (thread-safe); act/run fire hold and return 'interrupted'.
+
+        On a closed Policy it does nothing (close() already ended the episode): no error, so a stop
+        handler may call it at any time.
+        """
+        if self._closed:
+            return
         ep = self._episode
         if ep is not None:
             ep.engine.finish('interrupted')
         self._wake.set()
 
     def end_episode(self, reason: str = 'completed') -> RunOutcome | None:
-        """End the open episode (idempotent): a finished one keeps its own reason; return its outcome."""
+        """End the open episode (idempotent): a finished one keeps its own reason; return its outcome.
+
+        On a closed Policy: the last episode's outcome (close() ended it), or None; nothing is sent.
+        """
+        if self._closed:
+            return self.episode_outcome()
         with self._lock:
             return self._end_locked(reason)
 
@@ -384,7 +426,9 @@ class Policy:
         :raises ValueError: for a non-finite or non-positive max_seconds, control_period or chunk_timeout.
         :raises ConnectionLost, NotReady, PolicyException, SequenceAIError: after firing hold, when the worker
             is lost, errs, or does not answer within ``chunk_timeout``.
+        :raises EpisodeStateError: when this Policy is closed (before anything runs).
         """
+        self._check_open()
         checks.positive('max_seconds', max_seconds, required=True)
         settings = EpisodeSettings(instruction=instruction, max_seconds=max_seconds, prefetch=prefetch,
                                    smooth_seam=smooth_seam, expect_action_space=expect_action_space,
@@ -407,7 +451,9 @@ class Policy:
         :raises ValueError: for a non-finite or non-positive limit, period or chunk_timeout.
         :raises ConnectionLost, NotReady, PolicyException, SequenceAIError: after firing hold, when the worker
             is lost, errs, or does not answer within ``chunk_timeout``.
+        :raises EpisodeStateError: when this Policy is closed (before anything runs).
         """
+        self._check_open()
         settings = EpisodeSettings(instruction=instruction or '', max_seconds=max_seconds, max_actions=max_actions,
                                    prefetch=prefetch, smooth_seam=smooth_seam, expect_action_space=expect_action_space,
                                    control_period=control_period, chunk_timeout=chunk_timeout)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+from collections.abc import Callable
+from typing import Any
 
 from sequence_ai_ros.protocol.spaces import ActionSpace
 
@@ -34,9 +36,77 @@ MIN_CONTROL_PERIOD_S = 1e-4
 MAX_CONTROL_PERIOD_S = 60.0
 
 
+def _text(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f'{name} must be a str, got {type(value).__name__}')
+    return value
+
+
+def _limit(name: str, value: Any) -> Any:
+    check_positive(name, value)
+    return value
+
+
+def _steps(name: str, value: Any) -> int | None:
+    check_positive(name, value)
+    if value is None:
+        return None
+    if float(value) != int(value):
+        raise ValueError(f'{name} must be a whole number of chunk steps, got {value!r}')
+    return int(value)
+
+
+def _period(name: str, value: Any) -> Any:
+    check_positive(name, value)
+    if value is not None and not (MIN_CONTROL_PERIOD_S <= value <= MAX_CONTROL_PERIOD_S):
+        raise ValueError(f'{name} must lie in [{MIN_CONTROL_PERIOD_S:g}, {MAX_CONTROL_PERIOD_S:g}] s '
+                         f'(10 kHz .. one command a minute), got {value!r}')
+    return value
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f'{name} must be True or False, got {type(value).__name__} {value!r}')
+    return value
+
+
+def _rows(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f'{name} must be an int (rows), got {type(value).__name__} {value!r}')
+    if value < 0:
+        raise ValueError(f'{name} must be >= 0, got {value}')
+    return int(value)
+
+
+def _space(name: str, value: Any) -> ActionSpace | None:
+    if value is None or isinstance(value, ActionSpace):
+        return value
+    if not isinstance(value, str):
+        raise TypeError(f'{name} must be an ActionSpace or its name, got {type(value).__name__} {value!r}')
+    try:
+        return ActionSpace.parse(value)
+    except ValueError as exc:
+        raise ValueError(f'{name}: {exc}') from None
+
+
+#: The check of each kind of option, by the name a field gives in its metadata (``check``): each takes
+#: ``(option name, value)`` and returns the value normalised, or raises TypeError/ValueError naming the option.
+CHECKS: dict[str, Callable[[str, Any], Any]] = {
+    'text': _text, 'limit': _limit, 'steps': _steps, 'period': _period, 'flag': _flag, 'rows': _rows,
+    'space': _space,
+}
+
+
+def _option(default: Any, check: str) -> Any:
+    """A field checked (and normalised) by :data:`CHECKS` ``[check]`` in ``__post_init__``."""
+    if check not in CHECKS:
+        raise ValueError(f'unknown check {check!r}; one of {", ".join(CHECKS)}')
+    return dataclasses.field(default=default, metadata={'check': check})
+
+
 @dataclasses.dataclass(frozen=True)
 class EpisodeSettings:
-    """How one episode is driven (validated on construction).
+    """How one episode is driven (validated on construction: every field by its own check, none listed by hand).
 
     :param instruction: the task, pinned for the episode (act/run overwrite each observation's with it).
     :param max_seconds: end with 'timeout' after this many seconds (s), or None.
@@ -59,41 +129,19 @@ class EpisodeSettings:
         space.
     """
 
-    instruction: str = ''
-    max_seconds: float | None = None
-    max_actions: float | None = None
-    prefetch: bool = True
-    smooth_seam: int = 0
-    expect_action_space: ActionSpace | None = None
-    control_period: float | None = None
-    chunk_timeout: float | None = None
+    instruction: str = _option('', 'text')
+    max_seconds: float | None = _option(None, 'limit')
+    max_actions: float | None = _option(None, 'steps')
+    prefetch: bool = _option(True, 'flag')
+    smooth_seam: int = _option(0, 'rows')
+    expect_action_space: ActionSpace | None = _option(None, 'space')
+    control_period: float | None = _option(None, 'period')
+    chunk_timeout: float | None = _option(None, 'limit')
 
     def __post_init__(self) -> None:
-        if not isinstance(self.instruction, str):
-            raise TypeError(f'instruction must be a str, got {type(self.instruction).__name__}')
-        for name in ('max_seconds', 'max_actions', 'control_period', 'chunk_timeout'):
-            check_positive(name, getattr(self, name))
-        if self.max_actions is not None:
-            if float(self.max_actions) != int(self.max_actions):
-                raise ValueError(f'max_actions must be a whole number of chunk steps, got {self.max_actions!r}')
-            object.__setattr__(self, 'max_actions', int(self.max_actions))
-        if self.control_period is not None and not (MIN_CONTROL_PERIOD_S <= self.control_period
-                                                    <= MAX_CONTROL_PERIOD_S):
-            raise ValueError(f'control_period must lie in [{MIN_CONTROL_PERIOD_S:g}, {MAX_CONTROL_PERIOD_S:g}] s '
-                             f'(10 kHz .. one command a minute), got {self.control_period!r}')
-        if isinstance(self.smooth_seam, bool) or not isinstance(self.smooth_seam, numbers.Integral):
-            raise TypeError(f'smooth_seam must be an int (rows), got {type(self.smooth_seam).__name__} '
-                            f'{self.smooth_seam!r}')
-        if self.smooth_seam < 0:
-            raise ValueError(f'smooth_seam must be >= 0, got {self.smooth_seam}')
-        object.__setattr__(self, 'smooth_seam', int(self.smooth_seam))
-        if not isinstance(self.prefetch, bool):
-            raise TypeError(f'prefetch must be True or False, got {type(self.prefetch).__name__} {self.prefetch!r}')
-        if self.expect_action_space is not None and not isinstance(self.expect_action_space, ActionSpace):
-            if not isinstance(self.expect_action_space, str):
-                raise TypeError('expect_action_space must be an ActionSpace or its name, got '
-                                f'{type(self.expect_action_space).__name__} {self.expect_action_space!r}')
-            object.__setattr__(self, 'expect_action_space', ActionSpace.parse(self.expect_action_space))
+        for field in dataclasses.fields(self):
+            check = CHECKS[field.metadata['check']]
+            object.__setattr__(self, field.name, check(field.name, getattr(self, field.name)))
 
 
-__all__ = ['MAX_CONTROL_PERIOD_S', 'MIN_CONTROL_PERIOD_S', 'EpisodeSettings', 'check_positive']
+__all__ = ['CHECKS', 'MAX_CONTROL_PERIOD_S', 'MIN_CONTROL_PERIOD_S', 'EpisodeSettings', 'check_positive']

@@ -2,14 +2,18 @@
 
 Every default, type and single-value check comes from the parameter schema
 (:mod:`.parameter_schema`, ``policy_node_parameters.yaml``); only checks across parameters (limits per
-commanded joint, a topic an interface needs) are written here. :mod:`.parameters` declares the ROS
-parameters from the same schema and fills these; tests and the bench build them directly. Every check
-runs in ``__post_init__`` and raises :class:`ConfigError` naming the parameter.
+commanded joint, a topic an interface needs) are written here. Which fields are checked is not listed
+by hand: every field whose name (with its group's prefix) the schema declares is checked against it, so
+a parameter added to the schema and to its dataclass is validated with no further edit
+(test/test_parameter_schema.py tries a value just outside every declared validation). :mod:`.parameters`
+declares the ROS parameters from the same schema and fills these; tests and the bench build them
+directly. Every check runs in ``__post_init__`` and raises :class:`ConfigError` naming the parameter.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 from sequence_ai_ros.exceptions import ConfigError
@@ -27,18 +31,35 @@ def _choices(name: str) -> tuple[str, ...]:
     return tuple(SCHEMA.spec(name).validation['one_of<>'][0])
 
 
+#: The schema's prefix of the mapped camera group (``cameras.<name>.``).
+CAMERA_GROUP = 'cameras.__map_camera_names.'
+
 #: Command interfaces, after the ros2_control conventions (see :mod:`.controller_commands`).
 INTERFACES = _choices('command.interface')
-CAMERA_TYPES = _choices('cameras.__map_camera_names.type')
+CAMERA_TYPES = _choices(CAMERA_GROUP + 'type')
 QOS_RELIABILITY = _choices('qos.reliability')
 ON_VIOLATION = _choices('safety.on_violation')
 ON_UNDERRUN = _choices('on_underrun')
 STAMP_SOURCES = _choices('stamp_source')
 
 
-def _check(obj: Any, prefix: str, *fields: str) -> None:
-    """Validate ``obj``'s fields against the schema (``prefix + field``), storing normalised values."""
-    for field in fields:
+@functools.cache
+def schema_fields(cls: type, group: str) -> tuple[str, ...]:
+    """The fields of config dataclass ``cls`` that the schema declares as ``group + field``, in field order.
+
+    :param group: the schema's prefix of the group (``''``, ``qos.``, :data:`CAMERA_GROUP`...).
+    """
+    return tuple(f.name for f in dataclasses.fields(cls) if group + f.name in SCHEMA.specs)
+
+
+def _check(obj: Any, prefix: str, group: str | None = None) -> None:
+    """Validate every schema-declared field of ``obj`` (``prefix + field``), storing the normalised values.
+
+    :param prefix: the concrete prefix, for messages (``cameras.front.``).
+    :param group: the schema's prefix when it differs from ``prefix`` (a mapped group); default ``prefix``.
+    :raises ConfigError: ``parameter <prefix><field>: <why>`` for the first field that fails.
+    """
+    for field in schema_fields(type(obj), prefix if group is None else group):
         object.__setattr__(obj, field, SCHEMA.check(prefix + field, getattr(obj, field)))
 
 
@@ -54,7 +75,7 @@ class QosConfig:
     depth: int = _default('qos.depth')
 
     def __post_init__(self) -> None:
-        _check(self, 'qos.', 'reliability', 'depth')
+        _check(self, 'qos.')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,18 +87,20 @@ class CameraConfig:
     :param type: ``image`` (sensor_msgs/Image) or ``compressed`` (sensor_msgs/CompressedImage).
     :param key: the observation key the policy's contract names (defaults to ``name``).
     :param max_age_s: older than this (s, local receive time) makes the observation invalid.
+    :raises ConfigError: naming the parameter, for a name ``camera_names`` refuses (empty, or not usable
+        in ``cameras.<name>.*``), an empty topic, or a value its schema entry refuses.
     """
 
     name: str
     topic: str
-    type: str = _default('cameras.__map_camera_names.type')
-    key: str = _default('cameras.__map_camera_names.key')
-    max_age_s: float = _default('cameras.__map_camera_names.max_age_s')
+    type: str = _default(CAMERA_GROUP + 'type')
+    key: str = _default(CAMERA_GROUP + 'key')
+    max_age_s: float = _default(CAMERA_GROUP + 'max_age_s')
 
     def __post_init__(self) -> None:
-        if not self.name or not self.topic:
-            raise ConfigError(f'camera {self.name!r}: cameras.<name>.topic must be set')
-        _check(self, f'cameras.{self.name}.', 'topic', 'type', 'key', 'max_age_s')
+        # the name is an entry of camera_names (a part of the parameter names cameras.<name>.*)
+        object.__setattr__(self, 'name', SCHEMA.check('camera_names', (self.name,))[0])
+        _check(self, f'cameras.{self.name}.', CAMERA_GROUP)
         if not self.key:
             object.__setattr__(self, 'key', self.name)
 
@@ -97,7 +120,7 @@ class JointsConfig:
     max_age_s: float = _default('joints.max_age_s')
 
     def __post_init__(self) -> None:
-        _check(self, 'joints.', 'topic', 'names', 'max_age_s')
+        _check(self, 'joints.')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,8 +152,7 @@ class CommandConfig:
     gripper_topic: str = _default('command.gripper_topic')
 
     def __post_init__(self) -> None:
-        _check(self, 'command.', 'interface', 'mode', 'controller', 'topic', 'kind', 'joint_names', 'time_from_start_s',
-               'frame_id', 'gripper_topic')
+        _check(self, 'command.')
         if self.mode == 'trajectory' and self.interface != 'joint_trajectory':
             raise ConfigError(f'parameter command.mode: trajectory needs command.interface joint_trajectory, '
                               f'not {self.interface}')
@@ -166,7 +188,7 @@ class SafetyConfig:
     on_violation: str = _default('safety.on_violation')
 
     def __post_init__(self) -> None:
-        _check(self, 'safety.', 'lower_limits', 'upper_limits', 'max_step', 'on_violation')
+        _check(self, 'safety.')
         if self.lower_limits and self.upper_limits:
             if len(self.lower_limits) != len(self.upper_limits):
                 raise ConfigError(f'parameter safety.lower_limits: {len(self.lower_limits)} values but '
@@ -202,9 +224,8 @@ class DiagnosticsConfig:
     dropped_telemetry_error: int = _default('diagnostics.dropped_telemetry_error')
 
     def __post_init__(self) -> None:
-        names = [f.name for f in dataclasses.fields(self)]
-        _check(self, 'diagnostics.', *names)
-        for name in names:
+        _check(self, 'diagnostics.')
+        for name in schema_fields(DiagnosticsConfig, 'diagnostics.'):
             if '_warn' in name:            # jitter_warn_ms / jitter_error_ms, clamp_warn / clamp_error...
                 other = name.replace('_warn', '_error')
                 if getattr(self, name) > getattr(self, other):
@@ -229,6 +250,10 @@ class NodeConfig:
     :param connect_timeout_s: each connection attempt's timeout (s).
     :param status_rate_hz: ~/status rate (Hz).
     :param diagnostics_rate_hz: /diagnostics rate (Hz).
+    :param cameras: the camera inputs; their names are ``camera_names`` (each once).
+    :raises ConfigError: naming the parameter, for a value its schema entry refuses (every field the schema
+        declares is checked), two cameras of one name or one observation key, or safety limits whose
+        lengths do not fit the commanded joints.
     """
 
     autostart: bool = _default('autostart')
@@ -253,9 +278,8 @@ class NodeConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, 'cameras', tuple(self.cameras))
-        _check(self, '', 'autostart', 'model', 'endpoint', 'token', 'control_rate_hz', 'thread_priority',
-               'enabled', 'on_underrun', 'stamp_source', 'stale_grace_s', 'connect_timeout_s', 'status_rate_hz',
-               'diagnostics_rate_hz')
+        _check(self, '')
+        SCHEMA.check('camera_names', tuple(c.name for c in self.cameras))   # each camera's name once
         keys = [c.key for c in self.cameras]
         if len(set(keys)) != len(keys):
             raise ConfigError(f'cameras: duplicate observation keys {keys}')

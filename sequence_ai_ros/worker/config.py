@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 from sequence_ai_ros.exceptions import ConfigError
 from sequence_ai_ros.protocol import DEFAULT_PORT
@@ -23,9 +23,48 @@ from sequence_ai_ros.protocol import DEFAULT_PORT
 EMBEDDED_PORT = 0
 
 
-def _opt(default: Any, flag: str | None = None, help: str = '', metavar: str | None = None) -> Any:  # noqa: A002
-    """A field whose ``seq serve`` option is ``flag`` (None: not a plain option)."""
-    return dataclasses.field(default=default, metadata={'flag': flag, 'help': help, 'metavar': metavar})
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _port(value: Any) -> bool:
+    return _integer(value) and 0 <= value <= 65535
+
+
+class Rule(NamedTuple):
+    """How one setting is checked: ``ok(value)``, and what the message says when it is not."""
+
+    ok: Callable[[Any], bool]
+    words: str
+    echo: bool = True            # False: the message leaves the value out (a token)
+
+
+#: Every rule a :class:`ServerConfig` field names in its metadata (``rule``); a field cannot be declared
+#: without one, so every setting is checked (checks across settings follow in ``__post_init__``).
+RULES: dict[str, Rule] = {
+    'address': Rule(lambda v: isinstance(v, str) and bool(v.strip()), 'must name an address (e.g. 127.0.0.1)'),
+    'port': Rule(_port, 'must be in [0, 65535]'),
+    'optional_port': Rule(lambda v: v is None or _port(v), 'must be in [0, 65535] (or None: off)'),
+    'seconds': Rule(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf,
+                    'must be a finite number of seconds > 0'),
+    'count': Rule(lambda v: _integer(v) and v >= 1, 'must be an integer >= 1'),
+    'count_or_0': Rule(lambda v: _integer(v) and v >= 0, 'must be an integer >= 0'),
+    'flag': Rule(lambda v: isinstance(v, bool), 'must be True or False'),
+    'token': Rule(lambda v: v is None or (isinstance(v, str) and bool(v)),
+                  'must not be empty (a string, or None for no token)', echo=False),
+    'tls': Rule(lambda v: v is None or (isinstance(v, (tuple, list)) and len(v) == 2),
+                'is (certificate chain PEM, private key PEM), as paths or bytes'),
+    'addresses': Rule(lambda v: isinstance(v, (tuple, list)) and all(isinstance(a, str) and a for a in v),
+                      'is a tuple of addresses'),
+}
+
+
+def _opt(default: Any, flag: str | None = None, help: str = '', metavar: str | None = None, *,  # noqa: A002
+         rule: str) -> Any:
+    """A field checked by :data:`RULES` ``[rule]`` whose ``seq serve`` option is ``flag`` (None: not a plain option)."""
+    if rule not in RULES:
+        raise ValueError(f'unknown rule {rule!r}; one of {", ".join(RULES)}')
+    return dataclasses.field(default=default, metadata={'flag': flag, 'help': help, 'metavar': metavar, 'rule': rule})
 
 
 def _named(name: str) -> str:
@@ -68,81 +107,58 @@ class ServerConfig:
         see ``WorkerServer.metrics_port``); None: no metrics endpoint.
     :param agent_port: answer HAProxy ``agent-check`` probes on this port with the gRPC health of the served
         deployments (:mod:`~sequence_ai_ros.worker.health_agent`); None: no agent.
-    :raises ConfigError: for an empty host, a timeout that is not finite and > 0, ``max_streams`` or
-        ``max_pending`` < 1, a port outside [0, 65535], a bool where a number belongs, an empty token, or
-        ``anonymous_streams`` > 0 without a token or not below ``max_streams``;
-        the message names the ``seq serve`` flag where there is one.
+    :raises ConfigError: for a value its field's rule (:data:`RULES`) refuses: an empty host, a timeout that
+        is not finite and > 0, ``max_streams`` or ``max_pending`` < 1, a port outside [0, 65535], a bool
+        where a number belongs, an empty token, a ``tls`` that is not a pair; or for ``anonymous_streams``
+        > 0 without a token or not below ``max_streams``. The message names the ``seq serve`` flag where
+        there is one.
     """
 
-    host: str = _opt('127.0.0.1', '--host', 'bind address (default {default}; 0.0.0.0 exposes it)')
-    port: int = _opt(DEFAULT_PORT, '--port', 'TCP port (default {default}; 0 picks a free one)')
-    token: str | None = _opt(None)
-    tls: tuple[Any, Any] | None = _opt(None)
+    host: str = _opt('127.0.0.1', '--host', 'bind address (default {default}; 0.0.0.0 exposes it)', rule='address')
+    port: int = _opt(DEFAULT_PORT, '--port', 'TCP port (default {default}; 0 picks a free one)', rule='port')
+    token: str | None = _opt(None, rule='token')
+    tls: tuple[Any, Any] | None = _opt(None, rule='tls')
     idle_timeout_s: float = _opt(300.0, '--idle-timeout', 'end an idle episode after S seconds (default {default:g})',
-                                 'S')
-    warm: bool = _opt(False, '--warm', 'load the policies now instead of at the first client')
+                                 'S', rule='seconds')
+    warm: bool = _opt(False, '--warm', 'load the policies now instead of at the first client', rule='flag')
     max_streams: int = _opt(256, '--max-streams', 'most episode streams open at once; more get OVERLOADED '
-                                                  '(default {default})', 'N')
-    max_pending: int = _opt(64)
+                                                  '(default {default})', 'N', rule='count')
+    max_pending: int = _opt(64, rule='count')
     inference_timeout_s: float = _opt(30.0, '--inference-timeout', 'an inference over S seconds gets '
-                                      'POLICY_EXCEPTION and marks the deployment failed (default {default:g})', 'S')
+                                      'POLICY_EXCEPTION and marks the deployment failed (default {default:g})', 'S',
+                                      rule='seconds')
     load_timeout_s: float = _opt(600.0, '--load-timeout', 'a policy load over S seconds marks the deployment '
-                                 'failed (default {default:g})', 'S')
+                                 'failed (default {default:g})', 'S', rule='seconds')
     start_timeout_s: float = _opt(5.0, '--start-timeout', 'close an episode stream that sends no EpisodeStart '
-                                  'within S seconds (default {default:g})', 'S')
+                                  'within S seconds (default {default:g})', 'S', rule='seconds')
     max_streams_per_client: int = _opt(64, '--max-streams-per-client', 'most episode streams one client address '
-                                       'may hold; more get OVERLOADED; 0: no cap (default {default})', 'N')
+                                       'may hold; more get OVERLOADED; 0: no cap (default {default})', 'N',
+                                       rule='count_or_0')
     anonymous_streams: int = _opt(0, '--anonymous-streams', 'with --token-file: episode streams callers without '
                                   'the token may hold in total; the other max-streams slots are kept for token '
-                                  'holders (default {default}: no access without the token)', 'N')
+                                  'holders (default {default}: no access without the token)', 'N',
+                                  rule='count_or_0')
     trusted_proxies: tuple[str, ...] = _opt((), '--trusted-proxy', 'a balancer address whose x-forwarded-for '
-                                            'names the client (repeat the flag for several)', 'ADDR')
+                                            'names the client (repeat the flag for several)', 'ADDR',
+                                            rule='addresses')
     metrics_port: int | None = _opt(None, '--metrics-port', 'serve Prometheus metrics on this port at /metrics '
-                                    '(default: off; 0 picks a free one)', 'PORT')
+                                    '(default: off; 0 picks a free one)', 'PORT', rule='optional_port')
     agent_port: int | None = _opt(None, '--agent-port', 'answer HAProxy agent-check probes on this port with the '
-                                  "replica's gRPC health (default: off; see worker/haproxy.cfg)", 'PORT')
+                                  "replica's gRPC health (default: off; see worker/haproxy.cfg)", 'PORT',
+                                  rule='optional_port')
 
     def __post_init__(self) -> None:
-        def number(value: Any) -> bool:
-            return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-        def integer(value: Any) -> bool:
-            return isinstance(value, int) and not isinstance(value, bool)
-
-        if not (isinstance(self.host, str) and self.host.strip()):
-            raise ConfigError(f'{_named("host")} must name an address (e.g. 127.0.0.1), got {self.host!r}')
-        for name in ('idle_timeout_s', 'inference_timeout_s', 'load_timeout_s', 'start_timeout_s'):
-            value = getattr(self, name)
-            if not (number(value) and 0 < value < math.inf):
-                raise ConfigError(f'{_named(name)} must be a finite number of seconds > 0, got {value!r}')
-        for name in ('max_streams', 'max_pending'):
-            value = getattr(self, name)
-            if not (integer(value) and value >= 1):
-                raise ConfigError(f'{_named(name)} must be an integer >= 1, got {value!r}')
-        for name in ('port', 'metrics_port', 'agent_port'):
-            value = getattr(self, name)
-            if not ((value is None and name != 'port') or (integer(value) and 0 <= value <= 65535)):
-                raise ConfigError(f'{_named(name)} must be in [0, 65535], got {value!r}')
-        if not (integer(self.max_streams_per_client) and self.max_streams_per_client >= 0):
-            raise ConfigError(f'{_named("max_streams_per_client")} must be an integer >= 0, '
-                              f'got {self.max_streams_per_client!r}')
-        if not (integer(self.anonymous_streams) and self.anonymous_streams >= 0):
-            raise ConfigError(f'{_named("anonymous_streams")} must be an integer >= 0, got {self.anonymous_streams!r}')
+        for f in dataclasses.fields(self):          # each setting by its field's rule: none is listed by hand
+            rule, value = RULES[f.metadata['rule']], getattr(self, f.name)
+            if not rule.ok(value):
+                raise ConfigError(f'{_named(f.name)} {rule.words}' + (f', got {value!r}' if rule.echo else ''))
+        object.__setattr__(self, 'trusted_proxies', tuple(self.trusted_proxies))
         if self.anonymous_streams and self.token is None:
             raise ConfigError(f'{_named("anonymous_streams")} needs a token (--token-file): without one every '
                               'stream is anonymous and max_streams is the only cap')
         if self.anonymous_streams >= self.max_streams:
             raise ConfigError(f'{_named("anonymous_streams")} ({self.anonymous_streams}) must be below max_streams '
                               f'({self.max_streams}): the difference is the headroom kept for token holders')
-        if not isinstance(self.warm, bool):
-            raise ConfigError(f'warm is True or False, got {self.warm!r}')
-        if isinstance(self.trusted_proxies, str) or not all(isinstance(a, str) and a for a in self.trusted_proxies):
-            raise ConfigError(f'trusted_proxies is a tuple of addresses, got {self.trusted_proxies!r}')
-        object.__setattr__(self, 'trusted_proxies', tuple(self.trusted_proxies))
-        if self.token is not None and not self.token:
-            raise ConfigError('the token must not be empty')
-        if self.tls is not None and len(self.tls) != 2:
-            raise ConfigError('tls is (certificate chain PEM, private key PEM)')
 
     @classmethod
     def embedded(cls, **settings: Any) -> ServerConfig:
