@@ -11,7 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-BENCHES = ('worker', 'client', 'pipeline', 'wire', 'node', 'trajectory', 'export', 'batching', 'transport')
+BENCHES = ('worker', 'client', 'max_seconds', 'pipeline', 'wire', 'node', 'trajectory', 'export', 'batching',
+           'transport')
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -55,6 +55,9 @@ class RunOutcome:
         reused id); '' otherwise (a paused or full store is reported by the worker's diagnostics).
     :param error: the typed exception behind reason ``validate`` or ``error``; None otherwise, and for an
         ``error`` that the caller's own code raised (that exception propagates from act()/run()).
+    :param worker_confirmed: True when the worker answered the episode's end (EpisodeEnded): it heard the
+        reason and these counts, and closed the episode. False when it did not answer within 2 s, the stream
+        had already failed, or the end went out on a background thread (next_action opening the next episode).
     """
 
     actions: int
@@ -80,6 +83,7 @@ class RunOutcome:
     commands_sent: int = 0
     ticks_held: int = 0
     ticks_skipped: int = 0
+    worker_confirmed: bool = False
 
     def __post_init__(self) -> None:
         if self.reason not in REASONS:

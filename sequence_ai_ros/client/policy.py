@@ -519,7 +519,8 @@ class Policy:
                             underrun_s=out.underrun_s, max_seam_jump=out.max_seam_jump,
                             latency_p95_ms=out.latency_p95_ms)
         if wait:
-            ep.stream.close(end)
+            if ep.stream.close(end):
+                out = dataclasses.replace(out, worker_confirmed=True)
             if ep.stream.telemetry_rejected:
                 out = dataclasses.replace(out, telemetry_rejected=ep.stream.telemetry_rejected,
                                           telemetry_error=ep.stream.telemetry_error)

@@ -5,6 +5,11 @@ Message order: ``EpisodeStart`` -> ``EpisodeStarted{capture, capture_fps, captur
 ``EpisodeEnd`` -> ``EpisodeEnded`` and the stream closes. Per-request failures (malformed request, policy
 exception, overload, not ready) are typed in-stream errors and the stream keeps serving.
 
+EpisodeEnd is acted on the moment it arrives, never after an inference: the episode's queued requests are
+dropped (those still unread behind it on the stream too, unanswered), an inference already running is left
+to finish and its chunk is discarded (neither sent nor captured), and EpisodeEnded follows at once
+(:meth:`~sequence_ai_ros.worker.runtime.DeploymentRuntime.end_stats` counts all three).
+
 The episode ends exactly once (:meth:`ActiveEpisode.end`) with reason:
 
 - the robot's ``EpisodeEnd.reason`` (``completed`` when empty);
@@ -150,6 +155,24 @@ def _error(exc: BaseException, request_id: int = 0) -> pb.EpisodeReply:
     return pb.EpisodeReply(error=errors.to_error(exc, request_id))
 
 
+class _EndArrived(Exception):  # noqa: N818 - a signal, not an error
+    """The episode's EpisodeEnd arrived while a request was being served: the request gets no reply.
+
+    ``started``: its inference had started (its result is discarded) rather than never starting.
+    ``counted``: the scheduler already counted it as dropped.
+    """
+
+    def __init__(self, started: bool, counted: bool = False) -> None:
+        super().__init__('episode ended')
+        self.started, self.counted = started, counted
+
+
+def _consume(future: asyncio.Future) -> None:
+    """Retrieve an abandoned future's exception, so that asyncio does not log it as never retrieved."""
+    if not future.cancelled():
+        future.exception()
+
+
 class EpisodeCallHandler:
     """Serve one Episode call on the event loop.
 
@@ -172,6 +195,8 @@ class EpisodeCallHandler:
         self._inbox = _Inbox(self._loop)
         self._splicer = TailSplicer()   # fills chunk_tail of pipelined requests from answers not yet received
         self._to_capture: tuple[Any, ...] | None = None   # the request answered last, captured after its reply
+        self._end_seen = asyncio.Event()   # the robot's EpisodeEnd has arrived (it may still wait in the inbox)
+        self._end_dropped = 0              # queued requests the scheduler dropped when it arrived
 
     def shutdown(self) -> None:
         """Ask the stream to end its episode (reason ``shutdown``) and close; returns at once; any thread."""
@@ -194,11 +219,22 @@ class EpisodeCallHandler:
     async def _read(self, requests: AsyncIterator[Request]) -> None:
         try:
             async for req in requests:   # (message, wire bytes) from parse_request, or a bare message
-                self._inbox.put(req if isinstance(req, tuple) else (req, None))
+                item = req if isinstance(req, tuple) else (req, None)
+                if item[0].WhichOneof('kind') == 'end':
+                    self._end_arrived()
+                self._inbox.put(item)
         except Exception as exc:  # grpc raises when the call is cancelled or the peer drops
             LOG.debug('episode %s: request stream ended: %s', self.episode_id, exc)
         finally:
             self._inbox.put(_CLOSED)
+
+    def _end_arrived(self) -> None:
+        """EpisodeEnd came in: no request of this episode starts from now on; the consumer is woken."""
+        if self._end_seen.is_set():
+            return
+        self._end_seen.set()
+        if self.active is not None:
+            self._end_dropped = self.active.end_arrived()
 
     async def _io(self, fn: Any, *args: Any) -> Any:
         """Run blocking work (capture files, SQLite, the end hook's wait) on the loop's bounded executor."""
@@ -241,8 +277,13 @@ class EpisodeCallHandler:
                 item, nbytes = item
                 kind = item.WhichOneof('kind')
                 if kind == 'observation':
-                    yield await self._observe(item.observation, nbytes)
-                    await self._capture_request()   # after the reply went out: off the round trip
+                    if self._end_seen.is_set():   # unread behind the episode's end: never started, unanswered
+                        self.runtime.count_at_end(dropped=1)
+                        continue
+                    reply = await self._observe(item.observation, nbytes)
+                    if reply is not None:
+                        yield reply
+                        await self._capture_request()   # after the reply went out: off the round trip
                 elif kind == 'telemetry':
                     if self.active is None:
                         yield _error(EpisodeStateError('Telemetry before EpisodeStart'))
@@ -293,32 +334,55 @@ class EpisodeCallHandler:
                                                          capture_error=rec.not_captured))
 
     async def _infer(self, active: ActiveEpisode, req: pb.ObservationRequest, nbytes: int | None) -> pb.ActionChunk:
-        """Decode (raw frames inline; JPEG/PNG on the executor), queue, await the inference thread, pack."""
+        """Decode (raw frames inline; JPEG/PNG on the executor), queue, await the inference thread, pack.
+
+        :raises _EndArrived: when the episode's EpisodeEnd arrives first (the wait ends at once).
+        """
         runtime = self.runtime
         if _has_encoded_images(req):
             inp = await self._io(runtime.decode, req, nbytes)   # JPEG/PNG decoding off the loop
         else:
             inp = runtime.decode(req, nbytes)                   # raw frames and state: a copy, cheaper than a hop
+        if self._end_seen.is_set():
+            raise _EndArrived(started=False)
         future = runtime.submit(active, req, inp)
         result = await _quick_wait(future)
+        if self._end_seen.is_set():   # it came during the quick wait: whatever the result, it is not sent
+            raise _EndArrived(started=not self._end_dropped, counted=bool(self._end_dropped))
         if result is _PENDING:
-            waiting = asyncio.wrap_future(future)
-            while True:  # wait in slices: give up when the robot has gone; enforce the deadline
-                try:
-                    result = await asyncio.wait_for(asyncio.shield(waiting), timeout=runtime.wait_slice_s)
-                    break
-                except asyncio.TimeoutError:
-                    runtime.check_wait(active, req)
-                except SequenceAIError as exc:
-                    runtime.on_failure(exc)
-                    raise
+            result = await self._await_inference(active, req, future)
         elif isinstance(result, _Failed):
             if isinstance(result.exc, SequenceAIError):
                 runtime.on_failure(result.exc)
             raise result.exc
         return runtime.finish(active, req, result)
 
-    async def _observe(self, req: pb.ObservationRequest, nbytes: int | None = None) -> pb.EpisodeReply:
+    async def _await_inference(self, active: ActiveEpisode, req: pb.ObservationRequest,
+                               future: concurrent.futures.Future) -> Any:
+        """Await the inference thread's ``future`` in slices (the deadline, a robot gone), or the episode's end."""
+        runtime = self.runtime
+        waiting = asyncio.wrap_future(future)
+        end_seen = asyncio.ensure_future(self._end_seen.wait())
+        try:
+            while True:
+                done, _ = await asyncio.wait((waiting, end_seen), timeout=runtime.wait_slice_s,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if end_seen in done:
+                    # Not waited for: dropped from the queue (counted there), or running (its result discarded).
+                    waiting.add_done_callback(_consume)
+                    raise _EndArrived(started=not self._end_dropped, counted=bool(self._end_dropped))
+                if waiting in done:
+                    try:
+                        return waiting.result()
+                    except SequenceAIError as exc:
+                        runtime.on_failure(exc)
+                        raise
+                runtime.check_wait(active, req)
+        finally:
+            end_seen.cancel()
+
+    async def _observe(self, req: pb.ObservationRequest, nbytes: int | None = None) -> pb.EpisodeReply | None:
+        """Serve one request: its chunk or a typed error; None when the episode's end arrived first (no reply)."""
         rid = req.request_id
         active = self.active
         if active is None:
@@ -336,6 +400,12 @@ class EpisodeCallHandler:
             chunk = await self._infer(active, req, nbytes)
             self._splicer.record(req, chunk)
             reply = pb.EpisodeReply(chunk=chunk)
+        except _EndArrived as cut:
+            if cut.started:
+                self.runtime.count_at_end(discarded=1)
+            elif not cut.counted:
+                self.runtime.count_at_end(dropped=1)
+            return None
         except SequenceAIError as exc:
             reply = _error(exc, rid)
         except (concurrent.futures.CancelledError, asyncio.CancelledError):

@@ -10,6 +10,10 @@ Threads owned here:
 
 Episodes are keyed by episode id: each has its own :class:`~sequence_ai_ros.policy.Episode` (with its
 ``state`` dict), so one robot never resets another, and an episode ends exactly once (:meth:`ActiveEpisode.end`).
+
+At an episode's end no inference of it starts any more (:attr:`ActiveEpisode.ending`, set the moment the
+robot's EpisodeEnd arrives): its queued requests are dropped, one already running finishes and its result
+is discarded, and EpisodeEnded never waits for an inference (:meth:`DeploymentRuntime.end_stats` counts).
 """
 
 from __future__ import annotations
@@ -62,6 +66,9 @@ class ActiveEpisode:
         self.requests = 0
         self._lock = threading.Lock()
         self._ended = False
+        #: True once the episode's end has arrived (the robot's EpisodeEnd read off the stream, or :meth:`end`):
+        #: from then on none of its requests starts (the scheduler drops them)
+        self.ending = False
         self.captured = False
 
     @property
@@ -69,27 +76,39 @@ class ActiveEpisode:
         """True once :meth:`end` has run."""
         return self._ended
 
+    def end_arrived(self) -> int:
+        """The episode's end has arrived: no request of it starts any more; return how many queued ones were dropped.
+
+        Cheap and never blocks (the event loop calls it as EpisodeEnd comes in); :meth:`end` follows.
+        """
+        self.ending = True
+        return self.runtime.scheduler.drop(self.episode.id)
+
     def end(self, reason: str, stats: dict[str, Any] | None = None, wait: bool = True) -> bool:
         """End the episode: set ``episode.reason``, run the hook on the inference thread, commit capture.
 
-        Idempotent: only the first call does anything; later ones return False.
+        Idempotent: only the first call does anything; later ones return False. The episode's queued
+        requests are dropped first (:meth:`end_arrived`).
 
         :param reason: ``completed``, ``disconnect``, ``idle_timeout``, ``shutdown``... (from EpisodeEnd).
         :param stats: the robot's episode statistics, stored with the capture.
-        :param wait: wait (up to :data:`HOOK_WAIT_S`) for the hook, e.g. before answering EpisodeEnded.
+        :param wait: wait (up to :data:`HOOK_WAIT_S`) for the hook, e.g. before answering EpisodeEnded; never
+            for an inference: while the inference thread runs one (this episode's last, or another robot's),
+            the hook is queued to run first after it and this call does not wait for it.
         :return: True for the call that ended it.
         """
         with self._lock:
             if self._ended:
                 return False
             self._ended = True
+        self.end_arrived()
         self.episode.reason = reason
         rt = self.runtime
         rt.forget(self.episode.id)
         hook = rt.hook_callable()
         if hook is not None:
             future = rt.scheduler.control(lambda: self._run_hook(hook))
-            if wait:
+            if wait and not rt.scheduler.inferring:
                 try:
                     future.result(timeout=HOOK_WAIT_S)
                 except Exception as exc:  # the hook's own failure is logged in _run_hook
@@ -159,6 +178,9 @@ class DeploymentRuntime:
         self._eta_hint = eta_hint_s if eta_hint_s is not None else DEFAULT_LOAD_ETA_S
         self._loader: threading.Thread | None = None
         self._episodes: dict[str, ActiveEpisode] = {}
+        self._counts_lock = threading.Lock()
+        self._unread_dropped = 0
+        self._discarded = 0
         self.ready_event = threading.Event()
         self.on_state_change: Any = None
 
@@ -282,6 +304,27 @@ class DeploymentRuntime:
         with self._lock:
             return list(self._episodes.values())
 
+    def count_at_end(self, dropped: int = 0, discarded: int = 0) -> None:
+        """Count requests a stream dropped unread at its episode's end, and results it discarded (any thread)."""
+        with self._counts_lock:
+            self._unread_dropped += dropped
+            self._discarded += discarded
+
+    def end_stats(self) -> dict[str, int]:
+        """Return the counts of what episode ends cut short, since the worker started.
+
+        - ``requests_dropped_at_end``: observation requests never started because their episode ended first
+          (queued for the inference thread, or still unread on the stream behind the EpisodeEnd);
+        - ``results_discarded_at_end``: inferences running when their episode ended: left to finish, their
+          chunk never sent nor captured;
+        - ``inferences_started_after_end``: inferences started for an episode whose end had arrived (0).
+        """
+        sched = self.scheduler.stats()
+        with self._counts_lock:
+            return {'requests_dropped_at_end': sched['requests_dropped_at_end'] + self._unread_dropped,
+                    'results_discarded_at_end': self._discarded,
+                    'inferences_started_after_end': sched['inferences_started_after_end']}
+
     # -- inference ----------------------------------------------------------------------------------------
     def submit(self, active: ActiveEpisode, req: pb.ObservationRequest,
                inp: messages.PolicyInput | None = None) -> concurrent.futures.Future:
@@ -291,16 +334,20 @@ class DeploymentRuntime:
         :raises ContractViolation: for a malformed request (the robot's fault).
         :raises NotReady: while warming, or after a failed load.
         :raises Overloaded: when the inference queue is full.
+        :raises EpisodeStateError: when the episode's end has arrived (:attr:`ActiveEpisode.ending`).
         """
         ready, eta, state, message = self.readiness()
         if not ready:
             self.ensure_loading()
             raise NotReady(message or f'policy {self.name!r} is {state}; ready in about {eta:.1f} s')
+        if active.ending:
+            raise EpisodeStateError(f'request {req.request_id}: episode {active.episode.id!r} has ended')
         if inp is None:
             inp = self.decode(req)
         episode = active.episode
         instance = self._instance
-        return self.scheduler.submit(episode.id, lambda: self._call(instance, inp, episode), payload=(inp, episode))
+        return self.scheduler.submit(episode.id, lambda: self._call(instance, inp, episode), payload=(inp, episode),
+                                     ended=lambda: active.ending)
 
     def decode(self, req: pb.ObservationRequest, nbytes: int | None = None) -> messages.PolicyInput:
         """Check the request's size and decode it against the contract (images decoded: the costly part).

@@ -11,6 +11,12 @@ A robot that is slow to send never holds the thread; a slow *policy* delays ever
 Control jobs (episode-end hooks) go first. The queue is bounded: past ``max_pending`` episodes,
 :class:`~sequence_ai_ros.exceptions.Overloaded` is raised immediately instead of queueing.
 
+Episode end: a request submitted with ``ended`` (its episode's "the end has arrived" flag) never starts once
+that flag is up: :meth:`InferenceScheduler.drop` takes an ended episode's queued requests out at once, and
+the thread skips any it still finds. A request already running is left to finish (a thread cannot be
+stopped); its caller discards the result. :meth:`InferenceScheduler.stats` counts both sides:
+``requests_dropped_at_end`` and ``inferences_started_after_end`` (0 unless this rule is broken).
+
 Deadline: a Python thread cannot be killed, so a policy call that never returns would hold the thread
 forever. :meth:`InferenceScheduler.expire` (called by the waiting streams) detects a job that has run longer
 than its deadline; the scheduler is then *wedged*: the running job and every queued one fail at once with
@@ -35,12 +41,14 @@ LOG = logging.getLogger(__name__)
 
 
 class _Job:
-    __slots__ = ('key', 'fn', 'payload', 'future', 'submitted', 'queue_wait_s', 'started')
+    __slots__ = ('key', 'fn', 'payload', 'ended', 'future', 'submitted', 'queue_wait_s', 'started')
 
-    def __init__(self, key: str | None, fn: Callable[[], Any], payload: Any = None) -> None:
+    def __init__(self, key: str | None, fn: Callable[[], Any], payload: Any = None,
+                 ended: Callable[[], bool] | None = None) -> None:
         self.key = key
         self.fn = fn
         self.payload = payload
+        self.ended = ended
         self.future: Future = Future()
         self.submitted = time.monotonic()
         self.queue_wait_s = 0.0
@@ -76,6 +84,8 @@ class InferenceScheduler:
         self._pending_keys: set[str] = set()
         self._current: list[_Job] = []
         self._wedged: PolicyException | None = None
+        self._dropped_at_end = 0
+        self._started_after_end = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f'seq-infer-{name}', daemon=True)
         self._thread.start()
@@ -91,16 +101,37 @@ class InferenceScheduler:
         with self._lock:
             return len(self._jobs)
 
-    def submit(self, key: str, fn: Callable[[], Any], payload: Any = None) -> Future:
+    @property
+    def inferring(self) -> bool:
+        """True while the thread runs a request (``fn`` or a batch), False while it is idle or runs a control job."""
+        with self._lock:
+            return bool(self._current) and self._current[0].key is not None
+
+    def stats(self) -> dict[str, int]:
+        """Counts of requests whose episode ended before they were served.
+
+        ``requests_dropped_at_end``: queued requests that never started because their episode ended
+        (:meth:`drop`, or found ended by the thread); ``inferences_started_after_end``: requests the thread
+        started although their episode's end had already arrived (0: the thread never does).
+        """
+        with self._lock:
+            return {'requests_dropped_at_end': self._dropped_at_end,
+                    'inferences_started_after_end': self._started_after_end}
+
+    def submit(self, key: str, fn: Callable[[], Any], payload: Any = None,
+               ended: Callable[[], bool] | None = None) -> Future:
         """Queue ``fn`` for episode ``key``; the future's result is ``(fn(), queue_wait_s)``.
 
         With batching, ``payload`` goes to ``batch_call`` instead and the future's result is
         ``(its result for this payload, queue_wait_s)``.
 
+        :param ended: True once the episode's end has arrived (called under the scheduler's lock; must be
+            cheap and never block): from then on the request is dropped, never started, and its future
+            fails with EpisodeStateError.
         :raises EpisodeStateError: when ``key`` already has a pending request (one at a time per episode).
         :raises Overloaded: when ``max_pending`` episodes are already waiting, or the scheduler stopped.
         """
-        job = _Job(key, fn, payload)
+        job = _Job(key, fn, payload, ended)
         with self._lock:
             if self._wedged is not None:
                 raise PolicyException(str(self._wedged))
@@ -115,6 +146,22 @@ class InferenceScheduler:
             self._jobs.append(job)
             self._lock.notify()
         return job.future
+
+    def drop(self, key: str) -> int:
+        """Take episode ``key``'s queued (not yet started) requests out at once; return how many.
+
+        Their futures fail with EpisodeStateError. A request of ``key`` already running is left to finish.
+        """
+        with self._lock:
+            dropped = [job for job in self._jobs if job.key == key]
+            if not dropped:
+                return 0
+            self._jobs = collections.deque(job for job in self._jobs if job.key != key)
+            self._pending_keys.discard(key)
+            self._dropped_at_end += len(dropped)
+        for job in dropped:
+            _settle(job.future, exception=_ended_error(job))
+        return len(dropped)
 
     def control(self, fn: Callable[[], Any]) -> Future:
         """Run ``fn`` on the inference thread before any queued request (used for episode-end hooks).
@@ -173,15 +220,23 @@ class InferenceScheduler:
             with self._lock:
                 self._pending_keys.discard(job.key)
 
+    def _returned(self) -> None:
+        """The policy call returned: nothing runs any more (read by :attr:`inferring`), before its futures settle."""
+        if threading.current_thread() is self._thread:
+            with self._lock:
+                self._current = []
+
     def _execute(self, job: _Job) -> None:
         job.queue_wait_s = time.monotonic() - job.submitted
         job.started = time.monotonic()
         try:
             result = job.fn()
         except BaseException as exc:  # handed to the waiting stream, which types it
+            self._returned()
             self._release(job)
             _settle(job.future, exception=exc)
         else:
+            self._returned()
             self._release(job)
             _settle(job.future, result=(result, job.queue_wait_s))
 
@@ -194,6 +249,7 @@ class InferenceScheduler:
             results = self.batching[2]([job.payload for job in jobs])
         except BaseException as exc:  # a batch_call bug fails its batch, typed by the waiting streams
             results = [exc] * len(jobs)
+        self._returned()
         if len(results) != len(jobs):
             results = [PolicyException(f'deployment {self.name!r}: {len(results)} results for {len(jobs)} '
                                        'requests')] * len(jobs)
@@ -212,16 +268,36 @@ class InferenceScheduler:
                 self._lock.wait()
             if self._control:
                 return [self._control.popleft()]
+            self._skip_ended()
             if not self._jobs:
-                return None
+                if self._stop.is_set():
+                    return None
+                continue
             if self.batching is None:
-                return [self._jobs.popleft()]
+                return self._started([self._jobs.popleft()])
             size, wait_s, _ = self.batching
             fill_by = self._jobs[0].submitted + wait_s
             if len(self._jobs) < size and not self._stop.is_set() and time.monotonic() < fill_by:
                 self._lock.wait(timeout=max(0.0, fill_by - time.monotonic()))
-                continue  # re-check: a control job, a stop or more requests may have come
-            return [self._jobs.popleft() for _ in range(min(size, len(self._jobs)))]
+                continue  # re-check: a control job, a stop, an episode's end or more requests may have come
+            return self._started([self._jobs.popleft() for _ in range(min(size, len(self._jobs)))])
+
+    def _skip_ended(self) -> None:
+        """Under the lock: drop the queued requests whose episode has ended (their futures fail)."""
+        ended = [job for job in self._jobs if job.ended is not None and job.ended()]
+        if not ended:
+            return
+        self._jobs = collections.deque(job for job in self._jobs if job not in ended)
+        for job in ended:
+            if job.key is not None:
+                self._pending_keys.discard(job.key)
+            _settle(job.future, exception=_ended_error(job))
+        self._dropped_at_end += len(ended)
+
+    def _started(self, jobs: list[_Job]) -> list[_Job]:
+        """Under the lock: count the requests starting although their episode's end has arrived (never: see _take)."""
+        self._started_after_end += sum(1 for job in jobs if job.ended is not None and job.ended())
+        return jobs
 
     def _run(self) -> None:
         while True:
@@ -252,6 +328,10 @@ class InferenceScheduler:
             self._thread.join(timeout)
             if self._thread.is_alive():
                 LOG.warning('inference thread of %s still busy after %.1f s', self.name, timeout)
+
+
+def _ended_error(job: _Job) -> EpisodeStateError:
+    return EpisodeStateError(f'episode {job.key!r} ended before its request was served; the request was dropped')
 
 
 def _settle(future: Future, *, result: Any = None, exception: BaseException | None = None) -> None:
