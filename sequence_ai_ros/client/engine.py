@@ -441,10 +441,11 @@ class EpisodeEngine:
         if live is not None and remaining > _EPS:
             tail = live.actions[max(0, int(math.ceil(origin - live.origin - 1e-7))):]
         if live is not None or self._in_flight:
-            # An upper estimate (the window's largest round trip + two ticks: a request leaves at a tick and
+            # An upper estimate (the window's largest warm round trip, with a margin while they are few, the
+            # cold one only before any: LatencyWindow.delay_s; + two ticks: a request leaves at a tick and
             # its chunk is read at one), so that a policy in-painting chunk_tail[:delay] covers every step
             # that runs before its chunk is read.
-            delay = int(math.ceil((self._latency.upper_s() + 2 * self._period) / dt - 1e-9))
+            delay = int(math.ceil((self._latency.delay_s() + 2 * self._period) / dt - 1e-9))
             delay = min(delay, self.contract.chunk_length)
         rid = self._next_rid
         self._next_rid += 1
