@@ -401,6 +401,29 @@ def test_a_chunk_replaced_before_it_played_is_not_what_the_next_seam_blends_from
     assert 0.0 < first_c.values[0] < 150.0
 
 
+def test_the_first_seam_is_requested_from_the_cold_round_trip_without_waiting_for_a_warm_one():
+    """A 0.65 s round trip on a 1 s chunk: the request that covers the first seam leaves before any warm sample."""
+    rig = Rig(t=10)                                          # dt 0.1 s: covers 1 s
+    link = Link(rig, rtt=0.65)                               # > half a chunk: one request at a time runs dry
+    while rig.engine.stats()['chunks'] == 0:
+        link.step()
+    arrival = link.arrived_at[1]
+    assert len(rig.sent) == 2 and link.sent_at[1] == arrival   # the next request left at that arrival ...
+    assert rig.sent[1].observation_step == 0                   # ... but it ends where the first chunk ends
+    while len(rig.executed) < 1 and rig.now < 5:
+        link.step()
+    while len(link.arrived_at) < 2:
+        link.step()
+    # A request whose chunk reaches past the first seam (observation after step 0) left before the answer
+    # to request 2 (the first warm round trip), early enough for its answer to arrive before step 10.
+    later = [k for k, req in enumerate(rig.sent) if req.observation_step > 0]
+    assert later and link.sent_at[later[0]] < link.arrived_at[2]
+    assert rig.sent[later[0]].observation_step <= 10 - 7
+    while rig.engine.executed < 15:                          # across the first seam (step 10)
+        link.step()
+    assert rig.engine.stats()['underruns'] == 0
+
+
 def test_a_slow_cold_round_trip_neither_sets_the_expected_delay_nor_sets_off_a_burst():
     """A 1.5 s cold call, then 0.05 s round trips on a 0.5 s chunk."""
     rig = Rig(dt=0.01, t=50)
@@ -420,3 +443,19 @@ def test_a_slow_cold_round_trip_neither_sets_the_expected_delay_nor_sets_off_a_b
     assert delays[:7] == [10] * 7 and set(delays[8:]) == {7}
     assert rig.engine.stats()['peak_in_flight'] == 1         # one request at a time: no burst at any point
 
+
+def test_an_episode_starts_with_the_round_trips_its_connection_measured_before():
+    """The window is the connection's: a second episode times and sizes its first requests from the first's."""
+    window = LatencyWindow()
+    delays = []
+    for _ in range(2):
+        rig = Rig(t=10, latency=window)
+        link = Link(rig, rtt=0.65)
+        while rig.engine.executed < 25:
+            link.step()
+        delays.append(rig.sent[1].expected_delay_actions)
+        assert rig.engine.stats()['underruns'] == 0
+    assert len(window.samples()) >= 8
+    # The first episode's second request knew only the cold round trip: 1.5 x 0.65 + 0.2 > 1 s, the whole
+    # chunk. The second episode's knew the first's warm ones: 0.65 + 0.2 s, 9 steps.
+    assert delays == [10, 9]
