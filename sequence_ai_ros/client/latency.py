@@ -13,7 +13,10 @@ Two estimates, for two uses:
   than :data:`MIN_SAMPLES` warm ones a percentile is not yet an upper bound (one sample of a +-20 %
   distribution may be its low end), so it is :data:`EARLY_FACTOR` times the largest warm one, and before
   any warm one :data:`EARLY_FACTOR` times the cold one: the cold sample alone times the first seam of a
-  connection, never a later one.
+  connection, never a later one (a slow cold call in the lead would make every buffer look short, and a
+  pipelining engine request at the worker's pace, for eight round trips). The engine also lets the cold
+  one (:meth:`LatencyWindow.cold_s`) start pipelining before any warm one exists, when it is shorter than
+  a chunk.
 - :meth:`LatencyWindow.delay_s`, *what to tell the policy*: an upper estimate of the round trip, from
   which ``expected_delay_actions`` (the rows of ``chunk_tail`` that run before the answer is read) is
   computed. The largest warm round trip once there are :data:`MIN_SAMPLES`, :data:`EARLY_FACTOR` times the
