@@ -38,14 +38,14 @@ class Rig:
     """An engine on a manual clock that records what it would send."""
 
     def __init__(self, space: str = 'joint_absolute', dt: float = 0.1, t: int = 10, history: int = 1,
-                 **settings) -> None:
+                 latency: LatencyWindow | None = None, **settings) -> None:
         self.contract = Contract(action_space=space, action_names=NAMES, dt=dt, chunk_length=t,
                                  observation=ObservationContract(state_names=NAMES, history=history))
         self.now = 0.0
         self.sent: list[OutRequest] = []
         settings.setdefault('control_period', dt)
         fixed_step = settings.pop('fixed_step', True)
-        self.latency = LatencyWindow()
+        self.latency = LatencyWindow() if latency is None else latency   # a connection's, shared by its episodes
         self.engine = EpisodeEngine(self.contract, EpisodeSettings(**settings), 'ep', self.latency,
                                     send=self.sent.append, clock=lambda: self.now, fixed_step=fixed_step)
         self.executed: list = []
@@ -71,6 +71,39 @@ class Rig:
 
 def ramp(start: float, t: int = 10) -> np.ndarray:
     return np.stack([start + np.arange(t), np.zeros(t)], axis=1).astype(np.float32)
+
+
+class Link:
+    """A link on the rig's clock: request k (1-based) is answered ``rtts[k]`` s after it left (else ``rtt``).
+
+    Each answer arrives at its own time, between ticks; ``step()`` delivers those due, then ticks.
+    """
+
+    def __init__(self, rig: Rig, rtt: float, rtts: dict[int, float] | None = None) -> None:
+        self.rig, self.rtt, self.rtts = rig, rtt, rtts or {}
+        self.sent_at: list[float] = []        # when each of rig.sent left (s)
+        self.arrived_at: dict[int, float] = {}
+
+    def _stamp(self) -> None:
+        self.sent_at.extend([self.rig.now] * (len(self.rig.sent) - len(self.sent_at)))
+
+    def step(self) -> None:
+        tick_at = self.rig.now
+        while True:
+            due = [(at + self.rtts.get(k + 1, self.rtt), k) for k, at in enumerate(self.sent_at)
+                   if k + 1 not in self.arrived_at]
+            due = [d for d in due if d[0] <= tick_at + 1e-9]
+            if not due:
+                break
+            at, k = min(due)
+            self.rig.now = at
+            self.arrived_at[k + 1] = at
+            self.rig.reply(ramp(0, self.rig.contract.chunk_length), request=self.rig.sent[k])
+            self._stamp()
+        self.rig.now = tick_at
+        self.rig.engine.tick(self.rig.obs(), tick_at)
+        self._stamp()
+        self.rig.now = tick_at + self.rig.contract.dt
 
 
 def test_cold_start_executes_row_zero_and_skips_nothing():
@@ -109,12 +142,15 @@ def test_prefetch_lead_comes_from_warm_round_trips_not_the_cold_one():
     window = LatencyWindow(window=10)
     window.add(5.0)                                                  # cold spike
     assert window.quantile(95) == 5.0 and window.lead_s(0.01) == pytest.approx(7.52)   # only until a warm one
+    assert window.cold_s() == 5.0 and window.delay_s() == pytest.approx(7.5)
     window.add(0.10)
     assert window.lead_s(0.01) == pytest.approx(1.5 * 0.10 + 0.02)   # few samples: the largest, with a margin
+    assert window.delay_s() == pytest.approx(1.5 * 0.10)             # the expected delay too: not from the cold one
     for s in (0.12, 0.11, 0.13, 0.12, 0.10, 0.11, 0.12, 0.11, 0.10, 0.11):
         window.add(s)
     assert window.quantile(95) == pytest.approx(0.13)
     assert window.lead_s(0.01) == pytest.approx(0.15)
+    assert window.delay_s() == pytest.approx(0.13)                   # eight and more: the largest warm one
     assert len(window.samples()) == 10 and window.samples()[0] == 0.12   # sliding: 0.10 dropped
     assert percentile([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 95) == 10 and percentile([], 50) == 0
 
@@ -363,3 +399,63 @@ def test_a_chunk_replaced_before_it_played_is_not_what_the_next_seam_blends_from
     # The first row of C (0) is blended 1:4 with the continuation of what played (P's rows, themselves faded in
     # from A: below 110); blending from the unread B would give 0.8 * 500 = 400.
     assert 0.0 < first_c.values[0] < 150.0
+
+
+def test_the_first_seam_is_requested_from_the_cold_round_trip_without_waiting_for_a_warm_one():
+    """A 0.65 s round trip on a 1 s chunk: the request that covers the first seam leaves before any warm sample."""
+    rig = Rig(t=10)                                          # dt 0.1 s: covers 1 s
+    link = Link(rig, rtt=0.65)                               # > half a chunk: one request at a time runs dry
+    while rig.engine.stats()['chunks'] == 0:
+        link.step()
+    arrival = link.arrived_at[1]
+    assert len(rig.sent) == 2 and link.sent_at[1] == arrival   # the next request left at that arrival ...
+    assert rig.sent[1].observation_step == 0                   # ... but it ends where the first chunk ends
+    while len(rig.executed) < 1 and rig.now < 5:
+        link.step()
+    while len(link.arrived_at) < 2:
+        link.step()
+    # A request whose chunk reaches past the first seam (observation after step 0) left before the answer
+    # to request 2 (the first warm round trip), early enough for its answer to arrive before step 10.
+    later = [k for k, req in enumerate(rig.sent) if req.observation_step > 0]
+    assert later and link.sent_at[later[0]] < link.arrived_at[2]
+    assert rig.sent[later[0]].observation_step <= 10 - 7
+    while rig.engine.executed < 15:                          # across the first seam (step 10)
+        link.step()
+    assert rig.engine.stats()['underruns'] == 0
+
+
+def test_a_slow_cold_round_trip_neither_sets_the_expected_delay_nor_sets_off_a_burst():
+    """A 1.5 s cold call, then 0.05 s round trips on a 0.5 s chunk."""
+    rig = Rig(dt=0.01, t=50)
+    link = Link(rig, rtt=0.05, rtts={1: 1.5})
+    while rig.engine.stats()['chunks'] == 0:
+        link.step()
+    assert len(rig.sent) == 2 and link.sent_at[1] == link.arrived_at[1]   # 1.5 x 1.5 s > covers: at once
+    assert rig.sent[1].expected_delay_actions == 50          # only the cold one is known: the whole chunk
+    while 2 not in link.arrived_at:
+        link.step()
+        assert len(rig.sent) == 2                            # nothing more in flight on the cold one alone
+    while len(link.arrived_at) < 15:
+        link.step()
+    delays = [req.expected_delay_actions for req in rig.sent[2:]]
+    # From the warm 0.05 s ones (+ two 10 ms ticks): 1.5 x 0.05 + 0.02 = 0.095 s while fewer than eight,
+    # 0.07 s from then on; never the cold call's whole chunk.
+    assert delays[:7] == [10] * 7 and set(delays[8:]) == {7}
+    assert rig.engine.stats()['peak_in_flight'] == 1         # one request at a time: no burst at any point
+
+
+def test_an_episode_starts_with_the_round_trips_its_connection_measured_before():
+    """The window is the connection's: a second episode times and sizes its first requests from the first's."""
+    window = LatencyWindow()
+    delays = []
+    for _ in range(2):
+        rig = Rig(t=10, latency=window)
+        link = Link(rig, rtt=0.65)
+        while rig.engine.executed < 25:
+            link.step()
+        delays.append(rig.sent[1].expected_delay_actions)
+        assert rig.engine.stats()['underruns'] == 0
+    assert len(window.samples()) >= 8
+    # The first episode's second request knew only the cold round trip: 1.5 x 0.65 + 0.2 > 1 s, the whole
+    # chunk. The second episode's knew the first's warm ones: 0.65 + 0.2 s, 9 steps.
+    assert delays == [10, 9]

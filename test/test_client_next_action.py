@@ -87,3 +87,29 @@ def test_an_episode_begun_explicitly_keeps_holding_once_finished(serve):
         assert policy.stats()['episode_id'] == eid     # no new episode: the caller ends it
         held = policy.next_action(robot.observe())
         assert held is not None and held.hold
+
+
+def test_the_round_trips_carry_over_to_the_next_implicit_episode(serve):
+    """One round-trip window per connection: every episode next_action() opens measures into it and starts from it."""
+    endpoint = serve(mean_s=0.05, dt=0.01, chunk_length=20)
+    with connect('lat', endpoint=endpoint) as policy:
+        policy.wait_until_ready(timeout=30)
+        robot = CountingRobot()
+        deadline = time.monotonic() + 20
+        while len(policy.latency.samples()) < 2 and time.monotonic() < deadline:
+            loop(policy, robot, 1)                      # the first call opened the episode
+        first = policy.end_episode()
+        assert first.chunks >= 3
+        policy.next_action(CountingRobot().observe())   # opens the next one, its first request just sent
+        stats = policy.stats()
+        # Its round-trip figures are the first episode's (warm ones: a fresh window would report none
+        # before two of its own answers, 0.1 s away).
+        assert stats['episode_id'] != first.episode_id and stats['latency_p50_ms'] > 0
+        robot = CountingRobot()
+        deadline = time.monotonic() + 20
+        while policy.stats()['chunks'] < 2 and time.monotonic() < deadline:
+            loop(policy, robot, 1)
+        second = policy.end_episode()
+        assert second.chunks >= 2
+        # Every answer of both episodes is in the one window; only the connection's first was the cold one.
+        assert len(policy.latency.samples()) == first.chunks + second.chunks - 1

@@ -503,9 +503,17 @@ class EpisodeEngine:
             if self._in_flight:
                 # Never faster than the worker answers one episode's requests (its inference time, as the
                 # chunks report it): faster would only queue them there and inflate the round trip. Until a
-                # chunk has reported it, and until a warm round trip is measured (a lead from the cold one
-                # alone must not set off a burst), one request at a time.
-                if not self._serve_s or not self._latency.samples():
+                # chunk of this episode has reported it, one request at a time. From then on any known round
+                # trip times a second one, the connection's cold one included: the first seam of an episode
+                # is covered only by a request sent soon after its first chunk arrived (the request sent at
+                # that arrival has its observation at step 0 and ends where the first chunk ends), and a
+                # warm sample comes a whole round trip later. A cold one longer than the whole chunk waits
+                # for a warm one: overlap cannot cover such a link (each chunk would arrive stale), so it
+                # is taken for a start-up outlier (JIT, caches) and sets off no burst of requests.
+                if not self._serve_s:
+                    return
+                cold = self._latency.cold_s()
+                if not self._latency.samples() and (cold is None or cold >= self.contract.chunk_length * dt):
                     return
                 newest = max(p.sent for p in self._in_flight.values())
                 spacing = max(self._period, 1.2 * percentile(list(self._serve_s), 50))
@@ -519,10 +527,11 @@ class EpisodeEngine:
         if live is not None and remaining > _EPS:
             tail = live.actions[max(0, int(math.ceil(origin - live.origin - 1e-7))):]
         if live is not None or self._in_flight:
-            # An upper estimate (the window's largest round trip + two ticks: a request leaves at a tick and
+            # An upper estimate (the window's largest warm round trip, with a margin while they are few, the
+            # cold one only before any: LatencyWindow.delay_s; + two ticks: a request leaves at a tick and
             # its chunk is read at one), so that a policy in-painting chunk_tail[:delay] covers every step
             # that runs before its chunk is read.
-            delay = int(math.ceil((self._latency.upper_s() + 2 * self._period) / dt - 1e-9))
+            delay = int(math.ceil((self._latency.delay_s() + 2 * self._period) / dt - 1e-9))
             delay = min(delay, self.contract.chunk_length)
         rid = self._next_rid
         self._next_rid += 1

@@ -1,12 +1,27 @@
-"""Round-trip latency over a sliding window, and the prefetch lead time derived from it.
+"""Round-trip latency over a sliding window: the prefetch lead and the expected delay derived from it.
 
-The lead is a high percentile (p95, nearest-rank) of the last ``window`` round trips, plus two caller
-periods: one because the trigger is checked only at ticks, one because an arrival is noticed only at
-the next tick. The first round trip on a connection is the cold one (JIT, caches, a policy's first
-call); it is kept apart and used only until a warm sample exists, so a cold spike never inflates later
-prefetch timing. While the window holds fewer than :data:`MIN_SAMPLES` warm round trips a percentile
-of them is not yet an upper bound (one sample of a +-20 % distribution may be its low end), so the
-lead uses the largest seen (the cold one before any warm one) times :data:`EARLY_FACTOR` until then.
+The first round trip on a connection is the cold one (JIT, caches, a policy's first call); it is kept
+apart from the warm ones that follow. The window belongs to the connection (``Policy.latency``), so an
+episode starts with what the episodes before it measured.
+
+Two estimates, for two uses:
+
+- :meth:`LatencyWindow.lead_s`, *when* to request: the buffered time left at which the next chunk is
+  asked for. Over-estimating it costs earlier (and, pipelined, more) requests; under-estimating it costs
+  an underrun. A high percentile (p95, nearest-rank) of the warm round trips, plus two caller periods (the
+  trigger is checked only at ticks, an arrival is noticed only at the next tick). While there are fewer
+  than :data:`MIN_SAMPLES` warm ones a percentile is not yet an upper bound (one sample of a +-20 %
+  distribution may be its low end), so it is :data:`EARLY_FACTOR` times the largest warm one, and before
+  any warm one :data:`EARLY_FACTOR` times the cold one: the cold sample alone times the first seam of a
+  connection, never a later one (a slow cold call in the lead would make every buffer look short, and a
+  pipelining engine request at the worker's pace, for eight round trips). The engine also lets the cold
+  one (:meth:`LatencyWindow.cold_s`) start pipelining before any warm one exists, when it is shorter than
+  a chunk.
+- :meth:`LatencyWindow.delay_s`, *what to tell the policy*: an upper estimate of the round trip, from
+  which ``expected_delay_actions`` (the rows of ``chunk_tail`` that run before the answer is read) is
+  computed. The largest warm round trip once there are :data:`MIN_SAMPLES`, :data:`EARLY_FACTOR` times the
+  largest warm one before that, and :data:`EARLY_FACTOR` times the cold one only while there is no warm
+  one: a slow cold call never makes later requests announce the whole chunk as delay.
 """
 
 from __future__ import annotations
@@ -19,9 +34,9 @@ import threading
 PREFETCH_PERCENTILE = 95.0
 #: Round trips kept in the window.
 WINDOW = 32
-#: Warm round trips needed before the percentile alone times the prefetch.
+#: Warm round trips needed before the percentile (lead) or the largest one (delay) is used without margin.
 MIN_SAMPLES = 8
-#: Margin on the largest warm round trip while there are fewer than MIN_SAMPLES.
+#: Margin on the largest warm round trip while there are fewer than MIN_SAMPLES (on the cold one before any).
 EARLY_FACTOR = 1.5
 
 
@@ -39,9 +54,9 @@ def percentile(values: list[float], q: float) -> float:
 
 
 class LatencyWindow:
-    """Thread-safe sliding window of round trips (s); the cold first one is excluded.
+    """Thread-safe sliding window of round trips (s), the cold first one kept apart.
 
-    :param window: samples kept (the oldest drop out).
+    :param window: warm samples kept (the oldest drop out).
     """
 
     def __init__(self, window: int = WINDOW) -> None:
@@ -58,9 +73,14 @@ class LatencyWindow:
                 self._warm.append(float(seconds))
 
     def samples(self) -> list[float]:
-        """The warm samples (s), oldest first."""
+        """The warm samples (s), oldest first; empty before the second round trip."""
         with self._lock:
             return list(self._warm)
+
+    def cold_s(self) -> float | None:
+        """The cold (first) round trip (s), or None before any."""
+        with self._lock:
+            return self._cold
 
     def quantile(self, q: float) -> float:
         """The ``q``-th percentile (s) of the warm samples; the cold one while there are none; 0 before any."""
@@ -69,27 +89,31 @@ class LatencyWindow:
                 return percentile(list(self._warm), q)
             return self._cold or 0.0
 
-    def upper_s(self) -> float:
-        """An upper estimate of the next round trip (s); 0 before any.
-
-        The largest warm sample once there are MIN_SAMPLES, before that EARLY_FACTOR times the largest seen
-        (the cold one included).
-        """
+    def _snapshot(self) -> tuple[list[float], float]:
         with self._lock:
-            warm = list(self._warm)
-            cold = self._cold or 0.0
-        if len(warm) >= MIN_SAMPLES:
-            return max(warm)
-        return EARLY_FACTOR * max([cold, *warm])
+            return list(self._warm), self._cold or 0.0
+
+    def delay_s(self) -> float:
+        """An upper estimate of the next round trip (s), for ``expected_delay_actions``; 0 before any.
+
+        The largest warm sample once there are MIN_SAMPLES; EARLY_FACTOR times the largest warm one while
+        there are fewer; EARLY_FACTOR times the cold one only while there is no warm one.
+        """
+        warm, cold = self._snapshot()
+        if not warm:
+            return EARLY_FACTOR * cold
+        return max(warm) if len(warm) >= MIN_SAMPLES else EARLY_FACTOR * max(warm)
 
     def lead_s(self, period_s: float) -> float:
-        """Seconds of buffered actions left at which the next chunk is requested.
+        """Seconds of buffered actions left at which the next chunk is requested (s).
+
+        The warm p95 once there are MIN_SAMPLES warm samples; EARLY_FACTOR times the largest warm one
+        while there are fewer; EARLY_FACTOR times the cold one while there is no warm one; 0 before any.
+        Plus two periods in every case.
 
         :param period_s: the caller's control period (s).
         """
-        with self._lock:
-            warm = list(self._warm)
-            cold = self._cold or 0.0
+        warm, cold = self._snapshot()
         if not warm:
             estimate = EARLY_FACTOR * cold
         elif len(warm) < MIN_SAMPLES:
