@@ -8,9 +8,10 @@ Two estimates, for two uses:
 
 - :meth:`LatencyWindow.lead_s`, *when* to request: the buffered time left at which the next chunk is
   asked for. Over-estimating it costs earlier (and, pipelined, more) requests; under-estimating it costs
-  an underrun. A high percentile (p95, nearest-rank) of the warm round trips, plus two caller periods (the
-  trigger is checked only at ticks, an arrival is noticed only at the next tick). While there are fewer
-  than :data:`MIN_SAMPLES` warm ones a percentile is not yet an upper bound (one sample of a +-20 %
+  an underrun. The largest of the window's warm round trips (:data:`PREFETCH_PERCENTILE` 100: a p95 leaves
+  one round trip in twenty short of its lead, a dry spell whenever the margin is thin), plus two caller
+  periods (the trigger is checked only at ticks, an arrival is noticed only at the next tick). While there
+  are fewer than :data:`MIN_SAMPLES` warm ones the window is not yet an upper bound (one sample of a +-20 %
   distribution may be its low end), so it is :data:`EARLY_FACTOR` times the largest warm one, and before
   any warm one :data:`EARLY_FACTOR` times the cold one: the cold sample alone times the first seam of a
   connection, never a later one (a slow cold call in the lead would make every buffer look short, and a
@@ -30,8 +31,8 @@ import collections
 import math
 import threading
 
-#: Percentile of the window that times the prefetch.
-PREFETCH_PERCENTILE = 95.0
+#: Percentile of the window that times the prefetch (nearest rank; 100: its largest round trip).
+PREFETCH_PERCENTILE = 100.0
 #: Round trips kept in the window.
 WINDOW = 32
 #: Warm round trips needed before the percentile (lead) or the largest one (delay) is used without margin.
@@ -107,7 +108,8 @@ class LatencyWindow:
     def lead_s(self, period_s: float) -> float:
         """Seconds of buffered actions left at which the next chunk is requested (s).
 
-        The warm p95 once there are MIN_SAMPLES warm samples; EARLY_FACTOR times the largest warm one
+        The warm PREFETCH_PERCENTILE (the largest) once there are MIN_SAMPLES warm samples; EARLY_FACTOR times
+        the largest warm one
         while there are fewer; EARLY_FACTOR times the cold one while there is no warm one; 0 before any.
         Plus two periods in every case.
 
