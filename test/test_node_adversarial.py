@@ -167,7 +167,7 @@ def test_a_clock_jumping_back_never_makes_a_dead_source_fresh(tmp_path, processe
             tmp_path, server.port, use_sim_time=True, stamp_source='header'))
         assert probe.wait_connected(), node_log(proc)
         handle = probe.send_goal(instruction='reach', max_seconds=6.0)
-        assert wait_for(lambda: probe.feedback and probe.feedback[-1].feedback.actions_sent > 30, 10), node_log(proc)
+        assert wait_for(lambda: probe.feedback and probe.feedback[-1].feedback.commands_sent > 30, 10), node_log(proc)
         joint_timer.cancel()
         sim['t'] -= 30.0
         t_stop = time.monotonic()
@@ -219,7 +219,7 @@ def test_diagnostics_thresholds_set_at_run_time_take_effect(tmp_path, processes,
         # skipped ticks on loaded cores must not raise the level this test reads (the jitter one)
         proc = spawn_node(processes, tmp_path / 'node.log', _params(tmp_path, server.port, **{
             'diagnostics.jitter_warn_ms': 1000.0, 'diagnostics.jitter_error_ms': 2000.0,
-            'diagnostics.skipped_ticks_warn': 100000, 'diagnostics.skipped_ticks_error': 100000}))
+            'diagnostics.ticks_skipped_warn': 100000, 'diagnostics.ticks_skipped_error': 100000}))
         probe.publish_joints(NAMES)
         assert probe.wait_connected(), node_log(proc)
         assert wait_for(lambda: probe.diag_level('control') == 0, 10), node_log(proc)
@@ -242,7 +242,7 @@ def test_run_time_thresholds_refuse_warn_above_error(tmp_path, processes, probe)
 def _skipped(probe):
     t = time.monotonic()
     assert wait_for(lambda: probe.diagnostics_since(t), 5), 'no /diagnostics'
-    return int(probe.diag_value('control', 'skipped_ticks') or 0)
+    return int(probe.diag_value('control', 'ticks_skipped') or 0)
 
 
 def _account(probe, goal, rate=50.0):
@@ -585,14 +585,14 @@ def test_trajectory_mode_enabled_true_republishes_the_playing_horizon(tmp_path, 
             assert all(r.successful for r in _set_params(probe, enabled=True))
             time.sleep(0.5)
             after = [(round(x - t_on, 3), len(m.points)) for x, m in probe.commands if x > t_on]
-            dry = len(probe.feedback) and probe.feedback[-1].feedback.actions_sent
+            dry = len(probe.feedback) and probe.feedback[-1].feedback.commands_sent
             probe.call('interrupt')
             probe.result(handle)
     finally:
         probe.close()
     assert any(n > 1 for _, n in after), (
         f'0.5 s after enabled:=true the controller got no trajectory (messages, s and points: {after}); '
-        f'actions_sent {dry}')
+        f'commands_sent {dry}')
 
 
 def test_dry_run_and_deactivate_together_leave_no_moving_velocity_command(tmp_path, processes, rclpy_context):
@@ -793,7 +793,7 @@ def test_result_counts_cover_a_control_thread_stall_that_an_interrupt_ends(tmp_p
 
 
 def test_feedback_counts_leave_out_periods_skipped_before_the_episode_started(tmp_path, processes, probe):
-    """Every Act feedback: actions_sent + ticks_held + ticks_skipped = elapsed_s x rate, within two periods.
+    """Every Act feedback: commands_sent + ticks_held + ticks_skipped = elapsed_s x rate, within two periods.
 
     The control thread is stalled 1 s (a FIFO 60 hog on its core) and the goal arrives 0.5 s into the stall
     (the action server runs on the other core): only the ~25 periods after the episode's start are its own.
@@ -811,9 +811,9 @@ def test_feedback_counts_leave_out_periods_skipped_before_the_episode_started(tm
     fb = [f.feedback for f in probe.feedback if f.feedback.episode_id == result.episode_id]
     assert fb, node_log(proc)
     for f in fb:
-        counted = f.actions_sent + f.ticks_held + f.ticks_skipped
+        counted = f.commands_sent + f.ticks_held + f.ticks_skipped
         assert abs(counted - f.elapsed_s / period) <= 2, (
-            f'{counted} periods counted (sent {f.actions_sent}, held {f.ticks_held}, skipped {f.ticks_skipped}) '
+            f'{counted} periods counted (sent {f.commands_sent}, held {f.ticks_held}, skipped {f.ticks_skipped}) '
             f'in a feedback elapsed_s of {f.elapsed_s:.3f} s = {f.elapsed_s / period:.1f} periods')
 
 
@@ -887,7 +887,7 @@ def _periods(msg, sent, period=1 / 50):
 
 
 def test_status_counts_cover_its_elapsed_time_after_an_episode_stopped_in_a_stall(tmp_path, processes, probe):
-    """~/status: actions_sent + ticks_held + ticks_skipped cover elapsed_s (RunStatus.msg), also once it ended.
+    """~/status: commands_sent + ticks_held + ticks_skipped cover elapsed_s (RunStatus.msg), also once it ended.
 
     The control thread is stalled 0.8 s (a FIFO 60 hog on its core) and an interrupt comes 0.3 s into the
     stall; the result is right (its skips run to the stop, and so does its elapsed_s). ~/status keeps
@@ -906,9 +906,9 @@ def test_status_counts_cover_its_elapsed_time_after_an_episode_stopped_in_a_stal
     after = [s for s in probe.status[-3:] if s.episode_id == result.episode_id]
     assert after, [s.episode_id for s in probe.status[-3:]]
     s = after[-1]
-    counted, periods = _periods(s, s.actions_sent, period)
+    counted, periods = _periods(s, s.commands_sent, period)
     assert abs(counted - periods) <= 2, (
-        f'~/status after the end: {counted} periods counted (sent {s.actions_sent}, held {s.ticks_held}, skipped '
+        f'~/status after the end: {counted} periods counted (sent {s.commands_sent}, held {s.ticks_held}, skipped '
         f'{s.ticks_skipped}) in an elapsed_s of {s.elapsed_s:.3f} s = {periods:.1f} periods; the result: '
         f'{r_counted} vs {r_periods:.1f}')
 
@@ -975,29 +975,29 @@ def test_a_message_naming_none_of_the_joints_changes_nothing_even_when_malformed
     probe.publish_joints(foreign, rate_hz=50.0, positions=lambda: [0.0] * len(foreign))
     time.sleep(0.3)
     result = probe.result(probe.send_goal(instruction='reach', max_seconds=2.0))
-    fb = [f.feedback for f in probe.feedback if f.feedback.episode_id == result.episode_id and f.feedback.actions_sent]
+    fb = [f.feedback for f in probe.feedback if f.feedback.episode_id == result.episode_id and f.feedback.commands_sent]
     assert result.reason == 'timeout' and result.commands_sent > 60, (result, probe.diag_message('observation'))
     # no hold after the first command but the episode's last period (the tick that finds it over holds for it)
     assert fb and fb[-1].ticks_held - fb[0].ticks_held <= 1, ('held after the first command', fb[0], fb[-1])
     assert 'observation invalid' not in Path(proc.log).read_text(), node_log(proc)   # the whole log
 
 
-def test_diagnostics_skipped_ticks_hold_an_episodes_skips_when_a_deactivate_ends_a_stall(
+def test_diagnostics_ticks_skipped_hold_an_episodes_skips_when_a_deactivate_ends_a_stall(
         tmp_path, processes, probe):
-    """/diagnostics control skipped_ticks (all control threads so far) >= the episode's ticks_skipped.
+    """/diagnostics control ticks_skipped (all control threads so far) >= the episode's ticks_skipped.
 
     The control thread is stalled 0.8 s (a FIFO 60 hog on its core) and a deactivate comes 0.3 s into the
     stall; the result counts the ~15 periods missed before the stop as skipped (on the grid). The node's own
-    count, which /diagnostics grades (skipped_ticks_warn/error), is the pacer's, and the pacer learns of a
+    count, which /diagnostics grades (ticks_skipped_warn/error), is the pacer's, and the pacer learns of a
     skip only at the wait after it, which the stopping thread never makes. Measured: /diagnostics
-    skipped_ticks rose by 0 against the result's 15-16 (2 of 2).
+    ticks_skipped rose by 0 against the result's 15-16 (2 of 2).
     """
     proc, cpu, _port = _stall_setup(tmp_path, processes, probe)
     before = _skipped(probe)
     result = _stop_during_a_stall(processes, probe, proc, cpu, 0.8, _deactivate(probe, proc))
     assert result.reason == 'interrupted' and result.ticks_skipped >= 5, result
     assert wait_for(lambda: _skipped(probe) - before >= result.ticks_skipped, 3), (
-        f'/diagnostics skipped_ticks rose by {_skipped(probe) - before}; the episode skipped '
+        f'/diagnostics ticks_skipped rose by {_skipped(probe) - before}; the episode skipped '
         f'{result.ticks_skipped} periods ({result})')
 
 
@@ -1169,7 +1169,7 @@ def test_the_skip_count_never_falls_on_a_robot_up_twelve_days(monkeypatch):
     machine's (nothing else changes: a real TickThread at 50 Hz, idle ticks). Measured: skipped_now() in
     {-1, 0}, falling ~8 times a second, with no tick skipped. /diagnostics reads a fall as a counter reset
     (Health.update) and adds the whole new value to the window: after N real skips, each fall adds N - 1 to
-    the skipped_ticks WARN/ERROR grading (fed 30, 29, 30, 29 the real Health graded 89 skips in 10 s; fed 0, -1,
+    the ticks_skipped WARN/ERROR grading (fed 30, 29, 30, 29 the real Health graded 89 skips in 10 s; fed 0, -1,
     0 it grades 1, a WARN with nothing skipped). On this machine's own clock (~2.2e4 s up) 1 kHz shows it already.
     The episode's ticks_skipped (Runner.account, until = settled()) falls by one the same way.
     """
@@ -1202,24 +1202,24 @@ def _diag_series(probe, key, part='control'):
     return out
 
 
-def test_diagnostics_skipped_ticks_never_fall_while_a_deactivate_waits_on_a_stalled_control_thread(
+def test_diagnostics_ticks_skipped_never_fall_while_a_deactivate_waits_on_a_stalled_control_thread(
         tmp_path, processes, probe):
-    """policy_node.py (fb6914f claims /diagnostics skipped_ticks never falls): _hold_and_stop_ticking.
+    """policy_node.py (fb6914f claims /diagnostics ticks_skipped never falls): _hold_and_stop_ticking.
 
     ``tick, self._tick = self._tick, None`` comes before ``tick.stop()`` (a join of up to 2 s) and before
     ``self._skipped_before += tick.skipped_now()``; /diagnostics, published by the main thread meanwhile, counts
     ``_skipped_before + 0``. The control thread is stalled 1.0 s (a FIFO 60 hog on its core) and a deactivate
     comes 0.3 s into the stall, so the join waits ~0.7 s. Health.update takes the fall for a counter reset and
-    the rise after it as new skips: window.skipped_ticks counts the stall's skips twice. Measured: the series
-    2 .. 12, 13, then 0 for 11 messages (0.55 s), then 52; window.skipped_ticks peaked at 68 for 52 skips (3 of 3).
+    the rise after it as new skips: window.ticks_skipped counts the stall's skips twice. Measured: the series
+    2 .. 12, 13, then 0 for 11 messages (0.55 s), then 52; window.ticks_skipped peaked at 68 for 52 skips (3 of 3).
     """
     proc, cpu, _port = _stall_setup(tmp_path, processes, probe, diagnostics_rate_hz=20.0)
     _stop_during_a_stall(processes, probe, proc, cpu, 1.0, _deactivate(probe, proc))
     time.sleep(0.5)
-    counts = _diag_series(probe, 'skipped_ticks')
-    window = _diag_series(probe, 'window.skipped_ticks')
+    counts = _diag_series(probe, 'ticks_skipped')
+    window = _diag_series(probe, 'window.ticks_skipped')
     falls = [(a, b) for a, b in zip(counts, counts[1:], strict=False) if b < a]
-    assert not falls, (f'/diagnostics skipped_ticks fell {falls}: series {counts}; window.skipped_ticks peaked at '
+    assert not falls, (f'/diagnostics ticks_skipped fell {falls}: series {counts}; window.ticks_skipped peaked at '
                        f'{max(window)} against a final count of {counts[-1]}')
 
 

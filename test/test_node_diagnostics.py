@@ -21,8 +21,8 @@ from sequence_ai_ros.node.diagnostics import ERROR, OK, WARN, Health
 from sequence_ai_ros.node.safety import SafetyFilter
 from sequence_ai_ros.node.tick import TickThread
 
-CFG = DiagnosticsConfig(window_s=10.0, jitter_warn_ms=5.0, jitter_error_ms=20.0, skipped_ticks_warn=1,
-                        skipped_ticks_error=3, underrun_warn=0.01, underrun_error=0.2, clamp_warn=0.0,
+CFG = DiagnosticsConfig(window_s=10.0, jitter_warn_ms=5.0, jitter_error_ms=20.0, ticks_skipped_warn=1,
+                        ticks_skipped_error=3, underrun_warn=0.01, underrun_error=0.2, clamp_warn=0.0,
                         clamp_error=0.5, dropped_telemetry_warn=1, dropped_telemetry_error=10)
 
 
@@ -30,16 +30,16 @@ def test_an_idle_window_is_ok_and_faults_age_out_of_the_window():
     health = Health(CFG)
     window = health.update(0.0, {})
     assert health.control(0.3, window) == (OK, []) and health.episode(window) == (OK, [])
-    window = health.update(1.0, {'skipped_ticks': 4, 'dropped_telemetry': 2})
+    window = health.update(1.0, {'ticks_skipped': 4, 'dropped_telemetry': 2})
     assert health.control(0.3, window)[0] == ERROR and health.episode(window)[0] == WARN
-    window = health.update(20.0, {'skipped_ticks': 4, 'dropped_telemetry': 2})    # nothing new for 19 s
+    window = health.update(20.0, {'ticks_skipped': 4, 'dropped_telemetry': 2})    # nothing new for 19 s
     assert health.control(0.3, window)[0] == OK and health.episode(window)[0] == OK
-    window = health.update(21.0, {'skipped_ticks': 1})      # a new control thread: its count restarts
-    assert window['skipped_ticks'] == 1
+    window = health.update(21.0, {'ticks_skipped': 1})      # a new control thread: its count restarts
+    assert window['ticks_skipped'] == 1
 
 
 @pytest.mark.parametrize('warn, error', [('jitter_warn_ms', 'jitter_error_ms'), ('clamp_warn', 'clamp_error'),
-                                         ('skipped_ticks_warn', 'skipped_ticks_error')])
+                                         ('ticks_skipped_warn', 'ticks_skipped_error')])
 def test_a_warn_threshold_above_its_error_threshold_is_refused(warn, error):
     from sequence_ai_ros.exceptions import ConfigError
 
@@ -47,7 +47,7 @@ def test_a_warn_threshold_above_its_error_threshold_is_refused(warn, error):
         DiagnosticsConfig(**{warn: 0.6, error: 0.5})
 
 
-def test_tick_jitter_and_skipped_ticks_escalate_under_injected_load():
+def test_tick_jitter_and_ticks_skipped_escalate_under_injected_load():
     stalls = threading.Event()
     done = threading.Event()
     calls = []
@@ -65,16 +65,16 @@ def test_tick_jitter_and_skipped_ticks_escalate_under_injected_load():
     tick.stop()
     health = Health(CFG)
     health.update(0.0, {})
-    window = health.update(1.0, {'skipped_ticks': tick.skipped})
+    window = health.update(1.0, {'ticks_skipped': tick.skipped})
     level, reasons = health.control(tick.jitter_ms()[1], window)
     assert tick.skipped >= 3 and tick.jitter_ms()[1] > 20.0
     assert level == ERROR, reasons
     assert any('tick jitter p99' in r and 'ERROR' in r for r in reasons), reasons
     assert any('skipped ticks' in r for r in reasons), reasons
-    relaxed = Health(DiagnosticsConfig(jitter_warn_ms=10.0, jitter_error_ms=1000.0, skipped_ticks_warn=1,
-                                       skipped_ticks_error=1000))
+    relaxed = Health(DiagnosticsConfig(jitter_warn_ms=10.0, jitter_error_ms=1000.0, ticks_skipped_warn=1,
+                                       ticks_skipped_error=1000))
     relaxed.update(0.0, {})
-    level, reasons = relaxed.control(tick.jitter_ms()[1], relaxed.update(1.0, {'skipped_ticks': tick.skipped}))
+    level, reasons = relaxed.control(tick.jitter_ms()[1], relaxed.update(1.0, {'ticks_skipped': tick.skipped}))
     assert level == WARN, reasons
 
 

@@ -56,7 +56,7 @@ def test_interrupt_cancel_and_label(tmp_path, processes, probe):
         assert any(not np.allclose(a[1], b[1]) for a, b in zip(moving, moving[1:], strict=False)), \
             'the ramp policy should move the commands'
         fb = probe.feedback[-1].feedback
-        assert fb.episode_id and fb.actions_sent > 0 and fb.chunks >= 1 and fb.elapsed_s > 0 and fb.buffer_s > 0
+        assert fb.episode_id and fb.commands_sent > 0 and fb.chunks >= 1 and fb.elapsed_s > 0 and fb.buffer_s > 0
         resp = probe.call('interrupt')
         t_int = time.monotonic()
         assert resp.success, resp.message
@@ -308,7 +308,7 @@ def test_ee_absolute_through_the_pose_interface(tmp_path, rclpy_context, process
 
 def test_feedback_counts_cover_its_elapsed_time_also_while_the_end_waits_on_a_frozen_worker(tmp_path, processes,
                                                                                           probe):
-    """Every Act feedback: actions_sent + ticks_held + ticks_skipped = elapsed_s x rate, within two periods.
+    """Every Act feedback: commands_sent + ticks_held + ticks_skipped = elapsed_s x rate, within two periods.
 
     The worker is frozen (SIGSTOP) across the episode's end, so the node waits on its end_episode call while
     feedback goes on: the counts stop with the episode, and so must elapsed_s (CI once saw 9 periods of
@@ -336,14 +336,14 @@ def test_feedback_counts_cover_its_elapsed_time_also_while_the_end_waits_on_a_fr
     fb = [f.feedback for f in probe.feedback if f.feedback.episode_id == result.episode_id]
     assert len(fb) > 12, len(fb)
     for f in fb:
-        counted = f.actions_sent + f.ticks_held + f.ticks_skipped
+        counted = f.commands_sent + f.ticks_held + f.ticks_skipped
         assert abs(counted - f.elapsed_s / TICK) <= 2, (f'{counted} ticks counted in {f.elapsed_s:.3f} s of '
                                                         f'feedback', node_log(proc))
     assert fb[-1].elapsed_s <= 1.5 + 2 * TICK, fb[-1]
-    status = [st for st in probe.status if st.episode_id == result.episode_id and st.actions_sent]
+    status = [st for st in probe.status if st.episode_id == result.episode_id and st.commands_sent]
     assert status, 'no ~/status of the episode'
     for st in status:          # ~/status carries the same accounting
-        counted = st.actions_sent + st.ticks_held + st.ticks_skipped
+        counted = st.commands_sent + st.ticks_held + st.ticks_skipped
         assert abs(counted - st.elapsed_s / TICK) <= 2, (counted, st.elapsed_s)
 
 
@@ -364,7 +364,7 @@ def test_joint_states_split_across_publishers_make_one_observation(tmp_path, pro
     assert result.reason == 'timeout' and result.underruns == 0, (result, node_log(proc))
     first = probe.values()[0][1]
     assert first.tolist() == pytest.approx([0.1, 0.2, 0.3, 0.4]), first     # the ramp starts at the merged state
-    fb = [f.feedback for f in probe.feedback if f.feedback.episode_id == result.episode_id and f.feedback.actions_sent]
+    fb = [f.feedback for f in probe.feedback if f.feedback.episode_id == result.episode_id and f.feedback.commands_sent]
     # no hold after the first command but the episode's last period (the tick that finds it over holds for it)
     assert fb and fb[-1].ticks_held - fb[0].ticks_held <= 1, 'held after the first command'
     assert 'observation invalid' not in Path(proc.log).read_text(), node_log(proc)   # the whole log

@@ -79,15 +79,15 @@ def _node_counts(probe, episode_id):
 
     Only feedback with commands sent counts: the first such message marks the first chunk's arrival.
     """
-    fb = [f.feedback for f in probe.feedback if f.feedback.episode_id == episode_id and f.feedback.actions_sent]
+    fb = [f.feedback for f in probe.feedback if f.feedback.episode_id == episode_id and f.feedback.commands_sent]
     assert len(fb) >= 5, f'too little feedback: {len(fb)}'
-    published = (fb[-1].actions_sent + fb[-1].ticks_held) - (fb[0].actions_sent + fb[0].ticks_held)
+    published = (fb[-1].commands_sent + fb[-1].ticks_held) - (fb[0].commands_sent + fb[0].ticks_held)
     return published, fb[-1].ticks_skipped - fb[0].ticks_skipped, fb[-1].elapsed_s - fb[0].elapsed_s
 
 
-def _skipped_ticks(probe):
+def _ticks_skipped(probe):
     """The node's running count of skipped ticks, from its latest /diagnostics."""
-    return int(probe.diag_value('control', 'skipped_ticks') or 0)
+    return int(probe.diag_value('control', 'ticks_skipped') or 0)
 
 
 def _assert_every_tick_accounted(probe, episode_id, skipped_before, rate_hz=50.0):
@@ -107,7 +107,7 @@ def _assert_every_tick_accounted(probe, episode_id, skipped_before, rate_hz=50.0
                                                 f'periods: ticks lost without being reported')
     # one /diagnostics message later than the episode's end carries every skip of the episode
     assert wait_for(lambda: probe.diagnostics_since(t_end), 5), 'no /diagnostics after the episode'
-    assert _skipped_ticks(probe) - skipped_before >= skipped
+    assert _ticks_skipped(probe) - skipped_before >= skipped
     if skipped:
         assert probe.diag_level('control') >= 1, 'skipped ticks but /diagnostics control is OK'
     return sent / elapsed, skipped
@@ -135,7 +135,7 @@ def test_g1_replay_commands_at_50hz_in_config_order(g1_bag, tmp_path, processes,
         assert probe.wait_connected(), node_log(proc)
         player = _play(processes, bag, '--wait-subscribers', '15')
         assert wait_for(lambda: probe.diag_message('observation') == 'all sources fresh', 15), node_log(proc)
-        skipped_before = _skipped_ticks(probe)
+        skipped_before = _ticks_skipped(probe)
         handle = probe.send_goal(instruction='Pick up the yellow bottle on the table.', max_seconds=duration - 2.0)
         assert handle.accepted
         result = probe.result(handle, timeout=duration + 15)
@@ -185,7 +185,7 @@ def test_widowx_replay_camera_less_contract_under_camera_load(wx200_bag, tmp_pat
             node_log(proc)
         _play(processes, wx200_bag, '--clock', '--start', '20', '--duration', '14', '--wait-subscribers', '15')
         assert wait_for(lambda: probe.diag_message('observation') == 'all sources fresh', 15), node_log(proc)
-        skipped_before = _skipped_ticks(probe)
+        skipped_before = _ticks_skipped(probe)
         result = probe.result(probe.send_goal(instruction='wave', max_seconds=8.0), timeout=25)
         t_end = time.monotonic()
         node_rate, skipped = _assert_every_tick_accounted(probe, result.episode_id, skipped_before)
@@ -241,7 +241,7 @@ def test_stale_camera_holds_then_resumes_or_ends(tmp_path, processes, rclpy_cont
             # the holds are published commands of the episode, counted apart from the policy's actions
             holding = [s for s in probe.status[-5:] if s.state == 'holding']
             assert holding[-1].ticks_held >= len(held) - 2, (holding[-1].ticks_held, len(held))
-            sent_before = holding[-1].actions_sent
+            sent_before = holding[-1].commands_sent
 
             camera.reset()                                    # it comes back within stale_grace_s: resume
             t_back = time.monotonic()

@@ -460,7 +460,7 @@ def _report(**kw):
 
     base = dict(state='running', episode_id='ep', deployment='m', endpoint='127.0.0.1:1', action_space='joint_absolute',
                 connection='ready', connection_error='', ready=True, enabled=True, stats={}, clamps=0,
-                clamp_counts={}, jitter_ms=(0.1, 0.5, 1.0), rate_hz=50.0, skipped_ticks=0, sent=10, problems=[],
+                clamp_counts={}, jitter_ms=(0.1, 0.5, 1.0), rate_hz=50.0, ticks_skipped=0, sent=10, problems=[],
                 ages={})
     base.update(kw)
     return diagnostics.Report(**base)

@@ -20,8 +20,8 @@ def format_summary(s: dict[str, Any]) -> str:
              'boundary, rad or hand units)',
              f"chunk latency        p50 {_f(s['latency_p50_ms'], '.1f')} ms, p95 {_f(s['latency_p95_ms'], '.1f')} ms"
              '  (round trip robot -> worker -> robot, one clock)',
-             f"commands published   {s['commands_published']} from policy actions + "
-             f"{s.get('ticks_held', 0)} holds + {s.get('skipped_ticks', 0)} skipped ticks in the episode; "
+             f"commands sent        {s['commands_sent']} from policy actions + "
+             f"{s.get('ticks_held', 0)} holds + {s.get('ticks_skipped', 0)} skipped ticks in the episode; "
              f"{s['commands_received']} received (holds "
              f"included) at {_f(s['command_rate_hz'], '.2f')} Hz  (commands / duration at a subscriber; "
              'target 50 Hz)',

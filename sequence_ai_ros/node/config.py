@@ -204,7 +204,7 @@ class DiagnosticsConfig:
 
     :param window_s: the trailing window (s).
     :param jitter_warn_ms: WARN above this tick jitter p99 (ms).  :param jitter_error_ms: ERROR above (ms).
-    :param skipped_ticks_warn: WARN at this many skipped ticks.  :param skipped_ticks_error: ERROR at this many.
+    :param ticks_skipped_warn: WARN at this many skipped ticks.  :param ticks_skipped_error: ERROR at this many.
     :param underrun_warn: WARN above this share of time in underruns (0..1).  :param underrun_error: ERROR above.
     :param clamp_warn: WARN above this share of clamped commands (0..1).  :param clamp_error: ERROR above.
     :param dropped_telemetry_warn: WARN at this many dropped capture frames.  :param dropped_telemetry_error: ERROR.
@@ -214,8 +214,8 @@ class DiagnosticsConfig:
     window_s: float = _default('diagnostics.window_s')
     jitter_warn_ms: float = _default('diagnostics.jitter_warn_ms')
     jitter_error_ms: float = _default('diagnostics.jitter_error_ms')
-    skipped_ticks_warn: int = _default('diagnostics.skipped_ticks_warn')
-    skipped_ticks_error: int = _default('diagnostics.skipped_ticks_error')
+    ticks_skipped_warn: int = _default('diagnostics.ticks_skipped_warn')
+    ticks_skipped_error: int = _default('diagnostics.ticks_skipped_error')
     underrun_warn: float = _default('diagnostics.underrun_warn')
     underrun_error: float = _default('diagnostics.underrun_error')
     clamp_warn: float = _default('diagnostics.clamp_warn')

@@ -57,7 +57,7 @@ class Report:
     clamp_counts: dict[str, dict[str, int]]
     jitter_ms: tuple[float, float, float]
     rate_hz: float
-    skipped_ticks: int
+    ticks_skipped: int
     sent: int
     problems: list[str]
     ages: dict[str, float]
@@ -80,7 +80,7 @@ class Report:
 
 
 #: The cumulative counters :class:`Health` takes the window's differences of.
-COUNTERS = ('skipped_ticks', 'episode_ticks', 'underrun_ticks', 'commands_checked', 'commands_clamped',
+COUNTERS = ('ticks_skipped', 'episode_ticks', 'underrun_ticks', 'commands_checked', 'commands_clamped',
             'dropped_telemetry', 'telemetry_rejected', 'episodes_failed')
 
 
@@ -132,8 +132,8 @@ class Health:
         c, reasons = self.cfg, []
         levels = [self._grade(jitter_p99_ms, c.jitter_warn_ms, c.jitter_error_ms,
                               f'tick jitter p99 {jitter_p99_ms:.1f} ms', reasons)]
-        skipped = window.get('skipped_ticks', 0)
-        levels.append(self._grade(skipped, c.skipped_ticks_warn, c.skipped_ticks_error,
+        skipped = window.get('ticks_skipped', 0)
+        levels.append(self._grade(skipped, c.ticks_skipped_warn, c.ticks_skipped_error,
                                   f'{skipped:.0f} skipped ticks in {c.window_s:g} s', reasons, inclusive=True))
         checked = window.get('commands_checked', 0)
         if checked:
@@ -189,7 +189,7 @@ def status_message(r: Report, stamp: Any) -> RunStatus:
     return RunStatus(
         stamp=stamp, state=r.state, episode_id=r.episode_id, deployment=r.deployment,
         action_space=r.action_space, connected=r.connection in ('connected', 'warming', 'ready'), ready=r.ready,
-        buffer_s=float(s.get('buffer_s', 0.0)), actions_sent=r.sent, ticks_held=r.held,
+        buffer_s=float(s.get('buffer_s', 0.0)), commands_sent=r.sent, ticks_held=r.held,
         ticks_skipped=r.episode_skipped, elapsed_s=r.episode_elapsed_s, chunks=int(s.get('chunks', 0)),
         underruns=int(s.get('underruns', 0)), underrun_s=float(s.get('underrun_s', 0.0)),
         latency_p50_ms=float(s.get('latency_p50_ms', 0.0)), latency_p95_ms=float(s.get('latency_p95_ms', 0.0)),
@@ -212,7 +212,7 @@ def diagnostic_array(r: Report, node_name: str, stamp: Any) -> DiagnosticArray:
     episode = DiagnosticStatus(
         level=max(held, r.episode_level),
         name=f'{node_name}: episode', hardware_id=r.endpoint, message='; '.join(r.episode_reasons) or r.state,
-        values=[_kv('state', r.state), _kv('episode_id', r.episode_id), _kv('actions_sent', r.sent),
+        values=[_kv('state', r.state), _kv('episode_id', r.episode_id), _kv('commands_sent', r.sent),
                 _kv('ticks_held', r.held)]
         + [_kv(k, float(s.get(k, 0.0))) for k in ('buffer_s', 'underrun_s', 'latency_p50_ms', 'latency_p95_ms')]
         + [_kv(k, int(s.get(k, 0))) for k in ('actions', 'chunks', 'underruns')]
@@ -222,9 +222,9 @@ def diagnostic_array(r: Report, node_name: str, stamp: Any) -> DiagnosticArray:
            for k in ('episode_ticks', 'underrun_ticks', 'dropped_telemetry', 'telemetry_rejected')])
     p50, p99, worst = r.jitter_ms
     values = [_kv('rate_hz', r.rate_hz), _kv('tick_jitter_p50_ms', p50), _kv('tick_jitter_p99_ms', p99),
-              _kv('tick_jitter_max_ms', worst), _kv('skipped_ticks', r.skipped_ticks), _kv('enabled', r.enabled),
+              _kv('tick_jitter_max_ms', worst), _kv('ticks_skipped', r.ticks_skipped), _kv('enabled', r.enabled),
               _kv('clamps', r.clamps), _kv('scheduling', r.scheduling)]
-    values += [_kv(f'window.{k}', int(w.get(k, 0))) for k in ('skipped_ticks', 'commands_checked', 'commands_clamped')]
+    values += [_kv(f'window.{k}', int(w.get(k, 0))) for k in ('ticks_skipped', 'commands_checked', 'commands_clamped')]
     for joint, counts in sorted(r.clamp_counts.items()):
         values += [_kv(f'clamps.{joint}.limit', counts['limit']), _kv(f'clamps.{joint}.step', counts['step'])]
     control = DiagnosticStatus(

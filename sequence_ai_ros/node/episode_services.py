@@ -123,7 +123,7 @@ class EpisodeServices:
                 stats = dict(self.runner.policy.stats())
             except Exception:  # feedback is best effort
                 stats = {}
-        return Act.Feedback(episode_id=eid, actions_sent=ep.sent if ep is not None else 0,
+        return Act.Feedback(episode_id=eid, commands_sent=ep.sent if ep is not None else 0,
                             ticks_held=ep.held if ep is not None else 0,
                             ticks_skipped=ep.skipped if ep is not None else 0,
                             chunks=int(stats.get('chunks', 0)), underruns=int(stats.get('underruns', 0)),

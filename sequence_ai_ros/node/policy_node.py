@@ -540,7 +540,7 @@ class PolicyNode(LifecycleNode):
             if tick is not None else (0.0, 0.0, 0.0)
         dropped = r.dropped_telemetry()
         window = self.health.update(time.monotonic(), {
-            'skipped_ticks': skipped, 'episode_ticks': r.episode_ticks, 'underrun_ticks': r.underrun_ticks,
+            'ticks_skipped': skipped, 'episode_ticks': r.episode_ticks, 'underrun_ticks': r.underrun_ticks,
             'commands_checked': self.safety.checked, 'commands_clamped': self.safety.clamped_commands,
             'dropped_telemetry': dropped, 'telemetry_rejected': r.telemetry_rejected,
             'episodes_failed': r.episodes_failed})
@@ -564,7 +564,7 @@ class PolicyNode(LifecycleNode):
             endpoint=self.cfg.endpoint, action_space=r.contract.action_space.value if r.contract else '',
             connection=connection, connection_error=connection_error, ready=r.ready, enabled=self.enabled,
             stats=stats, clamps=self.safety.clamps, clamp_counts=self.safety.counts(),
-            jitter_ms=jitter, rate_hz=self.cfg.control_rate_hz, skipped_ticks=skipped,
+            jitter_ms=jitter, rate_hz=self.cfg.control_rate_hz, ticks_skipped=skipped,
             sent=ep.sent if ep is not None else 0, held=ep.held if ep is not None else 0,
             episode_skipped=ep.skipped if ep is not None else 0,
             episode_elapsed_s=ep.accounted_until - ep.started if ep is not None else 0.0,
