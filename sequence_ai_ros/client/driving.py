@@ -39,7 +39,6 @@ def drive(policy: Policy, observe: ObserveFn, act: ActFn, settings: EpisodeSetti
         end_reason = 'interrupted'
         stop_at = None if settings.max_seconds is None else time.monotonic() + settings.max_seconds
         grid = 0                     # the deadline this tick serves, counted from the first (missed ones included)
-        warned = False
         try:
             pacer = Pacer(period, wake=policy._wake)
             while True:
@@ -70,13 +69,7 @@ def drive(policy: Policy, observe: ObserveFn, act: ActFn, settings: EpisodeSetti
                 policy._commit()     # the tick's record: what act() was given is what the robot executed
                 missed = pacer.skipped
                 pacer.wait(until=stop_at)
-                missed = pacer.skipped - missed
-                grid += 1 + missed
-                if missed and not warned:
-                    warned = True
-                    LOG.warning('episode %s: the control loop overran its %.1f ms period (observe() and act() '
-                                'took longer): %d period(s) skipped, never bunched; RunOutcome.ticks_skipped '
-                                'counts them', engine.episode_id, 1000 * period, missed)
+                grid += 1 + pacer.skipped - missed      # deadlines an overrun missed are skipped, never bunched
                 if policy._wake.is_set() and engine.outcome() is None:
                     # A chunk arrived while nothing played (the first one, or after a dry spell): act on
                     # it at once and pace the following actions from now.

@@ -45,7 +45,7 @@ class _OpenEpisode:
     def __init__(self, engine: EpisodeEngine, stream: EpisodeCall, implicit: bool = False) -> None:
         self.engine, self.stream, self.implicit = engine, stream, implicit
         on_target = engine.set_target if engine.contract.action_space is ActionSpace.JOINT_DELTA else None
-        self.ledger = StepLedger(engine.contract.action_space, on_target)
+        self.ledger = StepLedger(engine.contract.action_space, on_target, engine.episode_id)
         self.telemetry: TelemetryBuffer | None = None
         self.closed: RunOutcome | None = None
         self.capture_error = ''     # the worker's word on why capture is on but this episode is not kept
@@ -526,9 +526,6 @@ class Policy:
                                           telemetry_error=ep.stream.telemetry_error)
                 LOG.warning('episode %s: capture refused %d frames (the episode was kept without them); first: %s',
                             out.episode_id, out.telemetry_rejected, out.telemetry_error)
-        if out.ticks_skipped:
-            LOG.warning('episode %s: %d control periods were skipped: the control loop (observe/act, or the '
-                        'caller of next_action) overran its period', out.episode_id, out.ticks_skipped)
         else:          # the worker still hears how it ended; the wait for its answer runs on its own thread
             closer = threading.Thread(target=ep.stream.close, args=(end,), name=f'seq-close-{out.episode_id[:24]}',
                                       daemon=True)

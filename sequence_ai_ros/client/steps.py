@@ -19,6 +19,7 @@ Nothing is amended after the commit, and no time stamp is rewritten: the export 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 
 import numpy as np
@@ -26,6 +27,8 @@ import numpy as np
 from sequence_ai_ros.protocol.spaces import ActionSpace
 from sequence_ai_ros.protocol.timeline import HOLD_REASONS
 from sequence_ai_ros.protocol.types import Observation
+
+LOG = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -104,11 +107,13 @@ class StepLedger:
     :param space: the contract's action space.
     :param on_target: called with each committed joint_delta target (float32 (A,)), which the engine
         integrates the next increment onto.
-    :param sink: called with each committed Step (capture), or None.
+    :param episode_id: for the log line of the first overrun.
     """
 
-    def __init__(self, space: ActionSpace, on_target: Callable[[np.ndarray], None] | None = None) -> None:
+    def __init__(self, space: ActionSpace, on_target: Callable[[np.ndarray], None] | None = None,
+                 episode_id: str = '') -> None:
         self.space = space
+        self.episode_id = episode_id
         self._on_target = on_target
         self.sink: Callable[[Step], None] | None = None
         self.pending: Step | None = None
@@ -131,7 +136,13 @@ class StepLedger:
         step.completed = True
         step.executed = self._executed(step)
         if self._last_grid is not None:
-            self.ticks_skipped += max(0, step.grid_index - self._last_grid - 1)
+            missed = max(0, step.grid_index - self._last_grid - 1)
+            if missed and not self.ticks_skipped:
+                LOG.warning('episode %s: the control loop overran its period (observe() and act(), or the loop '
+                            'around next_action(), took longer): %d period(s) skipped, never bunched; '
+                            'RunOutcome.ticks_skipped counts them (logged once per episode)', self.episode_id,
+                            missed)
+            self.ticks_skipped += missed
         self._last_grid = step.grid_index
         if step.held:
             self.ticks_held += 1
