@@ -142,6 +142,7 @@ def test_jsonl_export_has_every_request_and_episode(tmp_path: Path, store: Captu
     assert eps[0]['stats'] == {'actions': 20, 'chunks': 4, 'underruns': 0}
     tel = [json.loads(line) for line in (tmp_path / 'j/telemetry.jsonl').read_text().splitlines()]
     assert tel[0]['action'] is None and tel[0]['hold'] is True and len(tel[1]['action']) == 26
+    assert {'grid_index', 'step_start', 'step_end', 'hold_reason', 'clamped', 'policy_action'} <= set(tel[1])
     export_jsonl(store, tmp_path / 'ji', images=True, labelled_only=True, progress=False)
     with_px = json.loads((tmp_path / 'ji/requests.jsonl').read_text().splitlines()[0])
     assert with_px['observation']['images'][0]['data_b64'].startswith('/9j/')  # base64 of a JPEG

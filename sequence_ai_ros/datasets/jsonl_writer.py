@@ -11,8 +11,11 @@ Files written in ``--out``:
 - ``episodes.jsonl``: one object per episode: ``episode_id``, ``instruction``, ``started_at``,
   ``ended_at``, ``reason``, ``label`` (``success``, ``notes``) or null, ``stats`` (the run's figures),
   ``requests``, ``frames``, ``fps``, ``images``, ``contract``;
-- ``telemetry.jsonl``: one object per telemetry frame: ``episode_id``, ``frame_index``,
-  ``robot_time_s``, ``state``, ``action`` (or null while holding before the first action), ``hold``.
+- ``telemetry.jsonl``: one object per telemetry record (one control tick): ``episode_id``, ``frame_index``,
+  ``robot_time_s``, ``state``, ``action`` (what the robot executed, or null when it commanded nothing),
+  ``policy_action`` (the policy's, when it differed, else null), ``hold``, ``hold_reason``, ``clamped``,
+  ``grid_index``, ``step_start``, ``step_end`` (the tick's place on the timeline; 0 in stores written before
+  records carried it).
 """
 
 from __future__ import annotations
@@ -122,7 +125,11 @@ def export_jsonl(store: CaptureStore, out: str | Path, *, since: float | None = 
                         _write(ftel, {'episode_id': ep.episode_id, 'frame_index': frame_index,
                                       'robot_time_s': msg.robot_time_s, 'state': _tensor(msg.state),
                                       'action': _tensor(msg.action) if msg.HasField('action') else None,
-                                      'hold': msg.hold, 'images': _images(msg.images, images)})
+                                      'policy_action': (_tensor(msg.policy_action) if msg.HasField('policy_action')
+                                                        else None),
+                                      'hold': msg.hold, 'hold_reason': msg.hold_reason, 'clamped': msg.clamped,
+                                      'grid_index': msg.grid_index, 'step_start': msg.step_start,
+                                      'step_end': msg.step_end, 'images': _images(msg.images, images)})
                         frame_index += 1
                 if pending is not None:
                     _write(freq, pending)
