@@ -28,26 +28,7 @@ import math
 
 import numpy as np
 
-from sequence_ai_ros.protocol.spaces import ActionSpace
-
-#: ee_delta: dx dy dz (m), droll dpitch dyaw (rad) are increments; later channels (gripper) are positions.
-EE_DELTA_RATE_DIMS = 6
-
-
-def position_mask(space: ActionSpace, dim: int) -> np.ndarray:
-    """Return bool (D,): True for channels that are positions (interpolated), False for rates (integrated).
-
-    joint_velocity keeps its last channel as an absolute gripper position (DROID, Khazatsky et al.
-    2024); ee_delta keeps channels after the first six as positions (the gripper).
-    """
-    mask = np.zeros(dim, dtype=bool)
-    if space.is_absolute:
-        mask[:] = True
-    elif space is ActionSpace.JOINT_VELOCITY and dim > 1:
-        mask[-1] = True
-    elif space is ActionSpace.EE_DELTA:
-        mask[EE_DELTA_RATE_DIMS:] = True
-    return mask
+from sequence_ai_ros.protocol.spaces import ActionSpace, position_mask
 
 
 def interpolate(actions: np.ndarray, p: float) -> np.ndarray:

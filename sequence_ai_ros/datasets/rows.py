@@ -59,11 +59,10 @@ import numpy as np
 from sequence_ai_ros.capture.episode import RECORDS_FILE, CapturedEpisode
 from sequence_ai_ros.capture.frame_check import FrameChecker
 from sequence_ai_ros.capture.records import TELEMETRY, read_records
-from sequence_ai_ros.client.resample import position_mask
 from sequence_ai_ros.exceptions import ContractViolation
 from sequence_ai_ros.protocol import codec
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
-from sequence_ai_ros.protocol.spaces import ActionSpace
+from sequence_ai_ros.protocol.spaces import ActionSpace, position_mask
 
 #: Longest stall (s) between two kept records that held rows may fill; a larger jump is a bad record.
 MAX_GAP_S = 300.0

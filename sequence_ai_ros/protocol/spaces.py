@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import enum
 
+import numpy as np
+
 
 class ActionSpace(str, enum.Enum):
     """The meaning of an action vector."""
@@ -70,3 +72,24 @@ _TO_PROTO = {
     ActionSpace.EE_ABSOLUTE: 4,
     ActionSpace.EE_DELTA: 5,
 }
+
+
+#: ee_delta: dx dy dz (m), droll dpitch dyaw (rad) are increments; later channels (gripper) are positions.
+EE_DELTA_RATE_DIMS = 6
+
+
+def position_mask(space: ActionSpace, dim: int) -> np.ndarray:
+    """Return bool (D,): True for channels that are positions (interpolated, sampled), False for rates.
+
+    Rates (joint_delta and ee_delta increments, joint_velocity) are integrated by the client and summed or
+    averaged by the export. joint_velocity keeps its last channel as an absolute gripper position (DROID,
+    Khazatsky et al. 2024); ee_delta keeps channels after the first six as positions (the gripper).
+    """
+    mask = np.zeros(dim, dtype=bool)
+    if space.is_absolute:
+        mask[:] = True
+    elif space is ActionSpace.JOINT_VELOCITY and dim > 1:
+        mask[-1] = True
+    elif space is ActionSpace.EE_DELTA:
+        mask[EE_DELTA_RATE_DIMS:] = True
+    return mask
