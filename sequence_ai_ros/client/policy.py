@@ -343,12 +343,8 @@ class Policy:
         ep = self._episode
         if ep is None or ep.closed is not None:
             return
-        step = ep.ledger.pending
-        if step is None or step.completed:
-            return
-        step.complete(None if commanded is None else np.asarray(commanded, np.float32), clamped=clamped,
-                      hold_reason=hold_reason)
-        ep.ledger.commit()
+        ep.ledger.report(None if commanded is None else np.asarray(commanded, np.float32), clamped=clamped,
+                         hold_reason=hold_reason)
 
     def episode_outcome(self) -> RunOutcome | None:
         """None while the episode runs; its RunOutcome once it finished (completed, timeout, validate, error...)."""
@@ -477,7 +473,7 @@ class Policy:
         action = ep.engine.tick(obs, now, grid_index)
         ep.ledger.open(ep.engine.step)          # the previous tick's record is committed as it stands
         if ep.engine.outcome() is not None:
-            ep.ledger.pending = None            # a tick after the end is not the episode's
+            ep.ledger.drop()                    # a tick after the end is not the episode's
         return action
 
     def _commit(self) -> None:

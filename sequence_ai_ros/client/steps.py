@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -114,6 +115,7 @@ class StepLedger:
                  episode_id: str = '') -> None:
         self.space = space
         self.episode_id = episode_id
+        self._lock = threading.RLock()     # the control thread ticks and reports; another may end the episode
         self._on_target = on_target
         self.sink: Callable[[Step], None] | None = None
         self.pending: Step | None = None
@@ -123,13 +125,36 @@ class StepLedger:
         self.ticks_held = 0         # ticks that held instead (any reason)
         self.ticks_skipped = 0      # control deadlines no tick served (a callback overran the period)
 
-    def open(self, step: Step) -> None:
+    def open(self, step: Step | None) -> None:
         """Take the engine's new step; the previous one is committed first, as it stands."""
-        self.commit()
-        self.pending = step
+        with self._lock:
+            self.commit()
+            self.pending = step
+
+    def drop(self) -> None:
+        """Forget the pending step without committing it (a tick after the episode's end)."""
+        with self._lock:
+            self.pending = None
+
+    def report(self, command: np.ndarray | None, *, clamped: bool = False, hold_reason: str = '') -> bool:
+        """Complete the pending step with what the robot commanded and commit it; False when there is none.
+
+        :raises ValueError: for an unknown hold_reason (see :meth:`Step.complete`).
+        """
+        with self._lock:
+            step = self.pending
+            if step is None or step.completed:
+                return False
+            step.complete(command, clamped=clamped, hold_reason=hold_reason)
+            self.commit()
+            return True
 
     def commit(self) -> Step | None:
         """Commit the pending step (its command as completed, or as the engine made it); return it."""
+        with self._lock:
+            return self._commit()
+
+    def _commit(self) -> Step | None:
         step, self.pending = self.pending, None
         if step is None:
             return None
