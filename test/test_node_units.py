@@ -560,3 +560,21 @@ def test_a_refused_real_time_priority_is_reported_and_the_thread_still_ticks():
                          env={**os.environ, 'PYTHONPATH': str(Path(__file__).resolve().parents[1])})
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith('default (SCHED_FIFO 50 refused: ') and out.stdout.strip().endswith('True'), out.stdout
+
+
+def test_the_episode_log_line_carries_the_outcome() -> None:
+    """One line per episode: reason, actions, chunks, underruns, the tick counts, seam jump and gap, peak in flight.
+
+    What a reader of the node's log needs to tell a dry seam from a slow policy.
+    """
+    from sequence_ai_ros.client.outcome import RunOutcome
+    from sequence_ai_ros.node.runner import EpisodeReport, episode_line
+
+    report = EpisodeReport('ep-1', 'timeout', 'max_seconds 2 s reached', actions=60, chunks=3, underruns=1,
+                           underrun_s=0.25, max_seam_jump=0.05, commands_sent=90, ticks_held=12, ticks_skipped=2)
+    out = RunOutcome(actions=60, chunks=3, elapsed_s=2.0, reason='timeout', max_seam_gap=0.01, peak_in_flight=2)
+    line = episode_line(report, out)
+    for part in ('episode ep-1 ended: timeout', 'actions 60', 'chunks 3', 'underruns 1 (0.250 s)', 'commands_sent 90',
+                 'ticks_held 12', 'ticks_skipped 2', 'max_seam_jump 0.05', 'max_seam_gap 0.01', 'peak_in_flight 2',
+                 'max_seconds 2 s reached'):
+        assert part in line, (part, line)

@@ -136,6 +136,18 @@ class EpisodeReport:
     telemetry_error: str = ''     # the first refusal's reason
 
 
+def episode_line(report: EpisodeReport, outcome: Any = None) -> str:
+    """One log line per episode: how it ended and what it cost (the Act result's figures, and the seams')."""
+    line = (f'episode {report.episode_id} ended: {report.reason}; actions {report.actions}, chunks {report.chunks}, '
+            f'underruns {report.underruns} ({report.underrun_s:.3f} s), commands_sent {report.commands_sent}, '
+            f'ticks_held {report.ticks_held}, ticks_skipped {report.ticks_skipped}, '
+            f'max_seam_jump {report.max_seam_jump:.4g}')
+    if outcome is not None:
+        line += (f', max_seam_gap {outcome.max_seam_gap:.4g}, peak_in_flight {outcome.peak_in_flight}, '
+                 f'latency p50/p95 {outcome.latency_p50_ms:.1f}/{outcome.latency_p95_ms:.1f} ms')
+    return f'{line}; {report.message}' if report.message else line
+
+
 def episode_settings(instruction: str, max_seconds: float, *, max_actions: int = 0, smooth_seam: int = 0,
                      prefetch: bool = True) -> EpisodeSettings:
     """Build the settings of an Act goal or StartEpisode request (0 means no max_actions).
@@ -291,7 +303,7 @@ class Runner:
             dropped_telemetry=outcome.dropped_telemetry if outcome is not None else 0,
             telemetry_rejected=outcome.telemetry_rejected if outcome is not None else 0,
             telemetry_error=outcome.telemetry_error if outcome is not None else '')
-        self._log('info', f'episode {ep.id} ended: {final} {ep.message}'.strip())
+        self._log('info', episode_line(self.last_result, outcome))
         if self.last_result.telemetry_rejected:
             self.telemetry_rejected += self.last_result.telemetry_rejected
             self._log('warning', f'episode {ep.id}: the worker refused {self.last_result.telemetry_rejected} '
