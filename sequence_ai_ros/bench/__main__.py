@@ -1,4 +1,4 @@
-"""Run the benchmarks: ``python -m sequence_ai_ros.bench [worker client node export]``."""
+"""Run the benchmarks: ``python -m sequence_ai_ros.bench [worker client node export exactness ...]``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-BENCHES = ('worker', 'client', 'pipeline', 'wire', 'node', 'trajectory', 'export', 'batching', 'transport')
+BENCHES = ('worker', 'client', 'pipeline', 'wire', 'node', 'trajectory', 'export', 'batching', 'transport',
+           'exactness')
 
 
 def main(argv: list[str] | None = None) -> int:
