@@ -1,4 +1,4 @@
-"""Run the benchmarks: ``python -m sequence_ai_ros.bench [worker client node export]``."""
+"""Run the benchmarks: ``python -m sequence_ai_ros.bench [worker client node export exactness ...]``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 BENCHES = ('worker', 'client', 'max_seconds', 'pipeline', 'wire', 'node', 'trajectory', 'export', 'batching',
-           'transport')
+           'transport', 'exactness')
 
 
 def main(argv: list[str] | None = None) -> int:

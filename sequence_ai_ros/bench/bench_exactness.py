@@ -1,0 +1,107 @@
+"""The exactness table of captured field data (``python -m sequence_ai_ros.bench exactness``).
+
+Real recordings (../shared/data, or $SEQ_DATA_DIR) replayed through a real worker with capture on, driven by
+``Policy.act``, ``Policy.run`` and a self-paced ``Policy.next_action`` loop (ticks stamped with their
+deadlines; ``next_action_clock``: with the clock when they run) at 1x, 2x and 2.5x the policy rate,
+exported as LeRobot v2.1 and read back (:mod:`.exactness` has the sources, the robot and the truth):
+joint_delta and ee_delta from the WidowX-200 bag at dt 0.2 s (5, 10, 12.5 Hz control), joint_absolute
+from the G1 dataset at dt 1/30 s (30, 60, 75 Hz). Per action space x driver x rate it prints:
+
+- ``exact``: episodes whose rows are all right (count and values within 1e-5, state within 1e-6);
+- ``rows ok``: episodes with exactly one row per step executed and no held row (but where no tick started
+  in the row's step);
+- ``rows/steps``: the row counts seen against the steps executed;
+- ``path err``: max abs difference (any row, any channel) between the cumulative sum of the rows' rate
+  channels and the robot's commanded path at each row's end (delta spaces);
+- ``pos err``: the same against the command in effect at each row's start, for position channels
+  (absolute spaces, ee_delta's last channel); ``state err``: against the observation of that tick;
+- ``client err``: the robot's executed increments against the recorded ones (0 means the client executed
+  the recording exactly, so any error above is the capture's or the export's).
+
+A correctness table, not a speed figure; it takes about 3.5 s an episode (the episodes run in real time).
+``BENCH_EXACTNESS_EPISODES`` (default 4, at most 6) sets the episodes per case.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from sequence_ai_ros.bench import exactness as ex
+
+
+def _err(x: float) -> str:
+    return 'n/a' if math.isinf(x) else f'{x:.2g}'
+
+
+def _rate(m: Fraction) -> str:
+    return f'{float(m):g}x'
+
+
+def run_table(episodes: int = 4) -> list[dict[str, Any]]:
+    """Run every case with ``episodes`` episodes; return one dict per case (see the module docstring)."""
+    out = []
+    with tempfile.TemporaryDirectory(prefix='seq-exact-') as tmp:
+        root = Path(tmp)
+        for space in ex.SPACES:
+            if space == 'joint_absolute':
+                source, starts, steps = ex.g1_source(), ex.G1_STARTS, ex.G1_STEPS
+            else:
+                source, starts, steps = ex.wx200_source(space, root), ex.WX_STARTS, ex.WX_STEPS
+            for driver in ex.TABLE_DRIVERS:
+                for m in ex.MULTIPLES:
+                    work = root / f'{space}-{driver}-{float(m):g}'
+                    work.mkdir()
+                    scores = [ex.score(e) for e in ex.replay(source, driver, m, starts[:episodes], steps, work)]
+                    case = {'space': space, 'driver': driver, 'multiple': float(m),
+                            'control_hz': round(float(m) / source.dt, 3), 'episodes': len(scores),
+                            'rows_ok': sum(s.count_ok for s in scores), 'exact': sum(s.exact for s in scores),
+                            'rows': sorted({s.rows for s in scores}), 'steps': sorted({s.steps for s in scores}),
+                            'held': sum(s.held for s in scores), 'underruns': sum(s.underruns for s in scores),
+                            'path_err': max(s.path_err for s in scores) if source.rate_dims else None,
+                            'pos_err': (max(s.position_err for s in scores)
+                                        if len(source.config['names']) > source.rate_dims else None),
+                            'state_err': max(s.state_err for s in scores),
+                            'client_err': max(s.client_err for s in scores),
+                            'skipped': [s.skipped for s in scores if s.skipped]}
+                    print(_line(case), flush=True)
+                    out.append(case)
+    return out
+
+
+HEADER = (f'{"space":<15}{"driver":<19}{"rate":<14}{"episodes":>8}{"exact":>7}{"rows ok":>9}{"rows/steps":>13}'
+          f'{"path err":>10}{"pos err":>10}{"state err":>11}{"client err":>12}{"underruns":>11}')
+
+
+def _line(c: dict[str, Any]) -> str:
+    lo, hi = c['rows'][0], c['rows'][-1]
+    rows = str(lo) if lo == hi else f'{lo}-{hi}'
+    steps = '/'.join(str(s) for s in c['steps'])
+    rate = f'{_rate(Fraction(c["multiple"]))} ({c["control_hz"]:g} Hz)'
+    path = '-' if c['path_err'] is None else _err(c['path_err'])
+    pos = '-' if c['pos_err'] is None else _err(c['pos_err'])
+    return (f'{c["space"]:<15}{c["driver"]:<19}{rate:<14}{c["episodes"]:>8}{c["exact"]:>5}/{c["episodes"]:<1}'
+            f'{c["rows_ok"]:>7}/{c["episodes"]:<1}'
+            f'{rows + "/" + steps:>13}{path:>10}{pos:>10}{_err(c["state_err"]):>11}{_err(c["client_err"]):>12}'
+            f'{c["underruns"]:>11}')
+
+
+def main() -> dict[str, Any]:
+    """Print the exactness table and return it (``{'cases': [...]}``); skips without the real data."""
+    missing = [p for p in (ex.WX200_BAG / 'metadata.yaml', ex.G1_DATASET / 'meta' / 'info.json') if not p.exists()]
+    if missing:
+        print(f'exactness: real data not found ({", ".join(map(str, missing))}); set SEQ_DATA_DIR')
+        return {'skipped': f'no real data at {ex.DATA}'}
+    episodes = max(1, min(6, int(os.environ.get('BENCH_EXACTNESS_EPISODES', '4'))))
+    print(f'exactness of captured rows, LeRobot v2.1 export read back; {episodes} episodes per case')
+    print(HEADER, flush=True)
+    cases = run_table(episodes)
+    return {'episodes_per_case': episodes, 'cases': cases}
+
+
+if __name__ == '__main__':
+    main()
