@@ -24,10 +24,11 @@ tick woken a little late still starts its own step at 1x. The truth for row ``k`
   whose step no tick started in (a missed deadline of an absolute next_action loop: the previous command
   stays in effect);
 - delta spaces, rate channels: ``sum(rows[:k + 1])`` is the robot's commanded path at the boundary ``k + 1``
-  minus its start. The robot moves to each tick's target over the tick's span, so at a boundary inside a
-  tick (2.5x: ticks of 0.4 step) its path is the tick's pose before plus the covered share of the tick's
-  increment: a tick is apportioned to the rows it spans by span. (At 1x and 2x every boundary is a tick's
-  end. The log is also checked to hold exactly the recorded increments, so a fault there is the client's.)
+  minus its start. At a boundary inside a tick (2.5x: ticks of 0.4 step) the path is the tick's pose before
+  plus the part of the recorded steps the tick covers up to the boundary: the policy's own path, since the
+  tick's increment is exactly those parts (the client sends them with the tick), so each row is the policy's
+  step. (At 1x and 2x every boundary is a tick's end. The log is also checked to hold exactly the recorded
+  increments, so a fault there is the client's.)
 - position channels (absolute spaces, ee_delta's last channel): the command of the tick in effect at step
   ``k`` (the last tick whose span starts at or before ``k``);
 - ``observation.state``: the observation of that same tick (the one the row's step started under).
@@ -312,8 +313,10 @@ def expected(episode: Episode) -> Expected:
         before, after = t.before[:r].astype(np.float64), t.after[:r].astype(np.float64)
         if abs(t.start + t.span - b) <= STEP_EPS or t.start + t.span < b:
             at = after
-        else:                      # inside the tick: the share of its increment covered by then
-            at = before + (b - t.start) / t.span * (after - before)
+        else:    # inside the tick: its increment up to b is the part of the recorded steps it covers by then
+            at = before.copy()
+            for j in range(math.floor(t.start + STEP_EPS), math.ceil(b - STEP_EPS)):
+                at += (min(b, j + 1) - max(t.start, j)) * rates[robot.first + j]
         path[k] = at - robot.start[:r]
     return Expected(state, path, positions, client_err, gaps)
 

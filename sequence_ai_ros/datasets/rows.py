@@ -28,8 +28,9 @@ convention holds: the row's state at its time, its action over ``[t, t + 1 / fps
   displacement;
 - ``action.policy``: the same reduction of the policy's actions (a tick the robot did not execute, as in
   a dry run or a refused command, keeps its policy action here while its row is held);
-- ``action.clamped``: a record the row covers was clamped; ``action.held``: the row executed nothing
-  fresh (absolute: the record in effect held; delta/velocity: no record in the row's span executed).
+- ``action.clamped``: a record the row covers was clamped (absolute: the record in effect);
+  ``action.held``: no record within the row's span executed a fresh policy action (an underrun, a dry run,
+  deadlines a stalled loop missed).
 
 Control deadlines no tick served (a stalled control loop: the next record's ``grid_index`` jumps) leave
 a gap in the spans; rows in it are held (the previous state and frames; absolute: the previous target,
@@ -368,7 +369,8 @@ def _reduce(records: list[_Record], first: int, space: ActionSpace, action_dim: 
         acted = not in_gap and rec.pol is not None and (rec.fresh or rec.cmd is None)
         policy_target = np.asarray(rec.pol if acted else target, np.float64)
         if space.is_absolute:
-            held, a_row, p_row = not own, target, policy_target
+            # held: nothing fresh was commanded within the row's span (legacy: its cell's first tick held)
+            held, a_row, p_row = (not own) if legacy else not fresh_any, target, policy_target
             clamped = clamped_any if legacy else (rec.clamped and not in_gap)
         else:
             held, a_row, p_row = not fresh_any, action, policy
