@@ -346,3 +346,4 @@ def test_node_rows_with_late_wakeups_and_stalls_are_the_ticks_on_their_deadlines
     diff = np.flatnonzero(np.any(rows.action != want, axis=1) | (rows.held != want_held))
     assert diff.size == 0, (f'{rate_hz} Hz: rows {diff.tolist()[:12]} differ (held got '
                             f'{np.flatnonzero(rows.held).tolist()} want {np.flatnonzero(want_held).tolist()})')
+

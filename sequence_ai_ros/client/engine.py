@@ -129,8 +129,8 @@ class EpisodeEngine:
             first) when the buffer is dry or the episode has finished; None when there is nothing to hold.
         """
         with self._lock:
-            gap = self._place(now, grid_index)
-            self._advance(now, gap)
+            self._place(now, grid_index)
+            self._advance(now)
             if self._last_tick is not None and self.settings.control_period is None and now > self._last_tick:
                 self._period = 0.8 * self._period + 0.2 * (now - self._last_tick)
             self._last_tick = now
@@ -358,15 +358,14 @@ class EpisodeEngine:
         limit = self.settings.max_actions
         return math.inf if limit is None else max(0.0, limit - self.executed)
 
-    def _advance(self, now: float, gap: int = 1) -> None:
+    def _advance(self, now: float) -> None:
         live = self._live
         if self._emit_t is not None and live is not None:
             whole = live.length - live.pos
             by_step = self._by_step()
-            # act/run in an absolute space: deadlines a slow callback missed pass on the chunk too (the chunk
-            # stays on the clock, its stale rows skipped); a delta space runs every increment once
-            steps = gap if (self.fixed_step and self._space.is_absolute) else 1
-            want = self._emit_step * steps if by_step else (now - self._emit_t) / live.dt
+            # act/run: every step runs once, whatever the callback's overruns (counted: the ledger's
+            # ticks_skipped; the deadlines they missed are held rows in the export)
+            want = self._emit_step if by_step else (now - self._emit_t) / live.dt
             adv = max(0.0, min(want, whole, self._to_limit()))   # rows past max_actions never run
             if not by_step and want > whole + _EPS and self._dry_since is None and whole < self._to_limit():
                 # The chunk ran out between two ticks: the dry spell began when it did, not at this tick.

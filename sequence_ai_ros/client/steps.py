@@ -182,12 +182,14 @@ class StepLedger:
         if self.space is not ActionSpace.JOINT_DELTA or command is None:
             return command        # a hold's command moves nothing in a rate space: its rates are zero
         # joint_delta: the robot commands absolute targets; it executed this one minus the previous one
+        if step.held:
+            return np.zeros_like(command)     # a hold keeps the target the robot already had: it moves nothing
         before = self._target
         if before is None and step.policy_action is not None:
             before = (command - step.policy_action).astype(np.float32)   # the state the engine integrated onto
         self._target = command.copy()
-        if step.held or before is None:
-            return np.zeros_like(command)     # a hold commands the target it already had: it moves nothing
+        if before is None:
+            return np.zeros_like(command)
         if self._on_target is not None and step.proposed is not None and not np.array_equal(command, step.proposed):
             self._on_target(self._target)     # the robot changed the target (a clamp): integrate onto its own
         if not step.clamped and step.policy_action is not None and step.hold_reason == '' \

@@ -1,0 +1,67 @@
+"""The StepLedger's joint_delta bookkeeping: what the robot executed is what the rows sum to.
+
+The ledger is fed the steps a real engine would make (the engine integrates each increment onto its own
+target; the robot completes the step with what it really commanded).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sequence_ai_ros.client.steps import Step, StepLedger
+from sequence_ai_ros.protocol.spaces import ActionSpace
+from sequence_ai_ros.protocol.types import Observation
+
+OBS = Observation(state=np.zeros(2, np.float32))
+
+
+def _step(g: int, policy, command, hold_reason: str = '') -> Step:
+    return Step(grid_index=g, step_start=float(g), step_end=g + 1.0, observation=OBS,
+                policy_action=None if policy is None else np.asarray(policy, np.float32),
+                command=np.asarray(command, np.float32), hold_reason=hold_reason)
+
+
+def test_a_refused_tick_then_a_hold_keeps_the_executed_increments_on_the_robots_path() -> None:
+    """Refused, then an underrun hold, then fresh: the executed increments sum to where the robot really went.
+
+    The refused tick's robot kept its target; the hold repeats the engine's own target, which holds the
+    refused increment.
+    """
+    committed: list[Step] = []
+    targets: list[np.ndarray] = []
+    ledger = StepLedger(ActionSpace.JOINT_DELTA, on_target=targets.append)
+    ledger.sink = committed.append
+    d = np.float32(0.1)
+    robot = np.zeros(2, np.float32)                    # the robot's target
+    engine = np.zeros(2, np.float32)                   # the engine's own target
+    for g, kind in enumerate(['fresh', 'refused', 'hold', 'fresh', 'clamped', 'hold', 'fresh']):
+        if kind == 'hold':
+            ledger.open(_step(g, None, engine, hold_reason='underrun'))
+            ledger.commit()                            # the robot repeats its own target
+            continue
+        engine = (engine + d).astype(np.float32)
+        ledger.open(_step(g, [d, d], engine))
+        if kind == 'refused':
+            assert ledger.report(None, hold_reason='refused')
+        elif kind == 'clamped':
+            clamped = (robot + np.float32(0.05)).astype(np.float32)
+            assert ledger.report(clamped, clamped=True)
+            engine = robot = clamped                   # the engine integrates onto the robot's target (fed back)
+        else:
+            ledger.commit()
+            robot = engine
+    executed = sum(s.executed for s in committed if s.executed is not None)
+    np.testing.assert_allclose(executed, robot, atol=1e-6)
+    assert [s.hold_reason for s in committed] == ['', 'refused', 'underrun', '', '', 'underrun', '']
+    assert ledger.commands_sent == 4 and ledger.ticks_held == 3 and ledger.ticks_skipped == 0
+    assert len(targets) == 1                           # only the clamp changed the engine's target
+
+
+def test_missed_deadlines_are_counted_once_and_a_second_report_is_ignored() -> None:
+    ledger = StepLedger(ActionSpace.JOINT_ABSOLUTE)
+    for g in (0, 1, 4, 5, 9):
+        ledger.open(_step(g, [1, 1], [1, 1]))
+        assert ledger.report(np.ones(2, np.float32))
+        assert not ledger.report(np.zeros(2, np.float32))    # once per tick
+    ledger.commit()
+    assert ledger.ticks_skipped == 2 + 3 and ledger.commands_sent == 5
