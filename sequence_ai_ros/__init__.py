@@ -34,6 +34,20 @@ _EXPORTS = {
     'Action': 'sequence_ai_ros.protocol',
     'ActionSpace': 'sequence_ai_ros.protocol',
     'Contract': 'sequence_ai_ros.protocol',
+    'EpisodeSettings': 'sequence_ai_ros.client.settings',
+    # the typed errors a client is told to catch (sequence_ai_ros.exceptions has them all)
+    'SequenceAIError': 'sequence_ai_ros.exceptions',
+    'ConnectionLost': 'sequence_ai_ros.exceptions',
+    'ContractViolation': 'sequence_ai_ros.exceptions',
+    'ActionSpaceMismatch': 'sequence_ai_ros.exceptions',
+    'EpisodeStateError': 'sequence_ai_ros.exceptions',
+    'NotReady': 'sequence_ai_ros.exceptions',
+    'PolicyException': 'sequence_ai_ros.exceptions',
+    'Overloaded': 'sequence_ai_ros.exceptions',
+    'Unauthenticated': 'sequence_ai_ros.exceptions',
+    'UnknownDeployment': 'sequence_ai_ros.exceptions',
+    'ProtocolVersionError': 'sequence_ai_ros.exceptions',
+    'CaptureError': 'sequence_ai_ros.exceptions',
 }
 
 __all__ = sorted(_EXPORTS)

@@ -24,8 +24,8 @@ def _step(g: int, policy, command, hold_reason: str = '') -> Step:
 def test_a_refused_tick_then_a_hold_keeps_the_executed_increments_on_the_robots_path() -> None:
     """Refused, then an underrun hold, then fresh: the executed increments sum to where the robot really went.
 
-    The refused tick's robot kept its target; the hold repeats the engine's own target, which holds the
-    refused increment.
+    The refused tick's robot kept its target, and the engine is told so: the next increment starts from it
+    (a refused increment is dropped, never caught up in one jump on the next tick).
     """
     committed: list[Step] = []
     targets: list[np.ndarray] = []
@@ -43,6 +43,8 @@ def test_a_refused_tick_then_a_hold_keeps_the_executed_increments_on_the_robots_
         ledger.open(_step(g, [d, d], engine))
         if kind == 'refused':
             assert ledger.report(None, hold_reason='refused')
+            np.testing.assert_array_equal(targets[-1], robot)   # the engine integrates onto the robot's target
+            engine = robot                             # so the refused increment is dropped, never caught up
         elif kind == 'clamped':
             clamped = (robot + np.float32(0.05)).astype(np.float32)
             assert ledger.report(clamped, clamped=True)
@@ -54,7 +56,7 @@ def test_a_refused_tick_then_a_hold_keeps_the_executed_increments_on_the_robots_
     np.testing.assert_allclose(executed, robot, atol=1e-6)
     assert [s.hold_reason for s in committed] == ['', 'refused', 'underrun', '', '', 'underrun', '']
     assert ledger.commands_sent == 4 and ledger.ticks_held == 3 and ledger.ticks_skipped == 0
-    assert len(targets) == 1                           # only the clamp changed the engine's target
+    assert len(targets) == 2                           # the refusal and the clamp reset the engine's target
 
 
 def test_missed_deadlines_are_counted_once_and_a_second_report_is_ignored() -> None:
@@ -65,3 +67,16 @@ def test_missed_deadlines_are_counted_once_and_a_second_report_is_ignored() -> N
         assert not ledger.report(np.zeros(2, np.float32))    # once per tick
     ledger.commit()
     assert ledger.ticks_skipped == 2 + 3 and ledger.commands_sent == 5
+
+
+
+def test_the_first_command_clamped_executes_what_the_controller_received() -> None:
+    """The first tick clamped by max_step: its increment is the clamped target minus the measured state."""
+    committed: list[Step] = []
+    ledger = StepLedger(ActionSpace.JOINT_DELTA)
+    ledger.set_sink(committed.append)
+    measured = np.array([0.1, 0.2], np.float32)
+    ledger.open(_step(0, [0.002, 0.002], measured + np.float32(0.002)))
+    clamped = (measured + np.float32(0.0005)).astype(np.float32)
+    assert ledger.report(clamped, clamped=True)
+    np.testing.assert_allclose(committed[0].executed, clamped - measured, atol=1e-7)

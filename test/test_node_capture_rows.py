@@ -213,7 +213,8 @@ def _rows_by_span_rule(sent, rate_hz, fps=30.0):
 
     A tick serving deadline g covers [g, g + 1) periods, i.e. chunk steps [g * s, (g + 1) * s) with
     s = fps / rate_hz; row k (from the first fresh tick's start) takes the tick in effect at it: its command
-    when fresh, else (a hold, or deadlines no tick served) the previous command, held. Returns (actions, held).
+    when fresh, else (a hold, or deadlines no tick served) the previous command; it is held when no fresh
+    tick's span overlaps the row's. Returns (actions, held).
     """
     s = fps / rate_hz
     ticks = [(g, f, v) for _, f, v, g in sent]
@@ -232,7 +233,9 @@ def _rows_by_span_rule(sent, rate_hz, fps=30.0):
         if f:
             prev = v
         actions.append(v if own else prev)
-        held.append(not own)
+        # held: no fresh tick's span [g s, (g + 1) s) overlaps the row's [p, p + 1)
+        fresh_in_row = any(ff and gg * s < p + 1 - 1e-6 and (gg + 1) * s > p + 1e-6 for gg, ff, _ in ticks)
+        held.append(not fresh_in_row)
         k += 1
     return np.array(actions, np.float32), np.array(held)
 

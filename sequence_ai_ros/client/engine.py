@@ -48,6 +48,8 @@ from sequence_ai_ros.protocol.types import Action, Observation
 _EPS = 1e-9
 #: A tick without a given grid index may come this share of a period before its deadline and still serve it.
 GRID_EARLY = 0.05
+#: Without a fixed control_period, a tick this many measured periods after the previous one missed deadlines.
+UNPACED_STALL = 2.5
 _Live, _Pending = LiveChunk, Pending
 
 
@@ -124,7 +126,8 @@ class EpisodeEngine:
         :param grid_index: the control deadline this tick serves, on the caller's grid (any origin; it must
             grow by one per deadline, more when deadlines were missed); None estimates it from ``now``: with a
             fixed ``control_period``, the period holding ``now`` counted from the first tick (a tick may come
-            :data:`GRID_EARLY` of a period early); without one, the measured period since the previous tick.
+            :data:`GRID_EARLY` of a period early); without one, one deadline per call unless a tick comes
+            more than :data:`UNPACED_STALL` measured periods after the previous one (a stall).
         :returns: an Action; ``hold=True`` repeats the last command (or the measured state before the
             first) when the buffer is dry or the episode has finished; None when there is nothing to hold.
         """
@@ -173,7 +176,10 @@ class EpisodeEngine:
             # serves its own), counted from the first tick
             g = int(math.floor((now - self._grid_t0) / self.settings.control_period + GRID_EARLY))
         else:
-            g = self._grid + max(1, int(math.floor((now - self._grid_t) / self._period + 0.5)))
+            # no fixed period: a deadline is missed only by a stall of well over the measured period (a loop
+            # without pacing jitters by its own period, and is one deadline per call)
+            gap = (now - self._grid_t) / self._period
+            g = self._grid + (int(math.floor(gap + 0.5)) if gap > UNPACED_STALL else 1)
         gap = 1
         if self._grid is None:
             g = max(0, g)

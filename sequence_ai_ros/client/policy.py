@@ -56,6 +56,12 @@ class _OpenEpisode:
             return out
         return dataclasses.replace(out, capture_error=self.capture_error)
 
+    def counted(self, out: RunOutcome) -> RunOutcome:
+        """``out`` with the ledger's tick counts (commands_sent, ticks_held, ticks_skipped) so far."""
+        ledger = self.ledger
+        return dataclasses.replace(out, commands_sent=ledger.commands_sent, ticks_held=ledger.ticks_held,
+                                   ticks_skipped=ledger.ticks_skipped)
+
     def capture(self, step: Step) -> None:
         """The ledger's sink: one committed step, one telemetry record (when the episode is captured)."""
         tel = self.telemetry
@@ -303,6 +309,8 @@ class Policy:
             elif ep is not None and ep is not self._idle_raised and self._ended_idle(ep):
                 self._idle_raised = ep       # once: the calls after it hold, until end_episode()
                 raise ep.engine.outcome().error
+            if grid_index is not None and self._episode is not None:
+                self._episode.ledger.warn_overruns = False   # the caller's own grid: it counts its skips
             return self._tick(obs, time.monotonic() if now is None else now, grid_index)
 
     @staticmethod
@@ -351,8 +359,10 @@ class Policy:
         ep = self._episode
         if ep is None:
             return None
-        out = ep.closed or ep.engine.outcome()
-        return None if out is None else ep.told(out)
+        if ep.closed is not None:
+            return ep.closed
+        out = ep.engine.outcome()
+        return None if out is None else ep.told(ep.counted(out))
 
     def stats(self) -> dict[str, Any]:
         """Live numbers of the current (or last) episode: buffer_s, actions, chunks, underruns, latency..."""
@@ -485,7 +495,9 @@ class Policy:
     def _on_started(self, episode: _OpenEpisode, msg: pb.EpisodeStarted) -> None:
         if msg.capture and msg.capture_fps > 0:
             episode.telemetry = TelemetryBuffer(msg.capture_fps, msg.capture_images, self.contract.dt)
-            episode.ledger.sink = episode.capture
+            episode.ledger.set_sink(episode.capture)
+        else:
+            episode.ledger.set_sink(None)
         if msg.capture_error:
             episode.capture_error = msg.capture_error
             LOG.warning('episode %s is not captured: %s', msg.episode_id, msg.capture_error)
@@ -498,9 +510,7 @@ class Policy:
             return ep.closed
         out = ep.engine.finish(reason)
         ep.ledger.commit()        # the last tick's record is the episode's
-        ledger = ep.ledger
-        out = dataclasses.replace(out, commands_sent=ledger.commands_sent, ticks_held=ledger.ticks_held,
-                                  ticks_skipped=ledger.ticks_skipped)
+        out = ep.counted(out)
         # The worker hears how it ended, 'error' included (the caller's code raised, or no chunk came within
         # chunk_timeout), so captured data is flagged; a stream that already failed sends nothing (close()).
         tel = ep.telemetry.flush() if ep.telemetry is not None else None

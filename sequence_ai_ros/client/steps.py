@@ -30,6 +30,8 @@ from sequence_ai_ros.protocol.timeline import HOLD_REASONS
 from sequence_ai_ros.protocol.types import Observation
 
 LOG = logging.getLogger(__name__)
+#: Steps kept while the worker has not yet said whether the episode is captured (its first reply).
+MAX_EARLY_STEPS = 1000
 
 
 @dataclasses.dataclass
@@ -118,12 +120,23 @@ class StepLedger:
         self._lock = threading.RLock()     # the control thread ticks and reports; another may end the episode
         self._on_target = on_target
         self.sink: Callable[[Step], None] | None = None
+        self._early: list[Step] | None = []        # committed before the capture decision (EpisodeStarted)
         self.pending: Step | None = None
+        self.warn_overruns = True                  # the node counts its own skipped ticks and says so
         self._target: np.ndarray | None = None     # joint_delta: the robot's last commanded target
         self._last_grid: int | None = None
         self.commands_sent = 0      # ticks that executed a fresh policy action
         self.ticks_held = 0         # ticks that held instead (any reason)
         self.ticks_skipped = 0      # control deadlines no tick served (a callback overran the period)
+
+    def set_sink(self, sink: Callable[[Step], None] | None) -> None:
+        """Decide capture (at EpisodeStarted): ``sink`` takes every committed step, those before it included."""
+        with self._lock:
+            early, self._early = self._early or [], None
+            self.sink = sink
+            if sink is not None:
+                for step in early:
+                    sink(step)
 
     def open(self, step: Step | None) -> None:
         """Take the engine's new step; the previous one is committed first, as it stands."""
@@ -162,7 +175,7 @@ class StepLedger:
         step.executed = self._executed(step)
         if self._last_grid is not None:
             missed = max(0, step.grid_index - self._last_grid - 1)
-            if missed and not self.ticks_skipped:
+            if missed and not self.ticks_skipped and self.warn_overruns:
                 LOG.warning('episode %s: the control loop overran its period (observe() and act(), or the loop '
                             'around next_action(), took longer): %d period(s) skipped, never bunched; '
                             'RunOutcome.ticks_skipped counts them (logged once per episode)', self.episode_id,
@@ -175,18 +188,29 @@ class StepLedger:
             self.commands_sent += 1
         if self.sink is not None:
             self.sink(step)
+        elif self._early is not None and len(self._early) < MAX_EARLY_STEPS:
+            self._early.append(step)
         return step
 
     def _executed(self, step: Step) -> np.ndarray | None:
         command = step.command
+        if self.space is ActionSpace.JOINT_DELTA and command is None and step.proposed is not None:
+            # the robot refused this target (or sent it to a dry run): the next increment integrates onto the
+            # target the robot really has, so refused increments are dropped, never caught up in one jump
+            kept = self._target
+            if kept is None and step.policy_action is not None:
+                kept = (step.proposed - step.policy_action).astype(np.float32)
+            if kept is not None and self._on_target is not None:
+                self._on_target(kept)
         if self.space is not ActionSpace.JOINT_DELTA or command is None:
             return command        # a hold's command moves nothing in a rate space: its rates are zero
         # joint_delta: the robot commands absolute targets; it executed this one minus the previous one
         if step.held:
             return np.zeros_like(command)     # a hold keeps the target the robot already had: it moves nothing
         before = self._target
-        if before is None and step.policy_action is not None:
-            before = (command - step.policy_action).astype(np.float32)   # the state the engine integrated onto
+        if before is None and step.policy_action is not None and step.proposed is not None:
+            # the first command: the state the engine integrated the policy's increment onto
+            before = (step.proposed - step.policy_action).astype(np.float32)
         self._target = command.copy()
         if before is None:
             return np.zeros_like(command)
