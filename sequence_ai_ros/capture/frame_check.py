@@ -5,9 +5,15 @@ A frame is kept only when it could become a dataset row as it is:
 - ``state``: dtype float32, shape (D,) with D the contract's state size, every value finite;
 - ``action`` and ``policy_action`` (when present): float32 (A,) with A the contract's action size, finite;
 - ``robot_time_s``: finite and within :data:`MAX_ROBOT_TIME_S` of 0 (a monotonic clock);
-- the timeline (:mod:`sequence_ai_ros.protocol.timeline`): ``grid_index`` below ``MAX_GRID_INDEX``; the
-  span finite, within ``MAX_STEP``, ``step_end >= step_start``; ``hold_reason`` '' or one of ``HOLD_REASONS``;
-  ``pieces`` (when present) float32 (P, A) with P >= 2, finite, one positive ``piece_share`` each, summing to 1;
+- the timeline (:mod:`sequence_ai_ros.protocol.timeline`), against the episode's records before it: every
+  record has a span (``step_end > step_start``) or, in a store of an earlier version, none at all (all three
+  0), never a mix; ``grid_index`` grows and ``step_start`` never falls before the previous record's end; one
+  span covers at most :data:`MAX_TICK_S` of the policy's time, a gap between two at most
+  :data:`MAX_GAP_S`, the episode at most :data:`MAX_EPISODE_S`; ``robot_time_s`` never goes back nor leaps
+  more than :data:`MAX_GAP_S`; ``hold_reason`` is '' or one of ``HOLD_REASONS``, and only on a held record;
+  ``pieces`` only in a delta or velocity space, float32 (P, A) with 2 <= P <= the chunk steps the span
+  touches, finite, one positive ``piece_share`` each summing to 1, making up the record's policy action
+  (or its action);
 - each image: a known encoding (jpeg, png, raw); for jpeg/png the header, read by Pillow's lazy
   ``Image.open`` (no pixel decode), must show the declared format, width, height and channels; a png
   must hold 8-bit samples, greyscale for 1 channel or RGB for 3 (its IHDR: no 16-bit, no palette); a
@@ -30,6 +36,7 @@ from sequence_ai_ros.exceptions import ContractViolation
 from sequence_ai_ros.protocol import codec
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import Contract, clip
+from sequence_ai_ros.protocol.spaces import ActionSpace, position_mask
 from sequence_ai_ros.protocol.timeline import HOLD_REASONS, MAX_GRID_INDEX, MAX_STEP
 
 _MODE_CHANNELS = {'L': 1, 'RGB': 3, 'YCbCr': 3, 'I;16': 1, 'P': 1, 'RGBA': 4, 'CMYK': 4, 'LA': 2, '1': 1}
@@ -37,6 +44,14 @@ _MODE_CHANNELS = {'L': 1, 'RGB': 3, 'YCbCr': 3, 'I;16': 1, 'P': 1, 'RGBA': 4, 'C
 
 #: Largest |robot_time_s| (s) a frame may carry: a monotonic clock (~32 years); beyond is garbage.
 MAX_ROBOT_TIME_S = 1e9
+#: Longest control period one record may cover (s of the policy's time).
+MAX_TICK_S = 10.0
+#: Longest stall between two records (s): a larger leap is a bad record (the export fills a stall with rows).
+MAX_GAP_S = 300.0
+#: Longest episode a record may belong to (s of the policy's time), which bounds an export's rows.
+MAX_EPISODE_S = 7200.0
+#: Slack on span comparisons (chunk steps): spans are sums of floats.
+_SLACK = 1e-6
 
 class FrameChecker:
     """Check the telemetry frames of one episode (it remembers each camera's size).
@@ -47,6 +62,7 @@ class FrameChecker:
 
     def __init__(self, contract: Contract | None) -> None:
         self.contract = contract
+        self._last: pb.TelemetryFrame | None = None   # the last record kept (the timeline's checks)
         self.sizes: dict[str, tuple[int, int]] = {}
         self.channels: dict[str, int] = {}   # per camera key: the channel count of its first frame
         if contract is not None:
@@ -63,6 +79,7 @@ class FrameChecker:
             raise ContractViolation(f'robot_time_s {frame.robot_time_s!r} is not a monotonic clock reading '
                                     f'(finite, |t| <= {MAX_ROBOT_TIME_S:g} s)')
         _timeline(frame)
+        self._order(frame)
         c = self.contract
         state_dim = len(c.observation.state_names) if c is not None and c.observation.state_names else None
         _vector(frame.state, 'state', state_dim)
@@ -71,7 +88,7 @@ class FrameChecker:
             _vector(frame.action, 'action', action_dim)
         if frame.HasField('policy_action'):
             _vector(frame.policy_action, 'policy_action', action_dim)
-        _pieces(frame, action_dim)
+        self._pieces(frame, action_dim)
         sizes = {}
         for image in frame.images:
             key = clip(image.key, 60)
@@ -89,6 +106,75 @@ class FrameChecker:
             self.sizes.setdefault(key, size)
         for image in frame.images:
             self.channels.setdefault(image.key, image.channels)
+        self._last = frame
+
+    def _order(self, frame: pb.TelemetryFrame) -> None:
+        """The record against the episode's records before it (see the module docstring)."""
+        if frame.hold_reason and not frame.hold:
+            raise ContractViolation(f'hold_reason {clip(frame.hold_reason, 40)!r} on a record that did not hold')
+        spanned = frame.step_end > frame.step_start
+        if not spanned and (frame.step_end or frame.step_start or frame.grid_index):
+            raise ContractViolation(f'step span [{frame.step_start!r}, {frame.step_end!r}) is empty: a record of this '
+                                    'protocol covers at least part of a chunk step')
+        dt = self.contract.dt if self.contract is not None and self.contract.dt > 0 else None
+        last = self._last
+        if spanned and dt is not None:
+            if (frame.step_end - frame.step_start) * dt > MAX_TICK_S:
+                raise ContractViolation(f'step span of {frame.step_end - frame.step_start:g} chunk steps covers more '
+                                        f'than {MAX_TICK_S:g} s: no control period is that long')
+            if frame.step_end * dt > MAX_EPISODE_S:
+                raise ContractViolation(f'step_end {frame.step_end!r} is more than {MAX_EPISODE_S:g} s into the '
+                                        'episode')
+        if last is None:
+            return
+        if spanned != (last.step_end > last.step_start):
+            raise ContractViolation('a record with a chunk-step span among records without one (or the reverse)')
+        if frame.robot_time_s < last.robot_time_s - 1e-6 or frame.robot_time_s - last.robot_time_s > MAX_GAP_S:
+            raise ContractViolation(f'robot_time_s {frame.robot_time_s!r} goes back from, or leaps more than '
+                                    f'{MAX_GAP_S:g} s past, the previous record\'s {last.robot_time_s!r}')
+        if not spanned:
+            return
+        if frame.grid_index <= last.grid_index or frame.step_start < last.step_end - _SLACK:
+            raise ContractViolation(f'record at grid index {frame.grid_index}, steps [{frame.step_start!r}, '
+                                    f'{frame.step_end!r}) does not follow the previous one (grid index '
+                                    f'{last.grid_index}, ending at step {last.step_end!r})')
+        gap = frame.step_start - last.step_end
+        period = last.step_end - last.step_start
+        if dt is not None and gap * dt > MAX_GAP_S:
+            raise ContractViolation(f'record starts {gap * dt:g} s after the previous one ends (more than '
+                                    f'{MAX_GAP_S:g} s)')
+        if frame.grid_index - last.grid_index - 1 > 2 * gap / period + 2:
+            raise ContractViolation(f'grid index {frame.grid_index} leaps {frame.grid_index - last.grid_index} '
+                                    f'deadlines past the previous record\'s, its span {gap:g} steps')
+
+    def _pieces(self, frame: pb.TelemetryFrame, dim: int | None) -> None:
+        share = list(frame.piece_share)
+        if not frame.HasField('pieces'):
+            if share:
+                raise ContractViolation('piece_share without pieces')
+            return
+        space = self.contract.action_space if self.contract is not None else None
+        if space is not None and space.is_absolute:
+            raise ContractViolation(f'pieces in an {space.value} space: only delta and velocity ticks have parts')
+        arr = codec.from_tensor(frame.pieces, what='pieces', dtype='float32', ndim=2, finite=True)
+        touched = math.ceil(frame.step_end - _SLACK) - math.floor(frame.step_start + _SLACK)
+        if (arr.shape[0] < 2 or arr.shape[0] != len(share) or arr.shape[0] > max(2, touched)
+                or (dim is not None and arr.shape[1] != dim)):
+            raise ContractViolation(f'pieces of shape {arr.shape} with {len(share)} shares; (P, {dim or "A"}) with '
+                                    f'2 <= P <= {max(2, touched)} (the chunk steps the span touches) and one share '
+                                    f'each is required')
+        if not all(math.isfinite(x) and x > 0 for x in share) or abs(sum(share) - 1.0) > 1e-6:
+            raise ContractViolation('piece_share must be positive and sum to 1')
+        ref_t = frame.policy_action if frame.HasField('policy_action') else (
+            frame.action if frame.HasField('action') else None)
+        if ref_t is None:
+            return
+        ref = codec.from_tensor(ref_t, what='action', dtype='float32', ndim=1, finite=True).astype(np.float64)
+        w = np.asarray(share, np.float64)[:, None]
+        total = (w * arr).sum(0) if space is ActionSpace.JOINT_VELOCITY else arr.astype(np.float64).sum(0)
+        rate = ~position_mask(space, arr.shape[1]) if space is not None else np.ones(arr.shape[1], bool)
+        if ref.shape == total.shape and not np.allclose(total[rate], ref[rate], rtol=1e-3, atol=1e-5):
+            raise ContractViolation('pieces do not make up the record\'s policy action (their sum differs)')
 
 
 def _timeline(frame: pb.TelemetryFrame) -> None:
@@ -100,20 +186,6 @@ def _timeline(frame: pb.TelemetryFrame) -> None:
                                 f'{MAX_STEP:g}, end >= start)')
     if frame.hold_reason and frame.hold_reason not in HOLD_REASONS:
         raise ContractViolation(f'hold_reason {clip(frame.hold_reason, 40)!r} is not one of {", ".join(HOLD_REASONS)}')
-
-
-def _pieces(frame: pb.TelemetryFrame, dim: int | None) -> None:
-    share = list(frame.piece_share)
-    if not frame.HasField('pieces'):
-        if share:
-            raise ContractViolation('piece_share without pieces')
-        return
-    arr = codec.from_tensor(frame.pieces, what='pieces', dtype='float32', ndim=2, finite=True)
-    if arr.shape[0] < 2 or arr.shape[0] != len(share) or (dim is not None and arr.shape[1] != dim):
-        raise ContractViolation(f'pieces of shape {arr.shape} with {len(share)} shares; (P, {dim or "A"}) with P >= 2 '
-                                f'and one share each is required')
-    if not all(math.isfinite(x) and x > 0 for x in share) or abs(sum(share) - 1.0) > 1e-6:
-        raise ContractViolation('piece_share must be positive and sum to 1')
 
 
 def _vector(tensor: pb.Tensor, what: str, dim: int | None) -> np.ndarray:

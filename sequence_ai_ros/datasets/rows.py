@@ -69,6 +69,8 @@ from sequence_ai_ros.protocol.spaces import ActionSpace, position_mask
 MAX_GAP_S = 300.0
 #: Float slack on the row axis (rows): spans are sums of control periods in dt units.
 SPAN_SLACK = 1e-6
+#: Most rows one episode exports (the worker bounds an episode's records to FrameChecker's MAX_EPISODE_S).
+MAX_ROWS = 2_000_000
 
 
 @dataclasses.dataclass
@@ -212,9 +214,9 @@ def _parts(rec: _Record, pieces: np.ndarray, share: list[float], differs: bool,
         ex: np.ndarray | None
         if rec.cmd is None:
             ex = None
-        elif not differs:
+        elif not differs and np.array_equal(rec.cmd.astype(np.float64), total):
             ex = pol
-        else:
+        else:   # the executed value in the proportions of the policy's parts: never more than was executed
             cmd = rec.cmd.astype(np.float64)
             fallback = cmd if velocity else cmd * w
             safe = np.where(np.abs(total) > 1e-12, total, 1.0)
@@ -309,7 +311,7 @@ def _reduce(records: list[_Record], first: int, space: ActionSpace, action_dim: 
     scan, j_latest, lo, k = first, first, first, 0
     while True:
         p = u0 + k
-        if p >= end - SPAN_SLACK:
+        if p >= end - SPAN_SLACK or k >= MAX_ROWS:
             break
         j_cell = -1
         while scan < n_rec and records[scan].a <= p + SPAN_SLACK:
