@@ -7,7 +7,8 @@ A frame is kept only when it could become a dataset row as it is:
 - ``robot_time_s``: finite and within :data:`MAX_ROBOT_TIME_S` of 0 (a monotonic clock);
 - the timeline (:mod:`sequence_ai_ros.protocol.timeline`), against the episode's records before it: every
   record has a span (``step_end > step_start``) or, in a store of an earlier version, none at all (all three
-  0), never a mix; ``grid_index`` grows and ``step_start`` never falls before the previous record's end; one
+  0), never a mix; ``grid_index`` grows and ``step_start`` never falls before the previous record's end (its
+  start, in an absolute space: there the latest record starting at a step is the one in effect); one
   span covers at most :data:`MAX_TICK_S` of the policy's time, a gap between two at most
   :data:`MAX_GAP_S`, the episode at most :data:`MAX_EPISODE_S`; ``robot_time_s`` never goes back nor leaps
   more than :data:`MAX_GAP_S`; ``hold_reason`` is '' or one of ``HOLD_REASONS``, and only on a held record;
@@ -134,11 +135,15 @@ class FrameChecker:
                                     f'{MAX_GAP_S:g} s past, the previous record\'s {last.robot_time_s!r}')
         if not spanned:
             return
-        if frame.grid_index <= last.grid_index or frame.step_start < last.step_end - _SLACK:
+        # absolute spaces may overlap (a loop on the clock without a fixed period only estimates its ticks'
+        # length; the latest record starting at a step is the one in effect); increments never do
+        floor = last.step_start if self.contract is None or self.contract.action_space.is_absolute \
+            else last.step_end
+        if frame.grid_index <= last.grid_index or frame.step_start < floor - _SLACK:
             raise ContractViolation(f'record at grid index {frame.grid_index}, steps [{frame.step_start!r}, '
                                     f'{frame.step_end!r}) does not follow the previous one (grid index '
                                     f'{last.grid_index}, ending at step {last.step_end!r})')
-        gap = frame.step_start - last.step_end
+        gap = max(0.0, frame.step_start - last.step_end)
         period = last.step_end - last.step_start
         if dt is not None and gap * dt > MAX_GAP_S:
             raise ContractViolation(f'record starts {gap * dt:g} s after the previous one ends (more than '

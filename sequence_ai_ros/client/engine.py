@@ -110,7 +110,7 @@ class EpisodeEngine:
         self._grid_first: int | None = None
         self._grid: int | None = None
         self._grid_t = self._grid_t0 = 0.0
-        self._span_start = 0.0
+        self._span_start = self._span_end = 0.0
         self._span_len = 0.0
         #: the Step the latest tick created, for the caller to complete and commit (None before any)
         self.step: Step | None = None
@@ -183,11 +183,19 @@ class EpisodeEngine:
         gap = 1
         if self._grid is None:
             g = max(0, g)
+            self._grid_t0 = now
             self._span_start = g * self._steps_per_tick()
         else:
             g = max(g, self._grid + 1)
             gap = g - self._grid
-            self._span_start += gap * self._span_len
+            if self.settings.control_period:
+                self._span_start = g * self._steps_per_tick()          # the control grid, exactly
+            elif not self._by_step():
+                # no fixed period, on the clock: the chunk moves with time, and so does the record
+                self._span_start = max(self._span_start, (now - self._grid_t0) / self.contract.dt)
+            else:
+                # no fixed period, by step: right after the last record, plus the deadlines a stall missed
+                self._span_start = self._span_end + (gap - 1) * self._span_len
         self._grid, self._grid_t = g, now
         self._span_len = self._steps_per_tick()
         return gap
@@ -203,8 +211,13 @@ class EpisodeEngine:
             policy_action = action.delta if action.delta is not None else action.values
         command = None if action is None else np.array(action.values, np.float32)
         pieces, self._pieces = (self._pieces if fresh else None), None
+        length = self._span_len
+        if fresh:
+            # what this tick runs: by step, the emitted step (cut at max_actions); on the clock, up to the limit
+            length = self._emit_step if self._by_step() else min(length, max(self._to_limit(), _EPS))
+        self._span_end = self._span_start + length
         self.step = Step(grid_index=self._grid or 0, step_start=self._span_start,
-                         step_end=self._span_start + self._span_len, observation=obs,
+                         step_end=self._span_end, observation=obs,
                          policy_action=None if policy_action is None else np.array(policy_action, np.float32),
                          command=command, hold_reason='' if fresh else hold_reason,
                          pieces=None if pieces is None else pieces[0],

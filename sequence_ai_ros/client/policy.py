@@ -346,13 +346,22 @@ class Policy:
         :param hold_reason: why the robot held (``refused`` when ``commanded`` is None and none is given;
             ``dry_run`` for a command that went elsewhere); see
             :data:`~sequence_ai_ros.protocol.timeline.HOLD_REASONS`.
+        :raises ContractViolation: for a command that is not a finite (D,) vector (nothing is recorded: the
+            engine keeps its own target, and the robot should hold).
         :raises ValueError: for an unknown hold_reason.
         """
         ep = self._episode
         if ep is None or ep.closed is not None:
             return
-        ep.ledger.report(None if commanded is None else np.asarray(commanded, np.float32), clamped=clamped,
-                         hold_reason=hold_reason)
+        command = None
+        if commanded is not None:
+            command = np.asarray(commanded, np.float32)
+            d = self.contract.action_dim
+            if command.shape != (d,) or not np.all(np.isfinite(command)):
+                raise ContractViolation(f'report_command: a finite float32 ({d},) command in the contract\'s action '
+                                        f'order is required, got shape {command.shape}'
+                                        + ('' if command.shape != (d,) else ' with non-finite values'))
+        ep.ledger.report(command, clamped=clamped, hold_reason=hold_reason)
 
     def episode_outcome(self) -> RunOutcome | None:
         """None while the episode runs; its RunOutcome once it finished (completed, timeout, validate, error...)."""
