@@ -20,7 +20,7 @@ convention holds: the row's state at its time, its action over ``[t, t + 1 / fps
   the target of the record in effect at the row's point (a hold repeats the previous target);
 - ``action`` in delta spaces: the sum of the increments executed within the row's span; a record whose
   span crosses a chunk-step boundary carries the policy's action over each part (``pieces``), so it is split
-  there exactly (by the policy's own parts, scaled to what the robot executed after a clamp), and within
+  there exactly (by the policy's own parts, each taking its share of what a clamp changed), and within
   one chunk step by the share of its span: the rows sum to the executed path at every row boundary, and are
   the policy's own steps when nothing was changed; in velocity spaces: the mean commanded velocity over the
   row, each command weighted by the time it was in effect (from its publication, the record's robot time,
@@ -199,8 +199,8 @@ def _parts(rec: _Record, pieces: np.ndarray, share: list[float], differs: bool,
            velocity: bool) -> list[tuple[float, float, np.ndarray | None, np.ndarray]]:
     """The record's span cut where it crosses chunk steps: (start, end, executed, policy's) of each part (rows).
 
-    Unchanged by the robot, the parts are the policy's own; otherwise (a clamp) the executed value is split in
-    the proportions of the policy's parts, per dimension (by share where the policy's total is 0).
+    Unchanged by the robot, the parts are the policy's own; otherwise (a clamp) each part takes its share of
+    the difference, so the parts make up exactly what was executed.
     """
     weights = np.asarray(share, np.float64)
     values = pieces.astype(np.float64)
@@ -214,13 +214,11 @@ def _parts(rec: _Record, pieces: np.ndarray, share: list[float], differs: bool,
         ex: np.ndarray | None
         if rec.cmd is None:
             ex = None
-        elif not differs and np.array_equal(rec.cmd.astype(np.float64), total):
-            ex = pol
-        else:   # the executed value in the proportions of the policy's parts: never more than was executed
-            cmd = rec.cmd.astype(np.float64)
-            fallback = cmd if velocity else cmd * w
-            safe = np.where(np.abs(total) > 1e-12, total, 1.0)
-            ex = np.where(np.abs(total) > 1e-12, cmd * pol / safe, fallback)
+        else:
+            # the policy's part, corrected by the part's share of what the robot executed differently (a clamp):
+            # the parts then make up exactly what was executed, and are the policy's own when nothing changed
+            diff = rec.cmd.astype(np.float64) - total
+            ex = pol + (diff if velocity else diff * w)
         out.append((x, y, ex, pol))
         x = y
     return out
