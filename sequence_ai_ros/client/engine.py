@@ -162,15 +162,14 @@ class EpisodeEngine:
         with self._lock:
             self._last_values = np.array(target, np.float32)
 
-    def _place(self, now: float, given: int | None) -> int:
-        """Put this tick on the episode's timeline; return how many deadlines it is after the previous tick."""
+    def _place(self, now: float, given: int | None) -> None:
+        """Put this tick on the episode's timeline: its grid index and where its span starts."""
         if given is not None:
             if self._grid_first is None:
                 self._grid_first = int(given)
             g = int(given) - self._grid_first
         elif self._grid is None:
             g = 0
-            self._grid_t0 = now
         elif self.settings.control_period:
             # a fixed period: the deadline whose period holds ``now`` (a tick up to 0.95 of a period late still
             # serves its own), counted from the first tick
@@ -180,7 +179,6 @@ class EpisodeEngine:
             # without pacing jitters by its own period, and is one deadline per call)
             gap = (now - self._grid_t) / self._period
             g = self._grid + (int(math.floor(gap + 0.5)) if gap > UNPACED_STALL else 1)
-        gap = 1
         if self._grid is None:
             g = max(0, g)
             self._grid_t0 = now
@@ -198,7 +196,6 @@ class EpisodeEngine:
                 self._span_start = self._span_end + (gap - 1) * self._span_len
         self._grid, self._grid_t = g, now
         self._span_len = self._steps_per_tick()
-        return gap
 
     def _steps_per_tick(self) -> float:
         return (self.settings.control_period or self._period) / self.contract.dt

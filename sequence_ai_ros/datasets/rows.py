@@ -65,8 +65,6 @@ from sequence_ai_ros.protocol import codec
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.spaces import ActionSpace, position_mask
 
-#: Longest stall (s) between two kept records that held rows may fill; a larger jump is a bad record.
-MAX_GAP_S = 300.0
 #: Float slack on the row axis (rows): spans are sums of control periods in dt units.
 SPAN_SLACK = 1e-6
 #: Most rows one episode exports (the worker bounds an episode's records to FrameChecker's MAX_EPISODE_S).
@@ -116,7 +114,7 @@ class _Record:
     parts: list[tuple[float, float, np.ndarray | None, np.ndarray]] | None = None
     # a span across chunk-step boundaries: (start, end, executed, policy's) of each part (rows)
     t: float = 0.0               # robot time (s)
-    raw_parts: tuple[np.ndarray, list[float], bool] | None = None
+    raw_parts: tuple[np.ndarray, list[float]] | None = None
 
 
 def _frames(episode: CapturedEpisode) -> Iterator[pb.TelemetryFrame]:
@@ -143,7 +141,6 @@ def _read(episode: CapturedEpisode, state_dim: int, action_dim: int, camera_keys
     skipped, problem = 0, ''
     velocity = episode.contract is not None and episode.contract.action_space is ActionSpace.JOINT_VELOCITY
     legacy: bool | None = None
-    last_t: float | None = None
     for i, frame in enumerate(_frames(episode)):
         try:
             checker.check(frame)
@@ -153,30 +150,15 @@ def _read(episode: CapturedEpisode, state_dim: int, action_dim: int, camera_keys
             if (state.shape[0] != state_dim or (cmd is not None and cmd.shape[0] != action_dim)
                     or (pol is not None and pol.shape[0] != action_dim)):
                 raise ContractViolation(f'state {state.shape} / action sizes differ from the contract')
-            spanned = has_span(frame)
+            # the checker refused a mix of spanned and unspanned records, records out of order, leaps
             if legacy is None:
-                legacy = not spanned
-            if spanned == legacy:
-                raise ContractViolation('a record with a chunk-step span among records without one (or the reverse)')
-            if legacy:
-                a = frame.robot_time_s
-                if last_t is not None and not 0 <= a - last_t <= MAX_GAP_S:
-                    raise ContractViolation(f'robot_time_s {a!r} is before the previous record or more than '
-                                            f'{MAX_GAP_S:g} s after it')
-                b = a
-            else:
-                a, b = frame.step_start * rows_per_step, frame.step_end * rows_per_step
-                if records and not (records[-1].a - SPAN_SLACK <= a and frame.grid_index > records[-1].grid):
-                    raise ContractViolation(f'record {i} starts at step {frame.step_start!r} (grid index '
-                                            f'{frame.grid_index}), before the previous one')
-                if records and a - records[-1].b > MAX_GAP_S * fps:
-                    raise ContractViolation(f'record {i} starts {(a - records[-1].b) / fps:g} s after the previous '
-                                            f'one ends (more than {MAX_GAP_S:g} s)')
+                legacy = not has_span(frame)
+            a, b = ((frame.robot_time_s,) * 2 if legacy
+                    else (frame.step_start * rows_per_step, frame.step_end * rows_per_step))
         except ContractViolation as exc:
             skipped += 1
             problem = problem or f'telemetry frame {i}: {exc}'
             continue
-        last_t = frame.robot_time_s
         n = len(records)
         for image in frame.images:
             if image.key in frames:
@@ -185,7 +167,7 @@ def _read(episode: CapturedEpisode, state_dim: int, action_dim: int, camera_keys
                       clamped=bool(frame.clamped), t=frame.robot_time_s)
         if not legacy and frame.HasField('pieces'):
             rec.raw_parts = (codec.from_tensor(frame.pieces, what='pieces', dtype='float32', ndim=2),
-                             list(frame.piece_share), frame.HasField('policy_action'))
+                             list(frame.piece_share))
         records.append(rec)
     if velocity and not legacy:
         _velocity_spans(records, fps)
@@ -195,7 +177,7 @@ def _read(episode: CapturedEpisode, state_dim: int, action_dim: int, camera_keys
     return records, frames, skipped, problem, bool(legacy)
 
 
-def _parts(rec: _Record, pieces: np.ndarray, share: list[float], differs: bool,
+def _parts(rec: _Record, pieces: np.ndarray, share: list[float],
            velocity: bool) -> list[tuple[float, float, np.ndarray | None, np.ndarray]]:
     """The record's span cut where it crosses chunk steps: (start, end, executed, policy's) of each part (rows).
 
