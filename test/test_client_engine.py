@@ -19,7 +19,7 @@ from sequence_ai_ros.client.engine import (
     OutRequest,
     chunk_timeout_s,
 )
-from sequence_ai_ros.client.latency import LatencyWindow, percentile
+from sequence_ai_ros.client.latency import LatencyWindow, percentile, upper_s
 from sequence_ai_ros.client.outcome import RunOutcome
 from sequence_ai_ros.client.pacing import Pacer, ThreadGuard
 from sequence_ai_ros.client.resample import blend_seam, position_mask, sample
@@ -149,10 +149,24 @@ def test_prefetch_lead_comes_from_warm_round_trips_not_the_cold_one():
     for s in (0.12, 0.11, 0.13, 0.12, 0.10, 0.11, 0.12, 0.11, 0.10, 0.11):
         window.add(s)
     assert window.quantile(95) == pytest.approx(0.13)
-    assert window.lead_s(0.01) == pytest.approx(0.15)
-    assert window.delay_s() == pytest.approx(0.13)                   # eight and more: the largest warm one
+    warm = window.samples()
+    mean = sum(warm) / len(warm)
+    rto = mean + 4 * sum(abs(x - mean) for x in warm) / len(warm)    # RFC 6298's SRTT + 4 RTTVAR over the window
+    assert rto > 0.13
+    assert window.delay_s() == pytest.approx(rto)                    # eight and more: above the largest warm one
+    assert window.lead_s(0.01) == pytest.approx(rto + 0.02)
     assert len(window.samples()) == 10 and window.samples()[0] == 0.12   # sliding: 0.10 dropped
     assert percentile([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 95) == 10 and percentile([], 50) == 0
+
+
+def test_upper_estimate_is_the_largest_sample_when_one_outlier_dominates():
+    # a steady link with one slow round trip: the largest sample is above mean + 4 deviations, and is kept
+    warm = [0.10] * 15 + [0.30]
+    assert upper_s(warm) == pytest.approx(0.30)
+    # a jittery link (+-20 % uniform): the estimate reaches past the window's largest sample
+    rng = np.random.default_rng(3)
+    jittery = list(0.3 + 0.06 * rng.uniform(-1, 1, 32))
+    assert max(jittery) < upper_s(jittery) <= 0.3 + 4 * 0.06
 
 
 def test_prefetch_false_requests_only_when_empty_and_counts_the_stall():

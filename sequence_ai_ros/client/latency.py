@@ -4,25 +4,25 @@ The first round trip on a connection is the cold one (JIT, caches, a policy's fi
 apart from the warm ones that follow. The window belongs to the connection (``Policy.latency``), so an
 episode starts with what the episodes before it measured.
 
-Two estimates, for two uses:
+One upper estimate of the next round trip, :meth:`LatencyWindow.delay_s`, serves two uses:
 
-- :meth:`LatencyWindow.lead_s`, *when* to request: the buffered time left at which the next chunk is
-  asked for. Over-estimating it costs earlier (and, pipelined, more) requests; under-estimating it costs
-  an underrun. The largest of the window's warm round trips (:data:`PREFETCH_PERCENTILE` 100: a p95 leaves
-  one round trip in twenty short of its lead, a dry spell whenever the margin is thin), plus two caller
-  periods (the trigger is checked only at ticks, an arrival is noticed only at the next tick). While there
-  are fewer than :data:`MIN_SAMPLES` warm ones the window is not yet an upper bound (one sample of a +-20 %
-  distribution may be its low end), so it is :data:`EARLY_FACTOR` times the largest warm one, and before
-  any warm one :data:`EARLY_FACTOR` times the cold one: the cold sample alone times the first seam of a
-  connection, never a later one (a slow cold call in the lead would make every buffer look short, and a
-  pipelining engine request at the worker's pace, for eight round trips). The engine also lets the cold
-  one (:meth:`LatencyWindow.cold_s`) start pipelining before any warm one exists, when it is shorter than
-  a chunk.
-- :meth:`LatencyWindow.delay_s`, *what to tell the policy*: an upper estimate of the round trip, from
-  which ``expected_delay_actions`` (the rows of ``chunk_tail`` that run before the answer is read) is
-  computed. The largest warm round trip once there are :data:`MIN_SAMPLES`, :data:`EARLY_FACTOR` times the
-  largest warm one before that, and :data:`EARLY_FACTOR` times the cold one only while there is no warm
-  one: a slow cold call never makes later requests announce the whole chunk as delay.
+- *what to tell the policy*: ``expected_delay_actions`` (the rows of ``chunk_tail`` that run before the
+  answer is read) is computed from it;
+- *when to request* (:meth:`LatencyWindow.lead_s`): the buffered time left at which the next chunk is asked
+  for is the estimate plus two caller periods (the trigger is checked only at ticks, an arrival is noticed
+  only at the next tick). Over-estimating it costs earlier (and, pipelined, more) requests; under-estimating
+  it costs an underrun.
+
+Once there are :data:`MIN_SAMPLES` warm round trips the estimate is :func:`upper_s`: the larger of the
+window's largest one (:data:`PREFETCH_PERCENTILE` 100: a p95 leaves one round trip in twenty short) and
+RFC 6298's retransmission timeout over the window (mean + :data:`RTO_DEVIATIONS` mean deviations), because
+the largest of a few dozen samples lags a jittery link's upper end. While there are fewer warm ones the
+window is not yet an upper bound (one sample of a +-20 % distribution may be its low end), so it is
+:data:`EARLY_FACTOR` times the largest warm one; before any warm one, :data:`EARLY_FACTOR` times the cold
+one. The cold sample alone times the first seam of a connection, never a later one (a slow cold call in the
+estimate would make every buffer look short, make a pipelining engine request at the worker's pace, and
+announce the whole chunk as delay). The engine also lets the cold one (:meth:`LatencyWindow.cold_s`) start
+pipelining before any warm one exists, when it is shorter than a chunk.
 """
 
 from __future__ import annotations
@@ -33,9 +33,12 @@ import threading
 
 #: Percentile of the window that times the prefetch (nearest rank; 100: its largest round trip).
 PREFETCH_PERCENTILE = 100.0
+#: Mean deviations above the mean round trip that the lead covers at least (RFC 6298's retransmission timeout,
+#: SRTT + 4 RTTVAR, over the window): the window's largest sample lags the link's upper end.
+RTO_DEVIATIONS = 4.0
 #: Round trips kept in the window.
 WINDOW = 32
-#: Warm round trips needed before the percentile (lead) or the largest one (delay) is used without margin.
+#: Warm round trips needed before upper_s is used without margin.
 MIN_SAMPLES = 8
 #: Margin on the largest warm round trip while there are fewer than MIN_SAMPLES (on the cold one before any).
 EARLY_FACTOR = 1.5
@@ -97,29 +100,33 @@ class LatencyWindow:
     def delay_s(self) -> float:
         """An upper estimate of the next round trip (s), for ``expected_delay_actions``; 0 before any.
 
-        The largest warm sample once there are MIN_SAMPLES; EARLY_FACTOR times the largest warm one while
+        :meth:`upper_s` once there are MIN_SAMPLES warm samples; EARLY_FACTOR times the largest warm one while
         there are fewer; EARLY_FACTOR times the cold one only while there is no warm one.
         """
         warm, cold = self._snapshot()
         if not warm:
             return EARLY_FACTOR * cold
-        return max(warm) if len(warm) >= MIN_SAMPLES else EARLY_FACTOR * max(warm)
+        return upper_s(warm) if len(warm) >= MIN_SAMPLES else EARLY_FACTOR * max(warm)
 
     def lead_s(self, period_s: float) -> float:
         """Seconds of buffered actions left at which the next chunk is requested (s).
 
-        The warm PREFETCH_PERCENTILE (the largest) once there are MIN_SAMPLES warm samples; EARLY_FACTOR times
-        the largest warm one
-        while there are fewer; EARLY_FACTOR times the cold one while there is no warm one; 0 before any.
-        Plus two periods in every case.
+        :meth:`delay_s` (the same upper estimate of the round trip) plus two periods: the trigger is checked
+        only at ticks, and an arrival is noticed only at the next tick.
 
         :param period_s: the caller's control period (s).
         """
-        warm, cold = self._snapshot()
-        if not warm:
-            estimate = EARLY_FACTOR * cold
-        elif len(warm) < MIN_SAMPLES:
-            estimate = EARLY_FACTOR * max(warm)
-        else:
-            estimate = percentile(warm, PREFETCH_PERCENTILE)
-        return estimate + 2.0 * period_s
+        return self.delay_s() + 2.0 * period_s
+
+
+def upper_s(warm: list[float]) -> float:
+    """An upper estimate of the next round trip (s) from warm samples (s; at least one).
+
+    The larger of the window's PREFETCH_PERCENTILE (its largest sample) and RFC 6298's retransmission timeout
+    over the window, mean + RTO_DEVIATIONS x mean absolute deviation: the largest of a few dozen samples lags a
+    jittery link's upper end (with +-20 % on each one-way delay, 32 samples left one round trip in about a
+    hundred above their largest, and a dry spell where the margin is thin).
+    """
+    mean = sum(warm) / len(warm)
+    deviation = sum(abs(x - mean) for x in warm) / len(warm)
+    return max(percentile(warm, PREFETCH_PERCENTILE), mean + RTO_DEVIATIONS * deviation)
