@@ -77,6 +77,8 @@ OUTSIDE = {
     'period': [math.nextafter(MIN_CONTROL_PERIOD_S, 0.0), math.nextafter(MAX_CONTROL_PERIOD_S, math.inf), 0, True],
     'flag': ['false', 0, None],
     'rows': [-1, 0.5, True, '3', None],
+    'aggregate': ['mean', 3, '', 'Average'],
+    'coeff': [math.nan, math.inf, -math.inf, True, '0.01'],
     'space': [3, 'teleport'],
 }
 

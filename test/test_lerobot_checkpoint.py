@@ -31,10 +31,18 @@ def config(kind: str = 'act', **extra) -> dict:
     return cfg
 
 
-def test_act_with_temporal_ensembling_is_refused_naming_type_and_reason():
-    with pytest.raises(ConfigError, match=r"'act' checkpoint.*temporal_ensemble_coeff=0.01.*ACTTemporalEnsembler"):
-        ck.plan(config(temporal_ensemble_coeff=0.01, n_action_steps=1))
-    assert ck.plan(config(temporal_ensemble_coeff=None)).steps == 30
+def test_act_with_temporal_ensembling_is_served_whole_and_ensembled_on_the_robot():
+    how = ck.plan(config(temporal_ensemble_coeff=0.01, n_action_steps=1))
+    assert (how.steps, how.aggregate, how.temporal_ensemble_coeff) == (30, 'weighted_average', 0.01)
+    base = load_policy_file(HOLD).contract
+    c = ck.contract_for(base, config(temporal_ensemble_coeff=0.01, n_action_steps=1), action_space='joint_absolute',
+                        fps=30, state_names=None, action_names=None, chunk_length=None)
+    assert (c.chunk_length, c.aggregate, c.temporal_ensemble_coeff) == (30, 'weighted_average', 0.01)
+    with pytest.raises(ConfigError, match=r"'act' checkpoint.*temporal ensembling averages absolute targets"):
+        ck.contract_for(base, config(temporal_ensemble_coeff=0.01, n_action_steps=1), action_space='joint_delta',
+                        fps=30, state_names=None, action_names=None, chunk_length=None)
+    plain = ck.plan(config(temporal_ensemble_coeff=None))
+    assert (plain.steps, plain.aggregate) == (30, 'latest_only')
 
 
 def test_unserved_types_and_unsent_inputs_are_refused():
@@ -42,36 +50,106 @@ def test_unserved_types_and_unsent_inputs_are_refused():
         ck.plan(config('vqbet'))
     env = config('diffusion', n_obs_steps=2, horizon=32, n_action_steps=16)
     env['input_features']['observation.environment_state'] = {'type': 'ENV', 'shape': [10]}
-    with pytest.raises(ConfigError, match=r"'diffusion'.*observation.environment_state"):
+    with pytest.raises(ConfigError, match=r"'diffusion'.*observation.environment_state, which the robot does not "
+                                          r"send.*features:.*10 of them"):
         ck.plan(env)
     with pytest.raises(ConfigError, match='n_action_steps=30 > horizon - n_obs_steps'):
         ck.plan(config('diffusion', n_obs_steps=2, horizon=16, n_action_steps=30))
 
 
-def test_diffusion_n_obs_steps_becomes_the_contract_history():
+def test_environment_state_comes_from_named_joints():
+    """A state-based sim policy: observation.state and observation.environment_state from one joint state."""
+    cfg = config(input_features={'observation.state': {'type': 'STATE', 'shape': [4]},
+                                 'observation.environment_state': {'type': 'ENV', 'shape': [3]}},
+                 output_features={'action': {'type': 'ACTION', 'shape': [4]}})
+    joints, env = ['ee_x', 'ee_y', 'ee_z', 'gripper'], ['obs_0', 'obs_1', 'obs_2']
+    how = ck.plan(cfg, state_names=joints, features={'observation.environment_state': env})
+    assert how.state_names == tuple(joints + env) and how.cameras == {}
+    assert how.state_index == {'observation.state': (0, 1, 2, 3), 'observation.environment_state': (4, 5, 6)}
+    # the same joint may feed both features; the contract lists it once
+    both = ck.plan(cfg, state_names=joints, features={'observation.environment_state': ['ee_x', 'obs_0', 'obs_1']})
+    assert both.state_names == tuple(joints + ['obs_0', 'obs_1'])
+    assert both.state_index['observation.environment_state'] == (0, 4, 5)
+    with pytest.raises(ConfigError, match=r"environment_state has 3 dimensions; config.yaml names 2"):
+        ck.plan(cfg, state_names=joints, features={'observation.environment_state': env[:2]})
+    with pytest.raises(ConfigError, match=r"declares \['observation.extra'\], which feed none"):
+        ck.plan(cfg, state_names=joints, features={'observation.environment_state': env, 'observation.extra': ['x']})
+    # LeRobot's rename_map form for a state feature the robot names otherwise
+    renamed = ck.plan(cfg, state_names=joints, features={'observation.task': env},
+                      rename_map={'observation.task': 'observation.environment_state'})
+    assert renamed.state['observation.environment_state'] == tuple(env)
     base = load_policy_file(HOLD).contract
-    c = ck.contract_for(base, config('diffusion', n_obs_steps=2, horizon=32, n_action_steps=16),
-                        action_space='joint_absolute', fps=30, state_names=None, action_names=None, chunk_length=None)
-    assert c.observation.history == 2 and c.chunk_length == 16
-    act = ck.contract_for(base, config(), action_space='joint_absolute', fps=30, state_names=None,
-                          action_names=None, chunk_length=10)
-    assert act.observation.history == 1 and act.chunk_length == 10
-    with pytest.raises(ConfigError, match='exceeds'):
-        ck.plan(config(), chunk_length=31)
+    c = ck.contract_for(base, cfg, action_space='ee_absolute', fps=80, state_names=joints,
+                        action_names=['ee_x', 'ee_y', 'ee_z', 'gripper'], chunk_length=None,
+                        features={'observation.environment_state': env})
+    assert c.observation.state_names == tuple(joints + env) and c.observation.cameras == ()
 
 
-def test_camera_rename_map_keeps_the_checkpoint_size():
+def test_singular_observation_image_is_the_robot_camera_image():
+    cfg = config()
+    cfg['input_features'] = {'observation.state': {'type': 'STATE', 'shape': [26]},
+                             'observation.image': {'type': 'VISUAL', 'shape': [3, 96, 96]}}
+    how = ck.plan(cfg)
+    assert how.cameras == {'image': 'observation.image'} and how.sizes == {'observation.image': (96, 96)}
+    moved = ck.plan(cfg, rename_map={'observation.images.front': 'observation.image'})
+    assert moved.cameras == {'front': 'observation.image'}
+
+
+def test_camera_rename_map_keeps_the_checkpoint_size_and_its_own_cameras():
     cfg = config()
     cfg['input_features']['observation.images.wrist'] = {'type': 'VISUAL', 'shape': [3, 96, 128]}
-    how = ck.plan(cfg, cameras={'head_rgb': 'cam_high'})
-    assert how.cameras == {'head_rgb': 'cam_high', 'wrist': 'wrist'}
+    rename = {'observation.images.head_rgb': 'observation.images.cam_high'}
+    how = ck.plan(cfg, rename_map=rename)
+    assert how.cameras == {'head_rgb': 'observation.images.cam_high', 'wrist': 'observation.images.wrist'}
     base = load_policy_file(HOLD).contract
     c = ck.contract_for(base, cfg, action_space='joint_absolute', fps=30, state_names=None, action_names=None,
-                        chunk_length=None, cameras={'head_rgb': 'cam_high'})
+                        chunk_length=None, rename_map=rename)
     assert [(cam.key, cam.width, cam.height) for cam in c.observation.cameras] == [('head_rgb', 640, 480),
                                                                                   ('wrist', 128, 96)]
-    with pytest.raises(ConfigError, match=r"onto \['top'\].*its cameras: \['cam_high', 'wrist'\]"):
-        ck.plan(cfg, cameras={'head_rgb': 'top'})
+    # a rename onto one checkpoint camera from the robot camera named like another: that other one is left
+    # without a robot camera; ACT pads nothing, so it is refused by name (never silently dropped)
+    with pytest.raises(ConfigError, match=r"'act'.*cameras \['observation.images.cam_high'\].*does not pad"):
+        ck.plan(cfg, rename_map={'observation.images.cam_high': 'observation.images.wrist'})
+    # a swap keeps both
+    swap = ck.plan(cfg, rename_map={'observation.images.cam_high': 'observation.images.wrist',
+                                    'observation.images.wrist': 'observation.images.cam_high'})
+    assert swap.cameras == {'wrist': 'observation.images.cam_high', 'cam_high': 'observation.images.wrist'}
+    with pytest.raises(ConfigError, match=r"onto 'observation.images.top'.*does not take"):
+        ck.plan(cfg, rename_map={'observation.images.head_rgb': 'observation.images.top'})
+    with pytest.raises(ConfigError, match='a camera maps onto a camera'):
+        ck.plan(cfg, rename_map={'observation.images.head_rgb': 'observation.state'})
+
+
+def smolvla(empty: int = 1) -> dict:
+    feats = {'observation.state': {'type': 'STATE', 'shape': [6]},
+             'observation.images.top': {'type': 'VISUAL', 'shape': [3, 256, 256]},
+             'observation.images.wrist': {'type': 'VISUAL', 'shape': [3, 256, 256]}}
+    for i in range(empty):     # what SmolVLAConfig.validate_features adds and lerobot-train saves
+        feats[f'observation.images.empty_camera_{i}'] = {'type': 'VISUAL', 'shape': [3, 480, 640]}
+    return config('smolvla', chunk_size=50, n_action_steps=50, empty_cameras=empty, input_features=feats,
+                  output_features={'action': {'type': 'ACTION', 'shape': [6]}})
+
+
+def test_missing_cameras_are_padded_as_lerobot_pads_them_and_declared():
+    base = load_policy_file(HOLD).contract
+    c = ck.contract_for(base, smolvla(1), action_space='joint_absolute', fps=30, state_names=None, action_names=None,
+                        chunk_length=None)
+    assert [cam.key for cam in c.observation.cameras] == ['top', 'wrist']          # never the 640x480 pad
+    assert c.observation.padded_cameras == ('observation.images.empty_camera_0',)
+    back = type(c).from_proto(c.to_proto())
+    assert back.observation.padded_cameras == c.observation.padded_cameras
+    # SmolVLA pads at most empty_cameras missing ones, and its own empty_camera_<i> already take them all:
+    # a real camera the robot lacks would leave the model one image short of its training
+    with pytest.raises(ConfigError, match=r"'smolvla'.*2 cameras would be padded.*empty_cameras=1"):
+        ck.plan(smolvla(1), pad_cameras=['wrist'])
+    pi0 = dict(smolvla(0), type='pi0')
+    assert ck.plan(pi0, pad_cameras=['observation.images.wrist']).padded == ('observation.images.wrist',)
+    with pytest.raises(ConfigError, match=r"'pi0'.*every camera would be padded"):
+        ck.plan(pi0, pad_cameras=['wrist', 'top'])
+    with pytest.raises(ConfigError, match=r"'act'.*does not pad"):
+        ck.plan(config(), pad_cameras=['cam_high'])
+    with pytest.raises(ConfigError, match=r"pad_cameras names \['observation.images.side'\]"):
+        ck.plan(pi0, pad_cameras=['side'])
 
 
 def test_backbone_files_are_found_offline_or_named_with_how_to_place_them(tmp_path: Path):
@@ -104,11 +182,13 @@ def test_seq_deploy_refuses_before_loading_anything(tmp_path: Path, seq_home: Pa
     ckpt = tmp_path / 'ckpt'
     ckpt.mkdir()
     (ckpt / 'config.json').write_text(json.dumps(config(temporal_ensemble_coeff=0.01, n_action_steps=1)))
+    (ckpt / 'model.safetensors').write_bytes(b'')
     pdir = tmp_path / 'mine'
     with contextlib.redirect_stdout(io.StringIO()):
         assert cli.main(['init', 'lerobot', str(pdir)]) == 0
-    (pdir / 'config.yaml').write_text(f'checkpoint: {ckpt}\ndevice: cpu\n')
+    (pdir / 'config.yaml').write_text(f'checkpoint: {ckpt}\ndevice: cpu\naction_space: joint_delta\n')
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         assert cli.main(['deploy', str(pdir / 'policy.py'), '--name', 'ensembled']) != 0
     assert "'act' checkpoint correctly: temporal_ensemble_coeff=0.01" in err.getvalue()
+    assert 'joint_delta' in err.getvalue()

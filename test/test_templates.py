@@ -228,7 +228,7 @@ def test_lerobot_contract_from_a_checkpoint_config() -> None:
                              action_names=None, chunk_length=None)
     assert c.chunk_length == 50 and c.action_dim == 26 and c.observation.state_names[0] == 'state_0'
     assert [(cam.key, cam.width, cam.height) for cam in c.observation.cameras] == [('cam_high', 640, 480)]
-    with pytest.raises(Exception, match='state dim 26'):
+    with pytest.raises(Exception, match='observation.state has 26 dimensions; config.yaml names 1'):
         runtime.contract_for(base, cfg, action_space='joint_absolute', fps=30, state_names=['a'],
                              action_names=None, chunk_length=None)
 

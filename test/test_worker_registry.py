@@ -60,6 +60,61 @@ def test_deploy_records_and_redeploy_bumps_the_version(tmp_path, seq_home):
     assert definition.config == {'scale': 2.5}
 
 
+ARTIFACT = GOOD.replace("""
+    def __init__(self, scale=1.0):
+        self.scale = scale
+""", """
+    def __init__(self, scale=1.0, weights='ckpt'):
+        self.scale = scale
+
+    @classmethod
+    def artifacts(cls, config):
+        from pathlib import Path
+        return [Path(__file__).parent / config.get('weights', 'ckpt')]
+""")
+assert 'artifacts' in ARTIFACT
+
+
+def test_a_version_is_policy_config_and_checkpoint_validated_once(tmp_path, seq_home):
+    """The version hashes policy.py, config.yaml and the checkpoint's files at deploy.
+
+    Serving compares, never re-hashes; any change is refused until `seq deploy` validates it as a new version.
+    """
+    path = write(tmp_path, 'versioned', ARTIFACT, config='scale: 2.5\n')
+    ckpt = path.parent / 'ckpt'
+    (ckpt / 'sub').mkdir(parents=True)
+    (ckpt / 'model.safetensors').write_bytes(b'\0' * 4096)
+    (ckpt / 'sub' / 'config.json').write_text('{}')
+    rec, _ = deploy(path)
+    assert len(rec.content_sha256) == 64 and rec.artifact_roots == [str(ckpt)]
+    assert sorted(rec.files) == [str(ckpt / 'model.safetensors'), str(ckpt / 'sub' / 'config.json')]
+    Registry().load('versioned')                                    # unchanged: served
+    first = rec.content_sha256
+
+    (path.parent / 'config.yaml').write_text('scale: 3.0\n')         # an edited config.yaml
+    with pytest.raises(DeploymentError, match=r'config.yaml changed since version 1.*seq deploy'):
+        Registry().load('versioned')
+    rec2, _ = deploy(path)
+    assert rec2.version == 2 and rec2.content_sha256 != first
+    Registry().load('versioned')
+
+    (ckpt / 'model.safetensors').write_bytes(b'\1' * 4096)           # another checkpoint, same size
+    import os
+    st = os.stat(ckpt / 'model.safetensors')
+    os.utime(ckpt / 'model.safetensors', ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    with pytest.raises(DeploymentError, match=r'model.safetensors changed \(size or modification time\)'):
+        Registry().load('versioned')
+    (ckpt / 'extra.bin').write_bytes(b'x')
+    with pytest.raises(DeploymentError, match=r'extra.bin is new'):
+        Registry().load('versioned')
+    rec3, _ = deploy(path)
+    assert rec3.version == 3 and rec3.content_sha256 not in (first, rec2.content_sha256)
+    Registry().load('versioned')
+    (ckpt / 'sub' / 'config.json').unlink()
+    with pytest.raises(DeploymentError, match=r'config.json is gone'):
+        Registry().load('versioned')
+
+
 @pytest.mark.parametrize(('name', 'text', 'config', 'message'), [
     ('broken_import', HEADER + 'import definitely_not_a_module_xyz\n', None, "No module named 'definitely_not"),
     ('syntax', HEADER + 'def (:\n', None, 'SyntaxError'),

@@ -68,7 +68,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     rec, figures = deploy(args.path, name=args.name, dry_timeout_s=args.timeout)
     print(f'ok: imports, contract {rec.action_space} D={rec.action_dim} T={rec.chunk_length} dt={rec.dt:g} s; '
           f'dry run load {figures.get("load_s", 0):.2f} s, inference {figures.get("infer_s", 0) * 1e3:.1f} ms')
-    print(f'deployed {rec.name} version {rec.version} ({rec.path}, sha256 {rec.sha256[:12]})')
+    print(f'deployed {rec.name} version {rec.version} ({rec.path}; content sha256 {rec.content_sha256[:12]}: '
+          f'policy.py, config.yaml and {len(rec.files)} artifact files)')
     print(f'serve it with: seq serve {rec.name} [--host 127.0.0.1] [--port 50551]')
     return 0
 

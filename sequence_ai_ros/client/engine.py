@@ -10,6 +10,12 @@ executed at the next, by the caller's fixed period or by the clock). A request r
 when its observation was taken; the chunk that answers starts, on arrival, at position
 ``executed_now - executed_at_observation``: the actions it would already have executed are skipped by
 counting, never by estimating from time. A cold start therefore executes chunk[0].
+
+Aggregation (absolute spaces; ``EpisodeSettings.aggregate``, default the contract's): ``latest_only``
+replaces the playing chunk with the new one. ``weighted_average`` and ``average`` request at every tick
+(within the in-flight bounds) and fold each arriving chunk into the rows still to play, step by step
+(ACT's temporal ensembling, :mod:`.aggregate`): row 0 of every answer is the whole step its observation
+fell in, so all chunks share one grid of steps, and stale rows are still skipped by count.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from sequence_ai_ros.client import aggregate as ensemble
 from sequence_ai_ros.client import resample
 from sequence_ai_ros.client.latency import LatencyWindow, percentile
 from sequence_ai_ros.client.outcome import RunOutcome
@@ -40,7 +47,7 @@ from sequence_ai_ros.client.settings import EpisodeSettings
 from sequence_ai_ros.client.steps import Step
 from sequence_ai_ros.exceptions import ActionSpaceMismatch, ContractViolation, PolicyException, SequenceAIError
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
-from sequence_ai_ros.protocol.contract import Contract
+from sequence_ai_ros.protocol.contract import ACT_TEMPORAL_ENSEMBLE_COEFF, Contract, check_aggregate
 from sequence_ai_ros.protocol.messages import unpack_chunk
 from sequence_ai_ros.protocol.spaces import ActionSpace
 from sequence_ai_ros.protocol.types import Action, Observation
@@ -77,6 +84,14 @@ class EpisodeEngine:
         self._lock = threading.RLock()
         self._space = settings.expect_action_space or contract.action_space
         self._mask = resample.position_mask(self._space, contract.action_dim)
+        self.aggregate = settings.aggregate or contract.aggregate
+        coeff = settings.temporal_ensemble_coeff
+        if coeff is None:
+            coeff = (contract.temporal_ensemble_coeff if contract.aggregate == 'weighted_average'
+                     else ACT_TEMPORAL_ENSEMBLE_COEFF)
+        check_aggregate(self.aggregate, coeff if self.aggregate == 'weighted_average' else 0.0, self._space)
+        #: the ensembling coefficient m, or None for latest_only
+        self.ensemble_coeff = ensemble.coefficient(self.aggregate, coeff)
         self._history = History(contract.observation.history, contract.dt)
         self._started = clock()
         self._period = settings.control_period or contract.dt
@@ -104,7 +119,9 @@ class EpisodeEngine:
         self._dry_since: float | None = None
         self._rtts: list[float] = []
         self._outcome: RunOutcome | None = None
-        self.smooth_seam_ignored = settings.smooth_seam > 0 and not self._space.is_absolute
+        # a seam cross-fade is a no-op for rates, and redundant where overlapping chunks are averaged
+        self.smooth_seam_ignored = settings.smooth_seam > 0 and (not self._space.is_absolute
+                                                                 or self.ensemble_coeff is not None)
         # the episode's timeline (see client/steps.py): the deadline of the latest tick, counted from the
         # first (and the caller's own index of the first), and where its span starts, in chunk steps
         self._grid_first: int | None = None
@@ -268,6 +285,10 @@ class EpisodeEngine:
             old = self._live
             if self._wake is not None and (old is None or old.pos >= old.length - _EPS):
                 self._wake.set()      # nothing was playing: a paced caller acts now, not a period later
+            if self.ensemble_coeff is not None:
+                self._live = self._folded(old, chunk, dt, skip, e_obs, msg.request_id)
+                self._maybe_request()
+                return
             if old is not None and not old.read:
                 self.discarded += 1   # replaced before any tick read it
             seam = None
@@ -279,6 +300,16 @@ class EpisodeEngine:
             self._live = _Live(chunk.actions, chunk.action_space, dt, self.chunks - 1, chunk.done, skip, seam,
                                origin=e_obs, request_id=msg.request_id)
             self._maybe_request()
+
+    def _folded(self, old: _Live | None, chunk, dt: float, skip: float, origin: float, request_id: int) -> _Live:
+        """The playing rows with ``chunk`` folded in (aggregate): from the new chunk's first step on."""
+        rows, counts = chunk.actions, np.ones(chunk.actions.shape[0], np.int64)
+        if old is not None and old.counts is not None and old.pos < old.length - _EPS:
+            offset = int(round(origin - old.origin))          # both whole steps (see _maybe_request)
+            rows, counts = ensemble.merge(old.actions, old.counts, chunk.actions, offset, self.ensemble_coeff,
+                                          extend=not chunk.done)
+        return _Live(rows, chunk.action_space, dt, self.chunks - 1, chunk.done, skip, None, origin=origin,
+                     request_id=request_id, read=False, counts=counts)
 
     def fail(self, error: SequenceAIError) -> None:
         """End the episode; hold follows.
@@ -513,7 +544,8 @@ class EpisodeEngine:
             return
         if ahead > _EPS:
             lead = max(self._latency.lead_s(self._period), MIN_LEAD_FRACTION * self.contract.chunk_length * dt)
-            if not s.prefetch or ahead * dt > lead:
+            # aggregating: a chunk per tick, as LeRobot runs an ensembled ACT (one inference per step)
+            if not s.prefetch or (ahead * dt > lead and self.ensemble_coeff is None):
                 return
             if self._in_flight:
                 # Never faster than the worker answers one episode's requests (its inference time, as the
@@ -536,7 +568,9 @@ class EpisodeEngine:
                     return
         # Row 0 of the answer is the step the observation fell in (whole steps for delta and velocity
         # spaces: one grid, so an increment split across a seam runs once).
-        origin = e_obs if self._space.is_absolute else float(math.floor(e_obs + 1e-7))
+        # (aggregating: whole steps too, so that the chunks folded together share one grid of steps)
+        whole = not self._space.is_absolute or self.ensemble_coeff is not None
+        origin = float(math.floor(e_obs + 1e-7)) if whole else e_obs
         tail = None
         delay = 0
         if live is not None and remaining > _EPS:

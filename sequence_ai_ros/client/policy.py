@@ -207,7 +207,8 @@ class Policy:
     def begin_episode(self, instruction: str = '', episode_id: str | None = None, *, max_seconds: float | None = None,
                       max_actions: float | None = None, prefetch: bool = True, smooth_seam: int = 0,
                       expect_action_space: str | ActionSpace | None = None, control_period: float | None = None,
-                      chunk_timeout: float | None = None, settings: EpisodeSettings | None = None) -> str:
+                      chunk_timeout: float | None = None, aggregate: str | None = None,
+                      temporal_ensemble_coeff: float | None = None, settings: EpisodeSettings | None = None) -> str:
         """Open an episode (one Episode stream) and return its id; the first next_action() requests a chunk.
 
         Optional: next_action() opens an episode with the default settings when none is open.
@@ -223,6 +224,11 @@ class Policy:
         :param chunk_timeout: the no-chunk deadline (s): a request unanswered this long ends the episode
             with reason 'error' and a PolicyException; None: ``max(10 s, 10 * covers_seconds)``
             (:data:`~sequence_ai_ros.client.engine.CHUNK_TIMEOUT_MIN_S`, ``CHUNK_TIMEOUT_COVERS``).
+        :param aggregate: how overlapping chunks combine for one step (absolute spaces): ``latest_only``,
+            ``weighted_average`` (ACT's temporal ensembling: a request at every tick), ``average``; None: as
+            the contract declares.
+        :param temporal_ensemble_coeff: weighted_average's m (weights ``exp(-m * i)``, i = 0 the oldest);
+            None: the contract's, else ACT's 0.01.
         :param settings: all of the above as one :class:`EpisodeSettings` (then leave them at their defaults).
         :raises EpisodeStateError: when an episode is still running on this handle, or this Policy is closed.
         :raises TypeError: for a bool or a non-number as a limit, period or chunk_timeout; for ``settings``
@@ -232,7 +238,8 @@ class Policy:
         self._check_open()
         given = EpisodeSettings(instruction=instruction, max_seconds=max_seconds, max_actions=max_actions,
                                 prefetch=prefetch, smooth_seam=smooth_seam, expect_action_space=expect_action_space,
-                                control_period=control_period, chunk_timeout=chunk_timeout)
+                                control_period=control_period, chunk_timeout=chunk_timeout, aggregate=aggregate,
+                                temporal_ensemble_coeff=temporal_ensemble_coeff)
         if settings is not None:
             if given != EpisodeSettings():
                 raise TypeError('begin_episode(): pass settings= or the separate options, not both')
@@ -415,7 +422,8 @@ class Policy:
             until: Callable[[], bool] | None = None, on_underrun: Callable[[], Any] | None = None,
             episode_id: str | None = None, prefetch: bool = True, smooth_seam: int = 0,
             expect_action_space: str | ActionSpace | None = None, control_period: float | None = None,
-            chunk_timeout: float | None = None) -> RunOutcome:
+            chunk_timeout: float | None = None, aggregate: str | None = None,
+            temporal_ensemble_coeff: float | None = None) -> RunOutcome:
         """Drive the arm with ``instruction`` until the policy is done, ``until()``, timeout or interrupt.
 
         Failures, decided once for act() and run():
@@ -436,6 +444,8 @@ class Policy:
         :param on_underrun: called once per dry spell, and on interrupt/validate/error (hold the arm).
         :param control_period: pace at this period (s) with resampling, instead of the chunk's dt.
         :param chunk_timeout: the no-chunk deadline (s); see :meth:`begin_episode`.
+        :param aggregate: how overlapping chunks combine; see :meth:`begin_episode`.
+        :param temporal_ensemble_coeff: weighted_average's coefficient; see :meth:`begin_episode`.
         :returns: the outcome (reason completed, until, timeout, interrupted or validate).
         :raises TypeError: for a missing max_seconds, or a bool or non-number as a limit or period.
         :raises ValueError: for a non-finite or non-positive max_seconds, control_period or chunk_timeout.
@@ -447,7 +457,8 @@ class Policy:
         checks.positive('max_seconds', max_seconds, required=True)
         settings = EpisodeSettings(instruction=instruction, max_seconds=max_seconds, prefetch=prefetch,
                                    smooth_seam=smooth_seam, expect_action_space=expect_action_space,
-                                   control_period=control_period, chunk_timeout=chunk_timeout)
+                                   control_period=control_period, chunk_timeout=chunk_timeout, aggregate=aggregate,
+                                   temporal_ensemble_coeff=temporal_ensemble_coeff)
         return self._drive(observe, act, settings, pin=True, until=until, on_underrun=on_underrun,
                            episode_id=episode_id)
 
@@ -456,7 +467,8 @@ class Policy:
             instruction: str | None = None,
             max_seconds: float | None = None, episode_id: str | None = None,
             expect_action_space: str | ActionSpace | None = None, control_period: float | None = None,
-            chunk_timeout: float | None = None) -> RunOutcome:
+            chunk_timeout: float | None = None, aggregate: str | None = None,
+            temporal_ensemble_coeff: float | None = None) -> RunOutcome:
         """Execute ``max_actions`` chunk steps (or until done, timeout or interrupt); return the RunOutcome.
 
         Same parameters and failure rules as :meth:`act`; ``instruction`` (optional) is pinned when given.
@@ -471,7 +483,8 @@ class Policy:
         self._check_open()
         settings = EpisodeSettings(instruction=instruction or '', max_seconds=max_seconds, max_actions=max_actions,
                                    prefetch=prefetch, smooth_seam=smooth_seam, expect_action_space=expect_action_space,
-                                   control_period=control_period, chunk_timeout=chunk_timeout)
+                                   control_period=control_period, chunk_timeout=chunk_timeout, aggregate=aggregate,
+                                   temporal_ensemble_coeff=temporal_ensemble_coeff)
         return self._drive(observe, act, settings, pin=instruction is not None, until=None, on_underrun=on_underrun,
                            episode_id=episode_id)
 

@@ -81,6 +81,7 @@ class LiveChunk:
     origin: float = 0.0          # the episode's chunk step of row 0
     request_id: int = 0
     read: bool = False           # a tick has read it (else, replaced, it was discarded unused)
+    counts: np.ndarray | None = None   # aggregating: int (T,) the predictions averaged in each row
 
     @property
     def length(self) -> int:

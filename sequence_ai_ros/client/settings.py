@@ -89,11 +89,32 @@ def _space(name: str, value: Any) -> ActionSpace | None:
         raise ValueError(f'{name}: {exc}') from None
 
 
+def _aggregate(name: str, value: Any) -> str | None:
+    from sequence_ai_ros.protocol.contract import AGGREGATES
+
+    if value is None:
+        return None
+    if value not in AGGREGATES:
+        raise ValueError(f'{name} must be one of {", ".join(AGGREGATES)} (or None: as the contract declares), '
+                         f'got {value!r}')
+    return value
+
+
+def _coeff(name: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f'{name} must be a number, got {type(value).__name__} {value!r}')
+    if value != value or value in (float('inf'), float('-inf')):
+        raise ValueError(f'{name} must be finite, got {value!r}')
+    return float(value)
+
+
 #: The check of each kind of option, by the name a field gives in its metadata (``check``): each takes
 #: ``(option name, value)`` and returns the value normalised, or raises TypeError/ValueError naming the option.
 CHECKS: dict[str, Callable[[str, Any], Any]] = {
     'text': _text, 'limit': _limit, 'steps': _steps, 'period': _period, 'flag': _flag, 'rows': _rows,
-    'space': _space,
+    'space': _space, 'aggregate': _aggregate, 'coeff': _coeff,
 }
 
 
@@ -121,12 +142,17 @@ class EpisodeSettings:
     :param chunk_timeout: the no-chunk deadline (s): a request unanswered this long ends the episode with
         'error' and a PolicyException; None: ``max(10 s, 10 * covers_seconds)``
         (:data:`~sequence_ai_ros.client.engine.CHUNK_TIMEOUT_MIN_S`, ``CHUNK_TIMEOUT_COVERS``).
+    :param aggregate: how overlapping chunks combine for one step (absolute spaces): ``latest_only`` (the
+        newest chunk replaces the others), ``weighted_average`` (ACT's temporal ensembling, a request at
+        every tick), ``average``; None: as the contract declares (client/aggregate.py).
+    :param temporal_ensemble_coeff: weighted_average's coefficient m (weights ``exp(-m * i)``, i = 0 the
+        oldest prediction); None: the contract's, else ACT's 0.01.
     :raises TypeError: for a bool or a non-number as a limit, period or chunk_timeout, a non-str
         instruction, a non-bool prefetch, a non-int smooth_seam, or an action space that is neither an
         ActionSpace nor a name.
     :raises ValueError: for a non-finite or non-positive limit, period or chunk_timeout, a fractional
-        max_actions, a control_period outside [1e-4, 60] s, a negative smooth_seam, or an unknown action
-        space.
+        max_actions, a control_period outside [1e-4, 60] s, a negative smooth_seam, an unknown action
+        space or aggregate, or a non-finite temporal_ensemble_coeff.
     """
 
     instruction: str = _option('', 'text')
@@ -137,6 +163,8 @@ class EpisodeSettings:
     expect_action_space: ActionSpace | None = _option(None, 'space')
     control_period: float | None = _option(None, 'period')
     chunk_timeout: float | None = _option(None, 'limit')
+    aggregate: str | None = _option(None, 'aggregate')
+    temporal_ensemble_coeff: float | None = _option(None, 'coeff')
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):

@@ -8,12 +8,16 @@ policy's type and input/output features), ``model.safetensors`` and the processo
 served, or refuses it with a :class:`~sequence_ai_ros.exceptions.ConfigError` that names the policy type
 and the reason. It never lets a checkpoint through that would be served silently wrong:
 
-- ``act``: chunks as LeRobot's ``predict_action_chunk`` returns them. A checkpoint with
-  ``temporal_ensemble_coeff`` set is refused: LeRobot then runs the model at every control step and
-  averages overlapping chunks (``ACTTemporalEnsembler``, Zhao et al. 2023), which a chunk server cannot do.
+- ``act``: chunks as LeRobot's ``predict_action_chunk`` returns them. With ``temporal_ensemble_coeff`` set,
+  LeRobot runs the model at every control step and averages the overlapping chunks
+  (``ACTTemporalEnsembler``, Zhao et al. 2023): whole chunks (``chunk_size``) are served and the contract
+  declares ``aggregate: weighted_average`` with that coefficient, so the robot does the same.
 - ``diffusion``: ``n_obs_steps`` real frames per request, from the contract's
-  ``ObservationContract(history=n_obs_steps)`` (Chi et al. 2023); a checkpoint conditioned on
-  ``observation.environment_state`` is refused (the robot sends no such field).
+  ``ObservationContract(history=n_obs_steps)`` (Chi et al. 2023).
+- every type: ``observation.state``, ``observation.environment_state`` and other state features are made of
+  named robot joints (config.yaml's ``state_names`` and ``features``), cameras of the robot's cameras;
+  ``rename_map`` maps the robot's keys onto the checkpoint's in LeRobot's own form; cameras the robot lacks
+  are padded as LeRobot pads them where the type pads (smolvla, pi0, pi05), else refused.
 - ``smolvla``, ``pi0``, ``pi05``: their backbone's processor and tokenizer files come from a local Hugging
   Face cache or snapshot directory (:func:`hub_needs`), never from the network. With ``rtc_config.enabled``
   the worker keeps the previous chunk's raw model-space rows per episode for real-time chunking.
@@ -35,7 +39,11 @@ from sequence_ai_ros.protocol.contract import CameraSpec, Contract, ObservationC
 from sequence_ai_ros.protocol.spaces import ActionSpace
 
 IMAGE_PREFIX = 'observation.images.'
+#: LeRobot's key of a single camera (its simulation datasets: pusht, xarm, ...)
+IMAGE_KEY = 'observation.image'
 STATE_KEY = 'observation.state'
+#: the types whose model pads a camera missing from the batch (``prepare_images``), as LeRobot 0.6 does
+PADDING = ('smolvla', 'pi0', 'pi05')
 SERVED = ('act', 'diffusion', 'smolvla', 'pi0', 'pi05')
 FLOW_MATCHING = ('smolvla', 'pi0', 'pi05')
 #: the files a backbone repository must hold locally, per kind (what transformers' Auto* loaders read).
@@ -140,11 +148,19 @@ class ServingPlan:
     :param policy_type: ``act``, ``diffusion``, ``smolvla``, ``pi0`` or ``pi05``.
     :param history: observation frames per request (diffusion's ``n_obs_steps``; 1 otherwise).
     :param steps: actions per chunk T.
-    :param cameras: robot camera key -> checkpoint camera key (``observation.images.<key>``).
+    :param cameras: robot camera -> the checkpoint camera it feeds (full key, ``observation.images.<name>``
+        or ``observation.image``), in the checkpoint's order.
     :param sizes: checkpoint camera key -> (width, height) from its features.
     :param horizon: rows of the model's raw output (diffusion's ``horizon``, else ``chunk_size``).
     :param action_dim: D.
     :param rtc_horizon: RTC's execution horizon when the checkpoint enables RTC, else None.
+    :param padded: checkpoint cameras left out of the batch for the model to pad, as LeRobot does.
+    :param state: checkpoint state feature (``observation.state``, ``observation.environment_state`` ...) ->
+        the robot's joint names that make it, in order.
+    :param state_names: the contract's state names: every joint of ``state``, each once.
+    :param aggregate: how the robot combines overlapping chunks (``weighted_average`` for an ACT
+        checkpoint with temporal ensembling, else ``latest_only``).
+    :param temporal_ensemble_coeff: the checkpoint's coefficient for weighted_average, else 0.
     """
 
     policy_type: str
@@ -155,19 +171,87 @@ class ServingPlan:
     horizon: int
     action_dim: int
     rtc_horizon: int | None = None
+    padded: tuple[str, ...] = ()
+    state: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    state_names: tuple[str, ...] = ()
+    aggregate: str = 'latest_only'
+    temporal_ensemble_coeff: float = 0.0
+
+    @property
+    def state_index(self) -> dict[str, tuple[int, ...]]:
+        """Checkpoint state feature -> the indices of its joints in the contract's state vector."""
+        where = {name: i for i, name in enumerate(self.state_names)}
+        return {key: tuple(where[n] for n in names) for key, names in self.state.items()}
 
 
 def _refuse(policy_type: str, reason: str) -> ConfigError:
     return ConfigError(f'the lerobot template cannot serve this {policy_type!r} checkpoint correctly: {reason}')
 
 
-def plan(cfg: dict[str, Any], *, cameras: dict[str, str] | None = None, chunk_length: int | None = None) -> ServingPlan:
+def camera_name(key: str) -> str:
+    """The robot camera a LeRobot image key names.
+
+    ``observation.images.top`` -> ``top``; ``observation.image`` (LeRobot's single-camera key) -> ``image``.
+    """
+    return 'image' if key == IMAGE_KEY else key.removeprefix(IMAGE_PREFIX)
+
+
+def _is_image(key: str) -> bool:
+    return key == IMAGE_KEY or key.startswith(IMAGE_PREFIX)
+
+
+def _dim(feature: dict[str, Any]) -> int:
+    return int(np.prod(feature.get('shape') or [0]))
+
+
+def _names_of(value: object, what: str) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not all(isinstance(n, str) and n
+                                                                                 for n in value):
+        raise ConfigError(f'{what} must be a list of joint names, got {value!r}')
+    return tuple(value)
+
+
+def _padding(kind: str, cfg: dict[str, Any], padded: list[str], present: list[str]) -> None:
+    """Refuse padding the model would not do as it was trained (LeRobot's own rules per type)."""
+    if not padded:
+        return
+    if kind not in PADDING:
+        raise _refuse(kind, f'it needs the cameras {padded}, which the robot does not send; LeRobot\'s {kind} '
+                            'does not pad a missing camera (only smolvla, pi0 and pi05 do): map a robot camera '
+                            'onto each with rename_map')
+    if not present:
+        raise _refuse(kind, f'every camera would be padded ({padded}); LeRobot\'s {kind} needs at least one '
+                            'real camera')
+    if kind == 'smolvla' and len(padded) > int(cfg.get('empty_cameras') or 0):
+        raise _refuse(kind, f'{len(padded)} cameras would be padded ({padded}) but SmolVLA pads at most '
+                            f'empty_cameras={int(cfg.get("empty_cameras") or 0)} (LeRobot drops the rest, so '
+                            'the model would see fewer images than it was trained with)')
+
+
+def plan(cfg: dict[str, Any], *, rename_map: dict[str, str] | None = None,
+         features: dict[str, list[str]] | None = None, state_names: list[str] | None = None,
+         pad_cameras: list[str] | None = None, chunk_length: int | None = None) -> ServingPlan:
     """Decide how ``cfg`` (a checkpoint's config.json) is served, or refuse it.
 
-    :param cameras: robot camera -> checkpoint camera (without ``observation.images.``); unnamed checkpoint
-        cameras keep their own name.
-    :param chunk_length: actions per chunk; default the checkpoint's ``n_action_steps``.
-    :raises ConfigError: naming the policy type and the reason when it cannot be served correctly.
+    The robot's features are its cameras (``observation.images.<camera>``), ``observation.state`` (the
+    joints ``state_names``) and any further feature of named joints (``features``, e.g.
+    ``{observation.environment_state: [obs_0, ...]}``). ``rename_map`` maps a robot feature key onto the
+    checkpoint's, in LeRobot's own form (``RenameObservationsProcessorStep``: robot key -> policy key); a
+    checkpoint feature that no rename feeds is fed by the robot feature of its own name, unless a rename
+    takes that one elsewhere. A checkpoint camera left without a robot camera, SmolVLA's
+    ``empty_camera_<i>`` and the cameras in ``pad_cameras`` (the robot lacks them) are padded by the model
+    as LeRobot pads them (smolvla up to ``empty_cameras``, pi0 and pi0.5 any but one), and declared so in
+    the contract; act and diffusion pad nothing, so a camera they lack is refused.
+
+    :param rename_map: robot feature key -> checkpoint feature key.
+    :param features: checkpoint-side or renamed state-like features -> their joint names, in order.
+    :param state_names: the joints of the robot's ``observation.state`` (default ``state_0`` ... of the
+        checkpoint feature it feeds).
+    :param pad_cameras: checkpoint cameras (names or full keys) the robot lacks.
+    :param chunk_length: actions per chunk; default the checkpoint's ``n_action_steps`` (``chunk_size``
+        for an ACT with temporal ensembling, whose overlapping chunks the robot averages).
+    :raises ConfigError: naming the policy type and the reason when it cannot be served correctly, or the
+        config.yaml entry that is wrong.
     """
     kind = str(cfg.get('type'))
     if kind not in SERVED:
@@ -175,69 +259,126 @@ def plan(cfg: dict[str, Any], *, cameras: dict[str, str] | None = None, chunk_le
                             'test/gpu/); another type may need inputs or stateful inference this template lacks')
     inputs = cfg.get('input_features') or {}
     outputs = cfg.get('output_features') or {}
-    extra = [k for k, f in inputs.items() if k != STATE_KEY and f.get('type') != 'VISUAL']
-    if extra:
-        raise _refuse(kind, f'it is conditioned on {extra}, which the robot does not send (only '
-                            f'{STATE_KEY} and cameras)')
-    action_dim = int(np.prod(outputs.get('action', {}).get('shape', [0])))
+    action_dim = _dim(outputs.get('action', {}))
     if not action_dim:
         raise ConfigError('checkpoint config.json has no output feature "action"')
-    if kind == 'act' and cfg.get('temporal_ensemble_coeff') is not None:
-        raise _refuse(kind, f'temporal_ensemble_coeff={cfg["temporal_ensemble_coeff"]}: LeRobot then runs ACT at '
-                            'every control step and averages the overlapping chunks (ACTTemporalEnsembler), which '
-                            'a chunk server cannot reproduce. Serve it with "temporal_ensemble_coeff": null in '
-                            'config.json (chunks as chunks; the robot can cross-fade seams with smooth_seam)')
+    rename = dict(rename_map or {})
+    for src, dst in rename.items():
+        if dst not in inputs:
+            raise ConfigError(f'rename_map maps {src!r} onto {dst!r}, which the checkpoint does not take; its '
+                              f'input features: {sorted(inputs)}')
+        if _is_image(src) != (inputs[dst].get('type') == 'VISUAL'):
+            raise ConfigError(f'rename_map maps {src!r} onto {dst!r}: a camera maps onto a camera, a state '
+                              'feature onto a state feature')
+    if len(set(rename.values())) != len(rename):
+        raise ConfigError(f'rename_map maps several robot features onto one: {rename}')
+    source = {dst: src for src, dst in rename.items()}
+
+    def fed_by(key: str) -> str | None:
+        return source.get(key, key if key not in rename else None)
+
+    # cameras
+    wanted_pad = {k if _is_image(k) else IMAGE_PREFIX + k for k in (pad_cameras or [])}
+    ckpt_cams = [k for k, f in inputs.items() if f.get('type') == 'VISUAL']
+    unknown = sorted(wanted_pad - set(ckpt_cams))
+    if unknown:
+        raise ConfigError(f'pad_cameras names {unknown}, which the checkpoint does not have; its cameras: '
+                          f'{ckpt_cams}')
+    own_pads = {f'{IMAGE_PREFIX}empty_camera_{i}' for i in range(int(cfg.get('empty_cameras') or 0))}
+    cameras: dict[str, str] = {}
+    padded: list[str] = []
+    for key in ckpt_cams:
+        src = fed_by(key)
+        if key in own_pads or key in wanted_pad or src is None:
+            padded.append(key)
+            continue
+        cameras[camera_name(src)] = key
+    _padding(kind, cfg, padded, list(cameras.values()))
+    sizes = {k: (int(inputs[k]['shape'][-1]), int(inputs[k]['shape'][-2])) for k in ckpt_cams}
+    # state features
+    robot: dict[str, tuple[str, ...] | None] = {STATE_KEY: _names_of(state_names, 'state_names')
+                                                if state_names else None}
+    for key, names in (features or {}).items():
+        robot[key] = _names_of(names, f'features[{key!r}]')
+    state: dict[str, tuple[str, ...]] = {}
+    used = set()
+    for key, feat in inputs.items():
+        if feat.get('type') == 'VISUAL':
+            continue
+        src = fed_by(key)
+        if src is None or src not in robot:
+            raise _refuse(kind, f'it is conditioned on {key}, which the robot does not send: name its joints in '
+                                f'config.yaml (features: {{{key}: [joint, ...]}}, {_dim(feat)} of them)')
+        names = robot[src]
+        if names is None:
+            names = tuple(f'state_{i}' for i in range(_dim(feat)))
+        if len(names) != _dim(feat):
+            raise ConfigError(f'the checkpoint\'s {key} has {_dim(feat)} dimensions; config.yaml names '
+                              f'{len(names)} joints for {src}')
+        state[key] = names
+        used.add(src)
+    idle = sorted(k for k, v in robot.items() if k not in used and (v is not None))
+    if idle:
+        raise ConfigError(f'config.yaml declares {idle}, which feed none of the checkpoint\'s inputs '
+                          f'({sorted(k for k, f in inputs.items() if f.get("type") != "VISUAL")})')
+    contract_names = tuple(dict.fromkeys(n for names in state.values() for n in names))
+    # chunks
     n_obs = int(cfg.get('n_obs_steps') or 1)
     if kind != 'diffusion' and n_obs != 1:
         raise _refuse(kind, f'n_obs_steps={n_obs}: LeRobot\'s {kind} reads one observation per chunk')
-    ckpt_cams = {k.removeprefix(IMAGE_PREFIX): f for k, f in inputs.items() if f.get('type') == 'VISUAL'}
-    mapping = dict(cameras or {})
-    unknown = sorted(set(mapping.values()) - set(ckpt_cams))
-    if unknown:
-        raise ConfigError(f'cameras maps robot cameras onto {unknown}, which the checkpoint does not have; its '
-                          f'cameras: {sorted(ckpt_cams)}')
-    mapped = set(mapping.values())
-    for key in ckpt_cams:
-        if key not in mapped:
-            mapping.setdefault(key, key)
-    sizes = {k: (int(f['shape'][-1]), int(f['shape'][-2])) for k, f in ckpt_cams.items()}
     n_action = int(cfg.get('n_action_steps') or cfg.get('chunk_size') or 1)
     horizon = int(cfg.get('horizon') or cfg.get('chunk_size') or n_action)
     if kind == 'diffusion' and n_action > horizon - n_obs + 1:
         raise _refuse(kind, f'n_action_steps={n_action} > horizon - n_obs_steps + 1 = {horizon - n_obs + 1}')
+    aggregate, coeff = 'latest_only', 0.0
+    if kind == 'act' and cfg.get('temporal_ensemble_coeff') is not None:
+        # LeRobot runs such an ACT at every step and averages the chunks (ACTTemporalEnsembler): the robot
+        # does the same with whole chunks (aggregate weighted_average, a request at every tick)
+        aggregate, coeff = 'weighted_average', float(cfg['temporal_ensemble_coeff'])
+        n_action = int(cfg.get('chunk_size') or n_action)
     steps = int(chunk_length or n_action)
     if steps > n_action:
         raise _refuse(kind, f'chunk_length {steps} exceeds the checkpoint\'s n_action_steps {n_action}')
     rtc = cfg.get('rtc_config') or {}
     rtc_horizon = int(rtc.get('execution_horizon') or 10) if kind in FLOW_MATCHING and rtc.get('enabled') else None
     return ServingPlan(policy_type=kind, history=n_obs if kind == 'diffusion' else 1, steps=steps,
-                       cameras=mapping, sizes=sizes, horizon=horizon, action_dim=action_dim, rtc_horizon=rtc_horizon)
+                       cameras=cameras, sizes=sizes, horizon=horizon, action_dim=action_dim, rtc_horizon=rtc_horizon,
+                       padded=tuple(padded), state=state, state_names=contract_names, aggregate=aggregate,
+                       temporal_ensemble_coeff=coeff)
 
 
 def contract_for(contract: Contract, cfg: dict[str, Any], *, action_space: str, fps: float,
                  state_names: list[str] | None, action_names: list[str] | None,
-                 chunk_length: int | None, cameras: dict[str, str] | None = None) -> Contract:
-    """Build the contract from a checkpoint config: cameras (renamed, at the checkpoint's size), dims, history.
+                 chunk_length: int | None, rename_map: dict[str, str] | None = None,
+                 features: dict[str, list[str]] | None = None, pad_cameras: list[str] | None = None) -> Contract:
+    """Build the contract from a checkpoint config.
+
+    Cameras (renamed, at the checkpoint's size; padded ones declared), state joints, dims, history, aggregate.
 
     :param cfg: the checkpoint's config.json.
     :param fps: control rate the policy was trained at (Hz); dt = 1/fps.
-    :param state_names: the D state names (default ``state_0`` ...).
+    :param state_names: the joints of ``observation.state`` (default ``state_0`` ...).
     :param action_names: the action names (default ``action_0`` ...).
     :param chunk_length: actions per chunk; default the checkpoint's ``n_action_steps``.
-    :param cameras: robot camera -> checkpoint camera.
+    :param rename_map: robot feature key -> checkpoint feature key (see :func:`plan`).
+    :param features: further state features -> joint names (see :func:`plan`).
+    :param pad_cameras: checkpoint cameras the robot lacks (see :func:`plan`).
     :raises ConfigError: when names do not match the checkpoint's dimensions, or :func:`plan` refuses.
     """
-    how = plan(cfg, cameras=cameras, chunk_length=chunk_length)
-    inputs = cfg.get('input_features') or {}
-    state_dim = int(np.prod(inputs.get(STATE_KEY, {}).get('shape', [0])))
-    state_names = list(state_names or [f'state_{i}' for i in range(state_dim)])
+    how = plan(cfg, rename_map=rename_map, features=features, state_names=state_names, pad_cameras=pad_cameras,
+               chunk_length=chunk_length)
     action_names = list(action_names or [f'action_{i}' for i in range(how.action_dim)])
-    if len(state_names) != state_dim or len(action_names) != how.action_dim:
-        raise ConfigError(f'the checkpoint has state dim {state_dim} and action dim {how.action_dim}; config.yaml '
-                          f'names {len(state_names)} state and {len(action_names)} action entries')
+    if len(action_names) != how.action_dim:
+        raise ConfigError(f'the checkpoint has action dim {how.action_dim}; config.yaml names '
+                          f'{len(action_names)} action entries')
+    space = ActionSpace.parse(action_space)
+    if how.aggregate != 'latest_only' and not space.is_absolute:
+        raise _refuse(how.policy_type, f'temporal_ensemble_coeff={how.temporal_ensemble_coeff}: temporal ensembling '
+                                       f'averages absolute targets, and action_space is {space.value}')
     specs = tuple(CameraSpec(robot, width=how.sizes[ckpt][0], height=how.sizes[ckpt][1])
                   for robot, ckpt in how.cameras.items())
-    return dataclasses.replace(contract, action_space=ActionSpace.parse(action_space), action_names=tuple(action_names),
-                               dt=1.0 / float(fps), chunk_length=how.steps,
-                               observation=ObservationContract(cameras=specs, state_names=tuple(state_names),
-                                                               history=how.history))
+    return dataclasses.replace(contract, action_space=space, action_names=tuple(action_names),
+                               dt=1.0 / float(fps), chunk_length=how.steps, aggregate=how.aggregate,
+                               temporal_ensemble_coeff=how.temporal_ensemble_coeff,
+                               observation=ObservationContract(cameras=specs, state_names=how.state_names,
+                                                               history=how.history, padded_cameras=how.padded))

@@ -158,12 +158,13 @@ class LeRobotRunner:
     :param hub_cache: local Hugging Face hub cache for backbone processors/tokenizers; None = the default one
         (:func:`default_hub_cache`).
     :param hub_snapshots: repo id -> local snapshot directory.
-    :param cameras: robot camera -> checkpoint camera.
+    :param serving: :func:`~.lerobot_checkpoint.plan`'s config.yaml entries (rename_map, features,
+        state_names, pad_cameras, chunk_length).
     """
 
     def __init__(self, checkpoint: Path, device: str, template: str, *, robot_type: str = '',
                  hub_cache: Path | None = None, hub_snapshots: dict[str, Path] | None = None,
-                 cameras: dict[str, str] | None = None) -> None:
+                 **serving: Any) -> None:
         self.checkpoint = checkpoint
         self.device = device
         self.template = template
@@ -171,7 +172,7 @@ class LeRobotRunner:
         self.hub_cache = hub_cache or default_hub_cache()
         self.hub_snapshots = dict(hub_snapshots or {})
         self.cfg = read_config(checkpoint) if (checkpoint / 'config.json').is_file() else {}
-        self.plan: ServingPlan | None = plan(self.cfg, cameras=cameras) if self.cfg else None
+        self.plan: ServingPlan | None = plan(self.cfg, **serving) if self.cfg else None
         self.policy: Any = None
         self.pre: Any = None
         self.post: Any = None
@@ -227,8 +228,10 @@ class LeRobotRunner:
 
         :param frames: (state float32 (D,), images per robot camera uint8 (H, W, 3)) oldest first; one frame,
             or exactly the plan's history N (diffusion's n_obs_steps).
-        :returns: ``observation.state`` (1, D) or (1, N, D); ``observation.images.<key>`` (1, 3, H, W) or
-            (1, N, 3, H, W) float32 in [0, 1]; ``task``; ``robot_type``.
+        :returns: each state feature of the plan (``observation.state``, ``observation.environment_state``...:
+            its joints of the state vector) (1, D) or (1, N, D); each checkpoint camera fed by a robot camera
+            (1, 3, H, W) or (1, N, 3, H, W) float32 in [0, 1] (padded ones are left out: the model pads them,
+            as in LeRobot); ``task``; ``robot_type``.
         :raises PolicyException: when fewer real frames than the history N arrive (none are invented).
         """
         torch = self.torch
@@ -236,13 +239,17 @@ class LeRobotRunner:
         if len(frames) != need:
             raise PolicyException(f'{self.cfg.get("type")} with n_obs_steps={need} needs {need} real observation '
                                   f'frames per request, got {len(frames)} (no frame is repeated in their place)')
-        cams = self.plan.cameras if self.plan else {k: k for k in frames[-1][1]}
-        states = [torch.from_numpy(np.array(s, np.float32)) for s, _ in frames]   # a copy: wire arrays are read-only
-        batch: dict[str, Any] = {STATE_KEY: torch.stack(states)[None] if need > 1 else states[0][None]}
+        cams = self.plan.cameras if self.plan else {k: IMAGE_PREFIX + k for k in frames[-1][1]}
+        batch: dict[str, Any] = {}
+        for key, idx in (self.plan.state_index if self.plan else {STATE_KEY: None}).items():
+            # a copy (np.array with fancy indexing or not): wire arrays are read-only
+            states = [torch.from_numpy(np.array(np.asarray(s)[list(idx)] if idx is not None else s, np.float32))
+                      for s, _ in frames]
+            batch[key] = torch.stack(states)[None] if need > 1 else states[0][None]
         for robot_key, ckpt_key in cams.items():
             imgs = [torch.from_numpy(np.array(images[robot_key], np.uint8)).permute(2, 0, 1).float() / 255.0
                     for _, images in frames]
-            batch[IMAGE_PREFIX + ckpt_key] = torch.stack(imgs)[None] if need > 1 else imgs[0][None]
+            batch[ckpt_key] = torch.stack(imgs)[None] if need > 1 else imgs[0][None]
         batch['task'] = task
         batch['robot_type'] = self.robot_type
         return batch

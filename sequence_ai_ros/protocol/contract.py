@@ -16,8 +16,17 @@ from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.spaces import ActionSpace
 
 #: The wire protocol's version, checked exactly at the handshake. ``.2``: each telemetry frame carries its
-#: control tick's grid index, chunk-step span and hold reason (one record per tick).
-PROTOCOL_VERSION = 'sequence_ai.v1.2'
+#: control tick's grid index, chunk-step span and hold reason (one record per tick). ``.3``: the contract
+#: declares the cameras the worker pads and how the robot aggregates overlapping chunks (a robot that
+#: ignored the aggregate would play an ensembled checkpoint's chunks as plain chunks).
+PROTOCOL_VERSION = 'sequence_ai.v1.3'
+#: How overlapping chunks are combined for one step (:attr:`Contract.aggregate`): ``latest_only`` (the
+#: newest chunk replaces the others), ``weighted_average`` (ACT's temporal ensembling, Zhao et al. 2023,
+#: Algorithm 2: weights ``exp(-temporal_ensemble_coeff * i)``, i = 0 the oldest prediction), ``average``
+#: (equal weights, the same with a coefficient of 0).
+AGGREGATES = ('latest_only', 'weighted_average', 'average')
+#: ACT's published temporal-ensembling coefficient (LeRobot's ACTConfig and the paper's default).
+ACT_TEMPORAL_ENSEMBLE_COEFF = 0.01
 #: Largest chunk_length (actions per chunk) a contract may declare.
 MAX_CHUNK_LENGTH = 10_000
 #: Characters of client-supplied text echoed in an error message.
@@ -79,16 +88,27 @@ class ObservationContract:
     :param state_names: names of the (D,) float32 state vector, in order; their count is state_dim.
     :param history: the robot sends the last N frames (N >= 1; 1 = only the current one),
         sampled at the policy's dt.
-    :raises ContractViolation: for history < 1, duplicate camera keys or duplicate/empty state names.
+    :param padded_cameras: the policy's own cameras the worker pads (as LeRobot pads a camera the robot
+        lacks, e.g. SmolVLA's ``empty_cameras``): declared, never demanded from the robot.
+    :raises ContractViolation: for history < 1, duplicate camera keys or duplicate/empty state names, or a
+        padded camera that is empty, repeated or also demanded.
     """
 
     cameras: tuple[CameraSpec, ...] = ()
     state_names: tuple[str, ...] = ()
     history: int = 1
+    padded_cameras: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, 'cameras', tuple(self.cameras))
         object.__setattr__(self, 'state_names', _names(self.state_names, 'state_names'))
+        padded = _names(self.padded_cameras, 'padded_cameras')
+        object.__setattr__(self, 'padded_cameras', padded)
+        if any(not n for n in padded) or len(set(padded)) != len(padded):
+            raise ContractViolation(f'padded_cameras must be unique and non-empty, got {_clip_seq(padded)}')
+        both = sorted(set(padded) & {c.key for c in self.cameras})
+        if both:
+            raise ContractViolation(f'cameras {_clip_seq(both)} are both demanded and padded')
         if not isinstance(self.history, numbers.Integral) or isinstance(self.history, bool):
             raise ContractViolation(f'history must be an integer number of frames, got {self.history!r}')
         if self.history < 1:
@@ -121,8 +141,14 @@ class Contract:
     :param observation: the observation contract.
     :param streaming: stateful per episode (True) or stateless.
     :param gripper: how the gripper channel is handled, in words.
+    :param aggregate: how the robot combines overlapping chunks for one step, one of :data:`AGGREGATES`
+        (what the policy was run with, e.g. ``weighted_average`` for an ACT checkpoint trained with temporal
+        ensembling); anything but ``latest_only`` needs an absolute action space.
+    :param temporal_ensemble_coeff: ``weighted_average``'s coefficient m (weights ``exp(-m * i)``); 0 for
+        the other aggregates.
     :raises ContractViolation: for dt <= 0, a chunk_length that is not an integer in 1..10000, action names
-        given as one string, no action names, or duplicates.
+        given as one string, no action names, or duplicates; an unknown aggregate, a non-finite
+        coefficient, a coefficient without weighted_average, or an aggregate on a delta or velocity space.
     """
 
     action_space: ActionSpace
@@ -134,9 +160,14 @@ class Contract:
     gripper: str = ''
     deployment: str = ''
     version: int = 0
+    aggregate: str = 'latest_only'
+    temporal_ensemble_coeff: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, 'action_space', ActionSpace.parse(self.action_space))
+        object.__setattr__(self, 'aggregate', self.aggregate or 'latest_only')
+        check_aggregate(self.aggregate, self.temporal_ensemble_coeff, self.action_space)
+        object.__setattr__(self, 'temporal_ensemble_coeff', float(self.temporal_ensemble_coeff))
         object.__setattr__(self, 'action_names', _names(self.action_names, 'action_names'))
         if not (isinstance(self.dt, (int, float)) and math.isfinite(self.dt) and self.dt > 0):
             raise ContractViolation(f'dt must be a positive number of seconds, got {self.dt!r}')
@@ -180,9 +211,11 @@ class Contract:
             observation=pb.ObservationContract(
                 cameras=[pb.CameraSpec(key=c.key, width=c.width, height=c.height, encoding=c.encoding)
                          for c in obs.cameras],
-                state_dim=obs.state_dim, state_names=list(obs.state_names), history=obs.history),
+                state_dim=obs.state_dim, state_names=list(obs.state_names), history=obs.history,
+                padded_cameras=list(obs.padded_cameras)),
             streaming=self.streaming, ready=ready, eta_seconds=eta_seconds,
-            max_message_bytes=self.max_message_bytes(), protocol_version=PROTOCOL_VERSION)
+            max_message_bytes=self.max_message_bytes(), protocol_version=PROTOCOL_VERSION,
+            aggregate=self.aggregate, temporal_ensemble_coeff=self.temporal_ensemble_coeff)
 
     @classmethod
     def from_proto(cls, msg: pb.Contract) -> Contract:
@@ -203,12 +236,33 @@ class Contract:
             chunk_length=msg.chunk_length,
             observation=ObservationContract(
                 cameras=tuple(CameraSpec(c.key, c.width, c.height, c.encoding or 'jpeg') for c in o.cameras),
-                state_names=tuple(o.state_names), history=max(1, o.history)),
-            streaming=msg.streaming, gripper=msg.gripper, deployment=msg.deployment, version=msg.version)
+                state_names=tuple(o.state_names), history=max(1, o.history),
+                padded_cameras=tuple(o.padded_cameras)),
+            streaming=msg.streaming, gripper=msg.gripper, deployment=msg.deployment, version=msg.version,
+            aggregate=msg.aggregate or 'latest_only', temporal_ensemble_coeff=msg.temporal_ensemble_coeff)
 
     def with_names(self, deployment: str, version: int) -> Contract:
         """Return a copy stamped with the deployment's name and version."""
         return dataclasses.replace(self, deployment=deployment, version=version)
+
+
+def check_aggregate(aggregate: object, coeff: object, space: ActionSpace | None = None) -> None:
+    """Check an aggregate and its coefficient (the contract's, or a robot's own choice).
+
+    :param aggregate: one of :data:`AGGREGATES`.
+    :param coeff: weighted_average's coefficient (finite; any sign, as ACT's); 0 for the other aggregates.
+    :param space: the action space it applies to; None skips that check.
+    :raises ContractViolation: naming what is wrong.
+    """
+    if aggregate not in AGGREGATES:
+        raise ContractViolation(f'aggregate {clip(aggregate, 40)!r}: one of {", ".join(AGGREGATES)}')
+    if isinstance(coeff, bool) or not isinstance(coeff, numbers.Real) or not math.isfinite(coeff):
+        raise ContractViolation(f'temporal_ensemble_coeff must be a finite number, got {clip(coeff, 40)!r}')
+    if coeff != 0 and aggregate != 'weighted_average':
+        raise ContractViolation(f'temporal_ensemble_coeff={coeff} is weighted_average\'s; aggregate is {aggregate}')
+    if space is not None and aggregate != 'latest_only' and not space.is_absolute:
+        raise ContractViolation(f'aggregate {aggregate} averages absolute targets; {space.value} chunks carry '
+                                'increments or rates (use latest_only)')
 
 
 def check_names(given: Sequence[str], expected: Sequence[str], what: str) -> None:

@@ -1,9 +1,12 @@
 """The local deployment registry under $SEQ_HOME (default ``~/.local/share/sequence_ai``).
 
 ``$SEQ_HOME/deployments.json`` maps each name to ``{name, version, path, sha256, deployed_at, action_space,
-action_dim, chunk_length, dt}``. It is written atomically (temp file + rename). ``seq deploy`` validates a
-policy (import, contract, dry run) before recording it; a redeploy bumps the version. Serving refuses a
-policy file whose hash changed since its deploy, so a version always names one content.
+action_dim, chunk_length, dt, content_sha256, config_sha256, files, artifact_roots}``. It is written
+atomically (temp file + rename). ``seq deploy`` validates a policy (import, contract, dry run) before
+recording it; a redeploy bumps the version. A version's content is policy.py, config.yaml and the files
+its config names (a checkpoint), hashed once at deploy (:mod:`.content`); serving refuses a deployment
+whose policy.py or config.yaml hash, or whose artifacts' file list, sizes or modification times, differ
+from the record, so a version always names one validated content.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 from sequence_ai_ros import home as seq_layout
 from sequence_ai_ros.exceptions import ConfigError, DeploymentError, UnknownDeployment
 from sequence_ai_ros.policy.loader import PolicyDefinition, file_sha256, load_policy_file
+from sequence_ai_ros.worker import content
 from sequence_ai_ros.worker.usage import delete_usage
 
 _NAME = re.compile(r'^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$')
@@ -54,6 +58,10 @@ class DeploymentRecord:
     chunk_length: int = 0
     dt: float = 0.0
     load_s: float = 0.0          # construct + load() at the deploy's dry run (s); 0: not measured
+    content_sha256: str = ''     # policy.py + config.yaml + artifact files (worker/content.py); '': before it
+    config_sha256: str = ''
+    files: dict[str, list[int]] = dataclasses.field(default_factory=dict)   # artifact -> [size, mtime_ns]
+    artifact_roots: list[str] = dataclasses.field(default_factory=list)
 
 
 class Registry:
@@ -128,19 +136,24 @@ class Registry:
                                     f'(deploy with: seq deploy {name}/policy.py)')
         return DeploymentRecord(**data[name])
 
-    def record(self, name: str, definition: PolicyDefinition, load_s: float = 0.0) -> DeploymentRecord:
+    def record(self, name: str, definition: PolicyDefinition, load_s: float = 0.0,
+               fingerprint: content.Fingerprint | None = None) -> DeploymentRecord:
         """Record a validated deployment; a redeploy bumps the version.
 
         :param load_s: the measured load time (s), which Ready's eta starts from when serving; 0: unknown.
+        :param fingerprint: its content (default: hashed here, :func:`.content.fingerprint`).
         """
         c = definition.contract
+        fp = fingerprint or content.fingerprint(definition)
         with self._locked():
             data = self._read()
             prev = data.get(name)
             rec = DeploymentRecord(name=name, version=(prev['version'] + 1) if prev else 1, path=str(definition.path),
                                    sha256=definition.sha256, deployed_at=time.time(),
                                    action_space=c.action_space.value, action_dim=c.action_dim,
-                                   chunk_length=c.chunk_length, dt=c.dt, load_s=float(load_s))
+                                   chunk_length=c.chunk_length, dt=c.dt, load_s=float(load_s),
+                                   content_sha256=fp.content_sha256, config_sha256=fp.config_sha256,
+                                   files=fp.files, artifact_roots=fp.roots)
             data[name] = dataclasses.asdict(rec)
             self._write(data)
         return rec
@@ -163,16 +176,22 @@ class Registry:
         """Import a registered deployment's policy for serving.
 
         :raises UnknownDeployment: when not registered.
-        :raises DeploymentError: when the file is gone, changed since its deploy, or no longer imports.
+        :raises DeploymentError: when the file is gone or no longer imports, or policy.py, config.yaml or an
+            artifact changed since its deploy (never served unvalidated: deploy it again as a new version).
         """
         rec = self.get(name)
         path = Path(rec.path)
         if not path.is_file():
             raise DeploymentError(f'deployment {name!r}: {path} no longer exists; deploy again')
-        if file_sha256(path) != rec.sha256:
+        if file_sha256(path) != rec.sha256:      # before importing it: a changed file's code never runs
             raise DeploymentError(f'deployment {name!r}: {path} changed since version {rec.version} was deployed; '
-                                  f'run `seq deploy {path}` again')
-        return rec, load_policy_file(path)
+                                  f'run `seq deploy {path}` again to validate it as a new version')
+        definition = load_policy_file(path)
+        changed = content.changes(definition, rec)
+        if changed:
+            raise DeploymentError(f'deployment {name!r}: {"; ".join(changed)} since version {rec.version} was '
+                                  f'deployed; run `seq deploy {path}` again to validate it as a new version')
+        return rec, definition
 
 
 def deploy(path: str | Path, name: str | None = None, home: str | Path | None = None,
@@ -193,5 +212,14 @@ def deploy(path: str | Path, name: str | None = None, home: str | Path | None = 
     path = Path(path).expanduser().resolve()
     name = check_name(name or (path.parent.name if path.name == 'policy.py' else path.stem))
     definition = load_policy_file(path)
+    fp = content.fingerprint(definition)        # before the dry run: what it validates is what is recorded
     figures = dry_run(definition, timeout_s=dry_timeout_s) if dry else {}
-    return Registry(home).record(name, definition, load_s=figures.get('load_s', 0.0)), figures
+    if content.changes(definition, dataclasses.replace(_blank(definition), content_sha256=fp.content_sha256,
+                                                       config_sha256=fp.config_sha256, files=fp.files,
+                                                       artifact_roots=fp.roots)):
+        raise DeploymentError(f'{path}: its files changed during the dry run; deploy again')
+    return Registry(home).record(name, definition, load_s=figures.get('load_s', 0.0), fingerprint=fp), figures
+
+
+def _blank(definition: PolicyDefinition) -> DeploymentRecord:
+    return DeploymentRecord(name='', version=0, path=str(definition.path), sha256=definition.sha256, deployed_at=0)

@@ -13,7 +13,9 @@ clone pip-installed into it), through LeRobot's own tools and the product's publ
    in-process inference (served_vs_inprocess.py), also with several episodes at once served in batches, each
    equal to its own single-episode in-process result; then (ACT: with capture on, rate 1.0, images) the closed
    loop on episode 5 replayed as a rosbag through ``policy_node`` at 50 Hz with one ``~/act`` goal;
-5. a checkpoint the template cannot serve (ACT with temporal ensembling) is refused by ``seq deploy``;
+5. an ACT with temporal ensembling deploys (the robot ensembles, ``aggregate: weighted_average``), the same
+   in a delta space is refused by ``seq deploy``, and the client's weighted_average equals LeRobot's
+   ``ACTTemporalEnsembler`` on the same chunks to 1e-6 (check_ensembler.py);
 6. the captured ACT run's field data, through test/lerobot_check/check_field_data.py when it exists.
 
 It prints one summary (MAE table, latencies, underruns, p95 / covers_seconds, transport overhead, its own
@@ -258,7 +260,11 @@ def serve_and_check(c: Check, kind: str, ckpt: Path, bag: Path, ds_info: dict, d
 
 
 def refusal(c: Check, act_ckpt: Path) -> None:
-    """An ACT checkpoint with temporal ensembling must be refused by seq deploy, naming type and reason."""
+    """An ACT checkpoint with temporal ensembling deploys with ``aggregate: weighted_average``.
+
+    The same in a delta action space is refused by seq deploy, naming type and reason; the client's
+    weighted_average equals LeRobot's ACTTemporalEnsembler on the same chunks (check_ensembler.py).
+    """
     bad = c.out / 'act_ensembled'
     shutil.copytree(act_ckpt, bad)
     cfg = json.loads((bad / 'config.json').read_text())
@@ -270,13 +276,23 @@ def refusal(c: Check, act_ckpt: Path) -> None:
     config = yaml.safe_load((pdir / 'config.yaml').read_text())
     config.update(checkpoint=str(bad), device='cpu')
     (pdir / 'config.yaml').write_text(yaml.safe_dump(config))
+    out = c.run('ensembled_deploy', [c.lr('seq'), 'deploy', str(pdir / 'policy.py'), '--timeout', '180'], 600,
+                env=env, ok=False)
+    if not out.startswith('0\n'):
+        c.failures.append('seq deploy refused an ACT checkpoint with temporal ensembling (logs/ensembled_deploy.log)')
+    config.update(action_space='joint_delta')
+    (pdir / 'config.yaml').write_text(yaml.safe_dump(config))
     out = c.run('refusal_deploy', [c.lr('seq'), 'deploy', str(pdir / 'policy.py')], 300, env=env, ok=False)
     refused = not out.startswith('0\n') and "'act'" in out and 'temporal_ensemble_coeff' in out
     if not refused:
-        c.failures.append('seq deploy did not refuse an ACT checkpoint with temporal ensembling '
-                          '(logs/refusal_deploy.log)')
-    c.step('seq deploy refuses ACT with temporal ensembling, naming the type and the reason' if refused else
+        c.failures.append('seq deploy did not refuse an ensembled ACT in a delta space (logs/refusal_deploy.log)')
+    c.step('seq deploy serves ACT with temporal ensembling, refuses it in a delta space' if refused else
            'refusal check FAILED')
+    out = c.run('ensembler', [c.lr('python'), str(REPO / 'test' / 'lerobot_check' / 'check_ensembler.py')], 600,
+                env=dict(c.lr_env, OMP_NUM_THREADS='1'), ok=False)
+    if not out.startswith('0\n'):
+        c.failures.append('weighted_average differs from ACTTemporalEnsembler (logs/ensembler.log)')
+    c.step('aggregate weighted_average vs ACTTemporalEnsembler: ' + out.strip().splitlines()[-1])
 
 
 def field_data(c: Check, home: Path) -> str:

@@ -3,9 +3,11 @@
 The checkpoint directory is what LeRobot's training writes as ``pretrained_model/``: config.json,
 model.safetensors and the processor files (policy_preprocessor.json, policy_postprocessor.json and
 their .safetensors). It is loaded through LeRobot's own path (sequence_ai_ros/models/lerobot_runtime.py).
-The contract (cameras at the checkpoint's sizes, renamed by ``cameras``; state and action dimensions;
-chunk length; diffusion's ``n_obs_steps`` as the observation history) comes from the checkpoint's
-config.json; names, rate and action space from config.yaml. A checkpoint that cannot be served correctly
+The contract (cameras at the checkpoint's sizes, renamed by ``rename_map`` in LeRobot's own form, padded
+ones declared; the state joints of ``observation.state`` and of further features such as
+``observation.environment_state``; action dimensions; chunk length; diffusion's ``n_obs_steps`` as the
+observation history; an ACT's temporal ensembling as the robot's ``aggregate``) comes from the
+checkpoint's config.json; names, rate and action space from config.yaml. A checkpoint that cannot be served correctly
 is refused at ``seq deploy`` with its policy type and the reason (models/lerobot_checkpoint.py); without
 torch, lerobot or a file, deploy names exactly what is missing.
 
@@ -35,6 +37,11 @@ def _path(value: str | None) -> Path | None:
     return runtime.resolve(value, HERE) if value else None
 
 
+def _serving(config: dict) -> dict:
+    """The config.yaml entries that decide how the checkpoint is served (models/lerobot_checkpoint.plan)."""
+    return {key: config.get(key) for key in ('rename_map', 'features', 'state_names', 'pad_cameras', 'chunk_length')}
+
+
 @seq.policy(action_space='joint_absolute', action_names=['placeholder'], dt=1 / 30, chunk_length=1,
             streaming=True, gripper='as the checkpoint was trained',
             batching=seq.Batching(max_batch_size=8, max_wait_s=0.005))
@@ -48,7 +55,11 @@ class LeRobot:
     :param state_names: the D state names, in the order of ``observation.state``.
     :param action_names: the action names, in order.
     :param chunk_length: actions per chunk; default the checkpoint's ``n_action_steps``.
-    :param cameras: robot camera -> checkpoint camera (``observation.images.<name>``).
+    :param rename_map: LeRobot's rename_map: robot feature key -> checkpoint feature key, e.g.
+        ``{observation.images.cam_high: observation.images.top}``.
+    :param features: further state features of named robot joints, e.g.
+        ``{observation.environment_state: [obs_0, ...]}``.
+    :param pad_cameras: checkpoint cameras the robot lacks (padded as LeRobot pads them: smolvla, pi0, pi05).
     :param robot_type: LeRobot's ``robot_type`` passed in the batch.
     :param hub_cache: local Hugging Face hub cache for backbone processors/tokenizers.
     :param hub_snapshots: repo id -> local snapshot directory.
@@ -58,17 +69,20 @@ class LeRobot:
     def __init__(self, checkpoint: str = '', device: str = 'cuda', fps: float = 30.0,
                  action_space: str = 'joint_absolute', state_names: list[str] | None = None,
                  action_names: list[str] | None = None, chunk_length: int | None = None,
-                 cameras: dict[str, str] | None = None, robot_type: str = '', hub_cache: str = '',
+                 rename_map: dict[str, str] | None = None, features: dict[str, list[str]] | None = None,
+                 pad_cameras: list[str] | None = None, robot_type: str = '', hub_cache: str = '',
                  hub_snapshots: dict[str, str] | None = None, noise_seed: int | None = None) -> None:
         path = _path(checkpoint)
         runtime.require(path, 'lerobot')
         assert path is not None
         self.runner = runtime.LeRobotRunner(
-            path, device, 'lerobot', robot_type=robot_type, hub_cache=_path(hub_cache), cameras=cameras,
-            hub_snapshots={repo: _path(d) for repo, d in (hub_snapshots or {}).items()})
+            path, device, 'lerobot', robot_type=robot_type, hub_cache=_path(hub_cache),
+            hub_snapshots={repo: _path(d) for repo, d in (hub_snapshots or {}).items()}, **_serving(
+                {'rename_map': rename_map, 'features': features, 'state_names': state_names,
+                 'pad_cameras': pad_cameras, 'chunk_length': chunk_length}))
         self.runner.check_hub_files()
-        cfg = self.runner.cfg
-        self.steps = int(chunk_length or cfg.get('n_action_steps') or 1)
+        assert self.runner.plan is not None
+        self.steps = self.runner.plan.steps
         self.noise_seed = noise_seed
 
     @classmethod
@@ -83,9 +97,18 @@ class LeRobot:
         assert path is not None
         return runtime.contract_for(contract, runtime.read_config(path),
                                     action_space=config.get('action_space', 'joint_absolute'),
-                                    fps=float(config.get('fps', 30.0)), state_names=config.get('state_names'),
-                                    action_names=config.get('action_names'),
-                                    chunk_length=config.get('chunk_length'), cameras=config.get('cameras'))
+                                    fps=float(config.get('fps', 30.0)), action_names=config.get('action_names'),
+                                    **_serving(config))
+
+    @classmethod
+    def artifacts(cls, config: dict) -> list[Path]:
+        """What a deployment version hashes besides policy.py and config.yaml (once, at ``seq deploy``).
+
+        The checkpoint directory and the backbone snapshot directories of ``hub_snapshots``.
+        """
+        paths = [_path(config.get('checkpoint'))]
+        paths += [_path(d) for d in (config.get('hub_snapshots') or {}).values()]
+        return [p for p in paths if p is not None]
 
     def load(self) -> None:
         """Load the weights onto the device (not billed)."""

@@ -75,6 +75,12 @@ class Pi05Droid:
                                     state_names=list(DROID_STATE), action_names=list(DROID_ACTIONS),
                                     chunk_length=int(config.get('chunk_length', 8)))
 
+    @classmethod
+    def artifacts(cls, config: dict) -> list[Path]:
+        """What a deployment version hashes besides policy.py and config.yaml: the checkpoint directory."""
+        path = _checkpoint(config)
+        return [path] if path is not None else []
+
     def load(self) -> None:
         """Load the weights onto the GPU (not billed); checks CUDA."""
         self.runner.load()

@@ -50,6 +50,11 @@ class Ridge:
                                    observation=seq.ObservationContract(state_names=model.state_names,
                                                                        history=model.history))
 
+    @classmethod
+    def artifacts(cls, config: dict) -> list[Path]:
+        """The files a deployment version hashes besides policy.py and config.yaml: model.npz."""
+        return [_model_path(config.get('model', 'model.npz'))]
+
     def load(self) -> None:
         """Read the weights (milliseconds)."""
         self.model = RidgeModel.load(self.path)
