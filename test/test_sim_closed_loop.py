@@ -142,8 +142,8 @@ def test_the_scripted_expert_served_through_the_node_solves_held_out_drawers(tmp
         lines = re.findall(r'episode \S+ ended: .*', Path(node.log).read_text())
         assert len(lines) == EPISODES, lines
         for line in lines:
-            assert all(k in line for k in ('actions', 'chunks', 'underruns', 'underrun_s', 'seam jump', 'seam gap',
-                                           'peak in flight')), line
+            assert all(k in line for k in ('actions', 'chunks', 'underruns', 'max_seam_jump', 'max_seam_gap',
+                                           'peak_in_flight')), line
         status = sim.status[-1]
         assert status.episode == EPISODES + 1 and status.success and status.success_step > 0
         assert sim_proc.poll() is None, sim_log.read_text()
