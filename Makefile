@@ -26,7 +26,7 @@ ENV := set +u && source $(VENV)/bin/activate && source install/local_setup.bash 
 DATASET ?= ../shared/data/g1_pick_bottle_v21
 export DATASET
 
-.PHONY: help setup build test lint demo bench check-export check-lerobot params-yaml clean haproxy
+.PHONY: help setup build test lint demo bench check-export check-lerobot params-yaml clean haproxy egl
 
 help:
 	@echo "make demo    run the main job end to end (set-up included)"
@@ -34,6 +34,7 @@ help:
 	@echo "make bench   benchmarks (latency, underrun curve, pipelining, wire vs openpi, tick jitter, export)"
 	@echo "make check-export  load the demo's export in LeRobot's own v2.1 loader (own, large venv)"
 	@echo "make haproxy install Debian's HAProxy for the fleet (seq fleet, test_fleet.py) when root"
+	@echo "make egl     install Debian's EGL (libegl1, libgl1-mesa-dri) for the simulated robot's cameras when root"
 	@echo "make check-lerobot ACT and diffusion trained by LeRobot 0.6, served and run in closed loop (own venv)"
 
 setup: $(STAMP_VENV)
@@ -78,7 +79,17 @@ haproxy:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends haproxy; \
 	else echo "note: HAProxy is not installed and this is not root: the fleet tests will skip"; fi
 
-test: $(STAMP_BUILD) haproxy
+# The simulated robot (sim_robot) renders its cameras headless through EGL (MUJOCO_GL=egl): Debian's libegl1 and
+# libgl1-mesa-dri. As root they are installed when missing; otherwise the camera tests skip and say so.
+egl:
+	@if [ -e /usr/lib/x86_64-linux-gnu/libEGL.so.1 ] && [ -d /usr/lib/x86_64-linux-gnu/dri ] || \
+	   { dpkg -s libegl1 libgl1-mesa-dri >/dev/null 2>&1; }; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    libegl1 libgl1-mesa-dri; \
+	else echo "note: libegl1/libgl1-mesa-dri are not installed and this is not root: the sim camera tests will skip"; fi
+
+test: $(STAMP_BUILD) haproxy egl
 	$(VENV)/bin/ruff check .
 	$(ENV) && python -m pytest test -rfEs
 

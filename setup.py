@@ -113,6 +113,9 @@ setup(
     include_package_data=True,
     data_files=data_files(),
     install_requires=['setuptools', *REQUIRES, *generated_requires()],
+    # the simulated robot (sequence_ai_ros.sim): MuJoCo 4 breaks metaworld 3.0.0 at env build; gymnasium
+    # imports packaging without declaring it
+    extras_require={'sim': ['metaworld==3.0.0', 'mujoco==3.8.1', 'packaging']},
     python_requires='>=3.10',
     zip_safe=False,
     maintainer='sequence_ai maintainers',
@@ -125,6 +128,7 @@ setup(
             'policy_node = sequence_ai_ros.node.main:main',
             'seq = sequence_ai_ros.cli:main',
             'bag_player = sequence_ai_ros.bags.player:main',
+            'sim_robot = sequence_ai_ros.sim.main:main',
         ],
     },
 )

@@ -11,7 +11,8 @@ can form::
     3  client, datasets                 the chunk engine; LeRobot read/write, stats, video
     4  worker, models, bags             the policy worker (hosts policy, capture); ridge, its training and
                                         the LeRobot runtime (what templates import); rosbag tools
-    5  node, cli                        the ROS 2 node (over client); ``seq`` (over worker, capture, ...)
+    5  node, cli, sim                   the ROS 2 node (over client); ``seq`` (over worker, capture, ...); the
+                                        simulated robot (a ROS 2 node over Meta-World, beside the policy node)
     6  bench, demo                      benchmarks and the demo drive everything
 
 So: protocol <- client <- node; protocol <- policy/capture <- worker <- cli; datasets and bags never
@@ -31,7 +32,7 @@ LAYERS: dict[str, int] = {
     'policy': 2, 'capture': 2,
     'client': 3, 'datasets': 3,
     'worker': 4, 'models': 4, 'bags': 4,
-    'node': 5, 'cli': 5,
+    'node': 5, 'cli': 5, 'sim': 5,
     'bench': 6, 'demo': 6,
 }
 #: Deprecated re-exports (issue 10): each aliases one moved module and may import exactly that one, in

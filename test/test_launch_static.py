@@ -18,7 +18,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 LAUNCH = sorted((REPO / 'launch').glob('*.launch.py'))
-CONFIGS = sorted((REPO / 'config').glob('*.yaml'))
+#: policy_node's params files; config/sim_robot.yaml is the simulated robot's (test_sim_node.py checks it).
+CONFIGS = sorted(p for p in (REPO / 'config').glob('*.yaml') if p.name != 'sim_robot.yaml')
 
 
 def _console_scripts() -> set[str]:

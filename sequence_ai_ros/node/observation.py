@@ -147,12 +147,15 @@ class Snapshot:
     :param ages: age of each source (s); inf when never received.
     :param state: the latest measured joint state float32 (D,), even when the observation is invalid
         (None when joints never arrived or cannot be mapped).
+    :param received: the oldest local receive time (``time.monotonic()``, s) of what the observation is made
+        of: every configured joint and every camera the policy needs (-inf when one was never received).
     """
 
     observation: Observation | None
     problems: list[str]
     ages: dict[str, float]
     state: np.ndarray | None
+    received: float = -math.inf
 
 
 class ObservationAssembler:
@@ -288,7 +291,9 @@ class ObservationAssembler:
             return Snapshot(None, problems, ages, state)
         obs = Observation(state=state, state_names=self.mapper.names, images=images, instruction=instruction,
                           timestamp=now)
-        return Snapshot(obs, [], ages, state)
+        received = min([float(np.min(self._joints.received))]
+                       + [self._images[k].received for k in self.required_cameras if k in self._images])
+        return Snapshot(obs, [], ages, state, received)
 
 
 def _fresh(age: float, max_age: float) -> bool:

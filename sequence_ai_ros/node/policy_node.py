@@ -460,9 +460,15 @@ class PolicyNode(LifecycleNode):
                 if self._traj_chunk == -1 and not action.delta:
                     # nothing playing (an episode's start, after a hold): the step limit starts from where the
                     # controller is, the hold it was sent or the measured state, not from this tick's value
+                    # (an episode's first chunk: the measured state, the robot may have been reset since)
                     measured = runner.measured_state()
-                    last = self._traj_ref if self._traj_ref is not None else (
-                        measured if measured is not None else last)
+                    ep = runner.episode
+                    first = ep is not None and ep.sent <= 1
+                    if first and measured is not None:
+                        last = measured
+                    else:
+                        last = self._traj_ref if self._traj_ref is not None else (
+                            measured if measured is not None else last)
                 plan = trajectory.plan_points(
                     rows, pos, dt, order=self.commands.action_order, delta=action.delta is not None,
                     last=last, safety=self.safety, period_s=self.cfg.period_s)

@@ -11,8 +11,10 @@ all chunk logic. Threads and what they may call:
 - service and action callbacks call :meth:`start` (``begin_episode``), :meth:`interrupt`,
   :meth:`request_end`, :meth:`wait` and :meth:`label`.
 
-Hold semantics: nothing is published before the first episode; before an episode's first action the
-hold is the measured state; afterwards, and after the episode ends, it is the last command
+Hold semantics: nothing is published before the first episode; from a goal's arrival to its episode's
+first action the hold is the measured state, also after an earlier episode (what joint_trajectory_controller
+does on activation: a robot reset between episodes is not dragged back to the last episode's command);
+afterwards, and after the episode ends, it is the last command
 (``on_underrun='hold'``) or nothing (``'stop'``). Velocity holds are zeros, never positions; on a rate
 interface (velocity, twist) ``'stop'`` sends one zero-rate command first, since the controller keeps
 applying its last one.
@@ -80,6 +82,9 @@ class EpisodeRun:
     instruction: str
     max_seconds: float
     started: float
+    goal_at: float = -float('inf')  # ``time.monotonic()`` when the goal arrived (before begin_episode): the
+                                    # first request is built from an observation received after it
+    requested: bool = False         # the client has been given the episode's first observation
     end_reason: str = ''          # set when the node (not the client) ends it
     message: str = ''
     stopped: bool = False         # the control thread no longer asks the client for actions
@@ -134,17 +139,23 @@ class EpisodeReport:
     dropped_telemetry: int = 0
     telemetry_rejected: int = 0   # capture frames the worker refused (bad shape, NaN, bad image...)
     telemetry_error: str = ''     # the first refusal's reason
+    max_seam_gap: float = 0.0     # largest per-dimension discontinuity at a seam (action units)
+    peak_in_flight: int = 0       # most requests in flight at once
 
 
 def episode_line(report: EpisodeReport, outcome: Any = None) -> str:
-    """One log line per episode: how it ended and what it cost (the Act result's figures, and the seams')."""
+    """One log line per episode: its outcome and what it cost.
+
+    Always: reason, actions, chunks, underruns and underrun_s, seam jump and gap, peak in flight, the ticks
+    (sent, held, skipped) and elapsed_s; with the client's ``outcome``, the round-trip latency too.
+    """
     line = (f'episode {report.episode_id} ended: {report.reason}; actions {report.actions}, chunks {report.chunks}, '
             f'underruns {report.underruns} ({report.underrun_s:.3f} s), commands_sent {report.commands_sent}, '
             f'ticks_held {report.ticks_held}, ticks_skipped {report.ticks_skipped}, '
-            f'max_seam_jump {report.max_seam_jump:.4g}')
+            f'max_seam_jump {report.max_seam_jump:.4g}, max_seam_gap {report.max_seam_gap:.4g}, '
+            f'peak_in_flight {report.peak_in_flight}, elapsed_s {report.elapsed_s:.3f}')
     if outcome is not None:
-        line += (f', max_seam_gap {outcome.max_seam_gap:.4g}, peak_in_flight {outcome.peak_in_flight}, '
-                 f'latency p50/p95 {outcome.latency_p50_ms:.1f}/{outcome.latency_p95_ms:.1f} ms')
+        line += f', latency p50/p95 {outcome.latency_p50_ms:.1f}/{outcome.latency_p95_ms:.1f} ms'
     return f'{line}; {report.message}' if report.message else line
 
 
@@ -302,7 +313,9 @@ class Runner:
             ticks_held=ep.held, ticks_skipped=ep.skipped,
             dropped_telemetry=outcome.dropped_telemetry if outcome is not None else 0,
             telemetry_rejected=outcome.telemetry_rejected if outcome is not None else 0,
-            telemetry_error=outcome.telemetry_error if outcome is not None else '')
+            telemetry_error=outcome.telemetry_error if outcome is not None else '',
+            max_seam_gap=outcome.max_seam_gap if outcome is not None else 0.0,
+            peak_in_flight=outcome.peak_in_flight if outcome is not None else 0)
         self._log('info', episode_line(self.last_result, outcome))
         if self.last_result.telemetry_rejected:
             self.telemetry_rejected += self.last_result.telemetry_rejected
@@ -349,6 +362,7 @@ class Runner:
                            '`ros2 lifecycle set <node> activate`)')
         if settings.max_seconds is None:
             raise ConfigError('max_seconds is required and must be > 0')
+        goal_at = time.monotonic()
         with self._lock:
             running = self.episode
             if self._starting or (running is not None and not running.done.is_set()):
@@ -368,8 +382,8 @@ class Runner:
             with self._lock:
                 self._starting = False
         started = time.monotonic()
-        ep = EpisodeRun(str(eid), settings.instruction, settings.max_seconds, started, last_tick=started,
-                        accounted_until=started, grid=self.grid)
+        ep = EpisodeRun(str(eid), settings.instruction, settings.max_seconds, started, goal_at=goal_at,
+                        last_tick=started, accounted_until=started, grid=self.grid)
         if ep.grid is not None:
             ep.first_index = ep.accounted_index = ep.grid.index_at(started)
         with self._lock:
@@ -488,6 +502,11 @@ class Runner:
             return None
         return snap.state.astype(np.float64)[self._measured_index]
 
+    def _fresh(self) -> bool:
+        """True from a goal's arrival until its episode's first command (any thread; attribute reads only)."""
+        ep = self.episode
+        return self._starting or (ep is not None and not ep.stopped and not ep.done.is_set() and ep.sent == 0)
+
     def _hold(self, snap: Snapshot) -> np.ndarray | None:
         self.holding = True
         if self.on_underrun == 'stop':
@@ -499,11 +518,11 @@ class Runner:
                     self.last_command = stop
                     return stop
             return None
-        if self.last_command is not None:
-            return self.commands.hold_values(self.last_command)
         measured = self._measured(snap)
+        if self.last_command is not None and (measured is None or not self._fresh()):
+            return self.commands.hold_values(self.last_command)
         if measured is not None:
-            return measured
+            return measured     # before the first command, or a new goal's (the robot may have been reset)
         if self.commands.is_joint and not self.commands.is_position and self._measured_index is not None:
             return np.zeros(len(self._measured_index))   # a joint velocity hold before any command: stand still
         return None
@@ -581,6 +600,12 @@ class Runner:
         if ep.stale_since is not None:
             self._log('info', 'observation valid again; resuming')
             ep.stale_since = None
+        if not ep.requested:
+            if snap.received <= ep.goal_at:
+                # the first request is built from an observation newer than the goal: one taken before it may
+                # show the robot before a reset
+                return self._episode_hold(ep, snap, now)
+            ep.requested = True
         policy = self.policy
         grid = self.grid
         try:
@@ -603,7 +628,10 @@ class Runner:
             return self._episode_hold(ep, snap, now)
         self.last_action = action
         values = self.commands.order(action.values)
-        last = self.last_command if self.last_command is not None else self._measured(snap)
+        # the step limit's reference: the last command, or the measured state for an episode's first command
+        last = self._measured(snap) if ep.sent == 0 else None
+        if last is None:
+            last = self.last_command if self.last_command is not None else self._measured(snap)
         # trajectory mode publishes the chunk's points (checked there), not this per-tick value
         checked = self.safety.check(values, last, count=not self._trajectory)
         if checked.values is None:
