@@ -33,7 +33,8 @@ def slow():
     servers = []
 
     def start(**kwargs):
-        server = serve_policy_file(SLOW, deployment='slow', host='127.0.0.1', port=0, **kwargs)
+        server = serve_policy_file(SLOW, deployment='slow', host='127.0.0.1', port=0, isolation='none',  # reads the
+                                   **kwargs)                                                            # instance
         servers.append(server)
         return server
 

@@ -71,7 +71,7 @@ def test_scheduler_batches_oldest_first_and_starves_no_one():
 
 @pytest.fixture
 def mlp_server():
-    with serve_policy_file(MLP, 'mlp', steps=20) as server:
+    with serve_policy_file(MLP, 'mlp', steps=20, isolation='none') as server:  # reads the instance
         ch = channel(server.port)
         stub = pb_grpc.PolicyServiceStub(ch)
         handshake(stub, 'mlp')
@@ -173,7 +173,7 @@ class Picky:
         return [PolicyException('seven is refused') if i.observation.state[0] == 7
                 else np.full((2, 1), i.observation.state[0], np.float32) for i in inputs]
 ''')
-    with serve_policy_file(path, 'picky') as server:
+    with serve_policy_file(path, 'picky', isolation='none') as server:  # reads the instance
         ch = channel(server.port)
         stub = pb_grpc.PolicyServiceStub(ch)
         handshake(stub, 'picky')

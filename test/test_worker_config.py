@@ -68,6 +68,7 @@ OUTSIDE = {
     'token': ['', 7],
     'tls': [('c.pem',), 'c.pem', ('c.pem', 'k.pem', 'x')],
     'addresses': ['127.0.0.1', ('',), (1,)],
+    'isolation': ['thread', '', None],
 }
 
 

@@ -51,7 +51,7 @@ def health_status(ch: grpc.Channel, service: str) -> int:
 def test_hung_inference_fails_typed_marks_deployment_failed_and_spares_others(seq_home: Path):
     deploy(STUCK, name='stuck')
     deploy(FAST, name='fast')
-    server = create_server(home=seq_home, inference_timeout_s=0.4)
+    server = create_server(home=seq_home, inference_timeout_s=0.4, isolation='none')  # the in-worker path
     ch = channel(server.port)
     try:
         stub = pb_grpc.PolicyServiceStub(ch)
@@ -90,7 +90,7 @@ def test_hung_inference_fails_typed_marks_deployment_failed_and_spares_others(se
 
 
 def test_a_hung_inference_nobody_waits_for_still_turns_ready_and_health_to_failed():
-    server = serve_policy_file(STUCK, 'stuck', inference_timeout_s=0.3)
+    server = serve_policy_file(STUCK, 'stuck', inference_timeout_s=0.3, isolation='none')
     ch = channel(server.port)
     try:
         stub = pb_grpc.PolicyServiceStub(ch)
@@ -132,7 +132,7 @@ def test_system_exit_and_keyboard_interrupt_in_infer_are_policy_exceptions(param
 
 
 def test_hung_load_marks_the_deployment_failed_after_the_load_deadline():
-    server = serve_policy_file(STUCK, 'stuck', hang_load=30.0, load_timeout_s=0.3)
+    server = serve_policy_file(STUCK, 'stuck', hang_load=30.0, load_timeout_s=0.3, isolation='none')
     ch = channel(server.port)
     try:
         stub = pb_grpc.PolicyServiceStub(ch)
@@ -281,6 +281,7 @@ def test_policy_capture_refuses_an_unregistered_name_unless_forced(seq_home: Pat
 def test_seq_serve_flags_set_the_inference_deadline_and_the_stream_cap(processes):
     proc = processes.python('import sys; from sequence_ai_ros.cli.serving import main; sys.exit(main())',
                             'serve', str(STUCK), '--port', '0', '--warm', '--inference-timeout', '0.5',
+                            '--isolation', 'none',
                             '--max-streams', '2')
     line = proc.stdout.readline()
     match = re.match(r'serving worker_stuck on 127\.0\.0\.1:(\d+)', line)

@@ -65,7 +65,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     from sequence_ai_ros.worker.registry import deploy
 
     print(f'validating {args.path} ...', flush=True)
-    rec, figures = deploy(args.path, name=args.name, dry_timeout_s=args.timeout)
+    rec, figures = deploy(args.path, name=args.name, dry_timeout_s=args.timeout, isolation=args.isolation)
     print(f'ok: imports, contract {rec.action_space} D={rec.action_dim} T={rec.chunk_length} dt={rec.dt:g} s; '
           f'dry run load {figures.get("load_s", 0):.2f} s, inference {figures.get("infer_s", 0) * 1e3:.1f} ms')
     print(f'deployed {rec.name} version {rec.version} ({rec.path}; content sha256 {rec.content_sha256[:12]}: '
@@ -232,6 +232,9 @@ def add_parsers(sub: Any, groups: dict[str, Any]) -> None:
     p.add_argument('--timeout', type=float, default=DRY_RUN_TIMEOUT_S, metavar='S',
                    help=f'fail when the dry run (construct, load, one inference) takes over S seconds '
                         f'(default {DRY_RUN_TIMEOUT_S:g})')
+    p.add_argument('--isolation', choices=('process', 'none'), default='process',
+                   help="where the checks run: 'process' (a deployment process, killed when the bound passes; "
+                        "default) or 'none' (this process)")
     p.set_defaults(func=cmd_deploy)
 
     p = sub.add_parser('serve', help='serve deployments to robots over gRPC')

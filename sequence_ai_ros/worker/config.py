@@ -54,6 +54,7 @@ RULES: dict[str, Rule] = {
                   'must not be empty (a string, or None for no token)', echo=False),
     'tls': Rule(lambda v: v is None or (isinstance(v, (tuple, list)) and len(v) == 2),
                 'is (certificate chain PEM, private key PEM), as paths or bytes'),
+    'isolation': Rule(lambda v: v in ('process', 'none'), "must be 'process' or 'none'"),
     'addresses': Rule(lambda v: isinstance(v, (tuple, list)) and all(isinstance(a, str) and a for a in v),
                       'is a tuple of addresses'),
 }
@@ -105,6 +106,9 @@ class ServerConfig:
     :param trusted_proxies: peer addresses (e.g. ``127.0.0.1``) whose ``x-forwarded-for`` names the client.
     :param metrics_port: serve Prometheus metrics on ``http://host:metrics_port/metrics`` (0: a free port,
         see ``WorkerServer.metrics_port``); None: no metrics endpoint.
+    :param isolation: ``process`` (default): each deployment's policy code (import, load, infer, hook) runs in
+        its own process, so a crash, ``os._exit``, segfault or hang fails only that deployment's robots (with a
+        typed error) and the worker restarts it; ``none``: every policy runs inside the worker process.
     :param agent_port: answer HAProxy ``agent-check`` probes on this port with the gRPC health of the served
         deployments (:mod:`~sequence_ai_ros.worker.health_agent`); None: no agent.
     :raises ConfigError: for a value its field's rule (:data:`RULES`) refuses: an empty host, a timeout that
@@ -141,6 +145,9 @@ class ServerConfig:
     trusted_proxies: tuple[str, ...] = _opt((), '--trusted-proxy', 'a balancer address whose x-forwarded-for '
                                             'names the client (repeat the flag for several)', 'ADDR',
                                             rule='addresses')
+    isolation: str = _opt('process', '--isolation', "where policy code runs: 'process' (each deployment in its "
+                          "own process, restarted when it crashes or hangs) or 'none' (inside the worker) "
+                          '(default {default})', 'MODE', rule='isolation')
     metrics_port: int | None = _opt(None, '--metrics-port', 'serve Prometheus metrics on this port at /metrics '
                                     '(default: off; 0 picks a free one)', 'PORT', rule='optional_port')
     agent_port: int | None = _opt(None, '--agent-port', 'answer HAProxy agent-check probes on this port with the '

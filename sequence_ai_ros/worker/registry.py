@@ -172,8 +172,11 @@ class Registry:
         delete_usage(self.usage_file, name)
         return rec
 
-    def load(self, name: str) -> tuple[DeploymentRecord, PolicyDefinition]:
+    def load(self, name: str, importer: Any = None) -> tuple[DeploymentRecord, PolicyDefinition]:
         """Import a registered deployment's policy for serving.
+
+        :param importer: ``importer(path) -> PolicyDefinition`` (default :func:`load_policy_file`, in this
+            process; the worker passes one that imports in a deployment process under its load timeout).
 
         :raises UnknownDeployment: when not registered.
         :raises DeploymentError: when the file is gone or no longer imports, or policy.py, config.yaml or an
@@ -186,7 +189,7 @@ class Registry:
         if file_sha256(path) != rec.sha256:      # before importing it: a changed file's code never runs
             raise DeploymentError(f'deployment {name!r}: {path} changed since version {rec.version} was deployed; '
                                   f'run `seq deploy {path}` again to validate it as a new version')
-        definition = load_policy_file(path)
+        definition = (importer or load_policy_file)(path)
         changed = content.changes(definition, rec)
         if changed:
             raise DeploymentError(f'deployment {name!r}: {"; ".join(changed)} since version {rec.version} was '
@@ -195,13 +198,18 @@ class Registry:
 
 
 def deploy(path: str | Path, name: str | None = None, home: str | Path | None = None,
-           dry: bool = True, dry_timeout_s: float = 60.0) -> tuple[DeploymentRecord, dict[str, float]]:
+           dry: bool = True, dry_timeout_s: float = 60.0,
+           isolation: str = 'process') -> tuple[DeploymentRecord, dict[str, float]]:
     """Validate ``path`` and record it.
 
     :param path: the policy file (``NAME/policy.py``).
     :param name: deployment name; default the policy's directory name.
     :param dry: run the dry inference (always on for ``seq deploy``).
-    :param dry_timeout_s: bound of the dry run (construct, load, one inference, hook), s.
+    :param dry_timeout_s: bound of the dry run (construct, load, one inference, hook), s; with
+        ``isolation='process'`` it bounds the import too (the checks run in a deployment process, killed
+        when the bound passes, so a hang at import cannot outlast it).
+    :param isolation: ``process``: import and dry-run in a deployment process (a crash or ``os._exit``
+        at import is named with its exit code); ``none``: in this process.
     :return: the record and the dry run's figures.
     :raises DeploymentError: when the policy does not import (SystemExit at import included), its contract is
         invalid, or the dry run fails or exceeds ``dry_timeout_s``.
@@ -211,6 +219,13 @@ def deploy(path: str | Path, name: str | None = None, home: str | Path | None = 
 
     path = Path(path).expanduser().resolve()
     name = check_name(name or (path.parent.name if path.name == 'policy.py' else path.stem))
+    if isolation == 'process' and dry:
+        from sequence_ai_ros.worker.policy_process import deploy_check
+
+        if not path.is_file():
+            raise DeploymentError(f'{path}: no such policy file')
+        definition, fp, figures = deploy_check(path, name, dry_timeout_s)
+        return Registry(home).record(name, definition, load_s=figures.get('load_s', 0.0), fingerprint=fp), figures
     definition = load_policy_file(path)
     fp = content.fingerprint(definition)        # before the dry run: what it validates is what is recorded
     figures = dry_run(definition, timeout_s=dry_timeout_s) if dry else {}

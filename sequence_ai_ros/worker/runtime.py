@@ -36,6 +36,7 @@ from sequence_ai_ros.protocol.contract import Contract, clip
 from sequence_ai_ros.worker.capture_hook import EpisodeRecorder
 from sequence_ai_ros.worker.config import ServerConfig
 from sequence_ai_ros.worker.metrics import MetricsSink
+from sequence_ai_ros.worker.policy_process import PolicyProcessDied, RemoteError, RemotePolicy, exit_words
 from sequence_ai_ros.worker.scheduler import InferenceScheduler
 from sequence_ai_ros.worker.usage import UsageMeter
 
@@ -48,10 +49,15 @@ HOOK_WAIT_S = 30.0
 DEFAULT_INFERENCE_TIMEOUT_S = ServerConfig.inference_timeout_s
 #: Default deadline (s) of construct + load(); past it the deployment is marked failed (from ServerConfig).
 DEFAULT_LOAD_TIMEOUT_S = ServerConfig.load_timeout_s
+#: A deployment process that dies more than this many times within :data:`RESTART_WINDOW_S` stays failed.
+MAX_RESTARTS = 5
+RESTART_WINDOW_S = 60.0
 
 
 def describe(exc: BaseException) -> str:
-    """Return ``'Type: message'`` for a policy's exception."""
+    """Return ``'Type: message'`` for a policy's exception (a deployment process's: its own words)."""
+    if isinstance(exc, (RemoteError, PolicyProcessDied)):
+        return str(exc)
     return ''.join(traceback.format_exception_only(type(exc), exc)).strip()
 
 
@@ -168,6 +174,10 @@ class DeploymentRuntime:
         plan = None if batching is None else (batching.max_batch_size, batching.max_wait_s, self._call_batch)
         self.scheduler = InferenceScheduler(name, max_pending=max_pending, batching=plan,
                                             on_batch=self._on_batch)
+        #: True when the policy runs in a deployment process (``--isolation process``)
+        self.isolated = isinstance(definition.cls, type) and issubclass(definition.cls, RemotePolicy)
+        if self.isolated:
+            self.scheduler.stuck_words = 'the policy is stuck: its process is killed and restarted'
         #: where requests, batches and episode ends are reported (Prometheus when ``--metrics-port`` is set)
         self.metrics: MetricsSink = MetricsSink()
         self._lock = threading.Lock()
@@ -183,6 +193,11 @@ class DeploymentRuntime:
         self._discarded = 0
         self.ready_event = threading.Event()
         self.on_state_change: Any = None
+        self._instance_loading: Any = None
+        self._closing = False
+        #: times the deployment process was restarted after a crash, exit or hang (``--isolation process``)
+        self.restarts = 0
+        self._restart_times: list[float] = []
 
     # -- warming ------------------------------------------------------------------------------------------
     def ensure_loading(self) -> None:
@@ -200,12 +215,18 @@ class DeploymentRuntime:
         start = time.monotonic()
         try:
             instance = self.definition.instantiate()
+            self._instance_loading = instance
             load = getattr(instance, 'load', None)
             if callable(load):
                 load()
+            if isinstance(instance, RemotePolicy) and self.restarts:
+                self._dry_run(instance)      # a restarted process serves again only after a good dry run
         except BaseException as exc:  # SystemExit/KeyboardInterrupt inside a policy are its failure too
             msg = f'policy {self.name!r} failed to load: {describe(exc)}'
             LOG.error('%s\n%s', msg, traceback.format_exc())
+            loading = getattr(self, '_instance_loading', None)
+            if isinstance(loading, RemotePolicy):
+                loading.close(timeout=0.5)
             with self._lock:
                 if self._state == 'warming':
                     self._state, self._message = 'failed', msg
@@ -217,6 +238,8 @@ class DeploymentRuntime:
                     self._state, self._message = 'ready', ''
             if late:
                 LOG.error('policy %s finished loading after its deadline; it stays failed', self.name)
+                if isinstance(instance, RemotePolicy):
+                    instance.close(timeout=0.5)
             else:
                 self.ready_event.set()
                 with self._lock:
@@ -225,6 +248,64 @@ class DeploymentRuntime:
         self._notify()           # health follows Ready at once; the usage row's disk write comes after
         self.usage.add(warming_s=time.monotonic() - start)
         self.usage.flush()
+
+    def _dry_run(self, instance: RemotePolicy) -> None:
+        """One inference on the synthetic observation of ``seq deploy``; its chunk must fit the contract."""
+        from sequence_ai_ros.worker.validate import synthetic_request
+
+        inp = messages.unpack_observation(synthetic_request(self.contract), self.contract)
+        episode = Episode(id='seq-restart-dry-run', instruction='dry run after a restart', deployment=self.name)
+        out = instance.infer(inp, episode)
+        instance.forget(episode.id)
+        actions = out.actions if isinstance(out, Result) else out
+        messages.pack_chunk(np.asarray(actions), self.contract, request_id=1, episode_id=episode.id, robot_time_s=0.0)
+
+    def _on_wedged(self, wedged: PolicyException) -> None:
+        """An inference passed its deadline: restart a deployment process; in the worker, mark the deployment failed."""
+        instance = self._instance
+        if not self.isolated:
+            self.mark_failed(str(wedged))
+        elif isinstance(instance, RemotePolicy):   # None: already restarting
+            self.restart(instance, str(wedged))
+
+    def restart(self, instance: RemotePolicy, why: str) -> None:
+        """Kill ``instance``'s deployment process and load a new one (``seq-load-<name>``); returns at once.
+
+        Until the new process has loaded and passed the dry run, requests get NOT_READY naming ``why``
+        (health NOT_SERVING). More than :data:`MAX_RESTARTS` restarts within :data:`RESTART_WINDOW_S` mark
+        the deployment failed instead. Only the first call for a given instance acts.
+        """
+        with self._lock:
+            if self._closing or self._instance is not instance or self._state != 'ready':
+                return
+            now = time.monotonic()
+            self._restart_times = [t for t in self._restart_times if now - t < RESTART_WINDOW_S] + [now]
+            self._instance = None
+            self.ready_event.clear()
+            if len(self._restart_times) > MAX_RESTARTS:
+                self._state = 'failed'
+                self._message = (f'deployment {self.name!r} failed: its policy process died {MAX_RESTARTS + 1} times '
+                                 f'within {RESTART_WINDOW_S:g} s; last: {why}')
+            else:
+                self._state, self._message = 'warming', f'deployment {self.name!r} is restarting: {why}'
+                self._load_started = now
+                self.restarts += 1
+            state = self._state
+        instance.kill(why)
+        LOG.error('%s', self._message)
+        self._notify()
+        if state == 'warming':
+            self._loader = threading.Thread(target=self._reload, args=(instance,), name=f'seq-load-{self.name}',
+                                            daemon=True)
+            self._loader.start()
+
+    def _reload(self, old: RemotePolicy) -> None:
+        deadline = time.monotonic() + 10.0
+        while self.scheduler.inferring and time.monotonic() < deadline:   # the killed call returns at once
+            time.sleep(0.005)
+        self.scheduler.unwedge()
+        old.close(timeout=0.5)
+        self._load()
 
     def _notify(self) -> None:
         if self.on_state_change is not None:
@@ -250,10 +331,16 @@ class DeploymentRuntime:
             elapsed = time.monotonic() - self._load_started if state == 'warming' else 0.0
         if state == 'warming' and elapsed > self.load_timeout_s:
             self.mark_failed(f'policy {self.name!r} failed to load: load exceeded {self.load_timeout_s:g} s')
+            loading = getattr(self, '_instance_loading', None)
+            if isinstance(loading, RemotePolicy):   # a busy loop in load() stops burning a core
+                loading.kill(f'load exceeded {self.load_timeout_s:g} s')
         elif state == 'ready':
             wedged = self.scheduler.expire(self.inference_timeout_s)
             if wedged is not None:
-                self.mark_failed(str(wedged))
+                self._on_wedged(wedged)
+            elif isinstance(self._instance, RemotePolicy) and not self._instance.alive():
+                self.restart(self._instance, f'the policy process of deployment {self.name!r} exited '
+                                             f'({exit_words(self._instance.process.process.poll())})')
         with self._lock:
             state, message = self._state, self._message
         eta = 0.0
@@ -295,9 +382,12 @@ class DeploymentRuntime:
                                  'every robot needs its own episode id')
 
     def forget(self, episode_id: str) -> None:
-        """Drop an ended episode from the running set."""
+        """Drop an ended episode from the running set (and from its deployment process)."""
         with self._lock:
             self._episodes.pop(episode_id, None)
+            instance = self._instance
+        if isinstance(instance, RemotePolicy):
+            instance.forget(episode_id)
 
     def running_episodes(self) -> list[ActiveEpisode]:
         """Return the episodes in progress."""
@@ -374,7 +464,7 @@ class DeploymentRuntime:
         """
         wedged = self.scheduler.expire(self.inference_timeout_s)
         if wedged is not None:
-            self.mark_failed(str(wedged))
+            self._on_wedged(wedged)
             return True
         if active.ended:
             raise EpisodeStateError(f'episode {active.episode.id!r} ended while request {req.request_id} '
@@ -384,7 +474,7 @@ class DeploymentRuntime:
     def on_failure(self, exc: BaseException) -> None:
         """Mark the deployment failed when ``exc`` came from a wedged scheduler."""
         if isinstance(exc, PolicyException) and self.scheduler.wedged is not None:
-            self.mark_failed(str(self.scheduler.wedged))
+            self._on_wedged(self.scheduler.wedged)
 
     def finish(self, active: ActiveEpisode, req: pb.ObservationRequest, result: Any) -> pb.ActionChunk:
         """Turn the scheduler's result ``((out, inference_s), queue_wait_s)`` into the ActionChunk.
@@ -434,6 +524,9 @@ class DeploymentRuntime:
         start = time.perf_counter()
         try:
             out = instance.infer(inp, episode)
+        except PolicyProcessDied as exc:   # a crash, os._exit or kill: this deployment restarts
+            self.restart(instance, str(exc))
+            raise PolicyException(str(exc)) from exc
         except BaseException as exc:  # SystemExit/KeyboardInterrupt inside a policy become POLICY_EXCEPTION
             LOG.warning('policy %s raised on episode %s request %d: %s', self.name, episode.id, inp.request_id,
                         describe(exc))
@@ -454,11 +547,16 @@ class DeploymentRuntime:
         if not live:
             return results
         start = time.perf_counter()
+        instance = self._instance
         try:
-            outs = list(self._instance.infer_batch([items[i][0] for i in live], [items[i][1] for i in live]))
+            if instance is None:
+                raise PolicyProcessDied(f'deployment {self.name!r} is restarting')
+            outs = list(instance.infer_batch([items[i][0] for i in live], [items[i][1] for i in live]))
             if len(outs) != len(live):
                 raise ValueError(f'infer_batch returned {len(outs)} chunks for {len(live)} inputs')
         except BaseException as exc:  # SystemExit/KeyboardInterrupt inside a policy become POLICY_EXCEPTION
+            if isinstance(exc, PolicyProcessDied) and instance is not None:
+                self.restart(instance, str(exc))
             LOG.warning('policy %s raised on a batch of %d (episodes %s): %s', self.name, len(live),
                         [items[i][1].id for i in live], describe(exc))
             err = PolicyException(describe(exc))
@@ -484,9 +582,13 @@ class DeploymentRuntime:
         """End running episodes (reason ``shutdown``), stop the inference thread, flush usage."""
         for active in self.running_episodes():
             active.end('shutdown', wait=True)
+        self._closing = True
         stuck = self.readiness()[2] == 'failed'  # a policy past its deadline will not return: do not wait
         self.scheduler.stop(0.1 if self.scheduler.wedged is not None else timeout)
         if self._loader is not None:
             self._loader.join(0.1 if stuck else timeout)
+        for instance in (self._instance, getattr(self, '_instance_loading', None)):
+            if isinstance(instance, RemotePolicy):
+                instance.close(timeout=0.1 if stuck else min(timeout, 2.0))
         self.usage.flush()
 

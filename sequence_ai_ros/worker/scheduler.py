@@ -78,6 +78,8 @@ class InferenceScheduler:
         self.max_pending = max_pending
         self.batching = batching
         self.on_batch = on_batch
+        #: what the error of a call past its deadline tells the robot happens next
+        self.stuck_words = 'the policy is stuck and the deployment is marked failed (restart the worker)'
         self._lock = threading.Condition()
         self._jobs: collections.deque[_Job] = collections.deque()
         self._control: collections.deque[_Job] = collections.deque()
@@ -201,8 +203,7 @@ class InferenceScheduler:
             if job is None or job.started is None or time.monotonic() - job.started <= deadline_s:
                 return None
             self._wedged = PolicyException(f'deployment {self.name!r}: inference exceeded {deadline_s:g} s; '
-                                           'the policy is stuck and the deployment is marked failed '
-                                           '(restart the worker)')
+                                           f'{self.stuck_words}')
             stuck = [*self._current, *self._jobs]
             deferred = list(self._control)  # stay queued: they run if the policy ever returns
             self._jobs.clear()
@@ -213,6 +214,11 @@ class InferenceScheduler:
             _settle(j.future, exception=PolicyException(f'{self._wedged}; the hook is deferred'))
         LOG.error('%s', self._wedged)
         return self._wedged
+
+    def unwedge(self) -> None:
+        """Serve again after a wedge whose stuck call has returned (its deployment process was restarted)."""
+        with self._lock:
+            self._wedged = None
 
     def _release(self, job: _Job) -> None:
         """Let the job's episode submit again: before its future settles, as its robot may answer at once."""

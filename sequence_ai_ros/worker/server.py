@@ -34,7 +34,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from sequence_ai_ros.exceptions import ConfigError, Unauthenticated
+from sequence_ai_ros.exceptions import ConfigError, DeploymentError, Unauthenticated
 from sequence_ai_ros.home import usage_file
 from sequence_ai_ros.malloc_tuning import tune_malloc
 from sequence_ai_ros.policy.loader import PolicyDefinition, load_policy_file
@@ -359,6 +359,19 @@ def _runtime(name: str, version: int, definition: PolicyDefinition, usage_path: 
                              load_timeout_s=config.load_timeout_s, eta_hint_s=load_s or None)
 
 
+def importer(config: ServerConfig, name: str, **overrides: Any) -> Any:
+    """``path -> PolicyDefinition`` for ``config.isolation``.
+
+    ``process``: imported in a deployment process under the load timeout
+    (:func:`~sequence_ai_ros.worker.policy_process.describe_policy_file`); ``none``: in this process.
+    """
+    if config.isolation == 'process':
+        from sequence_ai_ros.worker.policy_process import describe_policy_file
+
+        return lambda path: describe_policy_file(path, name, config.load_timeout_s, **overrides)
+    return lambda path: load_policy_file(path, **overrides)
+
+
 def _config(config: ServerConfig | None, settings: dict[str, Any]) -> ServerConfig:
     return ServerConfig.embedded(**settings) if config is None else config.replace(**settings)
 
@@ -385,7 +398,7 @@ def create_server(deployments: list[str] | None = None, config: ServerConfig | N
     runtimes: dict[str, DeploymentRuntime] = {}
     try:
         for name in names:
-            rec, definition = registry.load(name)
+            rec, definition = registry.load(name, importer(config, name))
             runtimes[name] = _runtime(name, rec.version, definition, registry.usage_file, registry.capture_dir(name),
                                       config, load_s=rec.load_s)
     except BaseException:
@@ -415,9 +428,11 @@ def serve_policy_file(path: str | Path, deployment: str | None = None, config: S
     """
     known = set(field_names())
     config = _config(config, {k: v for k, v in kwargs.items() if k in known})
-    path = Path(path)
-    definition = load_policy_file(path, **{k: v for k, v in kwargs.items() if k not in known})
-    name = deployment or (definition.path.parent.name if definition.path.name == 'policy.py' else definition.path.stem)
+    path = Path(path).expanduser().resolve()
+    name = deployment or (path.parent.name if path.name == 'policy.py' else path.stem)
+    if not path.is_file():
+        raise DeploymentError(f'{path}: no such policy file')
+    definition = importer(config, name, **{k: v for k, v in kwargs.items() if k not in known})(path)
     usage_path = usage_file(home) if home is not None else None
     capture_dir = Path(capture_root) / name if capture_root is not None else None
     return WorkerServer({name: _runtime(name, 0, definition, usage_path, capture_dir, config)}, config)

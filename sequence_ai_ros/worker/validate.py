@@ -68,7 +68,8 @@ def _dry_batch(instance: Any, contract: Contract, inp: Any, step: list[str]) -> 
             raise _fail('dry batched inference returned a bad chunk', exc) from exc
 
 
-def dry_run(definition: PolicyDefinition, timeout_s: float | None = 60.0) -> dict[str, float]:
+def dry_run(definition: PolicyDefinition, timeout_s: float | None = 60.0,
+            said_s: float | None = None) -> dict[str, float]:
     """Construct, load and call the policy once; check its chunk; all within ``timeout_s``.
 
     The steps run in the thread ``seq-dry-run``, joined with ``timeout_s``. A policy that hangs cannot be
@@ -76,6 +77,8 @@ def dry_run(definition: PolicyDefinition, timeout_s: float | None = 60.0) -> dic
     (``seq deploy``, a short-lived process) gets the error at once.
 
     :param timeout_s: bound of the whole dry run (s); None waits forever.
+    :param said_s: the bound the message names (default ``timeout_s``): the whole deploy's, when the
+        import already took part of it.
     :return: ``{'load_s': ..., 'infer_s': ..., 'chunk_length': T}``.
     :raises DeploymentError: naming the step that failed (construct, load, infer, chunk, on_episode),
         with the missing dependency when that is the cause, or the step that was running when
@@ -96,7 +99,7 @@ def dry_run(definition: PolicyDefinition, timeout_s: float | None = 60.0) -> dic
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():
-        raise DeploymentError(f'dry run exceeded {timeout_s:g} s while {step[0]}: the policy hangs or is too '
+        raise DeploymentError(f'dry run exceeded {said_s or timeout_s:g} s while {step[0]}: the policy hangs or is too '
                               'slow (raise the bound with seq deploy --timeout S)')
     if 'error' in outcome:
         error = outcome['error']

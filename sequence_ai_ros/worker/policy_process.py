@@ -1,0 +1,340 @@
+"""The worker's side of a deployment process (``--isolation process``, the default).
+
+Each deployment's policy code (import, construct, ``load()``, ``infer``, ``infer_batch``, the episode hook)
+runs in its own process, :mod:`sequence_ai_ros.worker.policy_host`, so that a crash, ``os._exit``, a
+segfault or a hang in one policy fails only that deployment's robots; the worker restarts it
+(:class:`~sequence_ai_ros.worker.runtime.DeploymentRuntime`) and every other deployment goes on.
+
+- :func:`describe_policy_file`: import a policy file in a short-lived deployment process, under a deadline,
+  and return a :class:`~sequence_ai_ros.policy.loader.PolicyDefinition` whose ``instantiate()`` starts the
+  deployment process (:class:`RemotePolicy`) instead of constructing the class here.
+- :func:`deploy_check`: ``seq deploy``'s import, fingerprint and dry run in a deployment process under one
+  deadline (a busy loop or ``sleep`` at import cannot outlast it; ``os._exit(7)`` is named).
+- :class:`RemotePolicy`: the policy object as the runtime and scheduler see it; every call is one
+  round trip. Arrays travel through shared memory (a ``memfd``, grown on demand), never pickled whole.
+
+Errors: a policy's exception comes back as :class:`RemoteError` (its text is the policy's own
+``Type: message``); a process that dies or is killed raises :class:`PolicyProcessDied`, naming the
+deployment, the step and the exit code or signal.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from sequence_ai_ros.exceptions import DeploymentError, PolicyException
+from sequence_ai_ros.policy.loader import PolicyDefinition
+from sequence_ai_ros.worker import policy_host as wire
+
+LOG = logging.getLogger(__name__)
+#: The isolation modes: ``process`` (each deployment in its own process) and ``none`` (in the worker).
+ISOLATION_MODES = ('process', 'none')
+#: First size of the shared memory for observations (bytes); it grows to the largest call.
+SHM_START_BYTES = 1 << 20
+#: Bound of a deployment process's interpreter start-up (s), before the policy's own deadlines start.
+START_TIMEOUT_S = 60.0
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+class RemoteError(PolicyException):
+    """The policy raised in its deployment process; ``str()`` is its ``Type: message``."""
+
+
+class PolicyProcessDied(PolicyException):
+    """The deployment process exited, was killed or stopped answering; the message names how."""
+
+
+def exit_words(code: int | None) -> str:
+    """``'exit code 7'``, ``'signal SIGSEGV'`` or ``'no exit status yet'`` for a Popen return code."""
+    if code is None:
+        return 'no exit status yet'
+    if code < 0:
+        try:
+            return f'signal {signal.Signals(-code).name}'
+        except ValueError:
+            return f'signal {-code}'
+    return f'exit code {code}'
+
+
+class PolicyProcess:
+    """One deployment process and the socket to it; one call at a time (a lock serializes callers).
+
+    :param name: the deployment (for messages and the process title).
+    :raises DeploymentError: when the process cannot be started.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (_PACKAGE_ROOT, os.environ.get('PYTHONPATH'))
+                                                          if p))
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, '-m', 'sequence_ai_ros.worker.policy_host', str(theirs.fileno()), str(os.getpid())],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
+        except OSError as exc:
+            ours.close()
+            raise DeploymentError(f'deployment {name!r}: cannot start its policy process: {exc}') from None
+        finally:
+            theirs.close()
+        self._sock = ours
+        self._lock = threading.Lock()
+        self._shm: mmap.mmap | None = None
+        self._shm_fd = -1
+        self._dead: str | None = None
+        self.step = 'starting'
+
+    @property
+    def pid(self) -> int:
+        """The process id."""
+        return self.process.pid
+
+    def alive(self) -> bool:
+        """True while the process runs and has not failed a call."""
+        return self._dead is None and self.process.poll() is None
+
+    def call(self, command: str, *args: Any, ended: tuple[str, ...] = (), step: str = '') -> Any:
+        """Run ``command(*args)`` in the process and return its value.
+
+        :param ended: episode ids the process may forget (sent along, no extra round trip).
+        :param step: what the call does, for messages (``importing``, ``loading``, ``infer``...).
+        :raises RemoteError: when the policy raised.
+        :raises PolicyProcessDied: when the process is dead, dies during the call, or was killed.
+        """
+        with self._lock:
+            if self._dead is not None:
+                raise PolicyProcessDied(self._dead)
+            self.step = step or command
+            header, buffers = wire.encode_call((command, args, ended))
+            spans, size = wire.layout(buffers)
+            try:
+                if buffers:
+                    self._fill(buffers, spans, size)
+                wire.send_frame(self._sock, wire.call_frame(header, spans))
+                status, value = pickle.loads(wire.recv_frame(self._sock))
+            except (OSError, EOFError, pickle.UnpicklingError) as exc:
+                raise self._died(self.step, exc) from None
+        if status == 'err':
+            raise RemoteError(value)
+        return value
+
+    def _fill(self, buffers: list[pickle.PickleBuffer], spans: list[tuple[int, int]], size: int) -> None:
+        if self._shm is None or size > len(self._shm):
+            self._grow(max(size, SHM_START_BYTES, 2 * len(self._shm) if self._shm is not None else 0))
+        assert self._shm is not None
+        view = memoryview(self._shm)
+        for buf, (off, n) in zip(buffers, spans, strict=True):
+            view[off:off + n] = buf.raw()
+        view.release()
+
+    def _grow(self, size: int) -> None:
+        fd = os.memfd_create(f'seq-{self.name}', os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, size)
+            shm = mmap.mmap(fd, size)
+            socket.send_fds(self._sock, [wire._U32.pack(0)], [fd])   # a bare hand-over frame
+        finally:
+            os.close(fd)
+        if self._shm is not None:
+            self._shm.close()
+        self._shm = shm
+
+    def _died(self, step: str, exc: BaseException | None = None) -> PolicyProcessDied:
+        try:
+            code = self.process.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            code = self.process.wait()
+        how = self._dead or (f'the policy process of deployment {self.name!r} (pid {self.pid}) died while {step}: '
+                             f'{exit_words(code)}')
+        self._dead = how
+        LOG.error('%s', how)
+        return PolicyProcessDied(how)
+
+    def kill(self, why: str = '') -> None:
+        """Kill the process now (SIGKILL; a call in flight then fails with PolicyProcessDied); never blocks."""
+        if self._dead is None:
+            self._dead = (f'the policy process of deployment {self.name!r} (pid {self.pid}) was stopped while '
+                          f'{self.step}' + (f': {why}' if why else ''))
+        try:
+            self.process.kill()
+        except OSError:
+            pass
+        try:   # wake a caller blocked on the socket (the kernel closes the peer's end only once reaped)
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Ask the process to exit (EOF on its socket), then kill it after ``timeout`` s; reap it."""
+        if self._dead is None:
+            self._dead = f'the policy process of deployment {self.name!r} was closed'
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self._sock.close()
+        if self._shm is not None:
+            self._shm.close()
+            self._shm = None
+
+
+def _ident(episode: Any) -> tuple[str, str, str]:
+    return (episode.id, episode.instruction, episode.deployment)
+
+
+class RemotePolicy:
+    """A policy instance living in its deployment process: ``infer``, ``infer_batch``, ``load`` and the hook.
+
+    Constructed by a remote definition's ``instantiate()`` (the runtime's loader thread): starts the
+    process and imports the file there; ``load()`` constructs the policy and runs its ``load()``.
+
+    :raises PolicyProcessDied: when the process dies while importing.
+    :raises RemoteError: when the import fails.
+    """
+
+    _path = ''
+    _name = ''
+    _hook = ''
+
+    def __init__(self, **config: Any) -> None:
+        self._ended: list[str] = []
+        self.process = PolicyProcess(self._name)
+        self.process.call('describe', self._path, config, self._name, step='importing the policy file')
+
+    def load(self) -> None:
+        """Construct the policy and run its ``load()`` in the process."""
+        self.process.call('load', step='constructing and loading the policy')
+
+    def infer(self, inp: Any, episode: Any) -> Any:
+        """One chunk for ``inp`` (the policy's ``infer`` in the process)."""
+        return self.process.call('infer', inp, _ident(episode), ended=self._take_ended(), step='inferring')
+
+    def infer_batch(self, inputs: list[Any], episodes: list[Any]) -> list[Any]:
+        """One chunk (or a :class:`RemoteError`) per input (the policy's ``infer_batch`` in the process)."""
+        outs = self.process.call('infer_batch', inputs, [_ident(e) for e in episodes], ended=self._take_ended(),
+                                 step='inferring a batch')
+        return [RemoteError(o.text) if isinstance(o, wire.RemoteFailure) else o for o in outs]
+
+    def forget(self, episode_id: str) -> None:
+        """The episode ended: the process drops its state with the next call (any thread)."""
+        self._ended.append(episode_id)
+
+    def _take_ended(self) -> tuple[str, ...]:
+        if not self._ended:
+            return ()
+        taken, self._ended[:] = tuple(self._ended), []
+        return taken
+
+    def __getattr__(self, name: str) -> Any:
+        if name and name == type(self)._hook:
+            def hook(episode: Any) -> None:
+                self.process.call('hook', name, _ident(episode), episode.reason or '', ended=self._take_ended(),
+                                  step='running the episode hook')
+            return hook
+        raise AttributeError(name)
+
+    def alive(self) -> bool:
+        """True while the process runs."""
+        return self.process.alive()
+
+    def kill(self, why: str = '') -> None:
+        """Kill the process (a stuck or failed policy); never blocks."""
+        self.process.kill(why)
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop the process."""
+        self.process.close(timeout)
+
+
+def _remote_class(name: str, described: dict[str, Any]) -> type:
+    artifacts = [Path(p) for p in described['artifacts']]
+    return type(f'Remote{described["cls_name"]}', (RemotePolicy,), {
+        '_path': described['path'], '_name': name, '_hook': described['spec'].hook or '',
+        'artifacts': classmethod(lambda cls, config: list(artifacts)),
+        '__module__': __name__})
+
+
+def _bounded(process: PolicyProcess, timeout_s: float, what: str, command: str, *args: Any) -> Any:
+    """Run one call with a deadline: past it the process is killed and DeploymentError names the step."""
+    timer = threading.Timer(timeout_s, process.kill, kwargs={'why': f'{what} exceeded {timeout_s:g} s'})
+    timer.daemon = True
+    timer.start()
+    try:
+        return process.call(command, *args, step=what)
+    finally:
+        timer.cancel()
+
+
+def describe_policy_file(path: str | Path, name: str, timeout_s: float, **overrides: Any) -> PolicyDefinition:
+    """Import ``path`` in a deployment process within ``timeout_s`` s; return its (remote) definition.
+
+    The returned definition's ``instantiate()`` starts the deployment process that serves it
+    (:class:`RemotePolicy`); its ``cls.artifacts(config)`` answers what the file's class named.
+
+    :raises DeploymentError: naming the deployment: the file does not import (its error), the import
+        exceeded ``timeout_s``, or the process died while importing (with its exit code or signal).
+    """
+    process = PolicyProcess(name)
+    start = time.monotonic()
+    try:
+        _bounded(process, START_TIMEOUT_S, 'starting', 'ping')
+        start = time.monotonic()
+        described = _bounded(process, timeout_s, 'importing the policy file', 'describe', str(path), overrides, name)
+    except RemoteError as exc:
+        raise DeploymentError(str(exc)) from None     # load_policy_file's own DeploymentError, already worded
+    except PolicyProcessDied as exc:
+        raise DeploymentError(f'{path}: {_timed_out(exc, start, timeout_s)}') from None
+    finally:
+        process.close()
+    return PolicyDefinition(path=Path(described['path']), cls=_remote_class(name, described), spec=described['spec'],
+                            config=described['config'], contract=described['contract'], sha256=described['sha256'])
+
+
+def _timed_out(exc: PolicyProcessDied, start: float, timeout_s: float) -> str:
+    if time.monotonic() - start >= timeout_s:
+        return f'{exc} (the bound is {timeout_s:g} s)'
+    return str(exc)
+
+
+def deploy_check(path: str | Path, name: str, timeout_s: float) -> tuple[PolicyDefinition, Any, dict[str, float]]:
+    """``seq deploy``'s checks in a deployment process: import, fingerprint, dry run, all within ``timeout_s``.
+
+    :return: the (remote) definition, its :class:`~sequence_ai_ros.worker.content.Fingerprint` and the
+        dry run's figures.
+    :raises DeploymentError: as :func:`~sequence_ai_ros.worker.validate.dry_run`, or naming the deployment
+        and the exit code or signal when the process dies, or the step running when ``timeout_s`` passed.
+    """
+    process = PolicyProcess(name)
+    try:
+        _bounded(process, START_TIMEOUT_S, 'starting', 'ping')
+        start = time.monotonic()
+        described = _bounded(process, timeout_s, 'importing the policy file', 'describe', str(path), {}, name)
+        left = max(0.05, timeout_s - (time.monotonic() - start))
+        checked = _bounded(process, left + 1.0, 'running the dry run', 'dry_run', left, timeout_s)
+    except RemoteError as exc:
+        raise DeploymentError(str(exc)) from None
+    except PolicyProcessDied as exc:
+        raise DeploymentError(f'{path}: {_timed_out(exc, start, timeout_s)}') from None
+    finally:
+        process.close()
+    definition = PolicyDefinition(path=Path(described['path']), cls=_remote_class(name, described),
+                                  spec=described['spec'], config=described['config'],
+                                  contract=described['contract'], sha256=described['sha256'])
+    return definition, checked['fingerprint'], checked['figures']

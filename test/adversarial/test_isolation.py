@@ -1,0 +1,271 @@
+"""Break-it: one deployment's crash, os._exit, segfault or hang never reaches another (``--isolation process``).
+
+Two deployments in one worker (registered in a temporary $SEQ_HOME): ``crashy`` misbehaves on demand, ``steady``
+serves a robot all along. The crashing robot gets a typed error, then NOT_READY while its deployment
+process restarts, then chunks again; the steady robot only ever gets chunks. Import and load misbehave
+under ``seq deploy --timeout`` and ``seq serve --load-timeout``: bounded, with messages that name the
+deployment and the exit code.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_worker_support import Stream, channel, state_request, wait_for, wait_ready
+
+from sequence_ai_ros.protocol import codec
+from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
+from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
+from sequence_ai_ros.worker import create_server, serve_policy_file
+from sequence_ai_ros.worker.registry import deploy
+
+REPO = Path(__file__).resolve().parents[2]
+#: Bounds of a wait that must stay generous on a loaded 2-core CI machine (s).
+RESTART_WAIT_S = 60.0
+
+POLICY = textwrap.dedent('''
+    import ctypes, os, sys, time
+    import numpy as np
+    import sequence_ai_ros.policy as seq
+
+    AT_IMPORT = os.environ.get('SEQ_TEST_AT_IMPORT', '') if {misbehave_at_import} else ''
+    if AT_IMPORT == 'exit':
+        os._exit(7)
+    elif AT_IMPORT == 'sleep':
+        time.sleep(600)
+    elif AT_IMPORT == 'spin':
+        while True:
+            pass
+
+    NAMES = ['a', 'b']
+
+    @seq.policy(action_space='joint_absolute', action_names=NAMES, dt=0.1, chunk_length=4,
+                observation=seq.ObservationContract(state_names=NAMES))
+    class Crashy:
+        def __init__(self, load_hang: float = 0.0):
+            self.load_hang = float(load_hang)
+
+        def load(self):
+            if self.load_hang:
+                time.sleep(self.load_hang)
+
+        def infer(self, inp, episode):
+            p = inp.observation.params
+            if 'exit' in p:
+                os._exit(int(p['exit']))
+            if 'segv' in p:
+                ctypes.string_at(0)
+            if 'hang' in p:
+                time.sleep(float(p['hang']))
+            episode.state['n'] = episode.state.get('n', 0) + 1
+            return np.tile(np.array([inp.observation.state[0], episode.state['n']], np.float32), (4, 1))
+''')
+
+
+def write_policy(root: Path, name: str, misbehave_at_import: bool = False) -> Path:
+    path = root / name / 'policy.py'
+    path.parent.mkdir(parents=True)
+    path.write_text(POLICY.format(misbehave_at_import=misbehave_at_import))
+    return path
+
+
+def req(rid: int, value: float = 1.0, **params: str) -> pb.ObservationRequest:
+    return state_request(rid, [value, 0.0], ['a', 'b'], params=params)
+
+
+@pytest.fixture
+def two(seq_home, tmp_path):
+    """A worker serving ``crashy`` and ``steady`` (each in its own process), inference deadline 2 s."""
+    for name in ('crashy', 'steady'):
+        deploy(write_policy(tmp_path, name), home=seq_home, dry_timeout_s=60)
+    server = create_server(['crashy', 'steady'], home=seq_home, inference_timeout_s=2.0, idle_timeout_s=120)
+    ch = channel(server.port)
+    stub = pb_grpc.PolicyServiceStub(ch)
+    for name in ('crashy', 'steady'):
+        assert wait_ready(stub, name, timeout=RESTART_WAIT_S).ready
+    yield server, stub
+    ch.close()
+    server.stop(grace=0.5)
+
+
+class Steady(threading.Thread):
+    """A robot on ``steady`` asking chunk after chunk until stopped; keeps every reply's kind."""
+
+    def __init__(self, stub) -> None:
+        super().__init__(daemon=True)
+        self.stream = Stream(stub, 'steady', 'robot-steady')
+        assert self.stream.start().HasField('started')
+        self.kinds: list[str] = []
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        rid = 0
+        while not self.halt.is_set():
+            rid += 1
+            reply = self.stream.ask(req(rid))
+            self.kinds.append(reply.WhichOneof('kind') if reply is not None else 'closed')
+            time.sleep(0.01)
+
+    def finish(self) -> list[str]:
+        self.halt.set()
+        self.join(timeout=30)
+        assert self.stream.end().HasField('ended')
+        return self.kinds
+
+
+def served_again(stub, rid0: int) -> tuple[int, list[str]]:
+    """Ask on a fresh episode of ``crashy`` until a chunk comes; return the request count and the error codes seen."""
+    stream = Stream(stub, 'crashy', f'robot-after-{rid0}')
+    codes: list[str] = []
+    try:
+        assert stream.start().HasField('started')
+        deadline = time.monotonic() + RESTART_WAIT_S
+        rid = 0
+        while time.monotonic() < deadline:
+            rid += 1
+            reply = stream.ask(req(rid))
+            if reply.HasField('chunk'):
+                return rid, codes
+            codes.append(pb.ErrorCode.Name(reply.error.code))
+            time.sleep(0.05)
+        raise AssertionError(f'crashy not served again within {RESTART_WAIT_S} s: {codes[-3:]}')
+    finally:
+        stream.end()
+
+
+@pytest.mark.parametrize('fault, words', [({'exit': '7'}, 'exit code 7'), ({'segv': '1'}, 'signal SIGSEGV'),
+                                          ({'hang': '600'}, 'inference exceeded 2 s')])
+def test_a_crash_exit_segfault_or_hang_fails_only_its_own_robots_and_the_deployment_comes_back(two, fault, words):
+    server, stub = two
+    steady = Steady(stub)
+    steady.start()
+    wait_for(lambda: len(steady.kinds) >= 3, 10, 'the steady robot served')
+    robot = Stream(stub, 'crashy', 'robot-crash')
+    assert robot.start().HasField('started')
+    assert robot.ask(req(1)).HasField('chunk')
+    reply = robot.ask(req(2, **fault))
+    assert reply.error.code == pb.POLICY_EXCEPTION and words in reply.error.message, reply
+    assert 'crashy' in reply.error.message
+    after = robot.ask(req(3))                   # the same robot, while its deployment restarts (or already back)
+    assert after.WhichOneof('kind') in ('chunk', 'error')
+    if after.HasField('error'):
+        assert after.error.code == pb.NOT_READY and 'restarting' in after.error.message, after
+    robot.end()
+    n, codes = served_again(stub, 3)
+    assert set(codes) <= {'NOT_READY'}
+    kinds = steady.finish()
+    assert kinds and set(kinds) == {'chunk'}, kinds          # the other deployment never noticed
+    runtime = server.runtimes['crashy']
+    assert runtime.restarts == 1 and server.runtimes['steady'].restarts == 0
+
+
+def test_episode_state_lives_in_the_deployment_process_per_episode(two):
+    _, stub = two
+    a, b = Stream(stub, 'crashy', 'ep-a'), Stream(stub, 'crashy', 'ep-b')
+    a.start(), b.start()
+    counts = []
+    for rid in range(1, 4):
+        counts.append(codec.from_tensor(a.ask(req(rid)).chunk.actions)[0, 1])
+    counts.append(codec.from_tensor(b.ask(req(1)).chunk.actions)[0, 1])
+    assert counts == [1, 2, 3, 1]
+    a.end(), b.end()
+
+
+def test_kill_9_of_a_deployment_process_while_idle_is_noticed_and_restarted(two):
+    server, stub = two
+    process = server.runtimes['crashy']._instance.process.process
+    os.kill(process.pid, 9)
+    wait_for(lambda: server.runtimes['crashy'].restarts == 1 or server.runtimes['crashy'].readiness()[2] != 'ready',
+             10, 'the dead process noticed')
+    served_again(stub, 0)
+
+
+def test_the_worker_killed_with_9_leaves_no_deployment_process(tmp_path):
+    path = write_policy(tmp_path, 'orphan')
+    code = (f'import sys, time; sys.path.insert(0, {str(REPO)!r})\n'
+            'from sequence_ai_ros.worker import serve_policy_file\n'
+            f's = serve_policy_file({str(path)!r}, warm=True)\n'
+            'r = s.runtimes["orphan"]\n'
+            'r.ready_event.wait(60)\n'
+            'print(r._instance.process.pid, flush=True)\n'
+            'time.sleep(600)\n')
+    worker = subprocess.Popen([sys.executable, '-c', code], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(worker.stdout.readline())
+        os.kill(worker.pid, 9)
+        worker.wait(timeout=10)
+        wait_for(lambda: not Path(f'/proc/{child}').exists() or _zombie(child), 10, 'the deployment process gone')
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f'/proc/{pid}/stat').read_text().split()[2] == 'Z'
+    except OSError:
+        return True
+
+
+def _seq(*args: str, env: dict | None = None, timeout: float = 120) -> tuple[subprocess.CompletedProcess, float]:
+    start = time.monotonic()
+    out = subprocess.run([sys.executable, '-m', 'sequence_ai_ros.cli', *args], capture_output=True, text=True,
+                         timeout=timeout, env={**os.environ, **(env or {})}, cwd=REPO)
+    return out, time.monotonic() - start
+
+
+@pytest.mark.parametrize('misbehaviour', ['sleep', 'spin'])
+def test_seq_deploy_timeout_bounds_a_hang_at_import(seq_home, tmp_path, misbehaviour):
+    path = write_policy(tmp_path, 'hangs', misbehave_at_import=True)
+    out, took = _seq('deploy', str(path), '--timeout', '8', env={'SEQ_TEST_AT_IMPORT': misbehaviour})
+    assert out.returncode != 0
+    assert 'hangs' in out.stderr and 'exceeded 8 s' in out.stderr and 'importing' in out.stderr, out.stderr
+    assert took < 8 + 30          # the bound plus a start-up generous under load, never the 600 s sleep
+
+
+def test_os_exit_at_import_names_the_deployment_and_the_exit_code(seq_home, tmp_path):
+    path = write_policy(tmp_path, 'exits', misbehave_at_import=True)
+    out, _ = _seq('deploy', str(path), env={'SEQ_TEST_AT_IMPORT': 'exit'})
+    assert out.returncode != 0 and "'exits'" in out.stderr and 'exit code 7' in out.stderr, out.stderr
+    out, _ = _seq('serve', str(path), '--port', '0', env={'SEQ_TEST_AT_IMPORT': 'exit'}, timeout=60)
+    assert out.returncode != 0 and "'exits'" in out.stderr and 'exit code 7' in out.stderr, out.stderr
+
+
+def test_seq_serve_load_timeout_bounds_a_sleep_at_import(tmp_path):
+    path = write_policy(tmp_path, 'sleepy', misbehave_at_import=True)
+    out, took = _seq('serve', str(path), '--port', '0', '--load-timeout', '5', env={'SEQ_TEST_AT_IMPORT': 'sleep'},
+                     timeout=90)
+    assert out.returncode != 0 and "'sleepy'" in out.stderr and 'exceeded 5 s' in out.stderr, out.stderr
+    assert took < 5 + 30
+
+
+def test_a_load_past_its_deadline_fails_that_deployment_and_its_process_is_killed(tmp_path):
+    path = write_policy(tmp_path, 'slowload')
+    with serve_policy_file(path, load_hang=600, load_timeout_s=1.0, warm=True) as server:
+        ch = channel(server.port)
+        reply = wait_ready(pb_grpc.PolicyServiceStub(ch), 'slowload', timeout=30)
+        assert reply.state == 'failed' and 'load exceeded 1 s' in reply.message
+        process = server.runtimes['slowload']._instance_loading.process.process
+        assert process.wait(timeout=10) == -9
+        ch.close()
+
+
+def test_isolation_none_keeps_the_policy_in_the_worker(tmp_path):
+    path = write_policy(tmp_path, 'inproc')
+    with serve_policy_file(path, isolation='none') as server:
+        stub = pb_grpc.PolicyServiceStub(channel(server.port))
+        assert wait_ready(stub, 'inproc').ready
+        robot = Stream(stub, 'inproc', 'r1')
+        robot.start()
+        chunk = robot.ask(req(1, 2.5)).chunk
+        assert np.allclose(codec.from_tensor(chunk.actions)[:, 0], 2.5)
+        robot.end()
+        assert server.runtimes['inproc']._instance.__class__.__name__ == 'Crashy'
