@@ -88,7 +88,7 @@ def test_an_image_is_checked_against_its_header_before_decoding():
 
 
 def test_after_an_inference_timeout_the_error_says_inference_exceeded():
-    server = serve_policy_file(STUCK, 'stuck', inference_timeout_s=0.3)
+    server = serve_policy_file(STUCK, 'stuck', inference_timeout_s=0.3, isolation='none')  # in-worker: failed
     try:
         with connect('stuck', endpoint=f'127.0.0.1:{server.port}') as policy:
             policy.wait_until_ready(timeout=30)

@@ -43,9 +43,14 @@ def _refusal(stream: Stream):
     return stream.error
 
 
-def test_idle_streams_from_one_client_are_capped_and_closed_while_robots_run():
+def proxy_channel(server) -> grpc.Channel:
+    """A channel through the worker's proxy socket (as the fleet's HAProxy connects)."""
+    return grpc.insecure_channel(f'unix:{server.config.proxy_socket}')
+
+
+def test_idle_streams_from_one_client_are_capped_and_closed_while_robots_run(tmp_path):
     with serve_policy_file(FAST, 'fast', dim=2, start_timeout_s=1.5, max_streams_per_client=32,
-                           trusted_proxies=('127.0.0.1',)) as server, channel(server.port) as ch:
+                           proxy_socket=str(tmp_path / 'proxy.sock')) as server, proxy_channel(server) as ch:
         stub = pb_grpc.PolicyServiceStub(ch)
         assert wait_ready(stub, 'fast').ready
         attacker = [('x-forwarded-for', '203.0.113.66')]
@@ -107,13 +112,13 @@ def _overloaded(stream: Stream) -> str:
     return str(err)
 
 
-def test_with_a_token_anonymous_streams_leave_headroom_for_token_holders():
+def test_with_a_token_anonymous_streams_leave_headroom_for_token_holders(tmp_path):
     # the 256-idle-streams attack from 256 addresses (per-client caps cannot stop it) without the token, on a
     # worker that admits token-less robots: they hold at most anonymous_streams slots, the rest is kept
     token = [('authorization', 'Bearer s3cret')]
     with serve_policy_file(FAST, 'fast', dim=2, token='s3cret', max_streams=40, anonymous_streams=8,
-                           max_streams_per_client=0, trusted_proxies=('127.0.0.1',)) as server, \
-            channel(server.port) as ch:
+                           max_streams_per_client=0, proxy_socket=str(tmp_path / 'proxy.sock')) as server, \
+            proxy_channel(server) as ch:
         stub = pb_grpc.PolicyServiceStub(ch)
         assert wait_ready(stub, 'fast').ready   # a caller without the token may ask
         attack = [Stream(stub, 'fast', f'anon{i}', metadata=[('x-forwarded-for', f'203.0.{i // 200}.{i % 200}')])

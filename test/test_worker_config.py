@@ -26,7 +26,7 @@ def test_cli_defaults_are_the_config_defaults():
     assert serving.server_config(serve_args('NAME')) == ServerConfig()
     assert ServerConfig().port == DEFAULT_PORT == 50551
     assert (ServerConfig().idle_timeout_s, ServerConfig().max_streams, ServerConfig().inference_timeout_s,
-            ServerConfig().load_timeout_s, ServerConfig().warm) == (300.0, 256, 30.0, 600.0, False)
+            ServerConfig().load_timeout_s, ServerConfig().warm) == (10.0, 256, 30.0, 600.0, False)
 
 
 def test_cli_flags_fill_the_config(tmp_path):
@@ -67,7 +67,7 @@ OUTSIDE = {
     'flag': ['yes', 1, None],
     'token': ['', 7],
     'tls': [('c.pem',), 'c.pem', ('c.pem', 'k.pem', 'x')],
-    'addresses': ['127.0.0.1', ('',), (1,)],
+    'optional_path': ['', '  ', 7, 'a\0b'],
     'isolation': ['thread', '', None],
 }
 
@@ -102,13 +102,13 @@ def test_serve_policy_file_splits_server_settings_from_policy_kwargs():
 
 def test_fleet_and_admission_flags_fill_the_config():
     config = serving.server_config(serve_args(
-        'NAME', '--trusted-proxy', '127.0.0.1', '--trusted-proxy', '10.0.0.2', '--metrics-port', '0',
+        'NAME', '--proxy-socket', '/run/seq/replica1.sock', '--metrics-port', '0',
         '--agent-port', '9101', '--start-timeout', '2.5', '--max-streams-per-client', '0'))
-    assert config == ServerConfig(trusted_proxies=('127.0.0.1', '10.0.0.2'), metrics_port=0, agent_port=9101,
+    assert config == ServerConfig(proxy_socket='/run/seq/replica1.sock', metrics_port=0, agent_port=9101,
                                   start_timeout_s=2.5, max_streams_per_client=0)
     defaults = ServerConfig()
-    assert (defaults.trusted_proxies, defaults.metrics_port, defaults.agent_port, defaults.start_timeout_s,
-            defaults.max_streams_per_client) == ((), None, None, 5.0, 64)
+    assert (defaults.proxy_socket, defaults.metrics_port, defaults.agent_port, defaults.start_timeout_s,
+            defaults.max_streams_per_client) == (None, None, None, 5.0, 64)
     with pytest.raises(ConfigError, match='agent_port'):
         ServerConfig(agent_port=-1)
 

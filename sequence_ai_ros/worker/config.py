@@ -55,8 +55,8 @@ RULES: dict[str, Rule] = {
     'tls': Rule(lambda v: v is None or (isinstance(v, (tuple, list)) and len(v) == 2),
                 'is (certificate chain PEM, private key PEM), as paths or bytes'),
     'isolation': Rule(lambda v: v in ('process', 'none'), "must be 'process' or 'none'"),
-    'addresses': Rule(lambda v: isinstance(v, (tuple, list)) and all(isinstance(a, str) and a for a in v),
-                      'is a tuple of addresses'),
+    'optional_path': Rule(lambda v: v is None or (isinstance(v, str) and bool(v.strip()) and '\0' not in v),
+                          'must be a file path (or None: off)'),
 }
 
 
@@ -84,7 +84,10 @@ class ServerConfig:
         (``seq serve --token-file``).
     :param tls: (certificate chain PEM, private key PEM), as paths or bytes, to serve TLS
         (``seq serve --tls-cert/--tls-key``).
-    :param idle_timeout_s: an episode with no message for this long ends with ``idle_timeout`` (s).
+    :param idle_timeout_s: an episode stream without episode activity (EpisodeStart, observations, telemetry,
+        EpisodeEnd, or the reply to one) for this long ends with ``idle_timeout`` and closes (s); empty
+        messages do not count, so an idle stream cannot keep its slot. The client (``connect()``) opens
+        a new stream for its next episode.
     :param warm: load every policy at start instead of at the first client.
     :param max_streams: most Episode streams open at once; one more gets OVERLOADED at once.
     :param max_pending: per deployment, requests that may wait for inference before OVERLOADED.
@@ -94,8 +97,9 @@ class ServerConfig:
     :param start_timeout_s: an Episode stream that sends no EpisodeStart within this long is closed (s), so
         idle streams cannot hold the worker's ``max_streams`` slots.
     :param max_streams_per_client: most Episode streams one client may hold at once (0: no per-client cap).
-        A client is its address: the ``x-forwarded-for`` metadata when the peer is one of ``trusted_proxies``
-        (a balancer such as HAProxy with ``option forwardfor``), else the TCP peer's address. Streams with
+        A client is its address: the ``x-forwarded-for`` metadata of a call that came through
+        ``proxy_socket`` (the balancer's own way in), else the TCP peer's address (a forged
+        ``x-forwarded-for`` on the TCP port is ignored). Streams with
         and without the token are capped apart, so token-less streams from an address never take that
         address's slots from token holders (e.g. robots behind the same NAT or balancer).
     :param anonymous_streams: with a ``token``: how many Episode streams callers *without* the token may hold
@@ -103,7 +107,10 @@ class ServerConfig:
         UNAUTHENTICATED). The other ``max_streams - anonymous_streams`` slots are kept for streams carrying
         the token, so an anonymous flood gets OVERLOADED while token holders keep that headroom.
         0 (default): a caller without the token gets nothing (UNAUTHENTICATED).
-    :param trusted_proxies: peer addresses (e.g. ``127.0.0.1``) whose ``x-forwarded-for`` names the client.
+    :param proxy_socket: a Unix socket path the worker also listens on, for a balancer in front of it (``seq
+        fleet``'s HAProxy): only calls that come in through it have their ``x-forwarded-for`` read as the
+        client's address. Any local process can connect from 127.0.0.1, so a TCP peer is never trusted; the
+        socket is made owner-only (mode 0600): keep it in a directory only the balancer's user can reach.
     :param metrics_port: serve Prometheus metrics on ``http://host:metrics_port/metrics`` (0: a free port,
         see ``WorkerServer.metrics_port``); None: no metrics endpoint.
     :param isolation: ``process`` (default): each deployment's policy code (import, load, infer, hook) runs in
@@ -122,8 +129,9 @@ class ServerConfig:
     port: int = _opt(DEFAULT_PORT, '--port', 'TCP port (default {default}; 0 picks a free one)', rule='port')
     token: str | None = _opt(None, rule='token')
     tls: tuple[Any, Any] | None = _opt(None, rule='tls')
-    idle_timeout_s: float = _opt(300.0, '--idle-timeout', 'end an idle episode after S seconds (default {default:g})',
-                                 'S', rule='seconds')
+    idle_timeout_s: float = _opt(10.0, '--idle-timeout', 'close an episode stream with no episode activity '
+                                 '(start, observations, telemetry, end; empty messages do not count) for S '
+                                 'seconds (default {default:g})', 'S', rule='seconds')
     warm: bool = _opt(False, '--warm', 'load the policies now instead of at the first client', rule='flag')
     max_streams: int = _opt(256, '--max-streams', 'most episode streams open at once; more get OVERLOADED '
                                                   '(default {default})', 'N', rule='count')
@@ -142,9 +150,9 @@ class ServerConfig:
                                   'the token may hold in total; the other max-streams slots are kept for token '
                                   'holders (default {default}: no access without the token)', 'N',
                                   rule='count_or_0')
-    trusted_proxies: tuple[str, ...] = _opt((), '--trusted-proxy', 'a balancer address whose x-forwarded-for '
-                                            'names the client (repeat the flag for several)', 'ADDR',
-                                            rule='addresses')
+    proxy_socket: str | None = _opt(None, '--proxy-socket', 'also listen on this Unix socket, for a balancer '
+                                    '(seq fleet\'s HAProxy): only calls through it have their x-forwarded-for '
+                                    'read as the client address (default: off)', 'PATH', rule='optional_path')
     isolation: str = _opt('process', '--isolation', "where policy code runs: 'process' (each deployment in its "
                           "own process, restarted when it crashes or hangs) or 'none' (inside the worker) "
                           '(default {default})', 'MODE', rule='isolation')
@@ -159,7 +167,6 @@ class ServerConfig:
             rule, value = RULES[f.metadata['rule']], getattr(self, f.name)
             if not rule.ok(value):
                 raise ConfigError(f'{_named(f.name)} {rule.words}' + (f', got {value!r}' if rule.echo else ''))
-        object.__setattr__(self, 'trusted_proxies', tuple(self.trusted_proxies))
         if self.anonymous_streams and self.token is None:
             raise ConfigError(f'{_named("anonymous_streams")} needs a token (--token-file): without one every '
                               'stream is anonymous and max_streams is the only cap')
@@ -227,7 +234,10 @@ def cli_options() -> Iterator[tuple[str, str, dict[str, Any]]]:
         elif isinstance(f.default, tuple):
             kwargs.update(action='append', default=None, type=str, metavar=f.metadata['metavar'])
         else:
-            kwargs['type'] = int if f.default is None else type(f.default)  # None: an optional port
+            if f.default is None:                # None: an optional port, or an optional path
+                kwargs['type'] = str if f.metadata['rule'] == 'optional_path' else int
+            else:
+                kwargs['type'] = type(f.default)
             if f.metadata.get('metavar'):
                 kwargs['metavar'] = f.metadata['metavar']
         yield f.name, flag, kwargs

@@ -14,7 +14,10 @@ The episode ends exactly once (:meth:`ActiveEpisode.end`) with reason:
 
 - the robot's ``EpisodeEnd.reason`` (``completed`` when empty);
 - ``disconnect`` when the stream ends without EpisodeEnd (cancelled, dropped, half-closed);
-- ``idle_timeout`` after ``idle_timeout_s`` without any message (an Error and EpisodeEnded are sent);
+- ``idle_timeout`` after ``idle_timeout_s`` without episode activity (an Error and EpisodeEnded are sent):
+  activity is a real message (EpisodeStart, an ObservationRequest, Telemetry, EpisodeEnd) or the reply to
+  one; an empty EpisodeRequest is answered with an error and does *not* reset the timer, so keep-alives
+  cannot hold a stream slot;
 - a stream that sends no EpisodeStart within ``start_timeout_s`` is closed the same way (``start_timeout``),
   so idle streams cannot hold the worker's stream slots (admission);
 - ``shutdown`` when the worker stops (an Error and EpisodeEnded are sent).
@@ -54,6 +57,9 @@ _PENDING = object()
 #: (``sleep(0)``), never timed sleeps: a sub-millisecond asyncio timer costs a whole millisecond on an idle
 #: loop (epoll's timeout is in ms, rounded up), which put ~1 ms into the round trip's tail.
 QUICK_WAIT_S = 0.0002
+#: The quick wait of a deployment process's inference (s): its round trip to the process (~0.15 ms for the
+#: wire payload) outlasts :data:`QUICK_WAIT_S`, and the slow hand-off would add more than the trip itself.
+QUICK_WAIT_ISOLATED_S = 0.0015
 
 
 class _Failed:
@@ -65,8 +71,8 @@ class _Failed:
         self.exc = exc
 
 
-async def _quick_wait(future: concurrent.futures.Future) -> Any:
-    """Poll ``future`` for up to :data:`QUICK_WAIT_S`, yielding the loop (one pass, no timer) between polls.
+async def _quick_wait(future: concurrent.futures.Future, wait_s: float = QUICK_WAIT_S) -> Any:
+    """Poll ``future`` for up to ``wait_s`` (s), yielding the loop (one pass, no timer) between polls.
 
     A fast inference (a 0 ms policy answers in tens of microseconds) is then picked up without
     ``wrap_future``'s hand-off (a task, a self-pipe write and wake-up per request); other streams keep
@@ -75,7 +81,7 @@ async def _quick_wait(future: concurrent.futures.Future) -> Any:
     :returns: the future's result, a :class:`_Failed` holding its exception, or ``_PENDING`` when it
         is still running after the quick wait (the caller then awaits it the slow way, with deadlines).
     """
-    deadline = time.monotonic() + QUICK_WAIT_S
+    deadline = time.monotonic() + wait_s
     while not future.done():
         if time.monotonic() >= deadline:
             return _PENDING
@@ -267,7 +273,6 @@ class EpisodeCallHandler:
                         async for reply in self._close('idle_timeout', f'no message for {self.idle_timeout_s:g} s'):
                             yield reply
                     return
-                last = time.monotonic()
                 if item is _CLOSED:
                     return
                 if item is _SHUTDOWN:
@@ -276,11 +281,14 @@ class EpisodeCallHandler:
                     return
                 item, nbytes = item
                 kind = item.WhichOneof('kind')
+                if kind is not None:          # a real message: episode activity (an empty one is not)
+                    last = time.monotonic()
                 if kind == 'observation':
                     if self._end_seen.is_set():   # unread behind the episode's end: never started, unanswered
                         self.runtime.count_at_end(dropped=1)
                         continue
                     reply = await self._observe(item.observation, nbytes)
+                    last = time.monotonic()           # a slow inference is activity until its reply
                     if reply is not None:
                         yield reply
                         await self._capture_request()   # after the reply went out: off the round trip
@@ -346,7 +354,7 @@ class EpisodeCallHandler:
         if self._end_seen.is_set():
             raise _EndArrived(started=False)
         future = runtime.submit(active, req, inp)
-        result = await _quick_wait(future)
+        result = await _quick_wait(future, QUICK_WAIT_ISOLATED_S if runtime.isolated else QUICK_WAIT_S)
         if self._end_seen.is_set():   # it came during the quick wait: whatever the result, it is not sent
             raise _EndArrived(started=not self._end_dropped, counted=bool(self._end_dropped))
         if result is _PENDING:

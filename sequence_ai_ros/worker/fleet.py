@@ -1,8 +1,11 @@
 """A local fleet for development and tests: N ``seq serve`` replicas behind HAProxy (``seq fleet``).
 
 Each replica is its own process (``python -m sequence_ai_ros.cli serve NAMES --warm``) on its own port,
-with its HAProxy agent (``--agent-port``), Prometheus metrics (``--metrics-port``) and
-``--trusted-proxy 127.0.0.1`` (the per-client stream cap reads HAProxy's x-forwarded-for). All replicas
+with its HAProxy agent (``--agent-port``), Prometheus metrics (``--metrics-port``) and a proxy socket
+(``--proxy-socket RUN_DIR/replicaK.sock``, owner-only in the fleet's private run directory): HAProxy reaches
+each replica through that Unix socket, and only calls through it have their x-forwarded-for read as the
+client's address (the per-client stream cap), so a local process forging the header on the TCP port gains
+nothing. All replicas
 share one ``$SEQ_HOME``: the registry, the usage database (additive SQLite updates) and each deployment's
 capture store (SQLite index, per-process staging), so a fleet's field data exports as one dataset and a
 label lands in the shared store whichever replica receives it.
@@ -105,8 +108,9 @@ def render_config(template: str, replicas: int) -> str:
         raise ConfigError(f'the HAProxy template needs a global section and the lines {BEGIN!r} ... {END!r}')
     head, rest = template.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
-    servers = ''.join(f'    server replica{k} "${{SEQ_REPLICA_{k}}}" agent-port "${{SEQ_AGENT_{k}}}"\n'
-                      for k in range(1, replicas + 1))
+    # the replicas are local: reached through their proxy sockets, their agents on 127.0.0.1
+    servers = ''.join(f'    server replica{k} "${{SEQ_REPLICA_{k}}}" agent-port "${{SEQ_AGENT_{k}}}" '
+                      'agent-addr 127.0.0.1\n' for k in range(1, replicas + 1))
     out = f'{head}{BEGIN}\n{servers}    {END}{tail}'
     return out.replace('\nglobal\n', '\nglobal\n    stats socket "${SEQ_LB_STATS}" mode 600 level admin\n', 1)
 
@@ -203,6 +207,10 @@ class Fleet:
                 raise ConfigError(f'{exc}\n(the fleet\'s config and logs are kept in {self.kept})') from None
             raise
 
+    def proxy_socket(self, index: int) -> Path:
+        """Replica ``index``'s proxy socket, HAProxy's way in (in the private run directory)."""
+        return self.run_dir / f'replica{index}.sock'
+
     @property
     def stats_socket(self) -> Path:
         """HAProxy's admin socket (``show stat``)."""
@@ -225,7 +233,7 @@ class Fleet:
             lb_env = dict(self._env, SEQ_LB_BIND=f'127.0.0.1:{self.port}', SEQ_LB_STATS=str(self.stats_socket),
                           SEQ_LB_CONN_PER_CLIENT=str(conn_per_client))
             for r in self.replicas:
-                lb_env[f'SEQ_REPLICA_{r.index}'] = r.address
+                lb_env[f'SEQ_REPLICA_{r.index}'] = f'unix@{self.proxy_socket(r.index)}'
                 lb_env[f'SEQ_AGENT_{r.index}'] = str(r.agent_port)
             with open(self.run_dir / 'haproxy.log', 'w') as log:
                 self.haproxy = subprocess.Popen([self._haproxy_bin, '-db', '-f', str(config)], env=lb_env,
@@ -242,8 +250,8 @@ class Fleet:
                        pinned: tuple[int | None, ...] = (None, None, None)) -> Replica:
         port, agent, metrics = (p or 0 for p in pinned)    # 0: the replica binds a free one and prints it
         argv = [sys.executable, '-m', 'sequence_ai_ros.cli', 'serve', *names, '--port', str(port), '--warm',
-                '--agent-port', str(agent), '--metrics-port', str(metrics), '--trusted-proxy', '127.0.0.1',
-                *serve_args]
+                '--agent-port', str(agent), '--metrics-port', str(metrics), '--proxy-socket',
+                str(self.proxy_socket(k)), *serve_args]
         # stdout apart from the log (stderr): with PYTHONUNBUFFERED a log line can land inside a printed one
         with open(self.run_dir / f'replica{k}.out', 'w') as out, open(self.run_dir / f'replica{k}.log', 'w') as log:
             proc = subprocess.Popen(argv, env=self._env, stdout=out, stderr=log, start_new_session=True)

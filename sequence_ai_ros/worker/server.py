@@ -26,6 +26,7 @@ import asyncio
 import concurrent.futures
 import hmac
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -68,6 +69,28 @@ KEEPALIVE_OPTIONS = [
     ('grpc.http2.min_ping_interval_without_data_ms', 5_000),  # accept client pings every >= 5 s
     ('grpc.http2.max_pings_without_data', 0),
 ]
+#: A connection that has not completed its HTTP/2 start within this long is closed (ms): silent TCP
+#: connections (half-open floods) cannot hold descriptors for long.
+HANDSHAKE_TIMEOUT_MS = 5_000
+
+
+def raise_open_files_limit() -> int:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit (every connection and stream costs one); return it.
+
+    A soft limit of 1,024 (a common default) is exhausted by ~1,000 silent TCP connections; the hard limit
+    is usually far higher and needs no privilege to reach.
+    """
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as exc:
+            LOG.warning('cannot raise the open files limit from %d to %d: %s', soft, target, exc)
+    return soft
 
 
 class TokenInterceptor(grpc.aio.ServerInterceptor):
@@ -128,6 +151,7 @@ class WorkerServer:
     def __init__(self, runtimes: dict[str, DeploymentRuntime], config: ServerConfig | None = None, *,
                  registry: Registry | None = None, **settings: Any) -> None:
         tune_malloc()   # per-request image buffers: no mmap/munmap per call (SEQ_MALLOC_TUNING=0: off)
+        raise_open_files_limit()
         try:
             config = _config(config, settings)
         except BaseException:
@@ -177,6 +201,8 @@ class WorkerServer:
             for runtime in runtimes.values():
                 runtime.metrics = self.metrics
         self._run(self._server.start())
+        if config.proxy_socket is not None:
+            os.chmod(config.proxy_socket, 0o600)
         self._run(self.health.set('', health_pb2.HealthCheckResponse.SERVING))
         self.agent: HealthAgent | None = None
         if config.agent_port is not None:
@@ -219,7 +245,8 @@ class WorkerServer:
         max_bytes = max(4 << 20, 4 * max(r.max_message_bytes for r in self.runtimes.values()))
         options = [('grpc.max_receive_message_length', max_bytes),
                    ('grpc.max_send_message_length', messages.MAX_CHUNK_BYTES),
-                   ('grpc.so_reuseport', 0), *KEEPALIVE_OPTIONS]
+                   ('grpc.so_reuseport', 0), ('grpc.server_handshake_timeout_ms', HANDSHAKE_TIMEOUT_MS),
+                   *KEEPALIVE_OPTIONS]
         interceptors = ([TokenInterceptor(config.token, allow_anonymous=config.anonymous_streams > 0)]
                         if config.token is not None else [])
         # gRPC asyncio: an open stream costs a coroutine, not a thread. The servicer refuses streams past
@@ -240,7 +267,25 @@ class WorkerServer:
             raise ConfigError(f'cannot bind {address} (--host/--port): {exc}') from None
         if not self.port:
             raise ConfigError(f'cannot bind {address} (--host/--port)')
+        if config.proxy_socket is not None:
+            self._bind_proxy_socket(server, Path(config.proxy_socket))
         return server, servicer, health_servicer
+
+    @staticmethod
+    def _bind_proxy_socket(server: grpc.aio.Server, path: Path) -> None:
+        """Listen on the balancer's Unix socket (insecure: it never leaves the host), owner-only."""
+        if path.exists() or path.is_symlink():
+            if not path.is_socket():
+                raise ConfigError(f'--proxy-socket {path}: exists and is not a socket')
+            path.unlink()              # a previous worker's
+        old = os.umask(0o177)          # created 0600: only this user (and its balancer) may connect
+        try:
+            if not server.add_insecure_port(f'unix:{path}'):
+                raise ConfigError(f'cannot bind the proxy socket {path} (--proxy-socket)')
+        except RuntimeError as exc:
+            raise ConfigError(f'cannot bind the proxy socket {path} (--proxy-socket): {exc}') from None
+        finally:
+            os.umask(old)
 
     @property
     def address(self) -> str:

@@ -59,14 +59,17 @@ def peer_host(peer: str) -> str:
     return peer
 
 
-def client_of(context: grpc.aio.ServicerContext, trusted_proxies: tuple[str, ...]) -> str:
-    """Return the client's address: the last ``x-forwarded-for`` entry when a trusted proxy is the peer."""
-    host = peer_host(context.peer() or '')
-    if host in trusted_proxies:
+def client_of(context: grpc.aio.ServicerContext, proxied: bool) -> str:
+    """Return the client's address: the last ``x-forwarded-for`` entry of a call through the proxy socket.
+
+    :param proxied: the worker has a proxy socket (``--proxy-socket``); only a call whose peer is a Unix
+        socket (it came in through that socket: the TCP port is never one) has its ``x-forwarded-for`` read.
+    """
+    peer = context.peer() or ''
+    if proxied and peer.startswith('unix:'):
         forwarded = _metadata(context, FORWARDED_METADATA).split(',')[-1].strip()
-        if forwarded:
-            return forwarded
-    return host
+        return forwarded or peer
+    return peer_host(peer)
 
 
 #: The service's full name, from the proto (``sequence_ai.v1.PolicyService``).
@@ -104,7 +107,7 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
     :param config: the worker's settings: ``idle_timeout_s``, ``start_timeout_s``, ``token`` (already
         enforced by the interceptor; a Handshake that also carries one in its body must carry the same),
         ``max_streams`` (one more stream is refused with OVERLOADED at once), ``max_streams_per_client`` and
-        ``trusted_proxies`` (admission: one client cannot take every slot), ``anonymous_streams`` (with a
+        ``proxy_socket`` (admission: one client cannot take every slot), ``anonymous_streams`` (with a
         token: the slots callers without it may hold; the rest is headroom kept for token holders).
     """
 
@@ -168,7 +171,7 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
             runtime = self._runtime(_metadata(context, DEPLOYMENT_METADATA))
         except UnknownDeployment as exc:
             await context.abort(*errors.abort_details(exc))
-        client = client_of(context, self.config.trusted_proxies)
+        client = client_of(context, self.config.proxy_socket is not None)
         anonymous = self.token is not None and not self._authenticated(context)
         stream = EpisodeCallHandler(runtime, _metadata(context, EPISODE_ID_METADATA), self.idle_timeout_s,
                                     self.config.start_timeout_s, client)
