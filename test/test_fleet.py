@@ -174,7 +174,10 @@ def test_episodes_stay_on_their_replica_and_survive_a_replica_loss(fleet, seq_ho
 
 def test_a_not_serving_replica_gets_no_new_episodes(seq_home: Path):
     assert seq_main(['deploy', str(POLICY), '--name', 'replica_echo']) == 0
-    with Fleet(['replica_echo'], 3, home=seq_home, serve_args=['--inference-timeout', '0.5']) as fleet:
+    # in the worker (--isolation none), a wedged inference marks the deployment failed for good (a deployment
+    # process would be restarted instead: test/adversarial/test_isolation.py)
+    with Fleet(['replica_echo'], 3, home=seq_home, serve_args=['--inference-timeout', '0.5', '--isolation',
+                                                              'none']) as fleet:
         sick = fleet.replicas[1]
         # push replica 2 past its inference deadline, straight to its port: its deployment is marked failed
         with channel(sick.port) as ch:

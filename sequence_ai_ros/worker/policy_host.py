@@ -39,6 +39,8 @@ _PAIR = struct.Struct('<QQ')
 #: Alignment of each array in the shared memory (bytes).
 ALIGN = 64
 LOG = logging.getLogger('sequence_ai_ros.worker.policy_host')
+#: Set in a deployment process to the worker's pid.
+DEPLOYMENT_PROCESS_ENV = 'SEQ_DEPLOYMENT_PROCESS'
 
 
 def recv_exact(sock: socket.socket, n: int, into: bytearray | None = None) -> bytearray:
@@ -282,6 +284,7 @@ def main(argv: list[str]) -> int:
     _die_with_parent(ppid)
     logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s [policy %(process)d] %(message)s')
     os.environ.setdefault('OMP_NUM_THREADS', '1')
+    os.environ[DEPLOYMENT_PROCESS_ENV] = str(ppid)    # a policy may tell it runs in a deployment process
     sock = socket.socket(fileno=fd)
     serve(sock)
     return 0

@@ -18,9 +18,15 @@ NAMES = ['a', 'b']
 @seq.policy(action_space='joint_absolute', action_names=NAMES, dt=0.05, chunk_length=20,
             observation=seq.ObservationContract(state_names=NAMES), gripper='none')
 class ReplicaEcho:
-    """Return a (20, 2) chunk filled with ``os.getpid()`` (exact in float32 below 2**24)."""
+    """Return a (20, 2) chunk filled with the replica's pid (exact in float32 below 2**24).
+
+    The replica is the worker process: this process, or its parent when the policy runs in the replica's
+    deployment process (``--isolation process``).
+    """
+
+    replica_pid = int(os.environ.get('SEQ_DEPLOYMENT_PROCESS') or os.getpid())   # the worker's pid
 
     def infer(self, inp, episode):
         if 'sleep' in inp.observation.params:
             time.sleep(float(inp.observation.params['sleep']))
-        return np.full((20, 2), float(os.getpid()), np.float32)
+        return np.full((20, 2), float(self.replica_pid), np.float32)
