@@ -113,9 +113,11 @@ class ServerConfig:
         socket is made owner-only (mode 0600): keep it in a directory only the balancer's user can reach.
     :param metrics_port: serve Prometheus metrics on ``http://host:metrics_port/metrics`` (0: a free port,
         see ``WorkerServer.metrics_port``); None: no metrics endpoint.
-    :param isolation: ``process`` (default): each deployment's policy code (import, load, infer, hook) runs in
-        its own process, so a crash, ``os._exit``, segfault or hang fails only that deployment's robots (with a
-        typed error) and the worker restarts it; ``none``: every policy runs inside the worker process.
+    :param isolation: ``process``: each deployment's policy code (import, load, infer, hook) runs in its own
+        process, so a crash, ``os._exit``, segfault or hang fails only that deployment's robots (with a typed
+        error) and the worker restarts it; it adds ~0.4-0.5 ms to a round trip of the wire payload (``make
+        bench``: isolation). ``none`` (default): every policy runs inside the worker process (its import is
+        first tried, bounded, in a deployment process, so a hang or exit at import is reported).
     :param agent_port: answer HAProxy ``agent-check`` probes on this port with the gRPC health of the served
         deployments (:mod:`~sequence_ai_ros.worker.health_agent`); None: no agent.
     :raises ConfigError: for a value its field's rule (:data:`RULES`) refuses: an empty host, a timeout that
@@ -153,9 +155,9 @@ class ServerConfig:
     proxy_socket: str | None = _opt(None, '--proxy-socket', 'also listen on this Unix socket, for a balancer '
                                     '(seq fleet\'s HAProxy): only calls through it have their x-forwarded-for '
                                     'read as the client address (default: off)', 'PATH', rule='optional_path')
-    isolation: str = _opt('process', '--isolation', "where policy code runs: 'process' (each deployment in its "
-                          "own process, restarted when it crashes or hangs) or 'none' (inside the worker) "
-                          '(default {default})', 'MODE', rule='isolation')
+    isolation: str = _opt('none', '--isolation', "where policy code runs: 'process' (each deployment in its "
+                          "own process, restarted when it crashes or hangs; ~0.5 ms per round trip) or 'none' "
+                          '(inside the worker) (default {default})', 'MODE', rule='isolation')
     metrics_port: int | None = _opt(None, '--metrics-port', 'serve Prometheus metrics on this port at /metrics '
                                     '(default: off; 0 picks a free one)', 'PORT', rule='optional_port')
     agent_port: int | None = _opt(None, '--agent-port', 'answer HAProxy agent-check probes on this port with the '

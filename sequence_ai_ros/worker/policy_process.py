@@ -1,4 +1,4 @@
-"""The worker's side of a deployment process (``--isolation process``, the default).
+"""The worker's side of a deployment process (``--isolation process``).
 
 Each deployment's policy code (import, construct, ``load()``, ``infer``, ``infer_batch``, the episode hook)
 runs in its own process, :mod:`sequence_ai_ros.worker.policy_host`, so that a crash, ``os._exit``, a
@@ -20,6 +20,7 @@ deployment, the step and the exit code or signal.
 
 from __future__ import annotations
 
+import collections
 import logging
 import mmap
 import os
@@ -203,10 +204,8 @@ class RemotePolicy:
     """A policy instance living in its deployment process: ``infer``, ``infer_batch``, ``load`` and the hook.
 
     Constructed by a remote definition's ``instantiate()`` (the runtime's loader thread): starts the
-    process and imports the file there; ``load()`` constructs the policy and runs its ``load()``.
-
-    :raises PolicyProcessDied: when the process dies while importing.
-    :raises RemoteError: when the import fails.
+    process; ``load()`` imports the file there, constructs the policy and runs its ``load()``, so that the
+    runtime can kill the process (:meth:`kill`) when the load deadline passes at any of these steps.
     """
 
     _path = ''
@@ -214,12 +213,17 @@ class RemotePolicy:
     _hook = ''
 
     def __init__(self, **config: Any) -> None:
-        self._ended: list[str] = []
+        self._ended: collections.deque[str] = collections.deque()
+        self._config = config
         self.process = PolicyProcess(self._name)
-        self.process.call('describe', self._path, config, self._name, step='importing the policy file')
 
     def load(self) -> None:
-        """Construct the policy and run its ``load()`` in the process."""
+        """Import the file, construct the policy and run its ``load()`` in the process.
+
+        :raises PolicyProcessDied: when the process dies (or is killed) meanwhile.
+        :raises RemoteError: when the import, the constructor or ``load()`` raises.
+        """
+        self.process.call('describe', self._path, self._config, self._name, step='importing the policy file')
         self.process.call('load', step='constructing and loading the policy')
 
     def infer(self, inp: Any, episode: Any) -> Any:
@@ -237,10 +241,10 @@ class RemotePolicy:
         self._ended.append(episode_id)
 
     def _take_ended(self) -> tuple[str, ...]:
-        if not self._ended:
-            return ()
-        taken, self._ended[:] = tuple(self._ended), []
-        return taken
+        taken = []
+        while self._ended:                # appended from any thread: popleft never loses one
+            taken.append(self._ended.popleft())
+        return tuple(taken)
 
     def __getattr__(self, name: str) -> Any:
         if name and name == type(self)._hook:

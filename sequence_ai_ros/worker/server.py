@@ -408,13 +408,21 @@ def importer(config: ServerConfig, name: str, **overrides: Any) -> Any:
     """``path -> PolicyDefinition`` for ``config.isolation``.
 
     ``process``: imported in a deployment process under the load timeout
-    (:func:`~sequence_ai_ros.worker.policy_process.describe_policy_file`); ``none``: in this process.
+    (:func:`~sequence_ai_ros.worker.policy_process.describe_policy_file`); ``none``: in this process, after
+    the same bounded import in a deployment process has succeeded, so that a hang or ``os._exit`` at import
+    is reported (naming the deployment and the exit code) instead of hanging or ending the worker; the
+    file's module code then runs twice.
     """
-    if config.isolation == 'process':
-        from sequence_ai_ros.worker.policy_process import describe_policy_file
+    from sequence_ai_ros.worker.policy_process import describe_policy_file
 
+    if config.isolation == 'process':
         return lambda path: describe_policy_file(path, name, config.load_timeout_s, **overrides)
-    return lambda path: load_policy_file(path, **overrides)
+
+    def probed(path: Path) -> PolicyDefinition:
+        describe_policy_file(path, name, config.load_timeout_s, **overrides)
+        return load_policy_file(path, **overrides)
+
+    return probed
 
 
 def _config(config: ServerConfig | None, settings: dict[str, Any]) -> ServerConfig:

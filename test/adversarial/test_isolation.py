@@ -86,7 +86,8 @@ def two(seq_home, tmp_path):
     """A worker serving ``crashy`` and ``steady`` (each in its own process), inference deadline 2 s."""
     for name in ('crashy', 'steady'):
         deploy(write_policy(tmp_path, name), home=seq_home, dry_timeout_s=60)
-    server = create_server(['crashy', 'steady'], home=seq_home, inference_timeout_s=2.0, idle_timeout_s=120)
+    server = create_server(['crashy', 'steady'], home=seq_home, inference_timeout_s=2.0, idle_timeout_s=120,
+                           isolation='process')
     ch = channel(server.port)
     stub = pb_grpc.PolicyServiceStub(ch)
     for name in ('crashy', 'steady'):
@@ -192,7 +193,7 @@ def test_the_worker_killed_with_9_leaves_no_deployment_process(tmp_path):
     path = write_policy(tmp_path, 'orphan')
     code = (f'import sys, time; sys.path.insert(0, {str(REPO)!r})\n'
             'from sequence_ai_ros.worker import serve_policy_file\n'
-            f's = serve_policy_file({str(path)!r}, warm=True)\n'
+            f's = serve_policy_file({str(path)!r}, warm=True, isolation="process")\n'
             'r = s.runtimes["orphan"]\n'
             'r.ready_event.wait(60)\n'
             'print(r._instance.process.pid, flush=True)\n'
@@ -235,21 +236,24 @@ def test_os_exit_at_import_names_the_deployment_and_the_exit_code(seq_home, tmp_
     path = write_policy(tmp_path, 'exits', misbehave_at_import=True)
     out, _ = _seq('deploy', str(path), env={'SEQ_TEST_AT_IMPORT': 'exit'})
     assert out.returncode != 0 and "'exits'" in out.stderr and 'exit code 7' in out.stderr, out.stderr
-    out, _ = _seq('serve', str(path), '--port', '0', env={'SEQ_TEST_AT_IMPORT': 'exit'}, timeout=60)
-    assert out.returncode != 0 and "'exits'" in out.stderr and 'exit code 7' in out.stderr, out.stderr
+    for isolation in ('process', 'none'):
+        out, _ = _seq('serve', str(path), '--port', '0', '--isolation', isolation, env={'SEQ_TEST_AT_IMPORT': 'exit'},
+                      timeout=60)
+        assert out.returncode != 0 and "'exits'" in out.stderr and 'exit code 7' in out.stderr, out.stderr
 
 
-def test_seq_serve_load_timeout_bounds_a_sleep_at_import(tmp_path):
+@pytest.mark.parametrize('isolation', ['process', 'none'])
+def test_seq_serve_load_timeout_bounds_a_sleep_at_import(tmp_path, isolation):
     path = write_policy(tmp_path, 'sleepy', misbehave_at_import=True)
-    out, took = _seq('serve', str(path), '--port', '0', '--load-timeout', '5', env={'SEQ_TEST_AT_IMPORT': 'sleep'},
-                     timeout=90)
+    out, took = _seq('serve', str(path), '--port', '0', '--load-timeout', '5', '--isolation', isolation,
+                     env={'SEQ_TEST_AT_IMPORT': 'sleep'}, timeout=90)
     assert out.returncode != 0 and "'sleepy'" in out.stderr and 'exceeded 5 s' in out.stderr, out.stderr
     assert took < 5 + 30
 
 
 def test_a_load_past_its_deadline_fails_that_deployment_and_its_process_is_killed(tmp_path):
     path = write_policy(tmp_path, 'slowload')
-    with serve_policy_file(path, load_hang=600, load_timeout_s=1.0, warm=True) as server:
+    with serve_policy_file(path, load_hang=600, load_timeout_s=1.0, warm=True, isolation='process') as server:
         ch = channel(server.port)
         reply = wait_ready(pb_grpc.PolicyServiceStub(ch), 'slowload', timeout=30)
         assert reply.state == 'failed' and 'load exceeded 1 s' in reply.message
