@@ -134,7 +134,9 @@ def add_server_options(parser: argparse.ArgumentParser) -> None:
     for name in ('host', 'port'):
         flag, kwargs = options.pop(name)
         parser.add_argument(flag, **kwargs)
-    parser.add_argument('--token-file', help='file holding the token every call must carry')
+    parser.add_argument('--token-file', help='file holding the token every call must carry; required when the '
+                                             'worker is reachable from other machines (--host other than '
+                                             '127.0.0.1)')
     parser.add_argument('--tls-cert', help='PEM certificate chain, to serve TLS (with --tls-key)')
     parser.add_argument('--tls-key', help='PEM private key')
     for flag, kwargs in options.values():

@@ -224,6 +224,9 @@ class WorkerServer:
             for runtime in runtimes.values():
                 runtime.ensure_loading()
         LOG.info('serving %s on %s:%d%s', sorted(runtimes), self.host, self.port, ' (TLS)' if self.tls else '')
+        if config.token is None and config.host not in ('127.0.0.1', 'localhost', '::1'):
+            LOG.warning('serving on %s without --token-file: anyone who can reach this port may hold streams, '
+                        'run the policy and label its data; give the worker a token off-host', config.host)
 
     def _run(self, coroutine: Any, timeout: float | None = 30.0) -> Any:
         """Run ``coroutine`` on the worker's event loop and wait for its result (from any other thread)."""
