@@ -273,3 +273,35 @@ def test_isolation_none_keeps_the_policy_in_the_worker(tmp_path):
         assert np.allclose(codec.from_tensor(chunk.actions)[:, 0], 2.5)
         robot.end()
         assert server.runtimes['inproc']._instance.__class__.__name__ == 'Crashy'
+
+
+def test_batching_across_robots_holds_in_the_deployment_process(tmp_path):
+    path = tmp_path / 'batched' / 'policy.py'
+    path.parent.mkdir()
+    path.write_text(textwrap.dedent('''
+        import numpy as np
+        import sequence_ai_ros.policy as seq
+        from sequence_ai_ros.exceptions import PolicyException
+
+        @seq.policy(action_space='joint_absolute', action_names=['a', 'b'], dt=0.1, chunk_length=2,
+                    observation=seq.ObservationContract(state_names=['a', 'b']), batching=seq.Batching(2, 5.0))
+        class Batched:
+            def infer(self, inp, episode):
+                return self.infer_batch([inp], [episode])[0]
+
+            def infer_batch(self, inputs, episodes):   # each chunk: (its state, the batch's size)
+                return [PolicyException('seven is refused') if i.observation.state[0] == 7 else
+                        np.tile(np.array([i.observation.state[0], len(inputs)], np.float32), (2, 1)) for i in inputs]
+    '''))
+    with serve_policy_file(path, 'batched', isolation='process') as server, channel(server.port) as ch:
+        stub = pb_grpc.PolicyServiceStub(ch)
+        assert wait_ready(stub, 'batched', timeout=RESTART_WAIT_S).ready
+        a, b = Stream(stub, 'batched', 'a'), Stream(stub, 'batched', 'b')
+        a.start(), b.start()
+        a.send(observation=req(1, 3.0))
+        b.send(observation=req(1, 7.0))
+        ra, rb = a.recv(timeout=30), b.recv(timeout=30)
+        assert codec.from_tensor(ra.chunk.actions)[0].tolist() == [3.0, 2.0]    # one call for both robots
+        assert rb.error.code == pb.POLICY_EXCEPTION and 'seven is refused' in rb.error.message
+        a.end(), b.end()
+        assert server.runtimes['batched'].isolated
