@@ -97,6 +97,7 @@ class CaptureStore:
         self._base_bytes = 0
         self.retired = False   # set by retire() when the deployment is deleted
         self._open_lock = threading.Lock()
+        self._last_refusal = ''
 
     # ------------------------------------------------------------------ settings and status
     @property
@@ -148,13 +149,14 @@ class CaptureStore:
         if self.retired:
             return None
         now = self.clock()
+        self._last_refusal = ''
         try:
             self._open()
             why = self._refuse(settings, episode_id)
             with self._lock:
                 running = any(ep.episode_id == episode_id for ep in self._active)
             first = self.index.decide(episode_id, now, why is None, why or 'captured')
-            if why is not None:     # not captured anyway (off, paused, sampled out): nothing to tell the robot
+            if why is not None:     # not captured (off, paused, sampled out): why() tells
                 return None
             if running:
                 raise self._not_captured(episode_id, 'is being captured by this worker')
@@ -173,8 +175,18 @@ class CaptureStore:
                 raise
             return ep
         except (OSError, sqlite3.Error) as exc:
-            self._fault(exc, f'starting episode {episode_id}')
+            self._last_refusal = str(self._fault(exc, f'starting episode {episode_id}'))
             return None
+
+    def refusal(self) -> str:
+        """Why the last :meth:`begin` that returned None did not capture although capture is on ('' otherwise).
+
+        A paused store (disk full, quota, corrupt index) or a failed start: the robot is told (capture_error).
+        """
+        if self._last_refusal:
+            return self._last_refusal
+        status = self.status()
+        return status['diagnostic'] if status['state'] == 'paused' else ''
 
     def label(self, episode_id: str, success: bool, notes: str = '') -> None:
         """Store an episode's label (replacing an earlier one), captured or not; a running one gets it too.
@@ -485,6 +497,13 @@ class CaptureStore:
             kind, text = 'quota', f'capture paused while {what}: {exc}'
         elif isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
             kind, text = 'disk', f'capture paused while {what}: disk full ({exc})'
+        elif isinstance(exc, (sqlite3.IntegrityError, sqlite3.InterfaceError, TypeError, ValueError)):
+            # this episode's own data (a value the index refuses): that episode alone is refused, no pause
+            return CaptureError(f'not kept: {what} failed: {type(exc).__name__}: {exc}')
+        elif isinstance(exc, OSError) and exc.errno not in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            # any other write failure (EIO, EACCES...): that episode is refused and the robot told; the next
+            # episode tries again (nothing to lift)
+            return CaptureError(f'not kept: {what} failed: {type(exc).__name__}: {exc}')
         elif isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError):
             kind, text = 'corrupt', (f'capture paused while {what}: the index {self.index.path} is corrupt ({exc}); '
                                      f'kept episodes are intact in episodes/; rebuild the index with: '

@@ -166,7 +166,7 @@ class WorkerServer:
         if config.metrics_port is not None:
             try:
                 self.metrics = PrometheusMetrics(runtimes, self.servicer.open_streams, config.host,
-                                                 config.metrics_port)
+                                                 config.metrics_port, token=config.token)
             except BaseException:
                 for runtime in runtimes.values():
                     runtime.close(timeout=1.0)
