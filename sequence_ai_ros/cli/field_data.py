@@ -282,6 +282,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_stats(args: argparse.Namespace) -> int:
     """Print the deployment's scoreboard per version and day (and draw it with --plot)."""
     from sequence_ai_ros.datasets.scoreboard import plot_scoreboard, scoreboard
+    from sequence_ai_ros.protocol.limits import MAX_REASON, printable
 
     rows = scoreboard(_store(args.name, args.store).runs())
     if args.json:
@@ -294,7 +295,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         for r in rows:
             rate = '-' if r['success_rate'] is None else f'{100 * r["success_rate"]:.0f}% of {r["labelled"]}'
             lat = '-' if r['latency_p95_ms'] is None else f'{r["latency_p95_ms"]:.1f}'
-            ended = ', '.join(f'{k} {v}' for k, v in sorted(r['ended'].items()))
+            ended = ', '.join(f'{printable(k)[:MAX_REASON]} {v}' for k, v in sorted(r['ended'].items()))
             print(f'  {r["version"]:>7} {r["day"]:10} {r["episodes"]:>8} {rate:>14} {r["underruns"]:>9} {lat:>7}  '
                   f'{ended}')
     if args.plot is not None:

@@ -6,7 +6,7 @@ message against it as it arrives (:func:`check_request`, :func:`check_handshake`
 telemetry frames with :func:`check_frame`), before anything else reads it:
 
 =====================================  ===================================================================
-names (camera keys, deployment)        :data:`NAME_PATTERN`: a letter or digit, then letters, digits, ``._-``
+names (camera keys)                    :data:`NAME_PATTERN`: a letter or digit, then letters, digits, ``._-``
                                        (at most :data:`MAX_NAME` characters): safe as a file name
 state names, encodings, params keys    printable, at most :data:`MAX_NAME` characters
 episode ids, client ids                printable, at most :data:`MAX_ID` characters
@@ -253,15 +253,27 @@ def check_request(req: Any) -> None:
 
 
 def check_handshake(req: Any) -> None:
-    """Check a HandshakeRequest (the deployment name is a path component under $SEQ_HOME)."""
-    check_name(req.deployment, 'deployment', empty=True)
+    """Check a HandshakeRequest (its deployment is looked up among the served ones: never a path)."""
     check_id(req.protocol_version, 'protocol_version', MAX_NAME)
     check_id(req.client_id, 'client_id')
     check_id(req.token, 'token', MAX_TEXT)
 
 
 def check_label(req: Any) -> None:
-    """Check a LabelRequest."""
-    check_name(req.deployment, 'deployment', empty=True)
+    """Check a LabelRequest (its deployment is looked up among the served ones)."""
     check_id(req.episode_id, 'episode_id')
     check_text(req.notes, 'notes')
+
+
+def json_safe(value: Any) -> Any:
+    """Return ``value`` with every non-finite float replaced by None: strict JSON (no bare ``NaN``/``Infinity``).
+
+    For what a store held before these limits existed; values checked here are finite already.
+    """
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value

@@ -2,14 +2,15 @@
 
 ``socketserver``'s and ``prometheus_client``'s threading servers start a thread per connection, so 1,000
 idle connections made 1,000 threads. Here every connection is a coroutine of one asyncio loop on one
-thread (``seq-<name>``); at most ``max_connections`` are open at once (more are closed at once), and each
-must send its request within ``read_timeout_s`` (else it is closed): idle connections cost no thread and
-cannot hold the port.
+thread (``seq-<name>``); at most ``max_connections`` are open at once (a new one past that closes the
+oldest one still waiting for its request, so a flood of idle connections can neither hold the port nor
+its descriptors), and each must send its request within ``read_timeout_s`` (else it is closed).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import threading
 from collections.abc import Awaitable, Callable
@@ -17,8 +18,8 @@ from collections.abc import Awaitable, Callable
 from sequence_ai_ros.exceptions import ConfigError
 
 LOG = logging.getLogger(__name__)
-#: Connections served at once; more are closed as they come.
-MAX_CONNECTIONS = 64
+#: Connections open at once; past it the oldest still idle is closed for the new one.
+MAX_CONNECTIONS = 128
 #: Seconds a connection has to send its request.
 READ_TIMEOUT_S = 5.0
 #: Largest request head read (bytes).
@@ -44,6 +45,8 @@ class BoundedServer:
         self._handler = handler
         self._open = 0
         self.refused = 0
+        #: connections that have not sent their request yet, oldest first (the ones a newcomer evicts)
+        self._idle: collections.OrderedDict[asyncio.StreamWriter, None] = collections.OrderedDict()
         self._loop = asyncio.new_event_loop()
         try:
             self._server = self._loop.run_until_complete(
@@ -62,10 +65,15 @@ class BoundedServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self._open >= self.max_connections:
+            if not self._idle:
+                self.refused += 1
+                writer.close()
+                return
+            oldest, _ = self._idle.popitem(last=False)
             self.refused += 1
-            writer.close()
-            return
+            oldest.transport.abort()
         self._open += 1
+        self._idle[writer] = None
         try:
             await asyncio.wait_for(self._handler(reader, writer), timeout=self.read_timeout_s + 10.0)
         except (asyncio.TimeoutError, ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
@@ -73,6 +81,7 @@ class BoundedServer:
             LOG.debug('side port connection closed: %s', exc)
         finally:
             self._open -= 1
+            self._idle.pop(writer, None)
             try:
                 writer.close()
             except Exception:  # noqa: BLE001 - a transport already gone
@@ -81,6 +90,10 @@ class BoundedServer:
     async def read_line(self, reader: asyncio.StreamReader) -> bytes:
         """Read one line (the request line, a header) within :attr:`read_timeout_s`."""
         return await asyncio.wait_for(reader.readline(), timeout=self.read_timeout_s)
+
+    def busy(self, writer: asyncio.StreamWriter) -> None:
+        """The connection sent its request: it is no longer idle (a newcomer will not evict it)."""
+        self._idle.pop(writer, None)
 
     def open_connections(self) -> int:
         """Return the connections open now."""

@@ -296,8 +296,9 @@ class EpisodeCallHandler:
                     return
                 item, nbytes = item
                 kind = item.WhichOneof('kind')
-                try:
-                    limits.check_request(item)   # the boundary: every value within the wire schema's limits
+                try:   # the boundary: every value within the wire schema's limits (past its size: decode refuses)
+                    if not (kind == 'observation' and nbytes is not None and nbytes > self.runtime.max_message_bytes):
+                        limits.check_request(item)
                 except limits.LimitViolation as exc:
                     rid = item.observation.request_id if kind == 'observation' else 0
                     yield _error(refuse(self.runtime, exc), rid)

@@ -144,6 +144,7 @@ class PrometheusMetrics(MetricsSink):
             name, _, value = line.partition(b':')
             if name.strip().lower() == b'authorization':
                 auth = value.strip()
+        self._server.busy(writer)
         if len(request) < 2 or request[0] not in (b'GET', b'HEAD'):
             status, body = b'405 Method Not Allowed', b'GET /metrics\n'
         elif self._expected is not None and not hmac.compare_digest(auth, self._expected):

@@ -224,7 +224,10 @@ class DeploymentRuntime:
                 LOG.info('policy %s ready after %.2f s', self.name, self._eta_hint)
         self._notify()           # health follows Ready at once; the usage row's disk write comes after
         self.usage.add(warming_s=time.monotonic() - start)
-        self.usage.flush()
+        try:
+            self.usage.flush()
+        except Exception as exc:  # a full disk: the counts wait in memory for the next flush
+            LOG.error('usage of %s not written (kept for the next flush): %s', self.name, exc)
 
     def _notify(self) -> None:
         if self.on_state_change is not None:
@@ -488,5 +491,8 @@ class DeploymentRuntime:
         self.scheduler.stop(0.1 if self.scheduler.wedged is not None else timeout)
         if self._loader is not None:
             self._loader.join(0.1 if stuck else timeout)
-        self.usage.flush()
+        try:
+            self.usage.flush()
+        except Exception as exc:  # stopping goes on; the counts that could not be written are named
+            LOG.error('usage of %s not written at stop (%s): %s', self.name, exc, self.usage.snapshot())
 

@@ -138,10 +138,10 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
     async def Handshake(self, request: pb.HandshakeRequest, context: grpc.aio.ServicerContext) -> pb.HandshakeReply:  # noqa: N802
         """Check version (and body token), name the deployment, start warming, answer the contract."""
         try:
-            limits.check_handshake(request)
             if request.protocol_version != PROTOCOL_VERSION:
                 raise ProtocolVersionError(f'this worker speaks {PROTOCOL_VERSION}, the client sent '
                                            f'{clip(request.protocol_version) or "(none)"!r}')
+            limits.check_handshake(request)
             if self.token is not None and request.token and request.token != self.token:
                 raise Unauthenticated('the handshake carries a wrong token')
             runtime = self._runtime(request.deployment)
@@ -158,7 +158,6 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
     async def Ready(self, request: pb.ReadyRequest, context: grpc.aio.ServicerContext) -> pb.ReadyReply:  # noqa: N802
         """Answer (ready, eta) without blocking; asking while cold starts the load."""
         try:
-            limits.check_name(request.deployment, 'deployment', empty=True)
             runtime = self._runtime(request.deployment)
         except (UnknownDeployment, limits.LimitViolation) as exc:
             await context.abort(*errors.abort_details(exc))
@@ -170,8 +169,7 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.EpisodeReply]:
         """Serve one episode (see :mod:`sequence_ai_ros.worker.episode_call`)."""
         try:
-            runtime = self._runtime(limits.check_name(_metadata(context, DEPLOYMENT_METADATA), 'deployment',
-                                                      empty=True))
+            runtime = self._runtime(_metadata(context, DEPLOYMENT_METADATA))
             limits.check_id(_metadata(context, EPISODE_ID_METADATA), 'episode_id')
         except (UnknownDeployment, limits.LimitViolation) as exc:
             await context.abort(*errors.abort_details(exc))
