@@ -97,3 +97,29 @@ def test_check_lerobot_skips_without_python_312_saying_why():
     assert 'check-lerobot: SKIPPED: LeRobot >= 0.5 needs Python >= 3.12' in done.stdout
     ci = (REPO / '.ci' / 'run').read_text()
     assert ci.index('make test') < ci.index('make check-lerobot')
+
+
+def test_extras_cover_the_optional_features_at_the_versions_the_requirements_pin():
+    """Each extra's range admits the version CI pins for it (one name, one version; requirements*.txt)."""
+    from packaging.requirements import Requirement
+
+    tree = ast.parse((REPO / 'setup.py').read_text())
+    extras = next(ast.literal_eval(n.value) for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                  and any(isinstance(t, ast.Name) and t.id == 'EXTRAS' for t in n.targets))
+    assert set(extras) == {'metrics', 'plot', 'sim', 'lerobot'}
+    pins: dict[str, list[str]] = {}
+    for name in ('requirements.txt', 'requirements-lerobot.txt'):
+        for line in (REPO / name).read_text().splitlines():
+            line = line.split('#')[0].strip()
+            if line:
+                req = Requirement(line)
+                pins.setdefault(req.name.lower().replace('_', '-'), []).append(str(req.specifier).lstrip('='))
+    for extra, reqs in extras.items():
+        for text in reqs:
+            req = Requirement(text)
+            versions = pins.get(req.name.lower().replace('_', '-'))
+            assert versions, f'[{extra}] {req.name} is pinned in no requirements file'
+            for version in versions:
+                assert req.specifier.contains(version), f'[{extra}] {text} refuses the pinned {version}'
+    readme = (REPO / 'README.md').read_text()
+    assert 'sequence_ai_ros[metrics,plot]' in readme and '[sim]' in readme and '[lerobot]' in readme
