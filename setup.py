@@ -135,9 +135,9 @@ setup(
     cmdclass={'build_py': BuildPy, 'develop': Develop},
     entry_points={
         'console_scripts': [
-            'policy_node = sequence_ai_ros.node.main:main',
+            'policy_node = sequence_ai_ros.node.entry:policy_node',
             'seq = sequence_ai_ros.cli:main',
-            'bag_player = sequence_ai_ros.bags.player:main',
+            'bag_player = sequence_ai_ros.node.entry:bag_player',
             'sim_robot = sequence_ai_ros.sim.main:main',
         ],
     },

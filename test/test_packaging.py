@@ -123,3 +123,33 @@ def test_extras_cover_the_optional_features_at_the_versions_the_requirements_pin
                 assert req.specifier.contains(version), f'[{extra}] {text} refuses the pinned {version}'
     readme = (REPO / 'README.md').read_text()
     assert 'sequence_ai_ros[metrics,plot]' in readme and '[sim]' in readme and '[lerobot]' in readme
+
+
+def test_policy_node_without_ros_prints_one_line_and_exits_2():
+    """An interpreter without site-packages has no rclpy: the console scripts say how to get ROS 2."""
+    import sys
+
+    env = {'PATH': os.environ.get('PATH', ''), 'PYTHONPATH': str(REPO)}
+    for script in ('policy_node', 'bag_player'):
+        code = f'import sys; from sequence_ai_ros.node.entry import {script}; sys.exit({script}())'
+        done = subprocess.run([sys.executable, '-S', '-c', code], capture_output=True, text=True, env=env,
+                              timeout=60, cwd=REPO)
+        assert done.returncode == 2, done.stderr
+        assert done.stdout == ''
+        assert done.stderr.splitlines() == [
+            f"{script}: needs ROS 2 (no module named 'rclpy'): install ROS 2 (Humble, Jazzy or Kilted) and source "
+            "it (source /opt/ros/<distro>/setup.bash), then your workspace (source install/setup.bash)"], done.stderr
+
+
+def test_a_missing_module_that_is_not_ros_still_raises():
+    import pytest
+
+    from sequence_ai_ros.node.entry import no_ros_hint, run_with_ros
+
+    def load():
+        raise ModuleNotFoundError("No module named 'numpy'", name='numpy')
+
+    with pytest.raises(ModuleNotFoundError):
+        run_with_ros('policy_node', load)
+    assert run_with_ros('policy_node', lambda: lambda: None) == 0
+    assert 'source install/setup.bash' in no_ros_hint('policy_node', 'sequence_ai_msgs')
