@@ -279,6 +279,14 @@ class CaptureStore:
         """Return the bytes the store holds on disk (every file: episodes, index, staging, settings)."""
         return tree_bytes(self.root)
 
+    def captured_bytes(self) -> int:
+        """Return the bytes of captured data: episodes, committed and being written (``seq usage`` bills these).
+
+        The index and settings are not captured data: a worker records every episode it runs there (for
+        labels and ``seq policy stats``), captured or not, so a deployment that never captured holds 0.
+        """
+        return tree_bytes(self.root / 'episodes') + tree_bytes(self.root / 'staging')
+
     def recover(self) -> dict[str, int]:
         """Clean up after crashes: drop staging dirs of dead processes, index complete unindexed episodes.
 

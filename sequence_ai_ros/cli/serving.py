@@ -175,8 +175,9 @@ def _capture_bytes(home: Path) -> dict[str, int]:
         from sequence_ai_ros.capture.store import CaptureStore
     except ImportError:
         return {}
-    return {d.name: CaptureStore(root=d, deployment=d.name).bytes_used() for d in sorted(root.iterdir())
-            if d.is_dir()}
+    stored = {d.name: CaptureStore(root=d, deployment=d.name).captured_bytes() for d in sorted(root.iterdir())
+              if d.is_dir()}
+    return {name: nbytes for name, nbytes in stored.items() if nbytes}   # never captured: nothing to bill
 
 
 def cmd_usage(args: argparse.Namespace) -> int:

@@ -186,11 +186,14 @@ class Policy:
             self._conn.close()
 
     def label(self, success: bool, notes: str = '', episode_id: str | None = None) -> bool:
-        """Label the last episode that act/run/begin_episode drove (or ``episode_id``) for capture.
+        """Label the last episode that act/run/begin_episode drove (or ``episode_id``): success and notes.
 
-        :returns: True: the worker stored the label with the captured episode.
-        :raises CaptureError: with the worker's answer when it did not store it (unknown episode,
-            episode not captured, capture off); never a silent ok.
+        Any episode the worker ran takes a label, captured or not (``seq policy stats`` counts it); a captured
+        one also carries it into its export.
+
+        :returns: True: the worker stored the label.
+        :raises CaptureError: with the worker's answer when it did not store it (an episode the worker never
+            saw or past retention, a worker serving without a store); never a silent ok.
         :raises EpisodeStateError: when there is no episode to label, or this Policy is closed.
         """
         self._check_open()

@@ -94,7 +94,7 @@ class PrometheusMetrics(MetricsSink):
             import prometheus_client as prom
         except ImportError as exc:
             raise MissingDependency(f'--metrics-port needs the python package prometheus_client '
-                                    f'(pip install prometheus_client): {exc}') from None
+                                    f'(pip install "sequence_ai_ros[metrics]"): {exc}') from None
         self.registry = reg = prom.CollectorRegistry(auto_describe=True)
         self._requests = prom.Counter('seq_requests', 'Observation requests by outcome', ['deployment', 'outcome'],
                                       registry=reg)
