@@ -161,17 +161,48 @@ def test_backbone_files_are_found_offline_or_named_with_how_to_place_them(tmp_pa
     assert [n.repo_id for n in needs] == ['google/paligemma-3b-pt-224']
     cache = tmp_path / 'hub'
     gone = ck.missing_hub_files(needs, cache, {})
-    assert len(gone) == 1 and 'tokenizer_config.json' in gone[0] and 'hf download google/paligemma-3b-pt-224' in gone[0]
-    snap = cache / 'models--google--paligemma-3b-pt-224' / 'snapshots' / 'abc'
-    snap.mkdir(parents=True)
-    for name in ck.TOKENIZER_FILES:
-        (snap / name).write_text('{}')
+    assert len(gone) == 1 and 'tokenizer_config.json' in gone[0]
+    assert 'hf download google/paligemma-3b-pt-224 tokenizer_config.json tokenizer.json --cache-dir' in gone[0]
+    repo = cache / 'models--google--paligemma-3b-pt-224'
+    old, snap = repo / 'snapshots' / 'old', repo / 'snapshots' / 'abc'
+    for d in (old, snap):
+        d.mkdir(parents=True)
+        (d / 'tokenizer_config.json').write_text('{}')
+    (repo / 'refs').mkdir()
+    (repo / 'refs' / 'main').write_text('abc')
+    assert 'tokenizer.json or tokenizer.model' in ck.missing_hub_files(needs, cache, {})[0]
+    (snap / 'tokenizer.model').write_text('')   # a sentencepiece vocabulary is enough for AutoTokenizer
     assert ck.missing_hub_files(needs, cache, {}) == []
+    assert ck.locate(needs[0], cache, {}) == (snap, [])   # refs/main's revision, the directory LeRobot is given
     local = tmp_path / 'snapshot'
     local.mkdir()
-    assert 'special_tokens_map.json' in ck.missing_hub_files(needs, None, {'google/paligemma-3b-pt-224': local})[0]
-    smol = ck.hub_needs(tmp_path, {'type': 'smolvla', 'vlm_model_name': 'HuggingFaceTB/SmolVLM2-500M-Video-Instruct'})
-    assert smol[0].files == ck.PROCESSOR_FILES
+    assert ck.locate(needs[0], None, {'google/paligemma-3b-pt-224': local}) == (
+        None, ['tokenizer_config.json', 'tokenizer.json or tokenizer.model or vocab.json or vocab.txt or spiece.model'])
+    # the tokenizer step is pointed at the local directory
+    assert ck.hub_overrides(ckpt, {'google/paligemma-3b-pt-224': snap}) == {
+        'tokenizer_processor': {'tokenizer_name': str(snap)}}
+
+
+def test_smolvla_backbone_files_as_transformers_5_saves_them_and_every_step_naming_it_redirected(tmp_path: Path):
+    """transformers 5 saves a processor as processor_config.json alone (no preprocessor_config.json, no
+    special_tokens_map.json): exactly what the tiny SmolVLA of make check-lerobot saves with the installed one."""
+    repo = 'HuggingFaceTB/SmolVLM2-500M-Video-Instruct'
+    ckpt = tmp_path / 'smolvla'
+    ckpt.mkdir()
+    (ckpt / 'policy_preprocessor.json').write_text(json.dumps({'steps': [
+        {'registry_name': 'rename_observations_processor', 'config': {'rename_map': {}}},
+        {'registry_name': 'tokenizer_processor', 'config': {'tokenizer_name': repo, 'max_length': 48}}]}))
+    needs = ck.hub_needs(ckpt, {'type': 'smolvla', 'vlm_model_name': repo})
+    assert [(n.repo_id, n.files) for n in needs] == [(repo, ck.PROCESSOR_FILES)]
+    local = tmp_path / 'smolvlm2'
+    local.mkdir()
+    for name in ('config.json', 'tokenizer.json', 'tokenizer_config.json', 'processor_config.json'):
+        (local / name).write_text('{}')
+    assert ck.missing_hub_files(needs, None, {repo: local}) == []
+    assert ck.hub_overrides(ckpt, {repo: local}) == {'tokenizer_processor': {'tokenizer_name': str(local)}}
+    (local / 'processor_config.json').unlink()
+    gone = ck.missing_hub_files(needs, None, {repo: local})
+    assert len(gone) == 1 and 'processor_config.json or preprocessor_config.json not in the snapshot' in gone[0]
 
 
 def test_seq_deploy_refuses_before_loading_anything(tmp_path: Path, seq_home: Path, monkeypatch):

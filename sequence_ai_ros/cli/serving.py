@@ -19,10 +19,9 @@ from typing import Any
 from sequence_ai_ros.exceptions import ConfigError, MissingDependency
 from sequence_ai_ros.stop_signals import on_stop_signals
 from sequence_ai_ros.templates import TEMPLATES_DIR
+from sequence_ai_ros.worker.config import DRY_RUN_TIMEOUT_S
 
 TEMPLATES = TEMPLATES_DIR
-#: Default bound (s) of ``seq deploy``'s dry run.
-DRY_RUN_TIMEOUT_S = 60.0
 
 
 def _templates() -> dict[str, str]:
