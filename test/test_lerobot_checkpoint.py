@@ -184,8 +184,11 @@ def test_backbone_files_are_found_offline_or_named_with_how_to_place_them(tmp_pa
 
 
 def test_smolvla_backbone_files_as_transformers_5_saves_them_and_every_step_naming_it_redirected(tmp_path: Path):
-    """transformers 5 saves a processor as processor_config.json alone (no preprocessor_config.json, no
-    special_tokens_map.json): exactly what the tiny SmolVLA of make check-lerobot saves with the installed one."""
+    """A backbone as transformers 5 saves it is accepted; a missing file names itself.
+
+    transformers 5 saves a processor as processor_config.json alone (no preprocessor_config.json, no
+    special_tokens_map.json): the files the tiny SmolVLA of make check-lerobot saves with the installed one.
+    """
     repo = 'HuggingFaceTB/SmolVLM2-500M-Video-Instruct'
     ckpt = tmp_path / 'smolvla'
     ckpt.mkdir()
