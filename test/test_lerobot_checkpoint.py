@@ -226,3 +226,21 @@ def test_seq_deploy_refuses_before_loading_anything(tmp_path: Path, seq_home: Pa
         assert cli.main(['deploy', str(pdir / 'policy.py'), '--name', 'ensembled']) != 0
     assert "'act' checkpoint correctly: temporal_ensemble_coeff=0.01" in err.getvalue()
     assert 'joint_delta' in err.getvalue()
+
+
+def test_rtc_execution_horizon_covers_the_robots_delay_and_says_so_once(tmp_path: Path, caplog):
+    """min(chunk_size, max(the checkpoint's execution_horizon, the delay)), or the config key; logged once."""
+    from sequence_ai_ros.models.lerobot_runtime import LeRobotRunner
+
+    (tmp_path / 'config.json').write_text(json.dumps(config('smolvla', chunk_size=50, n_action_steps=50,
+                                                            rtc_config={'enabled': True, 'execution_horizon': 10})))
+    runner = LeRobotRunner(tmp_path, 'cpu', 'lerobot')
+    with caplog.at_level('WARNING', logger='sequence_ai_ros.models.lerobot_runtime'):
+        horizons = [runner.rtc_kwargs(None, 0, d)['execution_horizon'] for d in (5, 27, 30, 80)]
+    assert horizons == [10, 27, 30, 50]
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and '27 actions' in warned[0] and 'execution_horizon 10' in warned[0]
+    fixed = LeRobotRunner(tmp_path, 'cpu', 'lerobot', rtc_execution_horizon=12)
+    assert [fixed.rtc_kwargs(None, 0, d)['execution_horizon'] for d in (5, 27)] == [12, 12]
+    (tmp_path / 'config.json').write_text(json.dumps(config('smolvla')))   # RTC off: no RTC arguments
+    assert LeRobotRunner(tmp_path, 'cpu', 'lerobot').rtc_kwargs(None, 0, 27) == {}
