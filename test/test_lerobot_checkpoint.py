@@ -199,13 +199,20 @@ def test_smolvla_backbone_files_as_transformers_5_saves_them_and_every_step_nami
     assert [(n.repo_id, n.files) for n in needs] == [(repo, ck.PROCESSOR_FILES)]
     local = tmp_path / 'smolvlm2'
     local.mkdir()
-    for name in ('config.json', 'tokenizer.json', 'tokenizer_config.json', 'processor_config.json'):
+    for name in ('config.json', 'tokenizer.json', 'tokenizer_config.json'):
         (local / name).write_text('{}')
+    (local / 'processor_config.json').write_text('{"image_seq_len": 64}')   # as transformers 4 saves it
+    gone = ck.missing_hub_files(needs, None, {repo: local})
+    assert len(gone) == 1 and ('preprocessor_config.json or processor_config.json (with image_processor) not in '
+                               'the snapshot') in gone[0]
+    assert ('hf download HuggingFaceTB/SmolVLM2-500M-Video-Instruct config.json tokenizer_config.json '
+            'tokenizer.json preprocessor_config.json processor_config.json --cache-dir') in gone[0]
+    (local / 'processor_config.json').write_text('{"image_processor": {}, "image_seq_len": 4}')   # transformers 5
     assert ck.missing_hub_files(needs, None, {repo: local}) == []
     assert ck.hub_overrides(ckpt, {repo: local}) == {'tokenizer_processor': {'tokenizer_name': str(local)}}
     (local / 'processor_config.json').unlink()
-    gone = ck.missing_hub_files(needs, None, {repo: local})
-    assert len(gone) == 1 and 'processor_config.json or preprocessor_config.json not in the snapshot' in gone[0]
+    (local / 'preprocessor_config.json').write_text('{}')   # transformers 4's image processor file
+    assert ck.missing_hub_files(needs, None, {repo: local}) == []
 
 
 def test_seq_deploy_refuses_before_loading_anything(tmp_path: Path, seq_home: Path, monkeypatch):

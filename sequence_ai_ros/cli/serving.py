@@ -55,7 +55,9 @@ def cmd_init(args: argparse.Namespace) -> int:
                     ignore=shutil.ignore_patterns('__pycache__', '*.pyc'))
     files = ', '.join(sorted(p.name for p in dest.iterdir()))
     print(f'created {dest}/ from template {args.template} ({files})')
-    print(f'next: edit {dest}/policy.py, then: seq deploy {dest}/policy.py')
+    edit = f'{dest}/config.yaml (its comments say what to set)' if (dest / 'config.yaml').is_file() else \
+        f'{dest}/policy.py'
+    print(f'next: edit {edit}, then: seq deploy {dest}/policy.py')
     return 0
 
 

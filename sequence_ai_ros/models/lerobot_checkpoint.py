@@ -48,12 +48,13 @@ SERVED = ('act', 'diffusion', 'smolvla', 'pi0', 'pi05')
 FLOW_MATCHING = ('smolvla', 'pi0', 'pi05')
 #: the files a backbone repository must hold locally, per kind: each entry is satisfied by any one of its names,
 #: exactly as transformers' loaders read them (AutoTokenizer: tokenizer_config.json and a vocabulary, fast or
-#: sentencepiece; AutoProcessor: also the processor's config, which transformers >= 5 saves as
-#: processor_config.json alone and earlier versions as preprocessor_config.json; AutoConfig: config.json).
+#: sentencepiece; AutoProcessor: also the image processor's config, which transformers >= 5 saves inside
+#: processor_config.json (``NAME#KEY``: the file holds KEY) and earlier versions as preprocessor_config.json;
+#: AutoConfig: config.json).
 TOKENIZER_FILES: tuple[tuple[str, ...], ...] = (
     ('tokenizer_config.json',), ('tokenizer.json', 'tokenizer.model', 'vocab.json', 'vocab.txt', 'spiece.model'))
 PROCESSOR_FILES: tuple[tuple[str, ...], ...] = (
-    ('config.json',), *TOKENIZER_FILES, ('processor_config.json', 'preprocessor_config.json'))
+    ('config.json',), *TOKENIZER_FILES, ('preprocessor_config.json', 'processor_config.json#image_processor'))
 
 
 def resolve(value: str, base: Path) -> Path:
@@ -92,11 +93,35 @@ class HubNeed:
 
     def gone(self, root: Path) -> list[str]:
         """The entries of :attr:`files` that ``root`` lacks, each as ``a`` or ``a or b``."""
-        return [' or '.join(alts) for alts in self.files if not any((root / name).is_file() for name in alts)]
+        return [' or '.join(map(_shown, alts)) for alts in self.files if not any(_holds(root, n) for n in alts)]
 
     def download_names(self) -> str:
-        """The files to fetch, for ``hf download REPO FILES...`` (the first name of each entry)."""
-        return ' '.join(alts[0] for alts in self.files)
+        """The files to fetch, for ``hf download REPO FILES...``.
+
+        The first name of each entry, and both names of a two-way entry (a repository saved by transformers 4
+        holds its image processor in preprocessor_config.json, one saved by 5 in processor_config.json).
+        """
+        names = [alts[0].split('#')[0] for alts in self.files]
+        names += [n.split('#')[0] for alts in self.files if len(alts) == 2 for n in alts[1:]]
+        return ' '.join(dict.fromkeys(names))
+
+
+def _holds(root: Path, name: str) -> bool:
+    """``root/name`` is a file; for ``NAME#KEY``, a JSON object with KEY."""
+    file, _, key = name.partition('#')
+    if not (root / file).is_file():
+        return False
+    if not key:
+        return True
+    try:
+        return key in json.loads((root / file).read_text(encoding='utf-8'))
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def _shown(name: str) -> str:
+    file, _, key = name.partition('#')
+    return f'{file} (with {key})' if key else file
 
 
 def hub_needs(checkpoint: Path, cfg: dict[str, Any]) -> list[HubNeed]:
@@ -142,7 +167,7 @@ def locate(need: HubNeed, hub_cache: Path | None, snapshots: dict[str, Path]) ->
                 return rev, []
         if revs:
             return None, need.gone(revs[0])
-    return None, [' or '.join(alts) for alts in need.files]
+    return None, [' or '.join(map(_shown, alts)) for alts in need.files]
 
 
 def missing_hub_files(needs: list[HubNeed], hub_cache: Path | None, snapshots: dict[str, Path]) -> list[str]:
