@@ -347,6 +347,25 @@ def tiny_smolvla(c: Check) -> tuple[Path, Path]:
     return cache / 'checkpoint', cache / 'hub'
 
 
+def relative_copy(ckpt: Path, into: Path) -> Path:
+    """``ckpt`` with LeRobot's relative-action steps in its pipelines, as pi0.5's ``use_relative_actions`` has them.
+
+    The preprocessor gets ``relative_actions_processor`` before its device step (pi0.5: before normalising),
+    the postprocessor ``absolute_actions_processor`` after unnormalising; LeRobot links the two on loading.
+    """
+    shutil.copytree(ckpt, into)
+    pre = json.loads((into / 'policy_preprocessor.json').read_text())
+    at = next(i for i, step in enumerate(pre['steps']) if step.get('registry_name') == 'device_processor')
+    pre['steps'].insert(at, {'registry_name': 'relative_actions_processor',
+                             'config': {'enabled': True, 'exclude_joints': [], 'action_names': None}})
+    (into / 'policy_preprocessor.json').write_text(json.dumps(pre, indent=2))
+    post = json.loads((into / 'policy_postprocessor.json').read_text())
+    at = next(i for i, step in enumerate(post['steps']) if step.get('registry_name') == 'unnormalizer_processor')
+    post['steps'].insert(at + 1, {'registry_name': 'absolute_actions_processor', 'config': {'enabled': True}})
+    (into / 'policy_postprocessor.json').write_text(json.dumps(post, indent=2))
+    return into
+
+
 def smolvla_check(c: Check, bag: Path, ds_info: dict, duration: float) -> dict:
     """Tiny SmolVLA: deploy with RTC on and off, served vs in-process, in-painting, closed loop, check_policy.py."""
     t0 = time.monotonic()
@@ -357,22 +376,28 @@ def smolvla_check(c: Check, bag: Path, ds_info: dict, duration: float) -> dict:
     cfg = json.loads((plain / 'config.json').read_text())
     cfg['rtc_config']['enabled'] = False
     (plain / 'config.json').write_text(json.dumps(cfg, indent=2))
+    relative = relative_copy(ckpt, c.out / 'smolvla' / 'checkpoint_relative')
     home = c.out / 'smolvla' / 'seq_home'
     extra = {'hub_cache': str(hub), 'noise_seed': 0}
     _, env = deploy(c, 'smolvla', ckpt, home, ds_info, extra=extra)
     deploy(c, 'smolvla', plain, home, ds_info, name='lerobot_smolvla_plain', extra=extra)
-    env = dict(env, HF_HUB_CACHE=str(hub))   # LeRobot's own in-process loading finds the backbone here
+    deploy(c, 'smolvla', relative, home, ds_info, name='lerobot_smolvla_relative', extra=extra)
+    # deploy and serve find the backbone by config.yaml's hub_cache alone; LeRobot's own in-process loading
+    # (the reference) by HF_HUB_CACHE
+    inprocess_env = dict(env, HF_HUB_CACHE=str(hub))
     procs = Processes(c.out / 'logs', env)
     try:
         server = procs.start('smolvla_serve', [c.lr('seq'), 'serve', 'lerobot_smolvla', 'lerobot_smolvla_plain',
-                                               '--port', '0', '--warm', '--load-timeout', str(BOUND_S)])
+                                               'lerobot_smolvla_relative', '--port', '0', '--warm',
+                                               '--load-timeout', str(BOUND_S)])
         endpoint = server.wait_for(r'^serving .+ on (\S+:\d+)$', 600).group(1)
         c.step(f'smolvla: seq serve on {endpoint}; RTC on and off against LeRobot in-process')
         c.run('smolvla_compare', [c.lr('python'), str(REPO / 'test' / 'lerobot_check' / 'rtc_vs_inprocess.py'),
                                   '--endpoint', endpoint, '--rtc', 'lerobot_smolvla', '--plain',
-                                  'lerobot_smolvla_plain', '--checkpoint', str(ckpt), '--dataset',
+                                  'lerobot_smolvla_plain', '--relative', 'lerobot_smolvla_relative',
+                                  '--relative-checkpoint', str(relative), '--checkpoint', str(ckpt), '--dataset',
                                   str(c.args.dataset), '--robot-type', ds_info.get('robot_type', ''),
-                                  '--out', str(c.out / 'smolvla' / 'compare.json')], 900, env=env)
+                                  '--out', str(c.out / 'smolvla' / 'compare.json')], 900, env=inprocess_env)
         figures = json.loads((c.out / 'smolvla' / 'compare.json').read_text())
         c.step(f'smolvla: closed loop on episode 5 through policy_node at {HZ:.0f} Hz, RTC on')
         figures['loop'] = closed_loop(c, 'smolvla', endpoint, bag, duration, env)
@@ -386,13 +411,14 @@ def smolvla_check(c: Check, bag: Path, ds_info: dict, duration: float) -> dict:
     lines = [json.loads(line) for line in out.splitlines() if line.startswith('{')]
     figures['check_policy'] = lines[-1] if lines else {'ok': False, 'error': out[-500:]}
     figures['took_s'] = time.monotonic() - t0
-    for mode in ('rtc', 'plain'):
+    for mode in ('rtc', 'plain', 'relative'):
         if figures[mode]['max_abs_diff'] > 1e-5:
             c.failures.append(f'smolvla: served chunk (RTC {mode}) differs from LeRobot in-process by '
                               f'{figures[mode]["max_abs_diff"]:.2e}')
-    if not figures['rtc']['seam_gap_max'] <= SEAM_FRACTION * figures['plain']['seam_gap_mean']:
-        c.failures.append(f'smolvla: RTC seam gap {figures["rtc"]["seam_gap_max"]:.4f} > {SEAM_FRACTION} x the '
-                          f'unguided {figures["plain"]["seam_gap_mean"]:.4f}')
+    for mode in ('rtc', 'relative'):
+        if not figures[mode]['seam_gap_max'] <= SEAM_FRACTION * figures['plain']['seam_gap_mean']:
+            c.failures.append(f'smolvla: RTC ({mode}) seam gap {figures[mode]["seam_gap_max"]:.4f} > {SEAM_FRACTION} x '
+                              f'the unguided {figures["plain"]["seam_gap_mean"]:.4f}')
     loop = figures['loop']
     if loop['reason'] not in ('completed', 'timeout') or loop['actions'] == 0:
         c.failures.append(f'smolvla: closed loop ended {loop["reason"]} ({loop["message"]})')
@@ -408,6 +434,8 @@ def smolvla_lines(r: dict) -> list[str]:
             f'off {r["plain"]["max_abs_diff"]:.2e} over {r["rtc"]["requests"]} chunks each (bound 1e-5)',
             f'  seam gap max|chunk[:d] - tail[:d]| (delays {r["rtc"]["delays"]}): RTC {r["rtc"]["seam_gap_max"]:.4f}, '
             f'unguided mean {r["plain"]["seam_gap_mean"]:.4f} (ratio {r["seam_ratio"]:.4f}, bound {SEAM_FRACTION})',
+            f'  relative actions (LeRobot\'s relative/absolute steps added, RTC on, leftover re-anchored): max abs '
+            f'diff {r["relative"]["max_abs_diff"]:.2e}, seam gap {r["relative"]["seam_gap_max"]:.4f}',
             f'  closed loop at {HZ:.0f} Hz, RTC on: {loop["actions"]} actions over {loop["chunks"]} chunks, '
             f'{loop["reason"]}; underruns {loop["underruns"]} ({loop["underrun_s"]:.3f} s); latency p50 '
             f'{loop["latency_p50_ms"]:.1f} ms, p95 {loop["latency_p95_ms"]:.1f} ms; max seam jump '

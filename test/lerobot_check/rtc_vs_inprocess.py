@@ -20,8 +20,10 @@ d))``; then the postprocessor.
 Reported: the max abs difference served vs in-process for each deployment, and the seam gap of every
 request with a tail, ``max |chunk[:d] - chunk_tail[:d]|`` (robot units): how far the new chunk strays from
 the rows the robot runs while it is computed. RTC in-paints them; without RTC they are whatever the model
-draws. ``row_step_max`` is the largest step between two rows of one chunk, the scale a seam jump of the
-closed loop compares with.
+draws. With ``--relative``, a third deployment of a checkpoint whose pipeline has LeRobot's
+relative-action steps (pi0.5's ``use_relative_actions``) is compared the same way, its in-process leftover
+re-anchored on each new state as LeRobot's RTC rollout does. ``row_step_max`` is the largest step between
+two rows of one chunk, the scale a seam jump of the closed loop compares with.
 """
 
 from __future__ import annotations
@@ -59,10 +61,20 @@ class Local:
         self.pre, self.post = make_pre_post_processors(self.policy.config, pretrained_path=str(checkpoint),
                                                        preprocessor_overrides={'device_processor': {'device': 'cpu'}})
         self.torch, self.cfg, self.robot_type, self.rtc = torch, cfg, robot_type, rtc
+        from lerobot.processor import NormalizerProcessorStep, RelativeActionsProcessorStep
+
+        self.relative = next((s for s in self.pre.steps if isinstance(s, RelativeActionsProcessorStep) and s.enabled),
+                             None)
+        self.normalizer = next((s for s in self.pre.steps if isinstance(s, NormalizerProcessorStep)), None)
 
     def chunk(self, state: np.ndarray, images: dict[str, np.ndarray], task: str, seed: int,
-              left_over=None, delay: int = 0) -> tuple[object, np.ndarray]:
-        """Return (raw model-space (1, H, D) tensor, robot-unit float32 (H, D))."""
+              left_over=None, left_over_absolute: np.ndarray | None = None,
+              delay: int = 0) -> tuple[object, np.ndarray]:
+        """Return (raw model-space (1, H, D) tensor, robot-unit float32 (H, D)).
+
+        A relative-action pipeline gets its leftover as LeRobot's RTC rollout builds it: the previous
+        chunk's robot-unit rows re-anchored on this request's state (``reanchor_relative_rtc_prefix``).
+        """
         torch = self.torch
         from lerobot.policies.utils import prepare_observation_for_inference
 
@@ -77,7 +89,15 @@ class Local:
             kwargs = {'inference_delay': delay, 'prev_chunk_left_over': left_over,
                       'execution_horizon': min(self.cfg.chunk_size, max(own, delay))}
         with torch.no_grad():   # RTC's guidance takes a gradient inside (torch.enable_grad)
-            raw = self.policy.predict_action_chunk(self.pre(batch), noise=noise, **kwargs)
+            pre = self.pre(batch)
+            if kwargs and self.relative is not None:
+                from lerobot.policies.rtc import reanchor_relative_rtc_prefix
+
+                kwargs['prev_chunk_left_over'] = reanchor_relative_rtc_prefix(
+                    prev_actions_absolute=torch.from_numpy(left_over_absolute)[None],
+                    current_state=self.relative.get_cached_state(), relative_step=self.relative,
+                    normalizer_step=self.normalizer, policy_device='cpu')
+            raw = self.policy.predict_action_chunk(pre, noise=noise, **kwargs)
             actions = self.post(raw)
         return raw, actions[0].float().numpy()
 
@@ -89,24 +109,25 @@ def episode_run(args: argparse.Namespace, name: str, local: Local, frames: list[
     names = stream.contract.observation.state_names
     steps = stream.contract.chunk_length
     diffs, gaps, delays, steps_in_chunk = [], [], [], []
-    served_prev, raw_prev = None, None
+    served_prev, raw_prev, mine_prev = None, None, None
     try:
         for k, (state, images) in enumerate(frames):
             png = {key: codec.encode_image(key, v, 'png').data for key, v in images.items()}
             obs = Observation(state=state, images=png, state_names=names, instruction=task, timestamp=k / fps)
-            tail, delay, left = None, 0, None
+            tail, delay, left, left_absolute = None, 0, None, None
             if served_prev is not None:
                 tail = served_prev[args.executed:]
                 delay = args.delays[(k - 1) % len(args.delays)]
                 left = raw_prev[:, args.executed:steps]   # the tail's rows, model space (raw rows 0..T-1)
+                left_absolute = np.ascontiguousarray(mine_prev[args.executed:steps])   # the same, robot units
             served, _, _ = stream.request([obs], chunk_tail=tail, delay=delay)
-            raw, mine = local.chunk(state, images, task, args.noise_seed + k, left, delay)
+            raw, mine = local.chunk(state, images, task, args.noise_seed + k, left, left_absolute, delay)
             diffs.append(float(np.abs(served - mine[:steps]).max()))
             steps_in_chunk.append(float(np.abs(np.diff(served, axis=0)).max()))
             if tail is not None:
                 gaps.append(float(np.abs(served[:delay] - tail[:delay]).max()))
                 delays.append(delay)
-            served_prev, raw_prev = served, raw
+            served_prev, raw_prev, mine_prev = served, raw, mine
     finally:
         stream.close()
     return {'max_abs_diff': max(diffs), 'requests': len(diffs), 'seam_gaps': gaps, 'delays': delays,
@@ -119,6 +140,8 @@ def main() -> int:
     parser.add_argument('--endpoint', required=True)
     parser.add_argument('--rtc', required=True, help='the deployment with rtc_config.enabled')
     parser.add_argument('--plain', required=True, help='the same checkpoint with RTC off')
+    parser.add_argument('--relative', default='', help='a deployment of --relative-checkpoint (RTC on)')
+    parser.add_argument('--relative-checkpoint', type=Path, help='the checkpoint with relative actions')
     parser.add_argument('--checkpoint', type=Path, required=True)
     parser.add_argument('--dataset', type=Path, required=True)
     parser.add_argument('--episode', type=int, default=5)
@@ -138,8 +161,11 @@ def main() -> int:
     at = np.linspace(0, len(ep) - 1, args.requests).astype(int)
     frames = [(ep.state[t], {k: v[t] for k, v in cams.items()}) for t in at]
     result = {}
-    for mode, name in (('rtc', args.rtc), ('plain', args.plain)):
-        local = Local(args.checkpoint, args.robot_type, rtc=mode == 'rtc')
+    runs = [('rtc', args.rtc, args.checkpoint), ('plain', args.plain, args.checkpoint)]
+    if args.relative:
+        runs.append(('relative', args.relative, args.relative_checkpoint))
+    for mode, name, checkpoint in runs:
+        local = Local(checkpoint, args.robot_type, rtc=mode != 'plain')
         result[mode] = episode_run(args, name, local, frames, task, ds.fps)
     result['seam_ratio'] = result['rtc']['seam_gap_max'] / max(result['plain']['seam_gap_max'], 1e-12)
     result['params'] = sum(p.numel() for p in local.policy.parameters())
