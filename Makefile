@@ -35,7 +35,7 @@ help:
 	@echo "make check-export  load the demo's export in LeRobot's own v2.1 loader (own, large venv)"
 	@echo "make haproxy install Debian's HAProxy for the fleet (seq fleet, test_fleet.py) when root"
 	@echo "make egl     install Debian's EGL (libegl1, libgl1-mesa-dri) for the simulated robot's cameras when root"
-	@echo "make check-lerobot ACT and diffusion trained by LeRobot 0.6, served and run in closed loop (own venv)"
+	@echo "make check-lerobot ACT and diffusion trained by LeRobot 0.6, a tiny SmolVLA with RTC; served, closed loop (own venv)"
 
 setup: $(STAMP_VENV)
 build: $(STAMP_BUILD)

@@ -127,6 +127,9 @@ def test_a_version_is_policy_config_and_checkpoint_validated_once(tmp_path, seq_
      'streaming=True needs a method decorated @seq.on_episode'),
     ('failing_dry_run', GOOD.replace('return np.full', 'raise RuntimeError("weights missing"); return np.full'),
      None, 'dry inference failed: RuntimeError: weights missing'),
+    ('failing_with_a_tail', GOOD.replace('return np.full', 'if len(inp.chunk_tail): raise RuntimeError("element 0 '
+     'of tensors does not require grad")\n        return np.full'), None,
+     r'dry inference with a chunk tail \(2 rows, expected delay 1\) failed: RuntimeError: element 0'),
     ('bad_chunk', GOOD.replace('(4, 2)', '(4, 3)'), None, r'bad chunk.*\(4, 3\)'),
     ('nan_chunk', GOOD.replace('self.scale, np.float32', 'np.nan, np.float32'), None, 'non-finite'),
     ('bad_config', GOOD, 'scale: 1\nunknown_kw: 3\n', "constructing the policy failed: TypeError.*unknown_kw"),

@@ -19,10 +19,9 @@ from typing import Any
 from sequence_ai_ros.exceptions import ConfigError, MissingDependency
 from sequence_ai_ros.stop_signals import on_stop_signals
 from sequence_ai_ros.templates import TEMPLATES_DIR
+from sequence_ai_ros.worker.config import DRY_RUN_TIMEOUT_S
 
 TEMPLATES = TEMPLATES_DIR
-#: Default bound (s) of ``seq deploy``'s dry run.
-DRY_RUN_TIMEOUT_S = 60.0
 
 
 def _templates() -> dict[str, str]:
@@ -56,7 +55,9 @@ def cmd_init(args: argparse.Namespace) -> int:
                     ignore=shutil.ignore_patterns('__pycache__', '*.pyc'))
     files = ', '.join(sorted(p.name for p in dest.iterdir()))
     print(f'created {dest}/ from template {args.template} ({files})')
-    print(f'next: edit {dest}/policy.py, then: seq deploy {dest}/policy.py')
+    edit = f'{dest}/config.yaml (its comments say what to set)' if (dest / 'config.yaml').is_file() else \
+        f'{dest}/policy.py'
+    print(f'next: edit {edit}, then: seq deploy {dest}/policy.py')
     return 0
 
 

@@ -21,6 +21,9 @@ from sequence_ai_ros.protocol import DEFAULT_PORT
 
 #: Port of an embedded worker (tests, demos): 0 picks a free one, read back from ``WorkerServer.port``.
 EMBEDDED_PORT = 0
+#: Default bound (s) of ``seq deploy``'s dry run (construct, load, inferences, hook): a cold load of a
+#: LeRobot checkpoint on a 2-core machine takes over a minute.
+DRY_RUN_TIMEOUT_S = 180.0
 
 
 def _integer(value: Any) -> bool:

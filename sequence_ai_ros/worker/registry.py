@@ -28,6 +28,7 @@ from sequence_ai_ros import home as seq_layout
 from sequence_ai_ros.exceptions import ConfigError, DeploymentError, UnknownDeployment
 from sequence_ai_ros.policy.loader import PolicyDefinition, file_sha256, load_policy_file
 from sequence_ai_ros.worker import content
+from sequence_ai_ros.worker.config import DRY_RUN_TIMEOUT_S
 from sequence_ai_ros.worker.usage import delete_usage
 
 _NAME = re.compile(r'^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$')
@@ -195,7 +196,7 @@ class Registry:
 
 
 def deploy(path: str | Path, name: str | None = None, home: str | Path | None = None,
-           dry: bool = True, dry_timeout_s: float = 60.0) -> tuple[DeploymentRecord, dict[str, float]]:
+           dry: bool = True, dry_timeout_s: float = DRY_RUN_TIMEOUT_S) -> tuple[DeploymentRecord, dict[str, float]]:
     """Validate ``path`` and record it.
 
     :param path: the policy file (``NAME/policy.py``).
