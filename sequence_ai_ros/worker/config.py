@@ -21,8 +21,8 @@ from sequence_ai_ros.protocol import DEFAULT_PORT
 
 #: Port of an embedded worker (tests, demos): 0 picks a free one, read back from ``WorkerServer.port``.
 EMBEDDED_PORT = 0
-#: Default bound (s) of ``seq deploy``'s dry run (construct, load, inferences, hook): a cold load of a
-#: LeRobot checkpoint on a 2-core machine takes over a minute.
+#: Default bound (s) of ``seq deploy``'s dry run (construct, load, inferences, hook) and of a served policy's
+#: load (``--load-timeout``): a cold load of a LeRobot checkpoint on a 2-core machine takes over a minute.
 DRY_RUN_TIMEOUT_S = 180.0
 
 
@@ -130,8 +130,8 @@ class ServerConfig:
     inference_timeout_s: float = _opt(30.0, '--inference-timeout', 'an inference over S seconds gets '
                                       'POLICY_EXCEPTION and marks the deployment failed (default {default:g})', 'S',
                                       rule='seconds')
-    load_timeout_s: float = _opt(600.0, '--load-timeout', 'a policy load over S seconds marks the deployment '
-                                 'failed (default {default:g})', 'S', rule='seconds')
+    load_timeout_s: float = _opt(DRY_RUN_TIMEOUT_S, '--load-timeout', 'a policy load over S seconds marks the '
+                                 'deployment failed (default {default:g})', 'S', rule='seconds')
     start_timeout_s: float = _opt(5.0, '--start-timeout', 'close an episode stream that sends no EpisodeStart '
                                   'within S seconds (default {default:g})', 'S', rule='seconds')
     max_streams_per_client: int = _opt(64, '--max-streams-per-client', 'most episode streams one client address '
