@@ -28,6 +28,7 @@ SETS = {
     'requirements-jazzy.txt': ('3.12',),
     'requirements-kilted.txt': ('3.11', '3.12'),
     'requirements-lerobot.txt': ('3.12', '3.13'),
+    'requirements-worker.txt': ('3.12',),
 }
 
 

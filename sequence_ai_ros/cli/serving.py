@@ -103,6 +103,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f'metrics on http://{server.host}:{server.metrics_port}/metrics', flush=True)
         if server.agent is not None:
             print(f'agent on {server.host}:{server.agent.port} (HAProxy agent-check)', flush=True)
+        if server.probe_port is not None:
+            print(f'probe on {server.host}:{server.probe_port} (plaintext gRPC health only)', flush=True)
         while not stop.wait(timeout=1.0):
             pass
     finally:

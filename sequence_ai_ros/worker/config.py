@@ -110,6 +110,9 @@ class ServerConfig:
         see ``WorkerServer.metrics_port``); None: no metrics endpoint.
     :param agent_port: answer HAProxy ``agent-check`` probes on this port with the gRPC health of the served
         deployments (:mod:`~sequence_ai_ros.worker.health_agent`); None: no agent.
+    :param probe_port: serve ``grpc.health.v1.Health`` alone, in plaintext and without the token, on this port
+        (0: a free one, see ``WorkerServer.probe_port``), for Kubernetes' gRPC probes, which send neither
+        metadata nor TLS (:mod:`~sequence_ai_ros.worker.probe`); None: no probe port.
     :raises ConfigError: for a value its field's rule (:data:`RULES`) refuses: an empty host, a timeout that
         is not finite and > 0, ``max_streams`` or ``max_pending`` < 1, a port outside [0, 65535], a bool
         where a number belongs, an empty token, a ``tls`` that is not a pair; or for ``anonymous_streams``
@@ -149,6 +152,9 @@ class ServerConfig:
     agent_port: int | None = _opt(None, '--agent-port', 'answer HAProxy agent-check probes on this port with the '
                                   "replica's gRPC health (default: off; see worker/haproxy.cfg)", 'PORT',
                                   rule='optional_port')
+    probe_port: int | None = _opt(None, '--probe-port', 'serve only the gRPC health service on this port, in '
+                                  'plaintext and without the token, for Kubernetes gRPC probes (default: off; '
+                                  '0 picks a free one)', 'PORT', rule='optional_port')
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):          # each setting by its field's rule: none is listed by hand
