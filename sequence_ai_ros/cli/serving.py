@@ -8,7 +8,6 @@ returns the exit code. Errors are :class:`~sequence_ai_ros.exceptions.SequenceAI
 from __future__ import annotations
 
 import argparse
-import logging
 import shutil
 import sys
 import threading
@@ -86,9 +85,10 @@ def _read_token(path: str | None) -> str | None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """``seq serve NAME``: serve until SIGINT/SIGTERM, then stop gracefully."""
+    from sequence_ai_ros.worker import logs
     from sequence_ai_ros.worker.server import create_server, serve_policy_file
 
-    logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
+    logs.configure(args.log_format, args.log_level)
     config = server_config(args)
     if len(args.names) == 1 and args.names[0].endswith('.py') and Path(args.names[0]).is_file():
         server = serve_policy_file(args.names[0], config=config, home=None)
@@ -241,6 +241,9 @@ def add_parsers(sub: Any, groups: dict[str, Any]) -> None:
     p = sub.add_parser('serve', help='serve deployments to robots over gRPC')
     p.add_argument('names', nargs='+', metavar='NAME', help='deployment name(s), or a policy.py to serve unregistered')
     add_server_options(p)
+    from sequence_ai_ros.worker.logs import add_log_options
+
+    add_log_options(p)
     p.set_defaults(func=cmd_serve)
 
     from sequence_ai_ros.cli import fleet

@@ -350,9 +350,9 @@ class EpisodeCallHandler:
         try:
             store = self.runtime.capture_store
             if store is None:
-                self.active = self.runtime.start_episode(eid, start.instruction)
+                self.active = self.runtime.start_episode(eid, start.instruction, start.client_id)
             else:  # opening a captured episode touches its store's files
-                self.active = await self._io(self.runtime.start_episode, eid, start.instruction)
+                self.active = await self._io(self.runtime.start_episode, eid, start.instruction, start.client_id)
         except SequenceAIError as exc:
             return _error(exc)
         self.episode_id = eid

@@ -35,6 +35,7 @@ from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import Contract, clip
 from sequence_ai_ros.worker.capture_hook import EpisodeRecorder
 from sequence_ai_ros.worker.config import ServerConfig
+from sequence_ai_ros.worker.logs import episode_fields, log_episode
 from sequence_ai_ros.worker.metrics import MetricsSink
 from sequence_ai_ros.worker.scheduler import InferenceScheduler
 from sequence_ai_ros.worker.usage import UsageMeter
@@ -70,6 +71,8 @@ class ActiveEpisode:
         #: from then on none of its requests starts (the scheduler drops them)
         self.ending = False
         self.captured = False
+        #: the robot's EpisodeStart.client_id ('' when it sent none), for the episode's log lines
+        self.client_id = ''
 
     @property
     def ended(self) -> bool:
@@ -117,8 +120,14 @@ class ActiveEpisode:
         stats = stats or {}
         rt.metrics.episode_ended(rt.name, reason, int(stats.get('underruns', 0)), float(stats.get('underrun_s', 0.0)))
         rt.usage.flush()
-        LOG.info('episode %s on %s ended: %s (%d requests)', self.episode.id, rt.name, reason, self.requests)
+        log_episode(LOG, 'ended', self.fields(reason=reason, requests=self.requests,
+                                              captured=self.captured), reason)
         return True
+
+    def fields(self, **more: Any) -> dict[str, Any]:
+        """Return the episode's log fields (:func:`~sequence_ai_ros.worker.logs.episode_fields`) and ``more``."""
+        rt = self.runtime
+        return episode_fields(self.episode.id, self.client_id, rt.name, rt.version, **more)
 
     def _run_hook(self, hook: Any) -> None:
         try:
@@ -273,8 +282,8 @@ class DeploymentRuntime:
         return getattr(self._instance, self.definition.hook)
 
     # -- episodes -----------------------------------------------------------------------------------------
-    def start_episode(self, episode_id: str, instruction: str) -> ActiveEpisode:
-        """Register a new episode.
+    def start_episode(self, episode_id: str, instruction: str, client_id: str = '') -> ActiveEpisode:
+        """Register a new episode and log its start line (with ``client_id``, the robot's EpisodeStart's).
 
         :raises EpisodeStateError: when an episode with this id is already running on this worker.
         """
@@ -290,7 +299,9 @@ class DeploymentRuntime:
                 recorder.commit('duplicate', {})
                 raise self._already_running(episode_id)
             self._episodes[episode_id] = active
+        active.client_id = client_id
         self.usage.add(episodes=1)
+        log_episode(LOG, 'started', active.fields(captured=recorder.active))
         return active
 
     def _already_running(self, episode_id: str) -> EpisodeStateError:
