@@ -119,6 +119,8 @@ class Policy:
         self._wake = threading.Event()
         self._episode: _OpenEpisode | None = None
         self._last_episode_id: str | None = None
+        #: the id the next episode opened without one gets; Ready calls before it carry it (x-episode-id)
+        self._next_episode_id = uuid.uuid4().hex
         self._closers: list[threading.Thread] = []
         self._closed = False
         # the begun episode whose idle end next_action() already raised (it raises it once)
@@ -137,21 +139,34 @@ class Policy:
         if self._closed:
             raise EpisodeStateError(f'Policy({self.model!r}) is closed: connect() again for a new handle')
 
-    def ready(self) -> tuple[bool, float]:
+    def _routing_id(self, episode_id: str | None) -> str:
+        """The episode id a Ready call names: ``episode_id``, else the open episode's, else the next one's."""
+        if episode_id:
+            return episode_id
+        episode = self._episode
+        if episode is not None and episode.engine.outcome() is None:
+            return episode.engine.episode_id
+        return self._next_episode_id
+
+    def ready(self, episode_id: str | None = None) -> tuple[bool, float]:
         """Return (ready, eta_seconds) without blocking (one Ready call, 2 s deadline); asking starts a cold worker.
+
+        Behind a balancer the replica of ``episode_id`` answers (default: the running episode's, else the one
+        the next episode opened without an id will get), so readiness is that of the replica it runs on.
 
         :raises ConnectionLost: when the worker is unreachable.
         :raises EpisodeStateError: when this Policy is closed.
         """
         self._check_open()
-        reply = self._conn.ready(self.model, timeout=2.0)
+        reply = self._conn.ready(self.model, timeout=2.0, episode_id=self._routing_id(episode_id))
         self._ready = reply.ready
         return reply.ready, reply.eta_seconds
 
-    def wait_until_ready(self, timeout: float | None = None) -> None:
+    def wait_until_ready(self, timeout: float | None = None, episode_id: str | None = None) -> None:
         """Start a cold worker if need be and block until it is up (not billed).
 
         :param timeout: seconds to wait (s); None uses ``ready_timeout``.
+        :param episode_id: behind a balancer, wait for that episode's replica (default as :meth:`ready`).
         :raises NotReady: when the load failed, or it is not ready within ``timeout``.
         :raises ConnectionLost: when the worker is unreachable.
         :raises EpisodeStateError: when this Policy is closed.
@@ -159,8 +174,9 @@ class Policy:
         self._check_open()
         bound = self.ready_timeout if timeout is None else timeout
         deadline = time.monotonic() + bound
+        routing = self._routing_id(episode_id)
         while True:
-            reply = self._conn.ready(self.model, timeout=2.0)
+            reply = self._conn.ready(self.model, timeout=2.0, episode_id=routing)
             if reply.ready:
                 self._ready = True
                 return
@@ -189,7 +205,9 @@ class Policy:
         """Label the last episode that act/run/begin_episode drove (or ``episode_id``): success and notes.
 
         Any episode the worker ran takes a label, captured or not (``seq policy stats`` counts it); a captured
-        one also carries it into its export.
+        one also carries it into its export. The call carries the episode's ``x-episode-id``, as its stream
+        did, so a balancer that hashes on it sends the label (and a retry, when the worker is unavailable) to
+        the replica that ran the episode.
 
         :returns: True: the worker stored the label.
         :raises CaptureError: with the worker's answer when it did not store it (an episode the worker never
@@ -258,7 +276,9 @@ class Policy:
                     raise EpisodeStateError(f'episode {self._episode.engine.episode_id!r} is still running; '
                                             'end_episode() it first')
                 self._end_locked('completed', wait=not implicit)   # next_action never waits on the network
-            eid = episode_id or uuid.uuid4().hex
+            eid = episode_id or self._next_episode_id
+            if eid == self._next_episode_id:
+                self._next_episode_id = uuid.uuid4().hex
             self._wake.clear()
             holder: dict[str, Any] = {}
             engine = EpisodeEngine(self.contract, settings, eid, self.latency,

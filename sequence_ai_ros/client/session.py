@@ -11,7 +11,8 @@ Threads, per episode (owned by :class:`EpisodeCall`, stopped by :meth:`EpisodeCa
   EpisodeEnded) and hands them to callbacks; a broken stream becomes a typed error there.
 
 Every unary call
-(Handshake, Ready, Label) carries a deadline; nothing waits forever.
+(Handshake, Ready, Label) carries a deadline; nothing waits forever. Ready and Label carry the episode's
+``x-episode-id``, as its stream does, so a consistent-hash balancer sends them to the episode's replica.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import os
 import queue
 import socket
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,10 @@ LOG = logging.getLogger(__name__)
 _CLOSE = object()
 #: Largest message either way (bytes); the worker enforces the contract's own limit on requests.
 MAX_MESSAGE_BYTES = 64 << 20
+#: Label calls at most per label (the first and its retries on UNAVAILABLE, all with the episode's id).
+LABEL_ATTEMPTS = 3
+#: Pause before a retry (s), times the attempt number.
+RETRY_PAUSE_S = 0.1
 TlsLike = bool | str | Path | grpc.ChannelCredentials | None
 
 
@@ -125,15 +131,31 @@ class Connection:
                                                   response_deserializer=pb.EpisodeReply.FromString)
         self.metadata: tuple[tuple[str, str], ...] = ((AUTH_METADATA, f'Bearer {token}'),) if token else ()
 
-    def _unary(self, method: Callable, request: object, timeout: float, wait_for_ready: bool = False) -> object:
-        try:
-            return method(request, timeout=timeout, metadata=self.metadata, wait_for_ready=wait_for_ready)
-        except grpc.RpcError as exc:
-            error = errors.from_rpc_error(exc)
-            if isinstance(error, ConnectionLost):   # say where we looked, and how to look elsewhere
-                error = ConnectionLost(f'{error} (endpoint {self.endpoint}; is `seq serve` running there? '
-                                       f'{ENDPOINT_HINT})')
-            raise error from None
+    def _unary(self, method: Callable, request: object, timeout: float, wait_for_ready: bool = False,
+               episode_id: str = '', attempts: int = 1) -> object:
+        """Call ``method`` within ``timeout`` s in all; retry UNAVAILABLE up to ``attempts`` calls in all.
+
+        With ``episode_id``, every attempt carries it as ``x-episode-id``, so a consistent-hash balancer sends
+        the call, and its retries, to that episode's replica.
+        """
+        metadata = (*self.metadata, (EPISODE_ID_METADATA, episode_id)) if episode_id else self.metadata
+        deadline = time.monotonic() + timeout
+        for attempt in range(1, attempts + 1):
+            try:
+                return method(request, timeout=max(0.001, deadline - time.monotonic()), metadata=metadata,
+                              wait_for_ready=wait_for_ready)
+            except grpc.RpcError as exc:
+                left = deadline - time.monotonic()
+                if exc.code() == grpc.StatusCode.UNAVAILABLE and attempt < attempts and left > RETRY_PAUSE_S:
+                    LOG.debug('%s: %s; retrying (%d of %d)', method, exc.code().name, attempt + 1, attempts)
+                    time.sleep(RETRY_PAUSE_S * attempt)
+                    continue
+                error = errors.from_rpc_error(exc)
+                if isinstance(error, ConnectionLost):   # say where we looked, and how to look elsewhere
+                    error = ConnectionLost(f'{error} (endpoint {self.endpoint}; is `seq serve` running there? '
+                                           f'{ENDPOINT_HINT})')
+                raise error from None
+        raise AssertionError('unreachable')   # the last attempt returns or raises
 
     def handshake(self, deployment: str, client_id: str, timeout: float) -> pb.Contract:
         """Send the handshake (which starts a cold worker warming) and return its contract message.
@@ -163,14 +185,23 @@ class Connection:
             raise ConnectionLost(f'this client connects with TLS but the worker at {self.endpoint} speaks plaintext '
                                  '(no TLS): drop tls=, or start seq serve with --tls-cert and --tls-key')
 
-    def ready(self, deployment: str, timeout: float) -> pb.ReadyReply:
-        """Return the worker's ReadyReply (ready, eta_seconds, state, message); never blocks past ``timeout``."""
-        return self._unary(self.stub.Ready, pb.ReadyRequest(deployment=deployment), timeout)
+    def ready(self, deployment: str, timeout: float, episode_id: str = '') -> pb.ReadyReply:
+        """Return the worker's ReadyReply (ready, eta_seconds, state, message); never blocks past ``timeout``.
+
+        :param episode_id: sent as ``x-episode-id``, so a balancer asks the replica that episode runs (or
+            will run) on; '' lets it pick any.
+        """
+        return self._unary(self.stub.Ready, pb.ReadyRequest(deployment=deployment), timeout, episode_id=episode_id)
 
     def label(self, deployment: str, episode_id: str, success: bool, notes: str, timeout: float) -> pb.LabelReply:
-        """Label an episode; return the worker's reply."""
+        """Label an episode; return the worker's reply.
+
+        The call carries ``x-episode-id`` (so a consistent-hash balancer sends it to the episode's replica,
+        whose store holds it) and is retried with the same id, within ``timeout`` s in all, when the worker
+        is unavailable (:data:`LABEL_ATTEMPTS` calls at most; storing a label twice stores it once).
+        """
         req = pb.LabelRequest(deployment=deployment, episode_id=episode_id, success=success, notes=notes)
-        return self._unary(self.stub.Label, req, timeout)
+        return self._unary(self.stub.Label, req, timeout, episode_id=episode_id, attempts=LABEL_ATTEMPTS)
 
     def close(self) -> None:
         """Close the channel (idempotent)."""

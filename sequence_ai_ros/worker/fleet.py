@@ -134,6 +134,8 @@ class Fleet:
     :param replicas: how many replicas, >= 1.
     :param port: the balancer's port robots dial (0: a free one, see :attr:`port`).
     :param home: the shared $SEQ_HOME (default the environment's).
+    :param replica_homes: one $SEQ_HOME per replica instead (N paths: a registry, usage database and capture
+        store each, as Kubernetes pods have them); None: every replica uses ``home``.
     :param serve_args: more ``seq serve`` options for every replica (e.g. ``['--token-file', F]``).
     :param haproxy_config: the template (default the shipped ``sequence_ai_ros/worker/haproxy.cfg``).
     :param ready_timeout_s: bound (s) for every replica to be ready and HAProxy to see it UP.
@@ -151,9 +153,13 @@ class Fleet:
                  serve_args: Sequence[str] = (), haproxy_config: str | Path | None = None,
                  ready_timeout_s: float = 60.0, conn_per_client: int = CONN_PER_CLIENT,
                  replica_ports: Sequence[int] | None = None, agent_ports: Sequence[int] | None = None,
-                 metrics_ports: Sequence[int] | None = None) -> None:
+                 metrics_ports: Sequence[int] | None = None,
+                 replica_homes: Sequence[str | Path] | None = None) -> None:
         if replicas < 1:
             raise ConfigError(f'a fleet needs at least one replica, got {replicas}')
+        if replica_homes is not None and len(replica_homes) != replicas:
+            raise ConfigError(f'replica_homes: {len(replica_homes)} homes for {replicas} replicas')
+        self._replica_homes = [str(h) for h in replica_homes] if replica_homes is not None else None
         pinned = {what: pinned_ports(what, ports, replicas) for what, ports in
                   (('--replica-ports', replica_ports), ('--agent-ports', agent_ports),
                    ('--metrics-ports', metrics_ports))}
@@ -246,7 +252,8 @@ class Fleet:
                 *serve_args]
         # stdout apart from the log (stderr): with PYTHONUNBUFFERED a log line can land inside a printed one
         with open(self.run_dir / f'replica{k}.out', 'w') as out, open(self.run_dir / f'replica{k}.log', 'w') as log:
-            proc = subprocess.Popen(argv, env=self._env, stdout=out, stderr=log, start_new_session=True)
+            env = self._env if self._replica_homes is None else dict(self._env, SEQ_HOME=self._replica_homes[k - 1])
+            proc = subprocess.Popen(argv, env=env, stdout=out, stderr=log, start_new_session=True)
         return Replica(k, port, agent, metrics, proc)
 
     def log(self, name: str) -> str:
