@@ -31,7 +31,7 @@ export DATASET
 help:
 	@echo "make demo    run the main job end to end (set-up included)"
 	@echo "make test    lint and run the test suite (set-up included)"
-	@echo "make bench   benchmarks (latency, underrun curve, pipelining, wire vs openpi, tick jitter, export)"
+	@echo "make bench   benchmarks (latency, underrun curve, pipelining, wire vs openpi, tick jitter, export, task success)"
 	@echo "make check-export  load the demo's export in LeRobot's own v2.1 loader (own, large venv)"
 	@echo "make haproxy install Debian's HAProxy for the fleet (seq fleet, test_fleet.py) when root"
 	@echo "make egl     install Debian's EGL (libegl1, libgl1-mesa-dri) for the simulated robot's cameras when root"

@@ -97,3 +97,14 @@ def test_check_lerobot_skips_without_python_312_saying_why():
     assert 'check-lerobot: SKIPPED: LeRobot >= 0.5 needs Python >= 3.12' in done.stdout
     ci = (REPO / '.ci' / 'run').read_text()
     assert ci.index('make test') < ci.index('make check-lerobot')
+
+
+def test_check_sim_skips_without_python_312_saying_why():
+    """check-sim trains and serves with LeRobot too: the same skip, and CI runs it after check-lerobot."""
+    environ = {k: v for k, v in os.environ.items() if k != 'ROS_DISTRO'}
+    done = subprocess.run(['make', '--no-print-directory', 'check-sim', 'LEROBOT_PYTHON=python3.11'],
+                          cwd=REPO, env=environ, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert 'check-sim: SKIPPED: LeRobot >= 0.5 needs Python >= 3.12' in done.stdout
+    ci = (REPO / '.ci' / 'run').read_text()
+    assert ci.index('make check-lerobot') < ci.index('make check-sim')

@@ -411,8 +411,8 @@ def main() -> int:
         return 3
     except Exception as exc:   # every failure ends in the summary, with its log
         c.failures.append(f'{type(exc).__name__}: {exc}')
-    lines = ['', f'=== make check-sim (drawer-open-v3, state-only ACT, chunk {CHUNK} at {round(1 / DT)} Hz = '
-             f'{CHUNK_S:.2f} s; {os.cpu_count()} cores; {built.get("versions", "")}) ===',
+    lines = ['', f'=== drawer-open-v3 through policy_node + seq serve (state-only ACT, chunk {CHUNK} at '
+             f'{round(1 / DT)} Hz = {CHUNK_S:.2f} s; {os.cpu_count()} cores; {built.get("versions", "")}) ===',
              'time to success: from the first commanded action to the simulator\'s success (s)', *table(rows)]
     misses = [e for e in all_eps if not e['success'] and e['condition'] != 'in-process']
     for e in misses[:10]:
