@@ -99,9 +99,17 @@ def sha16(*parts: str | bytes) -> str:
 
 
 def dir_hash(root: Path) -> str:
-    """sha256 of every file's relative path and bytes under ``root`` (the stamp excluded)."""
+    """sha256 of every file's relative path and content under ``root`` (the stamp excluded).
+
+    JSON files count by their parsed content (LeRobot's meta/stats.json is written in no fixed key order).
+    """
+    def content(p: Path) -> bytes:
+        if p.suffix == '.json':
+            return json.dumps(json.loads(p.read_text()), sort_keys=True).encode()
+        return p.read_bytes()
+
     files = sorted(p for p in root.rglob('*') if p.is_file() and p.name != '.complete')
-    return sha16(*[x for p in files for x in (str(p.relative_to(root)), p.read_bytes())])
+    return sha16(*[x for p in files for x in (str(p.relative_to(root)), content(p))])
 
 
 def build_once(dest: Path, make: Callable[[Path], None]) -> bool:
