@@ -26,16 +26,17 @@ ENV := set +u && source $(VENV)/bin/activate && source install/local_setup.bash 
 DATASET ?= ../shared/data/g1_pick_bottle_v21
 export DATASET
 
-.PHONY: help setup build test lint demo bench check-export check-lerobot params-yaml clean haproxy egl
+.PHONY: help setup build test lint demo bench check-export check-lerobot check-sim params-yaml clean haproxy egl
 
 help:
 	@echo "make demo    run the main job end to end (set-up included)"
 	@echo "make test    lint and run the test suite (set-up included)"
-	@echo "make bench   benchmarks (latency, underrun curve, pipelining, wire vs openpi, tick jitter, export)"
+	@echo "make bench   benchmarks (latency, underrun curve, pipelining, wire vs openpi, tick jitter, export, task success)"
 	@echo "make check-export  load the demo's export in LeRobot's own v2.1 loader (own, large venv)"
 	@echo "make haproxy install Debian's HAProxy for the fleet (seq fleet, test_fleet.py) when root"
 	@echo "make egl     install Debian's EGL (libegl1, libgl1-mesa-dri) for the simulated robot's cameras when root"
 	@echo "make check-lerobot ACT and diffusion trained by LeRobot 0.6, a tiny SmolVLA with RTC; served, closed loop (own venv)"
+	@echo "make check-sim  drawer-open solved by a LeRobot ACT through policy_node + seq serve under link delay"
 
 setup: $(STAMP_VENV)
 build: $(STAMP_BUILD)
@@ -140,6 +141,20 @@ check-lerobot: $(STAMP_BUILD)
 	"$$venv/bin/pip" install -q . ; \
 	$(ENV) && python test/lerobot_check/check_lerobot.py --venv "$$venv" --dataset "$(DATASET)" $(CHECK_LEROBOT_ARGS); \
 	echo "check-lerobot: total $$(( $$(date +%s) - start )) s (venv included)"
+
+# The simulated robot's task under link delay: Meta-World drawer-open demos (LeRobotDataset API), a state-only ACT
+# by lerobot-train (both cached under $(LEROBOT_CACHE)/sim, keyed by dataset hash, recipe and LeRobot version),
+# served through policy_node + seq serve with the bench's delay proxy at 0, 0.5 and 0.8 of a chunk
+# (test/sim_check/check_sim.py). Same venv and interpreter rules as check-lerobot.
+check-sim: $(STAMP_BUILD)
+	@start=$$(date +%s); py="$(LEROBOT_PYTHON)"; \
+	if [ -z "$$py" ] || ! "$$py" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then \
+	  echo "check-sim: SKIPPED: LeRobot >= 0.5 needs Python >= 3.12 and none was found (LEROBOT_PYTHON='$$py')"; \
+	  exit 0; fi; \
+	venv=$$(bash test/lerobot_check/ensure_venv.sh "$$py" requirements-lerobot.txt "$(LEROBOT_CACHE)" | tail -n 1); \
+	echo "check-sim: venv $$venv ($$(( $$(date +%s) - start )) s so far)"; \
+	$(ENV) && python test/sim_check/check_sim.py --venv "$$venv" --cache "$(LEROBOT_CACHE)" $(CHECK_SIM_ARGS); \
+	echo "check-sim: total $$(( $$(date +%s) - start )) s (venv included)"
 
 clean:
 	rm -rf build install log $(VENV) .venv-lerobot

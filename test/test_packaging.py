@@ -153,3 +153,14 @@ def test_a_missing_module_that_is_not_ros_still_raises():
         run_with_ros('policy_node', load)
     assert run_with_ros('policy_node', lambda: lambda: None) == 0
     assert 'source install/setup.bash' in no_ros_hint('policy_node', 'sequence_ai_msgs')
+
+
+def test_check_sim_skips_without_python_312_saying_why():
+    """check-sim trains and serves with LeRobot too: the same skip, and CI runs it after check-lerobot."""
+    environ = {k: v for k, v in os.environ.items() if k != 'ROS_DISTRO'}
+    done = subprocess.run(['make', '--no-print-directory', 'check-sim', 'LEROBOT_PYTHON=python3.11'],
+                          cwd=REPO, env=environ, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert 'check-sim: SKIPPED: LeRobot >= 0.5 needs Python >= 3.12' in done.stdout
+    ci = (REPO / '.ci' / 'run').read_text()
+    assert ci.index('make check-lerobot') < ci.index('make check-sim')
