@@ -124,7 +124,8 @@ def add_parsers(sub: argparse._SubParsersAction, groups: dict[str, argparse._Sub
                      'would be skipped')
     exp.add_argument('--vcodec', choices=('av1', 'h264'), default='av1',
                      help='video codec: av1 (libsvtav1, LeRobot\'s default) or h264 (libx264 ultrafast)')
-    exp.add_argument('--force', action='store_true', help='replace an earlier export at --out')
+    exp.add_argument('--force', action='store_true', help='replace an earlier export of ours at --out (a folder '
+                     'our export did not write, or holding files it did not write, is refused)')
     exp.add_argument('--robot-type', default=None, help='info.json robot_type (lerobot)')
     _add_store_option(exp)
     exp.set_defaults(func=cmd_export)
