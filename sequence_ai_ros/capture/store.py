@@ -364,6 +364,12 @@ class CaptureStore:
         if now - self._auto_repaired < AUTO_REPAIR_INTERVAL_S:
             return False
         self._auto_repaired = now
+        self.index.close()
+        try:   # another replica sharing the store may have rebuilt it already: then the file is good again
+            self.index.create()
+            return True
+        except sqlite3.DatabaseError:
+            pass
         busy = self._others_capturing()
         if busy:
             LOG.warning('capture %s: index %s is corrupt (%s); not rebuilt automatically while %s capture into '

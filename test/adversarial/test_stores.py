@@ -36,25 +36,30 @@ def _fill(root: Path, ids: list[str], deployment: str = 'fast', names: tuple[str
     save_settings(root, CaptureSettings(rate=1.0, enabled=True, fps=30.0))
     store = CaptureStore(root, deployment=root.name)
     for eid in ids:
-        ep = store.begin(eid, 'reach', _contract(deployment, names))
-        assert ep is not None, store.refusal()
-        for i in range(12):
-            state = codec.to_tensor(np.full(len(names), 0.1 * i, np.float32))
-            if i % 4 == 0:
-                ep.add_request(pb.ObservationRequest(episode_id=eid, request_id=i // 4 + 1, robot_time_s=i / 30,
-                                                     state=state, state_names=list(names)),
-                               pb.ActionChunk(request_id=i // 4 + 1, episode_id=eid, dt=1 / 30,
-                                              actions=codec.to_tensor(np.zeros((8, len(names)), np.float32)),
-                                              action_space=pb.JOINT_ABSOLUTE))
-            frame = pb.TelemetryFrame(robot_time_s=i / 30, state=state, hold=(i == 0))
-            if i:
-                frame.action.CopyFrom(state)
-            ep.add_telemetry([frame])
-        ep.commit('completed', {'actions': 12})
-        store.record_run({'episode_id': eid, 'started_at': ep.started_at, 'ended_at': time.time(),
-                          'reason': 'completed', 'actions': 12, 'captured': 1})
+        _run(store, eid, deployment, names)
     store.close()
     return store
+
+
+def _run(store: CaptureStore, eid: str, deployment: str = 'fast', names: tuple[str, ...] = NAMES) -> None:
+    """Capture one 12-tick episode into ``store`` and record its run."""
+    ep = store.begin(eid, 'reach', _contract(deployment, names))
+    assert ep is not None, store.refusal()
+    for i in range(12):
+        state = codec.to_tensor(np.full(len(names), 0.1 * i, np.float32))
+        if i % 4 == 0:
+            ep.add_request(pb.ObservationRequest(episode_id=eid, request_id=i // 4 + 1, robot_time_s=i / 30,
+                                                 state=state, state_names=list(names)),
+                           pb.ActionChunk(request_id=i // 4 + 1, episode_id=eid, dt=1 / 30,
+                                          actions=codec.to_tensor(np.zeros((8, len(names)), np.float32)),
+                                          action_space=pb.JOINT_ABSOLUTE))
+        frame = pb.TelemetryFrame(robot_time_s=i / 30, state=state, hold=(i == 0))
+        if i:
+            frame.action.CopyFrom(state)
+        ep.add_telemetry([frame])
+    ep.commit('completed', {'actions': 12})
+    store.record_run({'episode_id': eid, 'started_at': ep.started_at, 'ended_at': time.time(),
+                      'reason': 'completed', 'actions': 12, 'captured': 1})
 
 
 def _snapshot(root: Path) -> dict[str, tuple[int, str]]:
@@ -220,3 +225,35 @@ def test_a_corrupt_index_is_rebuilt_at_start_when_no_one_else_captures(tmp_path,
     assert store.begin('a-4', 'reach', _contract()) is None
     assert f'--repair --store {root}' in store.refusal()
     assert store.status()['state'] == 'paused'
+
+
+def test_an_export_beside_a_live_worker_creates_nothing_in_its_store(tmp_path, seq_home):
+    """While a worker holds the index open (its WAL live), the reader uses it as it is: no file is added."""
+    root = tmp_path / 'fast'
+    _fill(root, ['a-1'])
+    live = CaptureStore(root, deployment='fast')
+    _run(live, 'a-2')                                      # the worker's connection stays open
+    assert (root / 'store.db-wal').exists()
+    names = sorted(str(p.relative_to(root)) for p in root.rglob('*'))
+    before = {k: v for k, v in _snapshot(root).items() if not k.endswith('-shm')}   # SQLite's shared memory
+    assert _export('fast', tmp_path / 'ds', [root]) == 0
+    assert sorted(str(p.relative_to(root)) for p in root.rglob('*')) == names
+    assert {k: v for k, v in _snapshot(root).items() if not k.endswith('-shm')} == before
+    assert json.loads((tmp_path / 'ds' / 'meta' / 'info.json').read_text())['total_episodes'] == 2
+    live.close()
+
+
+def test_an_index_corrupted_while_serving_is_rebuilt_at_the_next_episode(tmp_path):
+    root = _fill(tmp_path / 'fast', ['a-1']).root
+    store = CaptureStore(root, deployment='fast')
+    _run(store, 'a-2')
+    store.close()
+    (root / 'store.db').write_bytes(b'\0garbage' * 512)    # corrupted under the running worker
+    for f in root.glob('store.db-*'):
+        f.unlink()
+    with pytest.raises(Exception, match='corrupt'):
+        store.label('a-1', True)
+    assert store.status()['kind'] == 'corrupt'
+    _run(store, 'a-3')                                     # the next episode start rebuilds it (no one else)
+    assert [e.episode_id for e in store.episodes()] == ['a-1', 'a-2', 'a-3']
+    assert store.status()['state'] == 'capturing'
