@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -87,7 +87,29 @@ def finish(tmp: Path, out: Path) -> None:
         out.rename(old)
     tmp.rename(out)
     if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        _remove_ours(old)
+
+
+def _remove_ours(old: Path) -> None:
+    """Remove an earlier export of ours: only the files its mark lists, then its emptied folders.
+
+    A file added since :func:`check_out` looked is left where it is (the folder is kept, and said).
+    """
+    try:
+        listed = json.loads((old / EXPORT_MARK).read_text(encoding='utf-8'))['files']
+    except (OSError, ValueError, KeyError, TypeError):
+        listed = []
+    for rel in [*listed, EXPORT_MARK]:
+        path = old / rel
+        if '..' not in Path(rel).parts and not Path(rel).is_absolute():
+            path.unlink(missing_ok=True)
+    for dirpath, _dirs, _files in sorted(os.walk(old), key=lambda w: -len(w[0])):
+        try:
+            os.rmdir(dirpath)
+        except OSError:
+            pass
+    if old.exists():
+        print(f'note: {old} holds files the earlier export did not write; they were kept there', file=sys.stderr)
 
 
 def select(store: CaptureStore, since: float | None, until: float | None, labelled_only: bool) -> list[CapturedEpisode]:

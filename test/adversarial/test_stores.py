@@ -136,6 +136,7 @@ def test_force_replaces_only_an_export_of_ours(tmp_path, seq_home, capsys):
     out = tmp_path / 'ds'
     assert _export('fast', out, [root]) == 0
     assert _export('fast', out, [root], '--force') == 0                  # our own export: replaced
+    assert not list(tmp_path.glob('.ds.*')) and (out / '.seq-export.json').is_file()
     (out / 'videos').mkdir(exist_ok=True)
     (out / 'videos' / 'mine.mp4').write_bytes(b'a video someone added')
     assert _export('fast', out, [root], '--force') == 2
