@@ -51,7 +51,11 @@ def _store(name: str, stores: list[Path] | None = None, read_only: bool = True) 
     if stores:
         if len(stores) != 1:
             raise ConfigError('give one --store DIR here (the store to set, show or repair)')
-        return CaptureStore(Path(stores[0]).expanduser().resolve(), deployment=name)
+        root = Path(stores[0]).expanduser().resolve()
+        if not ((root / 'store.db').is_file() or (root / 'episodes').is_dir()):
+            raise ConfigError(f'{root} is not a capture store (no store.db, no episodes/); a store is '
+                              f'$SEQ_HOME/capture/<deployment> of a worker')
+        return CaptureStore(root, deployment=name)
     return CaptureStore(capture_root(seq_home(), name), deployment=name, read_only=read_only)
 
 

@@ -127,6 +127,8 @@ def test_a_bad_or_foreign_store_is_skipped_and_named_and_the_rest_export(tmp_pat
     assert seq_main(['policy', 'capture', 'fast', '--repair', '--store', str(corrupt)]) == 0
     assert 'index rebuilt, 1 episodes' in capsys.readouterr().out
     assert not (seq_home / 'capture' / 'fast').exists()
+    assert seq_main(['policy', 'capture', 'fast', '--repair', '--store', str(tmp_path / 'typo')]) == 2
+    assert 'is not a capture store' in capsys.readouterr().err and not (tmp_path / 'typo').exists()
     assert _export('fast', tmp_path / 'ds3', [good, corrupt]) == 0
     assert '3 episodes' in capsys.readouterr().out
 
