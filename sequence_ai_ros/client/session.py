@@ -105,12 +105,34 @@ def check_certificate(endpoint: str, roots: bytes | None, where: str, timeout: f
     except ssl.SSLCertVerificationError as exc:
         why = str(getattr(exc, 'verify_message', '') or exc)
         if 'hostname' in why.lower() or 'ip address mismatch' in why.lower():
+            if not _has_subject_alt_name(host, int(port), timeout):
+                return None   # a certificate naming its host in the subject CN alone: gRPC decides
             return (f'the certificate of the worker at {endpoint} is not valid for {host!r} ({why}): connect '
                     'with a host name or address its certificate names (its subjectAltName)')
         return (f'the certificate of the worker at {endpoint} is not trusted by {where} ({why}): pass the CA that '
                 "signed the worker's --tls-cert as tls='ca.pem' (for a self-signed certificate, that certificate)")
     except (OSError, ValueError, ssl.SSLError):
         return None   # unreachable, or not a TLS problem of the certificate: the handshake call decides
+
+
+#: DER of the subjectAltName extension's OID, 2.5.29.17
+_SAN_OID = bytes.fromhex('0603551d11')
+
+
+def _has_subject_alt_name(host: str, port: int, timeout: float) -> bool:
+    """True when the worker's certificate has a subjectAltName extension (True when it cannot be read)."""
+    import ssl
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE   # only to read the certificate; nothing is sent
+    ctx.set_alpn_protocols(['h2'])
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock, ctx.wrap_socket(sock) as tls:
+            der = tls.getpeercert(binary_form=True) or b''
+    except (OSError, ssl.SSLError):
+        return True
+    return _SAN_OID in der
 
 
 def probe_transport(endpoint: str, timeout: float = 1.0) -> str | None:

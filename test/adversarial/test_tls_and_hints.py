@@ -19,13 +19,14 @@ FAST = Path(__file__).resolve().parents[1] / 'policies' / 'fast.py'
 BOUND_S = 4.0
 
 
-def _cert(tmp_path: Path, name: str, san: str) -> tuple[Path, Path]:
+def _cert(tmp_path: Path, name: str, san: str | None) -> tuple[Path, Path]:
+    """A self-signed certificate with subject CN ``name`` and, unless None, subjectAltName ``san``."""
     if shutil.which('openssl') is None:
         pytest.skip('the openssl CLI is needed to make test certificates')
     cert, key = tmp_path / f'{name}.pem', tmp_path / f'{name}.key'
     subprocess.run(['openssl', 'req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes',
                     '-keyout', str(key), '-out', str(cert), '-days', '1', '-subj', f'/CN={name}',
-                    '-addext', f'subjectAltName={san}'], check=True, capture_output=True)
+                    *(['-addext', f'subjectAltName={san}'] if san else [])], check=True, capture_output=True)
     return cert, key
 
 
@@ -61,3 +62,11 @@ def test_the_deploy_hint_names_the_policy_file_once(seq_home, capsys):
     assert 'seq deploy foo/policy.py)' in err and 'policy.py/policy.py' not in err, err
     assert seq_main(['delete', 'foo']) != 0
     assert 'seq deploy foo/policy.py)' in capsys.readouterr().err
+
+
+def test_a_certificate_naming_its_host_in_the_subject_alone_still_connects(tmp_path):
+    """A certificate without subjectAltName whose CN is the host: gRPC accepts it, so the early check must."""
+    cert, key = _cert(tmp_path, 'localhost', None)
+    with serve_policy_file(FAST, 'fast', dim=3, host='127.0.0.1', port=0, tls=(cert, key)) as server:
+        with connect('fast', endpoint=f'localhost:{server.port}', tls=str(cert), timeout=20.0) as policy:
+            assert policy.contract.action_names
