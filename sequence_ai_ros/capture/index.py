@@ -109,11 +109,18 @@ class Index:
         """
         if self.read_only:   # one short connection per call: never held across an export
             with self._lock:
+                wal = self.path.with_name(self.path.name + '-wal')
+                immutable = not wal.exists()
                 conn = self._connect_read_only()
                 try:
                     conn.execute('BEGIN')
                     yield conn
                     conn.execute('COMMIT')
+                except sqlite3.DatabaseError as exc:
+                    if immutable and wal.exists():   # a worker opened it meanwhile: not a corrupt index
+                        raise sqlite3.OperationalError(f'the index changed while it was read (a worker opened '
+                                                       f'it): read it again ({exc})') from None
+                    raise
                 finally:
                     conn.close()
             return

@@ -32,11 +32,11 @@ def recover_store(root: Path, index: Index) -> dict[str, int]:
     for d in entries:
         if d.name.startswith('.claim-'):   # an episode id's capture claim (CaptureStore._claim): a dead
             holder = claims.read_holder(d)  # holder's goes; a half-written one (no holder yet) is left to its writer
-            if holder is None and not d.name.startswith('.claim-new-'):
+            if holder is None:
                 continue
-            if holder is not None and claims.alive(holder, d):
+            if claims.alive(holder, d):
                 live[d.name[len('.claim-'):]] = holder.pid
-            elif holder is not None:
+            else:
                 d.unlink(missing_ok=True)
     for d in entries:
         if d.name.startswith('.'):
