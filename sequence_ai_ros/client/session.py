@@ -82,6 +82,59 @@ def _credentials(tls: TlsLike) -> grpc.ChannelCredentials | None:
 _H2_PREFACE = b'PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n' + b'\x00\x00\x00\x04\x00\x00\x00\x00\x00'
 
 
+def check_certificate(endpoint: str, roots: bytes | None, where: str, timeout: float = 2.0) -> str | None:
+    """Return why the certificate of the TLS worker at ``endpoint`` is refused, or None (trusted, or unknown).
+
+    One TCP connection and TLS handshake, bounded by ``timeout`` (s), verified as the channel verifies it:
+    against ``roots`` (PEM bytes; None: the system roots) and for the endpoint's host name or address.
+
+    :param where: how the roots were given, for the message (``tls='ca.pem'``, ``the system roots``).
+    """
+    import ssl
+
+    host, sep, port = endpoint.rpartition(':')
+    if not sep or not port.isdigit() or '/' in host:
+        return None
+    host = host.strip('[]') or '127.0.0.1'
+    try:
+        ctx = ssl.create_default_context(cadata=roots.decode('ascii', 'replace') if roots is not None else None)
+        ctx.set_alpn_protocols(['h2'])
+        with socket.create_connection((host, int(port)), timeout=timeout) as sock, \
+                ctx.wrap_socket(sock, server_hostname=host):
+            return None
+    except ssl.SSLCertVerificationError as exc:
+        why = str(getattr(exc, 'verify_message', '') or exc)
+        if 'hostname' in why.lower() or 'ip address mismatch' in why.lower():
+            if not _has_subject_alt_name(host, int(port), timeout):
+                return None   # a certificate naming its host in the subject CN alone: gRPC decides
+            return (f'the certificate of the worker at {endpoint} is not valid for {host!r} ({why}): connect '
+                    'with a host name or address its certificate names (its subjectAltName)')
+        return (f'the certificate of the worker at {endpoint} is not trusted by {where} ({why}): pass the CA that '
+                "signed the worker's --tls-cert as tls='ca.pem' (for a self-signed certificate, that certificate)")
+    except (OSError, ValueError, ssl.SSLError):
+        return None   # unreachable, or not a TLS problem of the certificate: the handshake call decides
+
+
+#: DER of the subjectAltName extension's OID, 2.5.29.17
+_SAN_OID = bytes.fromhex('0603551d11')
+
+
+def _has_subject_alt_name(host: str, port: int, timeout: float) -> bool:
+    """True when the worker's certificate has a subjectAltName extension (True when it cannot be read)."""
+    import ssl
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE   # only to read the certificate; nothing is sent
+    ctx.set_alpn_protocols(['h2'])
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock, ctx.wrap_socket(sock) as tls:
+            der = tls.getpeercert(binary_form=True) or b''
+    except (OSError, ssl.SSLError):
+        return True
+    return _SAN_OID in der
+
+
 def probe_transport(endpoint: str, timeout: float = 1.0) -> str | None:
     """Return 'plaintext' or 'tls' as the worker at ``endpoint`` speaks it, or None when unknown (unreachable...).
 
@@ -123,6 +176,13 @@ class Connection:
                    ('grpc.max_receive_message_length', MAX_MESSAGE_BYTES)]
         creds = _credentials(tls)
         self.tls = creds is not None
+        #: the roots the channel verifies with, to name a certificate problem at once: (PEM or None for the
+        #: system roots, how they were given); None when unknown (credentials built by the caller)
+        self._roots: tuple[bytes | None, str] | None = None
+        if tls is True:
+            self._roots = (None, 'the system roots (tls=True)')
+        elif isinstance(tls, (str, Path)):
+            self._roots = (Path(tls).read_bytes(), f"the CA in tls='{tls}'")
         self.channel = (grpc.secure_channel(endpoint, creds, options=options) if creds is not None
                         else grpc.insecure_channel(endpoint, options=options))
         self.stub = pb_grpc.PolicyServiceStub(self.channel)
@@ -171,7 +231,10 @@ class Connection:
         return self._unary(self.stub.Handshake, req, timeout, wait_for_ready=True).contract
 
     def check_transport(self) -> None:
-        """Fail fast, naming TLS, when the worker speaks TLS and this client plaintext, or the reverse.
+        """Fail fast, naming the TLS problem: a transport mismatch, or a certificate that is refused.
+
+        A mismatch: the worker speaks TLS and this client plaintext, or the reverse. A refused certificate:
+        not signed by the given CA (or the system roots), or not for the endpoint's host name.
 
         Without it gRPC retries the mismatched handshake until the deadline and reports only "unavailable".
 
@@ -184,6 +247,10 @@ class Connection:
         if spoken == 'plaintext' and self.tls:
             raise ConnectionLost(f'this client connects with TLS but the worker at {self.endpoint} speaks plaintext '
                                  '(no TLS): drop tls=, or start seq serve with --tls-cert and --tls-key')
+        if spoken == 'tls' and self._roots is not None:
+            why = check_certificate(self.endpoint, *self._roots)
+            if why:   # gRPC would retry the refused handshake until the deadline, then say only "unavailable"
+                raise ConnectionLost(why)
 
     def ready(self, deployment: str, timeout: float, episode_id: str = '') -> pb.ReadyReply:
         """Return the worker's ReadyReply (ready, eta_seconds, state, message); never blocks past ``timeout``.

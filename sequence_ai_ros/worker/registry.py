@@ -133,8 +133,9 @@ class Registry:
         """
         data = self._read()
         if name not in data:
+            path = name if name.endswith('.py') else f'{name}/policy.py'   # a file named already, or a folder
             raise UnknownDeployment(f'no deployment {name!r} in {self.file}; deployed: {sorted(data) or "none"} '
-                                    f'(deploy with: seq deploy {name}/policy.py)')
+                                    f'(deploy with: seq deploy {path})')
         return DeploymentRecord(**data[name])
 
     def record(self, name: str, definition: PolicyDefinition, load_s: float = 0.0,
