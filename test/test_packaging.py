@@ -153,3 +153,14 @@ def test_a_missing_module_that_is_not_ros_still_raises():
         run_with_ros('policy_node', load)
     assert run_with_ros('policy_node', lambda: lambda: None) == 0
     assert 'source install/setup.bash' in no_ros_hint('policy_node', 'sequence_ai_msgs')
+
+
+def test_the_version_is_defined_once_and_package_xml_repeats_it():
+    """``sequence_ai_ros.__version__`` is the version; setup.py reads it, both package.xml files repeat it."""
+    import sequence_ai_ros
+
+    root = Path(__file__).resolve().parent.parent
+    for xml in (root / 'package.xml', root / 'msg' / 'package.xml'):
+        assert re.search(r'<version>([^<]+)</version>', xml.read_text()).group(1) == sequence_ai_ros.__version__, xml
+    assert "version=package_version()" in (root / 'setup.py').read_text()
+    assert f'## [{sequence_ai_ros.__version__}]' in (root / 'CHANGELOG.md').read_text()

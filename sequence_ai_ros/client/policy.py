@@ -123,6 +123,9 @@ class Policy:
         self._closed = False
         # the begun episode whose idle end next_action() already raised (it raises it once)
         self._idle_raised: _OpenEpisode | None = None
+        #: The worker's package version, as its last EpisodeStarted reported it ('' before the first episode,
+        #: or from a worker that does not report it).
+        self.worker_version = ''
 
     # -- connection -------------------------------------------------------------------------------
 
@@ -518,6 +521,7 @@ class Policy:
             ep.ledger.commit()
 
     def _on_started(self, episode: _OpenEpisode, msg: pb.EpisodeStarted) -> None:
+        self.worker_version = msg.worker_version
         if msg.capture and msg.capture_fps > 0:
             episode.telemetry = TelemetryBuffer(msg.capture_fps, msg.capture_images, self.contract.dt)
             episode.ledger.set_sink(episode.capture)
