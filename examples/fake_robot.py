@@ -27,4 +27,4 @@ with sequence_ai.connect(model=sys.argv[1] if len(sys.argv) > 1 else 'my_policy'
     robot = FakeRobot(policy.contract.observation.state_names)   # the joints the policy expects
     policy.wait_until_ready()                                     # warming is not billed
     print(policy.run(robot.observe, robot.act, max_seconds=3.0))
-    print('worker', policy.worker_version, 'pose', robot.q.round(3).tolist())
+    print('worker', policy.worker_version, 'pose', robot.q.astype(float).round(3).tolist())

@@ -19,6 +19,8 @@ import sequence_ai_ros
 
 REPO = Path(__file__).resolve().parent.parent
 SEQ = [sys.executable, '-m', 'sequence_ai_ros.cli']
+#: The examples' synthetic arm starts here (26 joints: the hold template's default, the G1's), rounded as printed.
+START_POSE = np.linspace(-0.2, 0.2, 26, dtype=np.float32).astype(float).round(3).tolist()
 
 
 def _seq(*args: str, cwd: Path) -> str:
@@ -56,5 +58,16 @@ def test_fake_robot_example_holds_its_pose_under_the_hold_template(hold_worker):
     assert actions > 0 and chunks >= 1, out
     assert f'worker {sequence_ai_ros.__version__} ' in out, out   # EpisodeStarted.worker_version
     pose = [float(v) for v in re.search(r'pose \[([^\]]*)\]', out).group(1).split(',')]
-    start = np.linspace(-0.2, 0.2, 26, dtype=np.float32).round(3)   # hold: the G1's 26 joints, where they were
-    assert pose == start.tolist(), out
+    assert pose == START_POSE, out   # hold: the G1's 26 joints stay where they were
+
+
+def test_openpi_runtime_example_runs_two_episodes_through_openpi_runtime_and_agent(hold_worker):
+    pytest.importorskip('openpi_client', reason='openpi-client is installed by make test (make bench installs it too)')
+    out = _example('openpi_runtime.py', 'my_policy', endpoint=hold_worker)
+    outcome = re.search(r'last episode RunOutcome\((\d+) actions over (\d+) chunks in [\d.]+s, (\w+)', out)
+    assert outcome, out
+    assert outcome.group(3) == 'completed', out     # reset()/end_episode() end it as the operator's call
+    assert int(outcome.group(1)) >= 1, out
+    assert f'worker {sequence_ai_ros.__version__} ' in out, out
+    pose = [float(v) for v in re.search(r'pose \[([^\]]*)\]', out).group(1).split(',')]
+    assert pose == START_POSE, out   # hold held it
