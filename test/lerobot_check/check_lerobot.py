@@ -380,6 +380,7 @@ def main() -> int:
         for kind in ('act', 'diffusion'):
             results[kind] = serve_and_check(c, kind, ckpts[kind], bag, ds_info, duration)
         fields = field_data(c, Path(results['act']['seq_home']))
+        c.step(c.run('robot_adapter', [c.lr('python'), str(REPO / 'test/lerobot_check/check_robot_adapter.py')], 900))
     except Exception as exc:   # every failure ends in the summary, with its log
         c.failures.append(f'{type(exc).__name__}: {exc}')
     text = summary(c, results, fields)
