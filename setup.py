@@ -106,6 +106,12 @@ def generated_requires() -> list[str]:
         return []
 
 
+def package_version() -> str:
+    """The one version definition, ``__version__`` in sequence_ai_ros/__init__.py (read, not imported)."""
+    with open(os.path.join(HERE, PACKAGE, '__init__.py'), encoding='utf-8') as f:
+        return re.search(r"^__version__ = '([^']+)'", f.read(), re.M).group(1)
+
+
 def data_files():
     files = [
         ('share/ament_index/resource_index/packages', ['resource/' + PACKAGE]),
@@ -118,7 +124,7 @@ def data_files():
 
 setup(
     name=PACKAGE,
-    version='0.1.0',
+    version=package_version(),
     packages=find_packages(exclude=['test']),
     py_modules=['sequence_ai'],
     package_data={PACKAGE: ['py.typed', 'protocol/*.proto', 'templates/*/*', 'node/*.yaml', 'worker/haproxy.cfg']},

@@ -164,3 +164,14 @@ def test_check_sim_skips_without_python_312_saying_why():
     assert 'check-sim: SKIPPED: LeRobot >= 0.5 needs Python >= 3.12' in done.stdout
     ci = (REPO / '.ci' / 'run').read_text()
     assert ci.index('make check-lerobot') < ci.index('make check-sim')
+
+
+def test_the_version_is_defined_once_and_package_xml_repeats_it():
+    """``sequence_ai_ros.__version__`` is the version; setup.py reads it, both package.xml files repeat it."""
+    import sequence_ai_ros
+
+    root = Path(__file__).resolve().parent.parent
+    for xml in (root / 'package.xml', root / 'msg' / 'package.xml'):
+        assert re.search(r'<version>([^<]+)</version>', xml.read_text()).group(1) == sequence_ai_ros.__version__, xml
+    assert "version=package_version()" in (root / 'setup.py').read_text()
+    assert f'## [{sequence_ai_ros.__version__}]' in (root / 'CHANGELOG.md').read_text()

@@ -84,7 +84,9 @@ class Policy:
         as the node does) or ``pad`` (keep the aspect ratio), or ``{camera key: fit}``
         (:mod:`~sequence_ai_ros.client.adapter`).
     :raises ConnectionLost: when the worker cannot be reached within ``timeout``.
-    :raises UnknownDeployment, ProtocolVersionError, Unauthenticated: as the worker answers.
+    :raises UnknownDeployment: when the worker serves no deployment ``model``.
+    :raises ProtocolVersionError: when the worker speaks another protocol version.
+    :raises Unauthenticated: when the worker needs a token and ``token`` is missing or wrong.
     :raises ValueError: for an unknown image_fit.
 
     After :meth:`close`, the calls that would talk to the worker (``ready``, ``wait_until_ready``, ``label``,
@@ -125,6 +127,9 @@ class Policy:
         self._closed = False
         # the begun episode whose idle end next_action() already raised (it raises it once)
         self._idle_raised: _OpenEpisode | None = None
+        #: The worker's package version, as its last EpisodeStarted reported it ('' before the first episode,
+        #: or from a worker that does not report it).
+        self.worker_version = ''
 
     # -- connection -------------------------------------------------------------------------------
 
@@ -472,8 +477,10 @@ class Policy:
         :returns: the outcome (reason completed, until, timeout, interrupted or validate).
         :raises TypeError: for a missing max_seconds, or a bool or non-number as a limit or period.
         :raises ValueError: for a non-finite or non-positive max_seconds, control_period or chunk_timeout.
-        :raises ConnectionLost, NotReady, PolicyException, SequenceAIError: after firing hold, when the worker
-            is lost, errs, or does not answer within ``chunk_timeout``.
+        :raises ConnectionLost: after firing hold, when the worker is lost.
+        :raises NotReady: after firing hold, when the policy is not ready to serve.
+        :raises PolicyException: after firing hold, when the policy raised or no chunk came within ``chunk_timeout``.
+        :raises SequenceAIError: after firing hold, for any other error the worker answers.
         :raises EpisodeStateError: when this Policy is closed (before anything runs).
         """
         self._check_open()
@@ -499,8 +506,10 @@ class Policy:
 
         :raises TypeError: for a bool or non-number as a limit or period.
         :raises ValueError: for a non-finite or non-positive limit, period or chunk_timeout.
-        :raises ConnectionLost, NotReady, PolicyException, SequenceAIError: after firing hold, when the worker
-            is lost, errs, or does not answer within ``chunk_timeout``.
+        :raises ConnectionLost: after firing hold, when the worker is lost.
+        :raises NotReady: after firing hold, when the policy is not ready to serve.
+        :raises PolicyException: after firing hold, when the policy raised or no chunk came within ``chunk_timeout``.
+        :raises SequenceAIError: after firing hold, for any other error the worker answers.
         :raises EpisodeStateError: when this Policy is closed (before anything runs).
         """
         self._check_open()
@@ -538,6 +547,7 @@ class Policy:
             ep.ledger.commit()
 
     def _on_started(self, episode: _OpenEpisode, msg: pb.EpisodeStarted) -> None:
+        self.worker_version = msg.worker_version
         if msg.capture and msg.capture_fps > 0:
             episode.telemetry = TelemetryBuffer(msg.capture_fps, msg.capture_images, self.contract.dt)
             episode.ledger.set_sink(episode.capture)
@@ -601,7 +611,9 @@ def connect(model: str, *, endpoint: str | None = None, token: str | None = None
     :param ready_timeout: default bound on wait_until_ready (s).
     :param image_fit: ``resize`` (default) or ``pad`` per camera; see :class:`Policy`.
     :raises ConnectionLost: when the worker cannot be reached within ``timeout``.
-    :raises UnknownDeployment, ProtocolVersionError, Unauthenticated: as the worker answers.
+    :raises UnknownDeployment: when the worker serves no deployment ``model``.
+    :raises ProtocolVersionError: when the worker speaks another protocol version.
+    :raises Unauthenticated: when the worker needs a token and ``token`` is missing or wrong.
     """
     return Policy(model, endpoint=endpoint, token=token, tls=tls, timeout=timeout, ready_timeout=ready_timeout,
                   image_fit=image_fit)

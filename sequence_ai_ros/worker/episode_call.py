@@ -39,6 +39,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
+import sequence_ai_ros
 from sequence_ai_ros.exceptions import EpisodeStateError, NotReady, SequenceAIError
 from sequence_ai_ros.protocol import errors, limits
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
@@ -359,7 +360,8 @@ class EpisodeCallHandler:
         rec = self.active.recorder
         return pb.EpisodeReply(started=pb.EpisodeStarted(episode_id=eid, capture=rec.active,
                                                          capture_fps=rec.fps, capture_images=rec.images,
-                                                         capture_error=rec.not_captured))
+                                                         capture_error=rec.not_captured,
+                                                         worker_version=sequence_ai_ros.__version__))
 
     async def _infer(self, active: ActiveEpisode, req: pb.ObservationRequest, nbytes: int | None) -> pb.ActionChunk:
         """Decode (raw frames inline; JPEG/PNG on the executor), queue, await the inference thread, pack.

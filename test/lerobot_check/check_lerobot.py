@@ -525,6 +525,7 @@ def main() -> int:
         if 'act' in results:
             fields = field_data(c, Path(results['act']['seq_home']))
         results['smolvla'] = smolvla_check(c, bag, ds_info, duration)
+        c.step(c.run('robot_adapter', [c.lr('python'), str(REPO / 'test/lerobot_check/check_robot_adapter.py')], 900))
     except Exception as exc:   # every failure ends in the summary, with its log
         c.failures.append(f'{type(exc).__name__}: {exc}')
     text = summary(c, results, fields)
