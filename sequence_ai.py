@@ -14,3 +14,7 @@ __all__ = list(_impl.__all__)
 
 def __getattr__(name: str) -> Any:
     return getattr(_impl, name)
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -64,6 +64,18 @@ REQUIRES = [
     'rosbags>=0.10', 'av>=12', 'pyarrow>=14',
 ]
 
+# Optional features, ``pip install "sequence_ai_ros[metrics,plot]"`` (ranges; requirements*.txt pin them):
+# metrics: ``seq serve --metrics-port``; plot: ``seq policy stats --plot`` and ``seq policy data plot``;
+# sim: the simulated robot (sequence_ai_ros.sim; MuJoCo 4 breaks metaworld 3.0.0 at env build, gymnasium
+# imports packaging without declaring it); lerobot: the lerobot template (LeRobot 0.6 needs Python >= 3.12; its own
+# extras for diffusion and SmolVLA; pi0/pi0.5 add lerobot[pi]).
+EXTRAS = {
+    'metrics': ['prometheus_client>=0.17'],
+    'plot': ['matplotlib>=3.5'],
+    'sim': ['metaworld==3.0.0', 'mujoco==3.8.1', 'packaging'],
+    'lerobot': ['lerobot[diffusion,smolvla]>=0.6.1,<0.7'],
+}
+
 
 class BuildPy(build_py):
     def run(self):
@@ -94,6 +106,12 @@ def generated_requires() -> list[str]:
         return []
 
 
+def package_version() -> str:
+    """The one version definition, ``__version__`` in sequence_ai_ros/__init__.py (read, not imported)."""
+    with open(os.path.join(HERE, PACKAGE, '__init__.py'), encoding='utf-8') as f:
+        return re.search(r"^__version__ = '([^']+)'", f.read(), re.M).group(1)
+
+
 def data_files():
     files = [
         ('share/ament_index/resource_index/packages', ['resource/' + PACKAGE]),
@@ -106,16 +124,14 @@ def data_files():
 
 setup(
     name=PACKAGE,
-    version='0.1.0',
+    version=package_version(),
     packages=find_packages(exclude=['test']),
     py_modules=['sequence_ai'],
     package_data={PACKAGE: ['py.typed', 'protocol/*.proto', 'templates/*/*', 'node/*.yaml', 'worker/haproxy.cfg']},
     include_package_data=True,
     data_files=data_files(),
     install_requires=['setuptools', *REQUIRES, *generated_requires()],
-    # the simulated robot (sequence_ai_ros.sim): MuJoCo 4 breaks metaworld 3.0.0 at env build; gymnasium
-    # imports packaging without declaring it
-    extras_require={'sim': ['metaworld==3.0.0', 'mujoco==3.8.1', 'packaging']},
+    extras_require=EXTRAS,
     python_requires='>=3.10',
     zip_safe=False,
     maintainer='sequence_ai maintainers',
@@ -125,9 +141,9 @@ setup(
     cmdclass={'build_py': BuildPy, 'develop': Develop},
     entry_points={
         'console_scripts': [
-            'policy_node = sequence_ai_ros.node.main:main',
+            'policy_node = sequence_ai_ros.node.entry:policy_node',
             'seq = sequence_ai_ros.cli:main',
-            'bag_player = sequence_ai_ros.bags.player:main',
+            'bag_player = sequence_ai_ros.node.entry:bag_player',
             'sim_robot = sequence_ai_ros.sim.main:main',
         ],
     },

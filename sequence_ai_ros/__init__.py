@@ -51,6 +51,8 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
+#: The package version, defined here only: setup.py reads it, package.xml repeats it (test_packaging checks),
+#: the worker reports it in EpisodeStarted.worker_version, CHANGELOG.md lists each release.
 __version__ = '0.1.0'
 
 

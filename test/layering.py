@@ -9,8 +9,9 @@ can form::
     1  protocol                         the wire: codec, contract, typed errors
     2  policy, capture                  the authoring API; the worker-side capture store
     3  client, datasets                 the chunk engine; LeRobot read/write, stats, video
-    4  worker, models, bags             the policy worker (hosts policy, capture); ridge, its training and
-                                        the LeRobot runtime (what templates import); rosbag tools
+    4  worker, models, bags, adapters   the policy worker (hosts policy, capture); ridge, its training and
+                                        the LeRobot runtime (what templates import); rosbag tools; a LeRobot
+                                        Robot and an openpi-client BasePolicy over the client
     5  node, cli, sim                   the ROS 2 node (over client); ``seq`` (over worker, capture, ...); the
                                         simulated robot (a ROS 2 node over Meta-World, beside the policy node)
     6  bench, demo                      benchmarks and the demo drive everything
@@ -31,7 +32,7 @@ LAYERS: dict[str, int] = {
     'protocol': 1,
     'policy': 2, 'capture': 2,
     'client': 3, 'datasets': 3,
-    'worker': 4, 'models': 4, 'bags': 4,
+    'worker': 4, 'models': 4, 'bags': 4, 'adapters': 4,
     'node': 5, 'cli': 5, 'sim': 5,
     'bench': 6, 'demo': 6,
 }

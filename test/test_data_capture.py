@@ -201,6 +201,12 @@ def test_corrupted_index_pauses_capture_and_repair_loses_nothing(tmp_path: Path)
     size = db.stat().st_size
     with db.open('r+b') as f:  # a truncated file, as a crash or a bad copy leaves it
         f.truncate(size // 2)
+    # another replica is capturing into this store (a live claim): no automatic rebuild behind its back
+    from sequence_ai_ros.capture import claims
+
+    me = claims.this_process()
+    other = root / 'staging' / '.claim-other'
+    other.write_text(claims.Holder('replica-2', me.boot_id, 'pid:[4026599997]', 5, 7).to_json())
     fresh = CaptureStore(root, 'cap', clock=FakeClock())  # as the worker after a restart
     assert fresh.begin('d', 'x', None) is None  # serving goes on: no exception
     status = fresh.status()
@@ -208,6 +214,7 @@ def test_corrupted_index_pauses_capture_and_repair_loses_nothing(tmp_path: Path)
     assert '--repair' in status['diagnostic'] and 'store.db' in status['diagnostic']
     assert sorted(p.name for p in (root / 'episodes').iterdir()) == ['a', 'b', 'c']  # files untouched
     assert fresh.repair() == 3
+    other.unlink()
     kept = {e.episode_id: e.label for e in fresh.episodes()}
     assert set(kept) == {'a', 'b', 'c'} and kept['b']['notes'] == 'ok' and kept['a'] is None
     assert fresh.status()['state'] == 'capturing'

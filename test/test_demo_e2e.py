@@ -33,13 +33,20 @@ def test_demo_pipeline_on_real_g1_data(g1_dataset: Path, tmp_path: Path) -> None
     periods = s['elapsed_s'] * 50.0
     accounted = s['commands_sent'] + s['ticks_held'] + s['ticks_skipped']
     assert abs(accounted - periods) <= 3, (accounted, periods, s)
-    assert s['command_rate_hz'] <= 50.5, s['command_rate_hz']
     assert s['zero_commands'] == 0
-    # the safety filter's work is in the summary (the shipped G1 limits clamp the hand joints the ridge
-    # overshoots), with the worst /diagnostics control level of the run
-    assert s['clamps']['total'] >= sum(n for _, n in s['clamps']['top']) >= 0, s['clamps']
-    assert s['control_worst']['level'] in ('OK', 'WARN', 'ERROR'), s['control_worst']
-    assert 'safety clamps' in done.stdout
+    # the G1 config's limits are the robot's joint ranges and the ridge stops where the recording does (the
+    # right hand fully open at 1.0): nothing is clamped, unless the recording itself exceeds a limit, and
+    # then the summary says so in one line
+    clamps = s['clamps']
+    assert clamps['total'] == sum(c['limit'] + c['step'] for c in clamps['per_joint'].values()), clamps
+    if clamps['total']:
+        assert clamps['explained'].startswith("the robot's own recording exceeds"), clamps
+        assert 'the policy went past' not in clamps['explained'], clamps
+        assert f"  why                {clamps['explained']}" in done.stdout
+    else:
+        assert clamps['explained'] == '' and '  why ' not in done.stdout
+    assert s['control_worst']['level'] != 'ERROR', s['control_worst']
+    assert 'safety clamps' in done.stdout and 'ERROR' not in done.stdout
     err = s['action_error']
     assert err['ridge'] < err['hold_state'] and err['ridge'] < err['mean_action'], err
     assert s['label_ok'] is True

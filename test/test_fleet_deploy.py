@@ -9,11 +9,13 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import crd_schema
 import pytest
 import yaml
 
 from sequence_ai_ros.cli import build_parser
 from sequence_ai_ros.worker import fleet as fleet_mod
+from sequence_ai_ros.worker.config import ServerConfig
 
 DEPLOY = Path(__file__).resolve().parents[1] / 'deploy'
 K8S_VERSION = '1.30.0'
@@ -27,7 +29,7 @@ def test_core_kubernetes_resources_validate_against_the_schema():
     kv = pytest.importorskip('kubernetes_validate', reason='kubernetes-validate is not installed '
                                                            '(pip install -r requirements-dev.txt)')
     resources = docs('worker.yaml')
-    assert [r['kind'] for r in resources] == ['Deployment', 'Service']
+    assert [r['kind'] for r in resources] == ['Deployment', 'Service', 'PodDisruptionBudget']
     for resource in resources:
         kv.validate(resource, K8S_VERSION, strict=True)
     broken = json.loads(json.dumps(resources[0]))
@@ -42,9 +44,11 @@ def test_the_statefulset_runs_the_same_pod_with_a_volume_per_pod_for_its_store()
     sts, headless = docs('worker-statefulset.yaml')
     for resource in (sts, headless):
         kv.validate(resource, K8S_VERSION, strict=True)
-    deployment, service = docs('worker.yaml')
+    deployment, service, _ = docs('worker.yaml')
     pod, same = sts['spec']['template'], deployment['spec']['template']
     assert pod['spec']['containers'] == same['spec']['containers']     # one pod, two ways to run it
+    assert {k: v for k, v in pod['spec'].items() if k != 'volumes'} == \
+        {k: v for k, v in same['spec'].items() if k != 'volumes'}
     assert sts['spec']['selector'] == deployment['spec']['selector']
     assert service['spec']['selector'].items() <= pod['metadata']['labels'].items()
     assert sts['spec']['serviceName'] == headless['metadata']['name'] and headless['spec']['clusterIP'] == 'None'
@@ -57,7 +61,7 @@ def test_the_statefulset_runs_the_same_pod_with_a_volume_per_pod_for_its_store()
 
 
 def test_manifests_agree_with_the_worker():
-    deployment, service = docs('worker.yaml')
+    deployment, service, _ = docs('worker.yaml')
     pod = deployment['spec']['template']
     assert deployment['spec']['selector']['matchLabels'].items() <= pod['metadata']['labels'].items()
     assert service['spec']['selector'].items() <= pod['metadata']['labels'].items()
@@ -67,20 +71,157 @@ def test_manifests_agree_with_the_worker():
     parsed = build_parser().parse_args(args[1:])  # every flag is a real seq serve flag
     ports = {p['name']: p['containerPort'] for p in container['ports']}
     assert parsed.port == ports['grpc'] and parsed.metrics_port == ports['metrics'] and parsed.warm
-    assert container['readinessProbe']['grpc'] == {'port': ports['grpc'], 'service': parsed.names[0]}
+    # kubelet's gRPC probes send no token and no TLS: they ask the plaintext, health-only probe port
+    assert parsed.probe_port == ports['probe'] and parsed.token_file
+    assert container['readinessProbe']['grpc'] == {'port': ports['probe'], 'service': parsed.names[0]}
+    assert container['startupProbe']['grpc'] == {'port': ports['probe'], 'service': parsed.names[0]}
+    assert container['livenessProbe']['grpc'] == {'port': ports['probe']}
+    assert 'probe' not in {p['name'] for p in service['spec']['ports']}   # kubelet only: not in the Service
     grpc_port = next(p for p in service['spec']['ports'] if p['name'] == 'grpc')
     assert grpc_port['appProtocol'] == 'kubernetes.io/h2c' and grpc_port['targetPort'] == 'grpc'
     envoy = {d['kind']: d for d in docs('gateway-envoy.yaml')}
     policy = envoy['BackendTrafficPolicy']
     assert policy['apiVersion'] == 'gateway.envoyproxy.io/v1alpha1'
+    # `headers` (a list), not the deprecated `header`; the CRD's CEL rule: type Headers <=> headers is set
     assert policy['spec']['loadBalancer'] == {'type': 'ConsistentHash',
-                                              'consistentHash': {'type': 'Header', 'header': {'name': 'x-episode-id'}}}
+                                              'consistentHash': {'type': 'Headers',
+                                                                 'headers': [{'name': 'x-episode-id'}]}}
+    hashing = crd_schema.schema_of(policy['apiVersion'], 'BackendTrafficPolicy')['properties']['spec'][
+        'properties']['loadBalancer']['properties']['consistentHash']
+    assert 'Deprecated' in hashing['properties']['header']['description'] and 'headers' in hashing['properties']
+    assert any("self.type == 'Headers' ? has(self.headers)" in rule['rule']
+               for rule in hashing['x-kubernetes-validations'])
     assert policy['spec']['targetRefs'][0]['name'] == envoy['GRPCRoute']['metadata']['name']
     assert envoy['GRPCRoute']['spec']['rules'][0]['backendRefs'][0] == {'name': service['metadata']['name'],
                                                                        'port': grpc_port['port']}
     istio, = docs('istio-destinationrule.yaml')
     assert istio['spec']['host'] == service['metadata']['name']
     assert istio['spec']['trafficPolicy']['loadBalancer']['consistentHash'] == {'httpHeaderName': 'x-episode-id'}
+
+
+CUSTOM = ('gateway-envoy.yaml', 'istio-destinationrule.yaml', 'istio-gateway.yaml', 'servicemonitor.yaml')
+
+
+def test_custom_resources_validate_against_their_vendored_crds():
+    pytest.importorskip('jsonschema', reason='jsonschema is not installed (pip install -r requirements-dev.txt)')
+    import jsonschema
+
+    kinds = []
+    for name in CUSTOM:
+        for resource in docs(name):
+            crd_schema.validate(resource)       # strict: a field its CRD does not declare fails
+            kinds.append((resource['apiVersion'], resource['kind']))
+    assert set(kinds) == {('gateway.networking.k8s.io/v1', 'Gateway'), ('gateway.networking.k8s.io/v1', 'GRPCRoute'),
+                          ('gateway.envoyproxy.io/v1alpha1', 'BackendTrafficPolicy'),
+                          ('networking.istio.io/v1', 'DestinationRule'), ('networking.istio.io/v1', 'Gateway'),
+                          ('networking.istio.io/v1', 'VirtualService'), ('monitoring.coreos.com/v1', 'ServiceMonitor')}
+    monitor, = docs('servicemonitor.yaml')
+    for broken, why in ((('spec', 'endpoints', 0), 'prot'), (('spec',), 'selectors')):
+        resource = json.loads(json.dumps(monitor))
+        target = resource
+        for key in broken:
+            target = target[key]
+        target[why] = 'x'
+        with pytest.raises(jsonschema.ValidationError, match=why):
+            crd_schema.validate(resource)
+    # every vendored CRD file is named, with its version, in the fixtures' README
+    readme = (crd_schema.CRDS / 'README.md').read_text()
+    for path in crd_schema.CRDS.glob('*.yaml'):
+        row = next(line for line in readme.splitlines() if f'`{path.name}`' in line)
+        assert re.search(r'\| v?\d+\.\d+\.\d+ \|', row), row
+
+
+def test_the_custom_resources_route_and_scrape_the_worker_service():
+    deployment, service, _ = docs('worker.yaml')
+    pod_labels = deployment['spec']['template']['metadata']['labels']
+    monitor, = docs('servicemonitor.yaml')
+    assert monitor['spec']['selector']['matchLabels'].items() <= service['metadata']['labels'].items()
+    assert {e['port'] for e in monitor['spec']['endpoints']} == {'metrics'}
+    assert 'metrics' in {p['name'] for p in service['spec']['ports']}
+    assert service['spec']['selector'].items() <= pod_labels.items()
+    gateway, virtual = docs('istio-gateway.yaml')
+    assert virtual['spec']['gateways'] == [gateway['metadata']['name']]
+    assert set(virtual['spec']['hosts']) <= {h for s in gateway['spec']['servers'] for h in s['hosts']}
+    assert all(s['tls']['mode'] == 'SIMPLE' for s in gateway['spec']['servers'])   # robots outside: TLS
+    grpc_port = next(p['port'] for p in service['spec']['ports'] if p['name'] == 'grpc')
+    prefixes = {m['uri']['prefix'] for r in virtual['spec']['http'] for m in r['match']}
+    assert prefixes == {'/sequence_ai.v1.PolicyService/', '/grpc.health.v1.Health/'}
+    for route in virtual['spec']['http']:
+        assert route['route'] == [{'destination': {'host': service['metadata']['name'],
+                                                   'port': {'number': grpc_port}}}]
+    rule, = docs('istio-destinationrule.yaml')
+    assert rule['spec']['host'] == service['metadata']['name']    # the sticky hash covers the gateway's calls
+
+
+def _pods() -> dict[str, dict]:
+    deployment = docs('worker.yaml')[0]
+    sts = docs('worker-statefulset.yaml')[0]
+    return {'Deployment': deployment['spec']['template'], 'StatefulSet': sts['spec']['template']}
+
+
+@pytest.mark.parametrize('kind', ['Deployment', 'StatefulSet'])
+def test_pods_run_unprivileged_read_only_with_limits(kind):
+    pod = _pods()[kind]['spec']
+    assert pod['securityContext']['runAsNonRoot'] is True and pod['securityContext']['runAsUser'] > 0
+    assert pod['securityContext']['seccompProfile'] == {'type': 'RuntimeDefault'}
+    assert pod['automountServiceAccountToken'] is False
+    volumes = {v['name'] for v in pod['volumes']} | ({'capture'} if kind == 'StatefulSet' else set())
+    for container in pod['initContainers'] + pod['containers']:
+        ctx = container['securityContext']
+        assert ctx['readOnlyRootFilesystem'] is True and ctx['allowPrivilegeEscalation'] is False, container['name']
+        assert ctx['capabilities'] == {'drop': ['ALL']}, container['name']
+        resources = container['resources']
+        assert {'cpu', 'memory'} <= set(resources['requests']) and 'memory' in resources['limits']
+        assert {m['name'] for m in container['volumeMounts']} <= volumes
+    worker, = pod['containers']
+    home = next(e['value'] for e in worker['env'] if e['name'] == 'SEQ_HOME')
+    writable = {m['mountPath'] for m in worker['volumeMounts'] if not m.get('readOnly')}
+    assert {home, f'{home}/capture', '/tmp'} <= writable     # usage database, capture store, temp files
+    init, = pod['initContainers']
+    assert init['image'] == worker['image'] and init['command'][-1].rstrip('/') == home
+    assert {m['mountPath'] for m in init['volumeMounts']} == {home}
+
+
+def test_shutdown_fits_the_grace_period_and_one_pod_at_a_time_may_go():
+    deployment, _, budget = docs('worker.yaml')
+    pod = deployment['spec']['template']
+    grace = pod['spec']['terminationGracePeriodSeconds']
+    worker, = pod['spec']['containers']
+    pre_stop = worker['lifecycle']['preStop']['sleep']['seconds']
+    # SIGTERM comes after the preStop: the worker's drain (its default, or none yet) and its stop must fit after it
+    drain = getattr(ServerConfig, 'drain_timeout_s', 0.0)
+    stop_grace = 2.0   # seq serve's gRPC stop grace (cli/serving.py)
+    assert 0 < pre_stop and pre_stop + drain + stop_grace + 5 <= grace, (pre_stop, drain, grace)
+    assert budget['spec']['selector'] == deployment['spec']['selector'] and budget['spec']['maxUnavailable'] == 1
+    assert deployment['spec']['strategy']['rollingUpdate'] == {'maxUnavailable': 0, 'maxSurge': 1}
+    assert deployment['spec']['replicas'] > budget['spec']['maxUnavailable']
+
+
+def test_the_dockerfile_builds_the_image_the_pods_expect():
+    text = (DEPLOY / 'Dockerfile').read_text()
+    lines = [ln.strip() for ln in re.sub(r'\\\n', ' ', text).splitlines() if ln.strip() and not ln.startswith('#')]
+    user = [ln.split()[1] for ln in lines if ln.startswith('USER ')]
+    pod = _pods()['Deployment']['spec']
+    # a numeric non-root user (runAsNonRoot needs a number to check) that the pod's runAsUser names
+    assert user and user[-1] == f"{pod['securityContext']['runAsUser']}:{pod['securityContext']['runAsGroup']}"
+    worker, = pod['containers']
+    init, = pod['initContainers']
+    envs = re.findall(r'SEQ_HOME=(\S+)', text)
+    assert envs[0] == init['command'][2].rstrip('/.') and envs[-1] == next(
+        e['value'] for e in worker['env'] if e['name'] == 'SEQ_HOME')   # deployed at build, copied at start
+    exposed = {int(p) for ln in lines if ln.startswith('EXPOSE ') for p in ln.split()[1:]}
+    assert {p['containerPort'] for p in worker['ports']} == exposed
+    root = DEPLOY.parent
+    for ln in lines:
+        if ln.startswith('COPY ') and '--from=' not in ln:
+            for src in ln.split()[1:-1]:
+                if not src.startswith(('--', '$')):
+                    assert (root / src).exists(), src
+    policy_dir = re.search(r'ARG POLICY_DIR=(\S+)', text).group(1)
+    assert (root / policy_dir / 'policy.py').is_file()
+    assert 'requirements-worker.txt' in text and 'seq deploy' in text
+    ignored = (root / '.dockerignore').read_text().split()
+    assert {'.venv', 'install', 'build', 'log', '.git'} <= set(ignored)
 
 
 def test_haproxy_config_renders_and_haproxy_accepts_it(tmp_path):

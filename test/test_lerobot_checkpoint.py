@@ -161,17 +161,58 @@ def test_backbone_files_are_found_offline_or_named_with_how_to_place_them(tmp_pa
     assert [n.repo_id for n in needs] == ['google/paligemma-3b-pt-224']
     cache = tmp_path / 'hub'
     gone = ck.missing_hub_files(needs, cache, {})
-    assert len(gone) == 1 and 'tokenizer_config.json' in gone[0] and 'hf download google/paligemma-3b-pt-224' in gone[0]
-    snap = cache / 'models--google--paligemma-3b-pt-224' / 'snapshots' / 'abc'
-    snap.mkdir(parents=True)
-    for name in ck.TOKENIZER_FILES:
-        (snap / name).write_text('{}')
+    assert len(gone) == 1 and 'tokenizer_config.json' in gone[0]
+    assert 'hf download google/paligemma-3b-pt-224 tokenizer_config.json tokenizer.json --cache-dir' in gone[0]
+    repo = cache / 'models--google--paligemma-3b-pt-224'
+    old, snap = repo / 'snapshots' / 'old', repo / 'snapshots' / 'abc'
+    for d in (old, snap):
+        d.mkdir(parents=True)
+        (d / 'tokenizer_config.json').write_text('{}')
+    (repo / 'refs').mkdir()
+    (repo / 'refs' / 'main').write_text('abc')
+    assert 'tokenizer.json or tokenizer.model' in ck.missing_hub_files(needs, cache, {})[0]
+    (snap / 'tokenizer.model').write_text('')   # a sentencepiece vocabulary is enough for AutoTokenizer
     assert ck.missing_hub_files(needs, cache, {}) == []
+    assert ck.locate(needs[0], cache, {}) == (snap, [])   # refs/main's revision, the directory LeRobot is given
     local = tmp_path / 'snapshot'
     local.mkdir()
-    assert 'special_tokens_map.json' in ck.missing_hub_files(needs, None, {'google/paligemma-3b-pt-224': local})[0]
-    smol = ck.hub_needs(tmp_path, {'type': 'smolvla', 'vlm_model_name': 'HuggingFaceTB/SmolVLM2-500M-Video-Instruct'})
-    assert smol[0].files == ck.PROCESSOR_FILES
+    assert ck.locate(needs[0], None, {'google/paligemma-3b-pt-224': local}) == (
+        None, ['tokenizer_config.json', 'tokenizer.json or tokenizer.model or vocab.json or vocab.txt or spiece.model'])
+    # the tokenizer step is pointed at the local directory
+    assert ck.hub_overrides(ckpt, {'google/paligemma-3b-pt-224': snap}) == {
+        'tokenizer_processor': {'tokenizer_name': str(snap)}}
+
+
+def test_smolvla_backbone_files_as_transformers_5_saves_them_and_every_step_naming_it_redirected(tmp_path: Path):
+    """A backbone as transformers 5 saves it is accepted; a missing file names itself.
+
+    transformers 5 saves a processor as processor_config.json alone (no preprocessor_config.json, no
+    special_tokens_map.json): the files the tiny SmolVLA of make check-lerobot saves with the installed one.
+    """
+    repo = 'HuggingFaceTB/SmolVLM2-500M-Video-Instruct'
+    ckpt = tmp_path / 'smolvla'
+    ckpt.mkdir()
+    (ckpt / 'policy_preprocessor.json').write_text(json.dumps({'steps': [
+        {'registry_name': 'rename_observations_processor', 'config': {'rename_map': {}}},
+        {'registry_name': 'tokenizer_processor', 'config': {'tokenizer_name': repo, 'max_length': 48}}]}))
+    needs = ck.hub_needs(ckpt, {'type': 'smolvla', 'vlm_model_name': repo})
+    assert [(n.repo_id, n.files) for n in needs] == [(repo, ck.PROCESSOR_FILES)]
+    local = tmp_path / 'smolvlm2'
+    local.mkdir()
+    for name in ('config.json', 'tokenizer.json', 'tokenizer_config.json'):
+        (local / name).write_text('{}')
+    (local / 'processor_config.json').write_text('{"image_seq_len": 64}')   # as transformers 4 saves it
+    gone = ck.missing_hub_files(needs, None, {repo: local})
+    assert len(gone) == 1 and ('preprocessor_config.json or processor_config.json (with image_processor) not in '
+                               'the snapshot') in gone[0]
+    assert ('hf download HuggingFaceTB/SmolVLM2-500M-Video-Instruct config.json tokenizer_config.json '
+            'tokenizer.json preprocessor_config.json processor_config.json --cache-dir') in gone[0]
+    (local / 'processor_config.json').write_text('{"image_processor": {}, "image_seq_len": 4}')   # transformers 5
+    assert ck.missing_hub_files(needs, None, {repo: local}) == []
+    assert ck.hub_overrides(ckpt, {repo: local}) == {'tokenizer_processor': {'tokenizer_name': str(local)}}
+    (local / 'processor_config.json').unlink()
+    (local / 'preprocessor_config.json').write_text('{}')   # transformers 4's image processor file
+    assert ck.missing_hub_files(needs, None, {repo: local}) == []
 
 
 def test_seq_deploy_refuses_before_loading_anything(tmp_path: Path, seq_home: Path, monkeypatch):
@@ -192,3 +233,21 @@ def test_seq_deploy_refuses_before_loading_anything(tmp_path: Path, seq_home: Pa
         assert cli.main(['deploy', str(pdir / 'policy.py'), '--name', 'ensembled']) != 0
     assert "'act' checkpoint correctly: temporal_ensemble_coeff=0.01" in err.getvalue()
     assert 'joint_delta' in err.getvalue()
+
+
+def test_rtc_execution_horizon_covers_the_robots_delay_and_says_so_once(tmp_path: Path, caplog):
+    """min(chunk_size, max(the checkpoint's execution_horizon, the delay)), or the config key; logged once."""
+    from sequence_ai_ros.models.lerobot_runtime import LeRobotRunner
+
+    (tmp_path / 'config.json').write_text(json.dumps(config('smolvla', chunk_size=50, n_action_steps=50,
+                                                            rtc_config={'enabled': True, 'execution_horizon': 10})))
+    runner = LeRobotRunner(tmp_path, 'cpu', 'lerobot')
+    with caplog.at_level('WARNING', logger='sequence_ai_ros.models.lerobot_runtime'):
+        horizons = [runner.rtc_kwargs(None, 0, d)['execution_horizon'] for d in (5, 27, 30, 80)]
+    assert horizons == [10, 27, 30, 50]
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and '27 actions' in warned[0] and 'execution_horizon 10' in warned[0]
+    fixed = LeRobotRunner(tmp_path, 'cpu', 'lerobot', rtc_execution_horizon=12)
+    assert [fixed.rtc_kwargs(None, 0, d)['execution_horizon'] for d in (5, 27)] == [12, 12]
+    (tmp_path / 'config.json').write_text(json.dumps(config('smolvla')))   # RTC off: no RTC arguments
+    assert LeRobotRunner(tmp_path, 'cpu', 'lerobot').rtc_kwargs(None, 0, 27) == {}

@@ -97,3 +97,81 @@ def test_check_lerobot_skips_without_python_312_saying_why():
     assert 'check-lerobot: SKIPPED: LeRobot >= 0.5 needs Python >= 3.12' in done.stdout
     ci = (REPO / '.ci' / 'run').read_text()
     assert ci.index('make test') < ci.index('make check-lerobot')
+
+
+def test_extras_cover_the_optional_features_at_the_versions_the_requirements_pin():
+    """Each extra's range admits the version CI pins for it (one name, one version; requirements*.txt)."""
+    from packaging.requirements import Requirement
+
+    tree = ast.parse((REPO / 'setup.py').read_text())
+    extras = next(ast.literal_eval(n.value) for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                  and any(isinstance(t, ast.Name) and t.id == 'EXTRAS' for t in n.targets))
+    assert set(extras) == {'metrics', 'plot', 'sim', 'lerobot'}
+    pins: dict[str, list[str]] = {}
+    for name in ('requirements.txt', 'requirements-lerobot.txt'):
+        for line in (REPO / name).read_text().splitlines():
+            line = line.split('#')[0].strip()
+            if line:
+                req = Requirement(line)
+                pins.setdefault(req.name.lower().replace('_', '-'), []).append(str(req.specifier).lstrip('='))
+    for extra, reqs in extras.items():
+        for text in reqs:
+            req = Requirement(text)
+            versions = pins.get(req.name.lower().replace('_', '-'))
+            assert versions, f'[{extra}] {req.name} is pinned in no requirements file'
+            for version in versions:
+                assert req.specifier.contains(version), f'[{extra}] {text} refuses the pinned {version}'
+    readme = (REPO / 'README.md').read_text()
+    assert 'sequence_ai_ros[metrics,plot]' in readme and '[sim]' in readme and '[lerobot]' in readme
+
+
+def test_policy_node_without_ros_prints_one_line_and_exits_2():
+    """An interpreter without site-packages has no rclpy: the console scripts say how to get ROS 2."""
+    import sys
+
+    env = {'PATH': os.environ.get('PATH', ''), 'PYTHONPATH': str(REPO)}
+    for script in ('policy_node', 'bag_player'):
+        code = f'import sys; from sequence_ai_ros.node.entry import {script}; sys.exit({script}())'
+        done = subprocess.run([sys.executable, '-S', '-c', code], capture_output=True, text=True, env=env,
+                              timeout=60, cwd=REPO)
+        assert done.returncode == 2, done.stderr
+        assert done.stdout == ''
+        assert done.stderr.splitlines() == [
+            f"{script}: needs ROS 2 (no module named 'rclpy'): install ROS 2 (Humble, Jazzy or Kilted) and source "
+            "it (source /opt/ros/<distro>/setup.bash), then your workspace (source install/setup.bash)"], done.stderr
+
+
+def test_a_missing_module_that_is_not_ros_still_raises():
+    import pytest
+
+    from sequence_ai_ros.node.entry import no_ros_hint, run_with_ros
+
+    def load():
+        raise ModuleNotFoundError("No module named 'numpy'", name='numpy')
+
+    with pytest.raises(ModuleNotFoundError):
+        run_with_ros('policy_node', load)
+    assert run_with_ros('policy_node', lambda: lambda: None) == 0
+    assert 'source install/setup.bash' in no_ros_hint('policy_node', 'sequence_ai_msgs')
+
+
+def test_check_sim_skips_without_python_312_saying_why():
+    """check-sim trains and serves with LeRobot too: the same skip, and CI runs it after check-lerobot."""
+    environ = {k: v for k, v in os.environ.items() if k != 'ROS_DISTRO'}
+    done = subprocess.run(['make', '--no-print-directory', 'check-sim', 'LEROBOT_PYTHON=python3.11'],
+                          cwd=REPO, env=environ, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert 'check-sim: SKIPPED: LeRobot >= 0.5 needs Python >= 3.12' in done.stdout
+    ci = (REPO / '.ci' / 'run').read_text()
+    assert ci.index('make check-lerobot') < ci.index('make check-sim')
+
+
+def test_the_version_is_defined_once_and_package_xml_repeats_it():
+    """``sequence_ai_ros.__version__`` is the version; setup.py reads it, both package.xml files repeat it."""
+    import sequence_ai_ros
+
+    root = Path(__file__).resolve().parent.parent
+    for xml in (root / 'package.xml', root / 'msg' / 'package.xml'):
+        assert re.search(r'<version>([^<]+)</version>', xml.read_text()).group(1) == sequence_ai_ros.__version__, xml
+    assert "version=package_version()" in (root / 'setup.py').read_text()
+    assert f'## [{sequence_ai_ros.__version__}]' in (root / 'CHANGELOG.md').read_text()

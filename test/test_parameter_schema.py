@@ -36,7 +36,9 @@ from sequence_ai_ros.node.config import (
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA = parameter_schema.load()
-ROBOT_CONFIGS = sorted(p for p in (REPO / 'config').glob('*.yaml') if p.name != 'policy_node.yaml')
+# policy_node's robot configs; sim_robot.yaml is the simulated robot's own (test_sim_node.py checks it)
+ROBOT_CONFIGS = sorted(p for p in (REPO / 'config').glob('*.yaml')
+                       if p.name not in ('policy_node.yaml', 'sim_robot.yaml'))
 
 
 def test_shipped_defaults_file_is_what_the_generator_writes(tmp_path):

@@ -123,6 +123,43 @@ def test_closed_loop_on_a_joint_that_does_not_follow_stays_bounded(trained: tupl
     assert np.all(np.isfinite(chunk))
 
 
+def test_saturated_ends_are_the_recorded_extremes_a_joint_repeats() -> None:
+    action = np.array([[0.2, 0.0, -0.3], [1.0, 0.5, 0.1], [1.0, 0.0, 0.2], [0.7, 0.4, 0.4]], np.float32)
+    lo, hi = ridge.saturated_ends(action)
+    assert lo.tolist() == [False, True, False] and hi.tolist() == [True, False, False]
+    lo, hi = ridge.saturated_ends(np.zeros((0, 3), np.float32))
+    assert not lo.any() and not hi.any()
+
+
+def test_fed_its_own_commands_the_g1_model_never_leaves_the_hands_recorded_range(
+        trained: tuple[Path, str], g1_dataset: Path) -> None:
+    """The right hand sits at 1.0 (fully open) in the recording: predictions stop there, not half a range above.
+
+    Replayed against the held-out episode's recorded states (which ignore the commands), the model's own
+    commands stay inside the hands' 0..1 range on every joint the recording saturates.
+    """
+    out, _ = trained
+    model = ridge.RidgeModel.load(out / 'model.npz')
+    ds = LeRobotDataset(g1_dataset)
+    recorded = np.concatenate([ds.episode(k).action for k in range(5)])
+    sat_lo, sat_hi = ridge.saturated_ends(recorded)
+    names = list(model.action_names)
+    right_hand = [names.index(n) for n in ('kRightHandPinky', 'kRightHandRing', 'kRightHandMiddle',
+                                            'kRightHandIndex', 'kRightHandThumbBend')]
+    assert sat_hi[right_hand].all() and sat_lo[names.index('kRightHandThumbRotation')]
+    np.testing.assert_array_equal(model.a_hi[sat_hi], recorded.max(axis=0)[sat_hi])
+    np.testing.assert_array_equal(model.a_lo[sat_lo], recorded.min(axis=0)[sat_lo])
+    assert np.all(model.a_hi[~sat_hi] > recorded.max(axis=0)[~sat_hi])   # elsewhere still widened
+    ep = ds.episode(5)
+    last, highest, lowest = None, np.full(len(names), -np.inf), np.full(len(names), np.inf)
+    for t in range(1, len(ep.state)):
+        chunk = model.predict(ep.state[t], last, ep.state[t - 1], elapsed_s=t * model.dt)
+        last = chunk[0]
+        highest, lowest = np.maximum(highest, chunk.max(axis=0)), np.minimum(lowest, chunk.min(axis=0))
+    hands = slice(14, 26)
+    assert np.all(highest[hands] <= 1.0) and np.all(lowest[hands] >= 0.0), (highest[hands], lowest[hands])
+
+
 def test_ridge_batches_give_each_robot_its_own_chunk(trained: tuple[Path, str], g1_dataset: Path) -> None:
     from sequence_ai_ros.datasets.lerobot_reader import LeRobotDataset
     from sequence_ai_ros.policy import Episode, load_policy_file

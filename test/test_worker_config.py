@@ -26,7 +26,7 @@ def test_cli_defaults_are_the_config_defaults():
     assert serving.server_config(serve_args('NAME')) == ServerConfig()
     assert ServerConfig().port == DEFAULT_PORT == 50551
     assert (ServerConfig().idle_timeout_s, ServerConfig().max_streams, ServerConfig().inference_timeout_s,
-            ServerConfig().load_timeout_s, ServerConfig().warm) == (10.0, 256, 30.0, 600.0, False)
+            ServerConfig().load_timeout_s, ServerConfig().warm) == (10.0, 256, 30.0, 180.0, False)
 
 
 def test_cli_flags_fill_the_config(tmp_path):

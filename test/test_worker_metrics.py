@@ -73,7 +73,7 @@ def test_a_live_worker_exposes_metrics_that_move_with_traffic(tmp_path):
         after = scrape(server.metrics_port)
         assert value(after, 'seq_active_episodes', deployment='mlp') == 0
         assert value(after, 'seq_episodes_ended_total', deployment='mlp', reason='completed') == 3
-        assert value(after, 'seq_episodes_ended_total', deployment='mlp', reason='operator') == 1
+        assert value(after, 'seq_episodes_ended_total', deployment='mlp', reason='other') == 1  # a free-text reason
         assert value(after, 'seq_client_underruns_total', deployment='mlp') == 0 + 1 + 2 + 3
         assert value(after, 'seq_client_underrun_seconds_total', deployment='mlp') == pytest.approx(3.0)
         captured = value(after, 'seq_capture_bytes', deployment='mlp')

@@ -127,6 +127,9 @@ def test_a_version_is_policy_config_and_checkpoint_validated_once(tmp_path, seq_
      'streaming=True needs a method decorated @seq.on_episode'),
     ('failing_dry_run', GOOD.replace('return np.full', 'raise RuntimeError("weights missing"); return np.full'),
      None, 'dry inference failed: RuntimeError: weights missing'),
+    ('failing_with_a_tail', GOOD.replace('return np.full', 'if len(inp.chunk_tail): raise RuntimeError("element 0 '
+     'of tensors does not require grad")\n        return np.full'), None,
+     r'dry inference with a chunk tail \(2 rows, expected delay 1\) failed: RuntimeError: element 0'),
     ('bad_chunk', GOOD.replace('(4, 2)', '(4, 3)'), None, r'bad chunk.*\(4, 3\)'),
     ('nan_chunk', GOOD.replace('self.scale, np.float32', 'np.nan, np.float32'), None, 'non-finite'),
     ('bad_config', GOOD, 'scale: 1\nunknown_kw: 3\n', "constructing the policy failed: TypeError.*unknown_kw"),
@@ -152,7 +155,7 @@ def test_serving_refuses_a_policy_changed_since_deploy(tmp_path, seq_home):
         create_server(['nope'])
 
 
-def test_usage_is_metered_and_persisted(tmp_path, seq_home):
+def test_usage_is_metered_and_persisted(tmp_path, seq_home, capsys):
     deploy(POLICIES / 'fast.py', name='fast')
     server = create_server(['fast'])
     ch = channel(server.port)
@@ -173,6 +176,10 @@ def test_usage_is_metered_and_persisted(tmp_path, seq_home):
     assert (u.sessions, u.episodes, u.requests) == (2, 2, 10)
     assert u.inference_s > 0 and u.warming_s > 0
     assert server.usage()['fast'].requests == 10
+    # capture is off: the worker recorded both runs in its store's index, and bills no capture storage
+    assert (seq_home / 'capture' / 'fast').is_dir()
+    code, out, _ = run(capsys, 'usage')
+    assert code == 0 and re.search(r'^fast\s', out, re.M) and 'capture:' not in out, out
 
 
 def test_cli_deploy_deployments_usage_delete(tmp_path, seq_home, capsys):
@@ -186,12 +193,13 @@ def test_cli_deploy_deployments_usage_delete(tmp_path, seq_home, capsys):
     code, out, _ = run(capsys, 'deployments')
     assert re.search(r'good\s+2\s+joint_delta\s+2\s+4', out) and 'bad' not in out
     capture = seq_home / 'capture' / 'good'
-    capture.mkdir(parents=True)
-    (capture / 'blob').write_bytes(b'x' * 1000)
+    (capture / 'episodes' / 'e1').mkdir(parents=True)
+    (capture / 'episodes' / 'e1' / 'blob').write_bytes(b'x' * 1000)
+    (capture / 'index.sqlite').write_bytes(b'x' * 5000)   # the runs index is not captured data
     code, out, _ = run(capsys, 'usage')
     assert code == 0 and re.search(r'^good\s', out, re.M)
     if importlib.util.find_spec('sequence_ai_ros.capture.store') is not None:  # stored bytes come from the store
-        assert re.search(r'capture:good\s+(\d+) bytes', out) and int(re.search(r'capture:good\s+(\d+)', out)[1]) >= 1000
+        assert re.search(r'capture:good\s+1000 bytes stored', out), out
     code, out, _ = run(capsys, 'delete', 'good')
     assert code == 0 and not capture.exists() and Registry().list() == []
     code, _, err = run(capsys, 'delete', 'good')

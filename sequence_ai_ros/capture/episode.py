@@ -5,7 +5,8 @@ Layout under ``$SEQ_HOME/capture/<deployment>/``::
     settings.json                  CaptureSettings (written by ``seq policy capture``)
     store.db                       SQLite index (WAL): episodes, sampling decisions, labels
     staging/<pid>-<dir>/           an episode being captured (invisible to readers)
-    staging/.claim-<dir>           the pid capturing that episode id (replicas share a store: one capture each)
+    staging/.claim-<dir>           who captures that episode id (replicas share a store: one capture each;
+                                   host, boot id, pid namespace, pid: see claims.py)
     episodes/<dir>/episode.rec     its records (requests, chunks, errors, telemetry; see records.py)
     episodes/<dir>/episode.json    its metadata (instruction, contract, reason, stats, counts)
     episodes/<dir>/label.json      its label, when labelled
@@ -30,9 +31,11 @@ import re
 import shutil
 import sqlite3
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sequence_ai_ros.capture.claims import REFRESH_S
 from sequence_ai_ros.capture.frame_check import FrameChecker
 from sequence_ai_ros.capture.records import CHUNK, ERROR, REQUEST, TELEMETRY, Record, encode_record, read_records
 from sequence_ai_ros.capture.settings import CaptureSettings
@@ -93,25 +96,6 @@ def write_json_atomic(path: Path, data: Any) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-
-
-def claim_owner(path: Path) -> int:
-    """Return the pid written in a capture claim file (``staging/.claim-<dir>``), 0 when unreadable or empty."""
-    try:
-        return int(path.read_text(encoding='ascii') or 0)
-    except (OSError, ValueError):
-        return 0
-
-
-def pid_alive(pid: int) -> bool:
-    """Return True when a process with this pid exists on this host."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def contract_to_json(contract: Contract | None) -> dict[str, Any] | None:
@@ -192,6 +176,7 @@ class EpisodeCapture:
         self.dir_name = _dir_name(episode_id)
         self.staging = store.root / 'staging' / f'{os.getpid()}-{self.dir_name}'
         self.claim: Path | None = None   # the store's claim on the id (released at commit or drop)
+        self._refreshed = time.monotonic()   # when the claim's mtime was last touched (claims.REFRESH_S)
         self._lock = threading.RLock()   # commit() reads the counters under it
         self._closed = False
         self.requests = 0
@@ -335,6 +320,12 @@ class EpisodeCapture:
             self.bytes += len(blob)
             self.requests += requests
             self.frames += frames
+            if self.claim is not None and time.monotonic() - self._refreshed > REFRESH_S:
+                self._refreshed = time.monotonic()
+                try:   # other hosts and containers see a live holder by this (claims.py)
+                    os.utime(self.claim)
+                except OSError:
+                    pass
 
     def _drop(self) -> None:
         try:

@@ -37,20 +37,15 @@ from sequence_ai_ros.exceptions import ContractViolation
 from sequence_ai_ros.protocol import codec
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import Contract, clip
+from sequence_ai_ros.protocol.limits import MAX_EPISODE_S, MAX_GAP_S, MAX_ROBOT_TIME_S, MAX_TICK_S, check_frame
 from sequence_ai_ros.protocol.spaces import ActionSpace, position_mask
-from sequence_ai_ros.protocol.timeline import HOLD_REASONS, MAX_GRID_INDEX, MAX_STEP
 
 _MODE_CHANNELS = {'L': 1, 'RGB': 3, 'YCbCr': 3, 'I;16': 1, 'P': 1, 'RGBA': 4, 'CMYK': 4, 'LA': 2, '1': 1}
 
 
-#: Largest |robot_time_s| (s) a frame may carry: a monotonic clock (~32 years); beyond is garbage.
-MAX_ROBOT_TIME_S = 1e9
-#: Longest control period one record may cover (s of the policy's time).
-MAX_TICK_S = 10.0
-#: Longest stall between two records (s): a larger leap is a bad record (the export fills a stall with rows).
-MAX_GAP_S = 300.0
-#: Longest episode a record may belong to (s of the policy's time), which bounds an export's rows.
-MAX_EPISODE_S = 7200.0
+# The limits (MAX_ROBOT_TIME_S, MAX_TICK_S, MAX_GAP_S, MAX_EPISODE_S, the step span, grid index and hold
+# reasons) are the wire schema's: sequence_ai_ros.protocol.limits.
+__all__ = ['FrameChecker', 'MAX_EPISODE_S', 'MAX_GAP_S', 'MAX_ROBOT_TIME_S', 'MAX_TICK_S']
 #: Slack on span comparisons (chunk steps): spans are sums of floats.
 _SLACK = 1e-6
 
@@ -76,10 +71,7 @@ class FrameChecker:
 
         :raises ContractViolation: naming the first problem (the frame must not be kept).
         """
-        if not (math.isfinite(frame.robot_time_s) and abs(frame.robot_time_s) <= MAX_ROBOT_TIME_S):
-            raise ContractViolation(f'robot_time_s {frame.robot_time_s!r} is not a monotonic clock reading '
-                                    f'(finite, |t| <= {MAX_ROBOT_TIME_S:g} s)')
-        _timeline(frame)
+        check_frame(frame)   # its own fields, by the wire schema
         self._order(frame)
         c = self.contract
         state_dim = len(c.observation.state_names) if c is not None and c.observation.state_names else None
@@ -180,17 +172,6 @@ class FrameChecker:
         rate = ~position_mask(space, arr.shape[1]) if space is not None else np.ones(arr.shape[1], bool)
         if ref.shape == total.shape and not np.allclose(total[rate], ref[rate], rtol=1e-3, atol=1e-5):
             raise ContractViolation('pieces do not make up the record\'s policy action (their sum differs)')
-
-
-def _timeline(frame: pb.TelemetryFrame) -> None:
-    if frame.grid_index >= MAX_GRID_INDEX:
-        raise ContractViolation(f'grid_index {frame.grid_index} is not a control deadline (>= 2**53)')
-    a, b = frame.step_start, frame.step_end
-    if not (math.isfinite(a) and math.isfinite(b) and abs(a) <= MAX_STEP and abs(b) <= MAX_STEP and b >= a):
-        raise ContractViolation(f'step span [{a!r}, {b!r}) is not a span of chunk steps (finite, within '
-                                f'{MAX_STEP:g}, end >= start)')
-    if frame.hold_reason and frame.hold_reason not in HOLD_REASONS:
-        raise ContractViolation(f'hold_reason {clip(frame.hold_reason, 40)!r} is not one of {", ".join(HOLD_REASONS)}')
 
 
 def _vector(tensor: pb.Tensor, what: str, dim: int | None) -> np.ndarray:

@@ -78,10 +78,26 @@ class Index:
     (disk full, locked); the store turns those into a paused capture with a diagnostic.
     """
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, read_only: bool = False) -> None:
         self.path = Path(root) / INDEX_FILE
+        self.read_only = read_only
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
+
+    def _connect_read_only(self) -> sqlite3.Connection:
+        """A connection that writes nothing: SQLite's ``mode=ro``, and ``immutable`` when no WAL is live.
+
+        ``mode=ro`` on a WAL database still creates its ``-wal`` and ``-shm`` files when they are missing;
+        with no ``-wal`` there is no writer (a worker keeps it while it has the index open), so the file is
+        opened immutable and nothing is created. With a live writer its existing ``-shm`` (shared memory,
+        no data) is used as SQLite's readers do.
+        """
+        wal = self.path.with_name(self.path.name + '-wal')
+        mode = 'mode=ro' if wal.exists() else 'mode=ro&immutable=1'
+        if not self.path.is_file():
+            raise sqlite3.OperationalError(f'no index {self.path}')
+        return sqlite3.connect(f'file:{self.path}?{mode}', uri=True, timeout=10.0, isolation_level=None,
+                               check_same_thread=False)
 
     @contextlib.contextmanager
     def connect(self) -> Iterator[sqlite3.Connection]:
@@ -91,6 +107,23 @@ class Index:
         checkpoints it, which would cost an fsync per call) and serialised by a lock; it is dropped after
         any error so that the next call reopens the file.
         """
+        if self.read_only:   # one short connection per call: never held across an export
+            with self._lock:
+                wal = self.path.with_name(self.path.name + '-wal')
+                immutable = not wal.exists()
+                conn = self._connect_read_only()
+                try:
+                    conn.execute('BEGIN')
+                    yield conn
+                    conn.execute('COMMIT')
+                except sqlite3.DatabaseError as exc:
+                    if immutable and wal.exists():   # a worker opened it meanwhile: not a corrupt index
+                        raise sqlite3.OperationalError(f'the index changed while it was read (a worker opened '
+                                                       f'it): read it again ({exc})') from None
+                    raise
+                finally:
+                    conn.close()
+            return
         with self._lock:
             if self._conn is None:
                 self._conn = sqlite3.connect(self.path, timeout=10.0, isolation_level=None, check_same_thread=False)
@@ -128,8 +161,21 @@ class Index:
                     self.close()
                     raise
 
+    def check(self) -> None:
+        """Check a read-only index (``PRAGMA quick_check``), writing nothing.
+
+        :raises sqlite3.DatabaseError: on corruption or a file that is not a database.
+        """
+        with self.connect() as conn:
+            problems = [r[0] for r in conn.execute('PRAGMA quick_check').fetchall()]
+            if problems != ['ok']:
+                raise sqlite3.DatabaseError(f'quick_check: {"; ".join(problems[:3])}')
+            conn.execute('SELECT COUNT(*) FROM episodes').fetchone()
+
     def create(self) -> None:
         """Create the tables when missing; check the file first (``PRAGMA quick_check``; raises on corruption)."""
+        if self.read_only:
+            raise sqlite3.OperationalError(f'index {self.path} is opened read-only')
         self.close()
         conn = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
         try:

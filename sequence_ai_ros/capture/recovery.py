@@ -1,7 +1,8 @@
 """Crash recovery of a capture store, and its size on disk.
 
 :func:`recover_store` runs when a store opens (and after :meth:`CaptureStore.repair`): staging directories
-of processes that are gone are removed (their episodes were never committed), committed directories
+whose episode id is no longer claimed by a live holder (:mod:`sequence_ai_ros.capture.claims`) are removed
+(their episodes were never committed), committed directories
 missing from the index (a crash between the commit rename and the index insert, or a rebuilt index) are
 indexed from their ``episode.json`` and ``label.json``, and index rows whose directory is gone are dropped.
 """
@@ -13,7 +14,8 @@ import os
 import shutil
 from pathlib import Path
 
-from sequence_ai_ros.capture.episode import LABEL_FILE, META_FILE, claim_owner, pid_alive
+from sequence_ai_ros.capture import claims
+from sequence_ai_ros.capture.episode import LABEL_FILE, META_FILE
 from sequence_ai_ros.capture.index import Index
 
 
@@ -25,17 +27,24 @@ def recover_store(root: Path, index: Index) -> dict[str, int]:
     """
     out = {'dropped': 0, 'indexed': 0, 'missing': 0}
     staging = root / 'staging'
-    for d in sorted(staging.iterdir()) if staging.is_dir() else ():
-        if d.name.startswith('.claim-'):   # an episode id's capture claim (CaptureStore._claim): a dead owner's
-            owner = claim_owner(d)         # goes; a half-written one (no pid) is left to its writer
-            if owner and owner != os.getpid() and not pid_alive(owner):
+    entries = sorted(staging.iterdir()) if staging.is_dir() else []
+    live: dict[str, int] = {}   # dir name -> pid of its live claim's holder
+    for d in entries:
+        if d.name.startswith('.claim-'):   # an episode id's capture claim (CaptureStore._claim): a dead
+            holder = claims.read_holder(d)  # holder's goes; a half-written one (no holder yet) is left to its writer
+            if holder is None:
+                continue
+            if claims.alive(holder, d):
+                live[d.name[len('.claim-'):]] = holder.pid
+            else:
                 d.unlink(missing_ok=True)
-            continue
+    for d in entries:
         if d.name.startswith('.'):
-            continue  # a free-space probe file of a live store
-        pid = d.name.split('-', 1)[0]
-        # A live writer (this process included: another store object may be capturing) keeps its staging.
-        if not (pid.isdigit() and (int(pid) == os.getpid() or pid_alive(int(pid)))):
+            continue  # a claim, or a free-space probe file of a live store
+        pid, _, name = d.name.partition('-')
+        # A staging directory is kept while its episode id's claim is live and held by the pid that wrote it
+        # (a pid alone is never trusted: it may be another pid namespace's, or reused).
+        if not (pid.isdigit() and live.get(name) == int(pid)):
             shutil.rmtree(d, ignore_errors=True)
             out['dropped'] += 1
     indexed = index.dirs()

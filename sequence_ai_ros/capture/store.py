@@ -17,8 +17,13 @@ Faults never break serving: a full disk (``ENOSPC``; ``EFBIG`` under ``RLIMIT_FS
 with a diagnostic in :meth:`CaptureStore.status`: the episode being written is dropped, nothing
 committed is touched, and :meth:`CaptureStore.begin` returns None while paused. A quota pause lifts at
 the next episode start once the store is under its quota, a disk pause once a 1 MiB probe file can be
-written again; a corrupted index stays paused until :meth:`CaptureStore.repair` rebuilds it from the
-episode directories (which hold everything).
+written again; a corrupted index is rebuilt from the episode directories (which hold everything)
+automatically when no other live process captures into the store (at open, and at an episode start at most
+once a minute; the bad file is kept aside), else it stays paused until :meth:`CaptureStore.repair`
+(``seq policy capture NAME --repair --store DIR``).
+
+Readers (``read_only=True``: exports, stats, plots) write nothing to the store: no pause file, no
+recovery, no repair, no index created; the index is opened by SQLite's read-only modes.
 
 Threads: none of its own; the worker's threads may call it concurrently (a lock guards its state).
 """
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import shutil
 import sqlite3
@@ -36,15 +42,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sequence_ai_ros.capture import claims
 from sequence_ai_ros.capture.episode import (
     LABEL_FILE,
     META_FILE,
     CapturedEpisode,
     EpisodeCapture,
     _dir_name,
-    claim_owner,
     contract_from_json,
-    pid_alive,
     write_json_atomic,
 )
 from sequence_ai_ros.capture.index import INDEX_FILE, Index
@@ -61,6 +66,9 @@ __all__ = ['CaptureStore', 'CaptureSettings', 'EpisodeCapture', 'CapturedEpisode
 PAUSE_FILE = 'pause.json'
 #: Bytes written to probe for room before lifting a disk-full pause.
 PROBE_BYTES = 1 << 20
+#: Seconds between two automatic repairs of a corrupt index (see CaptureStore._auto_repair).
+AUTO_REPAIR_INTERVAL_S = 60.0
+LOG = logging.getLogger(__name__)
 
 
 class CaptureLookupError(CaptureError, LookupError):
@@ -84,11 +92,14 @@ class CaptureStore:
         labels and retention.
     """
 
-    def __init__(self, root: str | Path, deployment: str = '', clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, root: str | Path, deployment: str = '', clock: Callable[[], float] = time.time,
+                 read_only: bool = False) -> None:
         self.root = Path(root)
         self.deployment = deployment or self.root.name
         self.clock = clock
-        self.index = Index(self.root)
+        #: a reader (exports, stats, plots): nothing is ever written, created or removed in the store
+        self.read_only = read_only
+        self.index = Index(self.root, read_only=read_only)
         self._lock = threading.Lock()
         self._active: set[EpisodeCapture] = set()
         self._ready = False
@@ -97,6 +108,8 @@ class CaptureStore:
         self._base_bytes = 0
         self.retired = False   # set by retire() when the deployment is deleted
         self._open_lock = threading.Lock()
+        self._last_refusal = ''
+        self._auto_repaired = -AUTO_REPAIR_INTERVAL_S   # monotonic time of the last automatic repair attempt
 
     # ------------------------------------------------------------------ settings and status
     @property
@@ -148,13 +161,28 @@ class CaptureStore:
         if self.retired:
             return None
         now = self.clock()
+        self._last_refusal = ''
+        with self._lock:
+            corrupt = self._pause is not None and self._pause[0] == 'corrupt'
+        if corrupt:   # found corrupt while serving: rebuilt at an episode start when safe
+            try:
+                with self._open_lock:
+                    repaired = self._auto_repair(CaptureError(self._pause[1] if self._pause else 'corrupt'))
+                    if repaired:
+                        self.recover()
+                if repaired:
+                    with self._lock:
+                        self._pause = None
+                    self._save_pause(None)
+            except (OSError, sqlite3.Error) as exc:
+                LOG.warning('capture %s: automatic repair failed: %s', self.deployment, exc)
         try:
             self._open()
             why = self._refuse(settings, episode_id)
             with self._lock:
                 running = any(ep.episode_id == episode_id for ep in self._active)
             first = self.index.decide(episode_id, now, why is None, why or 'captured')
-            if why is not None:     # not captured anyway (off, paused, sampled out): nothing to tell the robot
+            if why is not None:     # not captured (off, paused, sampled out): why() tells
                 return None
             if running:
                 raise self._not_captured(episode_id, 'is being captured by this worker')
@@ -173,8 +201,18 @@ class CaptureStore:
                 raise
             return ep
         except (OSError, sqlite3.Error) as exc:
-            self._fault(exc, f'starting episode {episode_id}')
+            self._last_refusal = str(self._fault(exc, f'starting episode {episode_id}'))
             return None
+
+    def refusal(self) -> str:
+        """Why the last :meth:`begin` that returned None did not capture although capture is on ('' otherwise).
+
+        A paused store (disk full, quota, corrupt index) or a failed start: the robot is told (capture_error).
+        """
+        if self._last_refusal:
+            return self._last_refusal
+        status = self.status()
+        return status['diagnostic'] if status['state'] == 'paused' else ''
 
     def label(self, episode_id: str, success: bool, notes: str = '') -> None:
         """Store an episode's label (replacing an earlier one), captured or not; a running one gets it too.
@@ -267,6 +305,14 @@ class CaptureStore:
         """Return the bytes the store holds on disk (every file: episodes, index, staging, settings)."""
         return tree_bytes(self.root)
 
+    def captured_bytes(self) -> int:
+        """Return the bytes of captured data: episodes, committed and being written (``seq usage`` bills these).
+
+        The index and settings are not captured data: a worker records every episode it runs there (for
+        labels and ``seq policy stats``), captured or not, so a deployment that never captured holds 0.
+        """
+        return tree_bytes(self.root / 'episodes') + tree_bytes(self.root / 'staging')
+
     def recover(self) -> dict[str, int]:
         """Clean up after crashes: drop staging dirs of dead processes, index complete unindexed episodes.
 
@@ -280,13 +326,10 @@ class CaptureStore:
         :returns: the number of episodes in the rebuilt index.
         :raises CaptureError: when the store directory cannot be written.
         """
-        stamp = time.strftime('%Y%m%dT%H%M%S')
-        self.index.close()
+        if self.read_only:
+            raise CaptureError(f'store {self.root} is opened read-only; repair it with: {self.repair_command()}')
         try:
-            for suffix in ('', '-wal', '-shm'):
-                src = self.root / (INDEX_FILE + suffix)
-                if src.exists():
-                    os.replace(src, self.root / f'{INDEX_FILE}{suffix}.corrupt-{stamp}')
+            self._move_index_aside()
             self._ready = False
             self._open()
             count = self.index.totals()['episodes']
@@ -296,6 +339,61 @@ class CaptureStore:
             self._pause = None
         self._save_pause(None)
         return int(count)
+
+    def _others_capturing(self) -> list[str]:
+        """The claims in staging held by live processes other than this one (replicas sharing the store)."""
+        staging = self.root / 'staging'
+        busy = []
+        for claim in sorted(staging.glob('.claim-*')) if staging.is_dir() else ():
+            holder = claims.read_holder(claim)
+            if holder is not None and not claims.is_mine(holder) and claims.alive(holder, claim):
+                busy.append(f'{holder.host or "this host"} pid {holder.pid}')
+        return busy
+
+    def _auto_repair(self, exc: BaseException) -> bool:
+        """Rebuild a corrupt index when that is safe; return True when it was rebuilt.
+
+        Safe means no other live process is capturing into this store (no live claim of another
+        holder): the rebuild reads the committed episode directories, which hold everything an export
+        needs, and keeps the bad index aside (``store.db.corrupt-<time>``). Otherwise the store stays paused
+        until :meth:`repair` (``seq policy capture NAME --repair --store DIR``). A reader never repairs.
+        """
+        if self.read_only:
+            return False
+        now = time.monotonic()
+        if now - self._auto_repaired < AUTO_REPAIR_INTERVAL_S:
+            return False
+        self._auto_repaired = now
+        self.index.close()
+        try:   # another replica sharing the store may have rebuilt it already: then the file is good again
+            self.index.create()
+            return True
+        except sqlite3.DatabaseError:
+            pass
+        busy = self._others_capturing()
+        if busy:
+            LOG.warning('capture %s: index %s is corrupt (%s); not rebuilt automatically while %s capture into '
+                        'the store', self.deployment, self.index.path, exc, ', '.join(busy))
+            return False
+        LOG.warning('capture %s: index %s is corrupt (%s); rebuilding it from the episode files (the bad one is '
+                    'kept aside)', self.deployment, self.index.path, exc)
+        self._move_index_aside()
+        self.index.create()
+        return True
+
+    def _move_index_aside(self) -> None:
+        stamp = time.strftime('%Y%m%dT%H%M%S')
+        self.index.close()
+        for suffix in ('', '-wal', '-shm'):
+            src = self.root / (INDEX_FILE + suffix)
+            if src.exists():
+                os.replace(src, self.root / f'{INDEX_FILE}{suffix}.corrupt-{stamp}')
+
+    def repair_command(self) -> str:
+        """The command that rebuilds THIS store's index (it names the store's directory)."""
+        import shlex
+
+        return f'seq policy capture {shlex.quote(self.deployment)} --repair --store {shlex.quote(str(self.root))}'
 
     def close(self) -> None:
         """Close the index connection (checkpointing its WAL); the store reopens it if used again."""
@@ -330,6 +428,8 @@ class CaptureStore:
         out = []
         for row in rows:
             path = self.root / 'episodes' / row.pop('dir')
+            if not path.is_dir():   # gone (retention while we read, or a row recovery would drop): not listed
+                continue
             try:
                 meta = json.loads((path / META_FILE).read_text(encoding='utf-8'))
             except (OSError, ValueError):
@@ -358,9 +458,17 @@ class CaptureStore:
         with self._open_lock:   # two worker threads' first episodes must not create the index at once
             if self._ready:
                 return
+            if self.read_only:   # a reader checks, never creates, recovers or repairs
+                self.index.check()
+                self._ready = True
+                return
             (self.root / 'episodes').mkdir(parents=True, exist_ok=True)
             (self.root / 'staging').mkdir(exist_ok=True)
-            self.index.create()
+            try:
+                self.index.create()
+            except sqlite3.DatabaseError as exc:
+                if isinstance(exc, sqlite3.OperationalError) or not self._auto_repair(exc):
+                    raise
             self.recover()
             self._ready = True
 
@@ -416,30 +524,40 @@ class CaptureStore:
                             'captured; give each new episode its own id')
 
     def _claim(self, episode_id: str) -> Path:
-        """Claim an episode id for this process while it is captured: ``staging/.claim-<dir>`` holds the pid.
+        """Claim an episode id for this process while it is captured: ``staging/.claim-<dir>`` names it.
 
         Replicas of a fleet share one store: a reconnect of an episode that lands on another replica while
         the first still captures it would be captured twice. The claim is created atomically (a hard link,
-        which fails when the name exists); a dead process's claim is taken over.
+        which fails when the name exists) and names its holder by host, boot id, pid namespace, pid and
+        start time (:mod:`sequence_ai_ros.capture.claims`); a dead holder's claim is taken over, a live
+        one's (a container's included) never.
 
         :raises CaptureError: when a live process (this one included: a concurrent start) holds the claim.
         """
+        import uuid
+
         staging = self.root / 'staging'
         path = staging / f'.claim-{_dir_name(episode_id)}'
-        mine = staging / f'.claim-{os.getpid()}-{threading.get_ident()}'
-        mine.write_text(str(os.getpid()), encoding='ascii')
+        me = claims.this_process()
+        mine = staging / f'.claim-new-{uuid.uuid4().hex}'
+        mine.write_text(me.to_json(), encoding='utf-8')
         try:
             for _ in range(3):
                 try:
                     os.link(mine, path)
                     return path
                 except FileExistsError:
-                    owner = claim_owner(path)
-                    if owner and (owner == os.getpid() or pid_alive(owner)):
-                        where = 'this worker' if owner == os.getpid() else f'another worker process (pid {owner})'
+                    holder = claims.read_holder(path)
+                    if holder is None or claims.alive(holder, path):
+                        if holder is not None and claims.is_mine(holder):
+                            where = 'this worker'
+                        elif holder is None:
+                            where = 'another worker process (its claim is being written)'
+                        else:
+                            where = f'another worker process (pid {holder.pid} on {holder.host or "this host"})'
                         raise self._not_captured(episode_id, f'is being captured by {where} sharing this '
                                                              'store') from None
-                    path.unlink(missing_ok=True)   # a dead process's claim
+                    path.unlink(missing_ok=True)   # a dead holder's claim
             raise CaptureError(f'deployment {self.deployment}: episode {episode_id!r}: its capture claim '
                                f'{path} could not be taken')
         finally:
@@ -471,6 +589,8 @@ class CaptureStore:
         Best effort: a full disk may refuse it, then only this process knows.
         """
         path = self.root / PAUSE_FILE
+        if self.read_only:
+            return
         try:
             if pause is None:
                 path.unlink(missing_ok=True)
@@ -480,19 +600,30 @@ class CaptureStore:
             pass
 
     def _fault(self, exc: BaseException, what: str) -> CaptureError:
-        """Pause capture for a storage fault; return the CaptureError to raise (with the diagnostic)."""
+        """Pause capture for a storage fault; return the CaptureError to raise (with the diagnostic).
+
+        A reader (read_only) pauses nothing: only its message says the store cannot be read.
+        """
+        lead = 'cannot read the store' if self.read_only else 'capture paused'
         if isinstance(exc, CaptureError) and 'quota' in str(exc):
-            kind, text = 'quota', f'capture paused while {what}: {exc}'
+            kind, text = 'quota', f'{lead} while {what}: {exc}'
         elif isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
-            kind, text = 'disk', f'capture paused while {what}: disk full ({exc})'
+            kind, text = 'disk', f'{lead} while {what}: disk full ({exc})'
+        elif isinstance(exc, (sqlite3.IntegrityError, sqlite3.InterfaceError, TypeError, ValueError)):
+            # this episode's own data (a value the index refuses): that episode alone is refused, no pause
+            return CaptureError(f'not kept: {what} failed: {type(exc).__name__}: {exc}')
+        elif isinstance(exc, OSError) and exc.errno not in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            # any other write failure (EIO, EACCES...): that episode is refused and the robot told; the next
+            # episode tries again (nothing to lift)
+            return CaptureError(f'not kept: {what} failed: {type(exc).__name__}: {exc}')
         elif isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError):
-            kind, text = 'corrupt', (f'capture paused while {what}: the index {self.index.path} is corrupt ({exc}); '
+            kind, text = 'corrupt', (f'{lead} while {what}: the index {self.index.path} is corrupt ({exc}); '
                                      f'kept episodes are intact in episodes/; rebuild the index with: '
-                                     f'seq policy capture {self.deployment} --repair')
+                                     f'{self.repair_command()}')
         elif isinstance(exc, sqlite3.OperationalError) and 'full' in str(exc):
-            kind, text = 'disk', f'capture paused while {what}: disk full ({exc})'
+            kind, text = 'disk', f'{lead} while {what}: disk full ({exc})'
         else:
-            kind, text = 'io', f'capture paused while {what}: {type(exc).__name__}: {exc}'
+            kind, text = 'io', f'{lead} while {what}: {type(exc).__name__}: {exc}'
         with self._lock:
             self._pause = (kind, text, self.clock())
             pause = self._pause

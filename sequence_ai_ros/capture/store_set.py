@@ -12,7 +12,15 @@ and the robot's next stream with the same id landed on a survivor), the copy wit
 is kept (then the later end), and the other is listed in :attr:`StoreSet.duplicates`. None is lost: every
 committed episode of every store is either read or listed there.
 
-Read-only: nothing is written to the stores.
+Each store is checked before it is read: its episodes must be of the deployment asked for (the contract
+each episode was captured under names its deployment) and share a contract (state and action names,
+action space) with the other stores. A store that fails a check, or whose index cannot be read (e.g.
+corrupt), is skipped and named in :attr:`StoreSet.skipped_stores` with the reason and, for a damaged
+index, the command that repairs that store; the other stores are read. Only when every store is bad is
+it an error.
+
+Read-only: nothing is written to the stores (each is opened as a read-only
+:class:`~sequence_ai_ros.capture.store.CaptureStore`).
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from typing import Any
 
 from sequence_ai_ros.capture.episode import CapturedEpisode
 from sequence_ai_ros.capture.store import CaptureStore
-from sequence_ai_ros.exceptions import ConfigError
+from sequence_ai_ros.exceptions import CaptureError, ConfigError
 
 
 class StoreSet:
@@ -52,9 +60,48 @@ class StoreSet:
         self.deployment = deployment
         self.roots = paths
         self.root = paths[0]
-        self.stores = [CaptureStore(p, deployment=deployment) for p in paths]
+        self.stores = [CaptureStore(p, deployment=deployment, read_only=True) for p in paths]
         #: (episode_id, store directory) of committed copies not read because another store's copy was kept.
         self.duplicates: list[tuple[str, Path]] = []
+        #: (store directory, why) of the stores not read: another deployment, another contract, a bad index.
+        self.skipped_stores: list[tuple[Path, str]] = []
+
+    def _skip(self, store: CaptureStore, why: str) -> None:
+        if all(root != store.root for root, _ in self.skipped_stores):
+            self.skipped_stores.append((store.root, why))
+
+    def _good(self) -> list[CaptureStore]:
+        """The stores that pass the checks (see the module docstring); the others go to skipped_stores.
+
+        :raises CaptureError: when no store is left, naming each store and why.
+        """
+        reference: tuple[Path, set] | None = None
+        good = []
+        for store in self.stores:
+            if any(root == store.root for root, _ in self.skipped_stores):
+                continue
+            try:
+                every = store.episodes()
+            except CaptureError as exc:
+                self._skip(store, str(exc))
+                continue
+            others = sorted({e.contract.deployment for e in every
+                             if e.contract is not None and e.contract.deployment not in ('', self.deployment)})
+            if others:
+                self._skip(store, f'it holds episodes of deployment {others[0]!r}, not {self.deployment!r}')
+                continue
+            shapes = {_shape(e) for e in every if e.contract is not None}
+            if shapes and reference is not None and not shapes & reference[1]:
+                self._skip(store, f'its contract (state/action names or action space) differs from the one of '
+                                  f'store {reference[0]}')
+                continue
+            if shapes and reference is None:
+                reference = (store.root, shapes)
+            good.append(store)
+        if not good:
+            raise CaptureError('no capture store could be read: ' +
+                               '; '.join(f'{root}: {why}' for root, why in self.skipped_stores))
+        return good
 
     def episodes(self, since: float | None = None, until: float | None = None,
                  labelled_only: bool = False) -> list[CapturedEpisode]:
@@ -63,12 +110,17 @@ class StoreSet:
         :param since: keep episodes started at or after this wall time (s since the epoch).
         :param until: keep episodes started before this wall time.
         :param labelled_only: keep labelled episodes only.
-        :raises CaptureError: when a store's index cannot be read.
+        :raises CaptureError: when no store can be read (a bad store is skipped: :attr:`skipped_stores`).
         """
         best: dict[str, tuple[CapturedEpisode, Path]] = {}
         self.duplicates = []
-        for store in self.stores:
-            for e in store.episodes(since=since, until=until, labelled_only=labelled_only):
+        for store in self._good():
+            try:
+                chosen = store.episodes(since=since, until=until, labelled_only=labelled_only)
+            except CaptureError as exc:   # it went bad since the check: skipped like any bad store
+                self._skip(store, str(exc))
+                continue
+            for e in chosen:
                 seen = best.get(e.episode_id)
                 if seen is None:
                     best[e.episode_id] = (e, store.root)
@@ -88,8 +140,13 @@ class StoreSet:
         """
         best: dict[str, dict[str, Any]] = {}
         anonymous: list[dict[str, Any]] = []
-        for store in self.stores:
-            for run in store.runs():
+        for store in self._good():
+            try:
+                recorded = store.runs()
+            except CaptureError as exc:
+                self._skip(store, str(exc))
+                continue
+            for run in recorded:
                 eid = run.get('episode_id')
                 if not eid:
                     anonymous.append(run)
@@ -99,6 +156,13 @@ class StoreSet:
                     best[eid] = run
         runs = list(best.values()) + anonymous
         return sorted(runs, key=lambda r: (r.get('started_at') or 0.0, r.get('episode_id') or ''))
+
+
+def _shape(e: CapturedEpisode) -> tuple:
+    """What an export's features depend on in an episode's contract."""
+    c = e.contract
+    assert c is not None
+    return (tuple(c.observation.state_names), tuple(c.action_names), c.action_space)
 
 
 def _better(a: CapturedEpisode, b: CapturedEpisode) -> bool:

@@ -31,11 +31,12 @@ def _check_registered(name: str) -> None:
         raise UnknownDeployment(f'{exc}; pass --force to set capture for {name!r} anyway') from None
 
 
-def _store(name: str, stores: list[Path] | None = None) -> Any:
+def _store(name: str, stores: list[Path] | None = None, read_only: bool = True) -> Any:
     """The store of deployment ``name``; the name is checked like a deployment name (never a path).
 
     :param stores: capture store directories of the deployment's replicas (``--store``), read as one
         (:class:`~sequence_ai_ros.capture.store_set.StoreSet`); None: ``$SEQ_HOME/capture/<name>``.
+    :param read_only: open the store as a reader (exports, stats, plots: nothing is written to it).
     :raises ConfigError: for a name that is not a valid deployment name (e.g. ``../x``), even with --force,
         or a ``--store`` that is not a capture store.
     """
@@ -43,11 +44,19 @@ def _store(name: str, stores: list[Path] | None = None) -> Any:
     from sequence_ai_ros.worker.registry import check_name
 
     check_name(name)
-    if stores:
+    if stores and read_only:
         from sequence_ai_ros.capture.store_set import StoreSet
 
         return StoreSet(stores, name)
-    return CaptureStore(capture_root(seq_home(), name), deployment=name)
+    if stores:
+        if len(stores) != 1:
+            raise ConfigError('give one --store DIR here (the store to set, show or repair)')
+        root = Path(stores[0]).expanduser().resolve()
+        if not ((root / 'store.db').is_file() or (root / 'episodes').is_dir()):
+            raise ConfigError(f'{root} is not a capture store (no store.db, no episodes/); a store is '
+                              f'$SEQ_HOME/capture/<deployment> of a worker')
+        return CaptureStore(root, deployment=name)
+    return CaptureStore(capture_root(seq_home(), name), deployment=name, read_only=read_only)
 
 
 def _add_store_option(parser: argparse.ArgumentParser) -> None:
@@ -94,6 +103,8 @@ def add_parsers(sub: argparse._SubParsersAction, groups: dict[str, argparse._Sub
     cap.add_argument('--quota-bytes', type=int, help='pause capture when the store holds this many bytes')
     cap.add_argument('--off', action='store_true', help='stop new capture; what was kept stays for its retention')
     cap.add_argument('--repair', action='store_true', help='rebuild a corrupted index from the episode files')
+    cap.add_argument('--store', action='append', type=Path, default=None, metavar='DIR',
+                     help='act on this capture store of NAME (e.g. a replica\'s) instead of $SEQ_HOME/capture/NAME')
     cap.add_argument('--json', action='store_true', help='print the summary as JSON')
     cap.add_argument('--force', action='store_true',
                      help='act on NAME even when it is not a registered deployment (e.g. served by file)')
@@ -117,7 +128,8 @@ def add_parsers(sub: argparse._SubParsersAction, groups: dict[str, argparse._Sub
                      'would be skipped')
     exp.add_argument('--vcodec', choices=('av1', 'h264'), default='av1',
                      help='video codec: av1 (libsvtav1, LeRobot\'s default) or h264 (libx264 ultrafast)')
-    exp.add_argument('--force', action='store_true', help='replace an earlier export at --out')
+    exp.add_argument('--force', action='store_true', help='replace an earlier export of ours at --out (a folder '
+                     'our export did not write, or holding files it did not write, is refused)')
     exp.add_argument('--robot-type', default=None, help='info.json robot_type (lerobot)')
     _add_store_option(exp)
     exp.set_defaults(func=cmd_export)
@@ -174,8 +186,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
     """
     from sequence_ai_ros.capture.settings import load_settings, save_settings
 
-    store = _store(args.name)   # checks the name first, --force or not
-    if not getattr(args, 'force', False):
+    store = _store(args.name, getattr(args, 'store', None), read_only=False)   # checks the name, --force or not
+    if not getattr(args, 'force', False) and not getattr(args, 'store', None):
         _check_registered(args.name)
     changes: dict[str, Any] = {}
     if args.rate is not None:
@@ -241,10 +253,12 @@ def cmd_export(args: argparse.Namespace) -> int:
         res = export_lerobot(store, out, vcodec=args.vcodec, robot_type=args.robot_type, images=args.images,
                              fps=args.fps, lerobot_version=args.lerobot_version, **common)
         if args.strict:
-            if res['skipped']:
+            bad = [(str(root), why) for root, why in getattr(store, 'skipped_stores', [])]
+            if res['skipped'] or bad:
                 shutil.rmtree(scratch, ignore_errors=True)
-                raise ExportError('--strict: episodes would be skipped: ' +
-                                  '; '.join(f'{eid}: {why}' for eid, why in res['skipped']))
+                raise ExportError('--strict: ' + '; '.join(
+                    [f'store {root} would be skipped: {why}' for root, why in bad] +
+                    [f'{eid} would be skipped: {why}' for eid, why in res['skipped']]))
             from sequence_ai_ros.datasets.export_common import check_out, finish
 
             finish(Path(res['out']), check_out(args.out, args.force))
@@ -262,8 +276,14 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(f'  note: {note}')
     for episode_id, where in getattr(store, 'duplicates', []):
         print(f'  note: episode {episode_id} is also in {where}; the copy with more frames was exported')
+    for root, why in getattr(store, 'skipped_stores', []):
+        print(f'  skipped store {root}: {why}')
     for episode_id, why in res['skipped']:
         print(f'  skipped {episode_id}: {why}')
+    if getattr(store, 'skipped_stores', []) and not res['skipped']:
+        print(f'  {len(store.skipped_stores)} stores skipped (exit status {EXIT_SKIPPED}; --strict makes this a '
+              f'failure)')
+        return EXIT_SKIPPED
     if res['skipped']:
         print(f'  {len(res["skipped"])} episodes skipped (exit status {EXIT_SKIPPED}; --strict makes this a failure)')
         return EXIT_SKIPPED
@@ -282,6 +302,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_stats(args: argparse.Namespace) -> int:
     """Print the deployment's scoreboard per version and day (and draw it with --plot)."""
     from sequence_ai_ros.datasets.scoreboard import plot_scoreboard, scoreboard
+    from sequence_ai_ros.protocol.limits import MAX_REASON, printable
 
     rows = scoreboard(_store(args.name, args.store).runs())
     if args.json:
@@ -294,7 +315,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         for r in rows:
             rate = '-' if r['success_rate'] is None else f'{100 * r["success_rate"]:.0f}% of {r["labelled"]}'
             lat = '-' if r['latency_p95_ms'] is None else f'{r["latency_p95_ms"]:.1f}'
-            ended = ', '.join(f'{k} {v}' for k, v in sorted(r['ended'].items()))
+            ended = ', '.join(f'{printable(k)[:MAX_REASON]} {v}' for k, v in sorted(r['ended'].items()))
             print(f'  {r["version"]:>7} {r["day"]:10} {r["episodes"]:>8} {rate:>14} {r["underruns"]:>9} {lat:>7}  '
                   f'{ended}')
     if args.plot is not None:

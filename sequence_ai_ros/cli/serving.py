@@ -8,7 +8,6 @@ returns the exit code. Errors are :class:`~sequence_ai_ros.exceptions.SequenceAI
 from __future__ import annotations
 
 import argparse
-import logging
 import shutil
 import sys
 import threading
@@ -19,10 +18,9 @@ from typing import Any
 from sequence_ai_ros.exceptions import ConfigError, MissingDependency
 from sequence_ai_ros.stop_signals import on_stop_signals
 from sequence_ai_ros.templates import TEMPLATES_DIR
+from sequence_ai_ros.worker.config import DRY_RUN_TIMEOUT_S
 
 TEMPLATES = TEMPLATES_DIR
-#: Default bound (s) of ``seq deploy``'s dry run.
-DRY_RUN_TIMEOUT_S = 60.0
 
 
 def _templates() -> dict[str, str]:
@@ -56,7 +54,9 @@ def cmd_init(args: argparse.Namespace) -> int:
                     ignore=shutil.ignore_patterns('__pycache__', '*.pyc'))
     files = ', '.join(sorted(p.name for p in dest.iterdir()))
     print(f'created {dest}/ from template {args.template} ({files})')
-    print(f'next: edit {dest}/policy.py, then: seq deploy {dest}/policy.py')
+    edit = f'{dest}/config.yaml (its comments say what to set)' if (dest / 'config.yaml').is_file() else \
+        f'{dest}/policy.py'
+    print(f'next: edit {edit}, then: seq deploy {dest}/policy.py')
     return 0
 
 
@@ -85,9 +85,10 @@ def _read_token(path: str | None) -> str | None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """``seq serve NAME``: serve until SIGINT/SIGTERM, then stop gracefully."""
+    from sequence_ai_ros.worker import logs
     from sequence_ai_ros.worker.server import create_server, serve_policy_file
 
-    logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
+    logs.configure(args.log_format, args.log_level)
     config = server_config(args)
     if len(args.names) == 1 and args.names[0].endswith('.py') and Path(args.names[0]).is_file():
         server = serve_policy_file(args.names[0], config=config, home=None)
@@ -102,6 +103,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f'metrics on http://{server.host}:{server.metrics_port}/metrics', flush=True)
         if server.agent is not None:
             print(f'agent on {server.host}:{server.agent.port} (HAProxy agent-check)', flush=True)
+        if server.probe_port is not None:
+            print(f'probe on {server.host}:{server.probe_port} (plaintext gRPC health only)', flush=True)
         while not stop.wait(timeout=1.0):
             pass
     finally:
@@ -177,8 +180,9 @@ def _capture_bytes(home: Path) -> dict[str, int]:
         from sequence_ai_ros.capture.store import CaptureStore
     except ImportError:
         return {}
-    return {d.name: CaptureStore(root=d, deployment=d.name).bytes_used() for d in sorted(root.iterdir())
-            if d.is_dir()}
+    stored = {d.name: CaptureStore(root=d, deployment=d.name).captured_bytes() for d in sorted(root.iterdir())
+              if d.is_dir()}
+    return {name: nbytes for name, nbytes in stored.items() if nbytes}   # never captured: nothing to bill
 
 
 def cmd_usage(args: argparse.Namespace) -> int:
@@ -242,6 +246,9 @@ def add_parsers(sub: Any, groups: dict[str, Any]) -> None:
     p = sub.add_parser('serve', help='serve deployments to robots over gRPC')
     p.add_argument('names', nargs='+', metavar='NAME', help='deployment name(s), or a policy.py to serve unregistered')
     add_server_options(p)
+    from sequence_ai_ros.worker.logs import add_log_options
+
+    add_log_options(p)
     p.set_defaults(func=cmd_serve)
 
     from sequence_ai_ros.cli import fleet

@@ -84,7 +84,9 @@ class Policy:
         as the node does) or ``pad`` (keep the aspect ratio), or ``{camera key: fit}``
         (:mod:`~sequence_ai_ros.client.adapter`).
     :raises ConnectionLost: when the worker cannot be reached within ``timeout``.
-    :raises UnknownDeployment, ProtocolVersionError, Unauthenticated: as the worker answers.
+    :raises UnknownDeployment: when the worker serves no deployment ``model``.
+    :raises ProtocolVersionError: when the worker speaks another protocol version.
+    :raises Unauthenticated: when the worker needs a token and ``token`` is missing or wrong.
     :raises ValueError: for an unknown image_fit.
 
     After :meth:`close`, the calls that would talk to the worker (``ready``, ``wait_until_ready``, ``label``,
@@ -119,10 +121,15 @@ class Policy:
         self._wake = threading.Event()
         self._episode: _OpenEpisode | None = None
         self._last_episode_id: str | None = None
+        #: the id the next episode opened without one gets; Ready calls before it carry it (x-episode-id)
+        self._next_episode_id = uuid.uuid4().hex
         self._closers: list[threading.Thread] = []
         self._closed = False
         # the begun episode whose idle end next_action() already raised (it raises it once)
         self._idle_raised: _OpenEpisode | None = None
+        #: The worker's package version, as its last EpisodeStarted reported it ('' before the first episode,
+        #: or from a worker that does not report it).
+        self.worker_version = ''
 
     # -- connection -------------------------------------------------------------------------------
 
@@ -137,21 +144,34 @@ class Policy:
         if self._closed:
             raise EpisodeStateError(f'Policy({self.model!r}) is closed: connect() again for a new handle')
 
-    def ready(self) -> tuple[bool, float]:
+    def _routing_id(self, episode_id: str | None) -> str:
+        """The episode id a Ready call names: ``episode_id``, else the open episode's, else the next one's."""
+        if episode_id:
+            return episode_id
+        episode = self._episode
+        if episode is not None and episode.engine.outcome() is None:
+            return episode.engine.episode_id
+        return self._next_episode_id
+
+    def ready(self, episode_id: str | None = None) -> tuple[bool, float]:
         """Return (ready, eta_seconds) without blocking (one Ready call, 2 s deadline); asking starts a cold worker.
+
+        Behind a balancer the replica of ``episode_id`` answers (default: the running episode's, else the one
+        the next episode opened without an id will get), so readiness is that of the replica it runs on.
 
         :raises ConnectionLost: when the worker is unreachable.
         :raises EpisodeStateError: when this Policy is closed.
         """
         self._check_open()
-        reply = self._conn.ready(self.model, timeout=2.0)
+        reply = self._conn.ready(self.model, timeout=2.0, episode_id=self._routing_id(episode_id))
         self._ready = reply.ready
         return reply.ready, reply.eta_seconds
 
-    def wait_until_ready(self, timeout: float | None = None) -> None:
+    def wait_until_ready(self, timeout: float | None = None, episode_id: str | None = None) -> None:
         """Start a cold worker if need be and block until it is up (not billed).
 
         :param timeout: seconds to wait (s); None uses ``ready_timeout``.
+        :param episode_id: behind a balancer, wait for that episode's replica (default as :meth:`ready`).
         :raises NotReady: when the load failed, or it is not ready within ``timeout``.
         :raises ConnectionLost: when the worker is unreachable.
         :raises EpisodeStateError: when this Policy is closed.
@@ -159,8 +179,9 @@ class Policy:
         self._check_open()
         bound = self.ready_timeout if timeout is None else timeout
         deadline = time.monotonic() + bound
+        routing = self._routing_id(episode_id)
         while True:
-            reply = self._conn.ready(self.model, timeout=2.0)
+            reply = self._conn.ready(self.model, timeout=2.0, episode_id=routing)
             if reply.ready:
                 self._ready = True
                 return
@@ -186,11 +207,16 @@ class Policy:
             self._conn.close()
 
     def label(self, success: bool, notes: str = '', episode_id: str | None = None) -> bool:
-        """Label the last episode that act/run/begin_episode drove (or ``episode_id``) for capture.
+        """Label the last episode that act/run/begin_episode drove (or ``episode_id``): success and notes.
 
-        :returns: True: the worker stored the label with the captured episode.
-        :raises CaptureError: with the worker's answer when it did not store it (unknown episode,
-            episode not captured, capture off); never a silent ok.
+        Any episode the worker ran takes a label, captured or not (``seq policy stats`` counts it); a captured
+        one also carries it into its export. The call carries the episode's ``x-episode-id``, as its stream
+        did, so a balancer that hashes on it sends the label (and a retry, when the worker is unavailable) to
+        the replica that ran the episode.
+
+        :returns: True: the worker stored the label.
+        :raises CaptureError: with the worker's answer when it did not store it (an episode the worker never
+            saw or past retention, a worker serving without a store); never a silent ok.
         :raises EpisodeStateError: when there is no episode to label, or this Policy is closed.
         """
         self._check_open()
@@ -255,7 +281,9 @@ class Policy:
                     raise EpisodeStateError(f'episode {self._episode.engine.episode_id!r} is still running; '
                                             'end_episode() it first')
                 self._end_locked('completed', wait=not implicit)   # next_action never waits on the network
-            eid = episode_id or uuid.uuid4().hex
+            eid = episode_id or self._next_episode_id
+            if eid == self._next_episode_id:
+                self._next_episode_id = uuid.uuid4().hex
             self._wake.clear()
             holder: dict[str, Any] = {}
             engine = EpisodeEngine(self.contract, settings, eid, self.latency,
@@ -449,8 +477,10 @@ class Policy:
         :returns: the outcome (reason completed, until, timeout, interrupted or validate).
         :raises TypeError: for a missing max_seconds, or a bool or non-number as a limit or period.
         :raises ValueError: for a non-finite or non-positive max_seconds, control_period or chunk_timeout.
-        :raises ConnectionLost, NotReady, PolicyException, SequenceAIError: after firing hold, when the worker
-            is lost, errs, or does not answer within ``chunk_timeout``.
+        :raises ConnectionLost: after firing hold, when the worker is lost.
+        :raises NotReady: after firing hold, when the policy is not ready to serve.
+        :raises PolicyException: after firing hold, when the policy raised or no chunk came within ``chunk_timeout``.
+        :raises SequenceAIError: after firing hold, for any other error the worker answers.
         :raises EpisodeStateError: when this Policy is closed (before anything runs).
         """
         self._check_open()
@@ -476,8 +506,10 @@ class Policy:
 
         :raises TypeError: for a bool or non-number as a limit or period.
         :raises ValueError: for a non-finite or non-positive limit, period or chunk_timeout.
-        :raises ConnectionLost, NotReady, PolicyException, SequenceAIError: after firing hold, when the worker
-            is lost, errs, or does not answer within ``chunk_timeout``.
+        :raises ConnectionLost: after firing hold, when the worker is lost.
+        :raises NotReady: after firing hold, when the policy is not ready to serve.
+        :raises PolicyException: after firing hold, when the policy raised or no chunk came within ``chunk_timeout``.
+        :raises SequenceAIError: after firing hold, for any other error the worker answers.
         :raises EpisodeStateError: when this Policy is closed (before anything runs).
         """
         self._check_open()
@@ -515,6 +547,7 @@ class Policy:
             ep.ledger.commit()
 
     def _on_started(self, episode: _OpenEpisode, msg: pb.EpisodeStarted) -> None:
+        self.worker_version = msg.worker_version
         if msg.capture and msg.capture_fps > 0:
             episode.telemetry = TelemetryBuffer(msg.capture_fps, msg.capture_images, self.contract.dt)
             episode.ledger.set_sink(episode.capture)
@@ -578,7 +611,9 @@ def connect(model: str, *, endpoint: str | None = None, token: str | None = None
     :param ready_timeout: default bound on wait_until_ready (s).
     :param image_fit: ``resize`` (default) or ``pad`` per camera; see :class:`Policy`.
     :raises ConnectionLost: when the worker cannot be reached within ``timeout``.
-    :raises UnknownDeployment, ProtocolVersionError, Unauthenticated: as the worker answers.
+    :raises UnknownDeployment: when the worker serves no deployment ``model``.
+    :raises ProtocolVersionError: when the worker speaks another protocol version.
+    :raises Unauthenticated: when the worker needs a token and ``token`` is missing or wrong.
     """
     return Policy(model, endpoint=endpoint, token=token, tls=tls, timeout=timeout, ready_timeout=ready_timeout,
                   image_fit=image_fit)

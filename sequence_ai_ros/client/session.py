@@ -11,7 +11,8 @@ Threads, per episode (owned by :class:`EpisodeCall`, stopped by :meth:`EpisodeCa
   EpisodeEnded) and hands them to callbacks; a broken stream becomes a typed error there.
 
 Every unary call
-(Handshake, Ready, Label) carries a deadline; nothing waits forever.
+(Handshake, Ready, Label) carries a deadline; nothing waits forever. Ready and Label carry the episode's
+``x-episode-id``, as its stream does, so a consistent-hash balancer sends them to the episode's replica.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import os
 import queue
 import socket
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,10 @@ LOG = logging.getLogger(__name__)
 _CLOSE = object()
 #: Largest message either way (bytes); the worker enforces the contract's own limit on requests.
 MAX_MESSAGE_BYTES = 64 << 20
+#: Label calls at most per label (the first and its retries on UNAVAILABLE, all with the episode's id).
+LABEL_ATTEMPTS = 3
+#: Pause before a retry (s), times the attempt number.
+RETRY_PAUSE_S = 0.1
 TlsLike = bool | str | Path | grpc.ChannelCredentials | None
 
 
@@ -74,6 +80,59 @@ def _credentials(tls: TlsLike) -> grpc.ChannelCredentials | None:
 #: The HTTP/2 client preface and an empty SETTINGS frame (RFC 9113 sec. 3.4): a plaintext gRPC server answers
 #: with its own SETTINGS frame; a TLS server reads it as a broken record and closes (or sends an alert).
 _H2_PREFACE = b'PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n' + b'\x00\x00\x00\x04\x00\x00\x00\x00\x00'
+
+
+def check_certificate(endpoint: str, roots: bytes | None, where: str, timeout: float = 2.0) -> str | None:
+    """Return why the certificate of the TLS worker at ``endpoint`` is refused, or None (trusted, or unknown).
+
+    One TCP connection and TLS handshake, bounded by ``timeout`` (s), verified as the channel verifies it:
+    against ``roots`` (PEM bytes; None: the system roots) and for the endpoint's host name or address.
+
+    :param where: how the roots were given, for the message (``tls='ca.pem'``, ``the system roots``).
+    """
+    import ssl
+
+    host, sep, port = endpoint.rpartition(':')
+    if not sep or not port.isdigit() or '/' in host:
+        return None
+    host = host.strip('[]') or '127.0.0.1'
+    try:
+        ctx = ssl.create_default_context(cadata=roots.decode('ascii', 'replace') if roots is not None else None)
+        ctx.set_alpn_protocols(['h2'])
+        with socket.create_connection((host, int(port)), timeout=timeout) as sock, \
+                ctx.wrap_socket(sock, server_hostname=host):
+            return None
+    except ssl.SSLCertVerificationError as exc:
+        why = str(getattr(exc, 'verify_message', '') or exc)
+        if 'hostname' in why.lower() or 'ip address mismatch' in why.lower():
+            if not _has_subject_alt_name(host, int(port), timeout):
+                return None   # a certificate naming its host in the subject CN alone: gRPC decides
+            return (f'the certificate of the worker at {endpoint} is not valid for {host!r} ({why}): connect '
+                    'with a host name or address its certificate names (its subjectAltName)')
+        return (f'the certificate of the worker at {endpoint} is not trusted by {where} ({why}): pass the CA that '
+                "signed the worker's --tls-cert as tls='ca.pem' (for a self-signed certificate, that certificate)")
+    except (OSError, ValueError, ssl.SSLError):
+        return None   # unreachable, or not a TLS problem of the certificate: the handshake call decides
+
+
+#: DER of the subjectAltName extension's OID, 2.5.29.17
+_SAN_OID = bytes.fromhex('0603551d11')
+
+
+def _has_subject_alt_name(host: str, port: int, timeout: float) -> bool:
+    """True when the worker's certificate has a subjectAltName extension (True when it cannot be read)."""
+    import ssl
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE   # only to read the certificate; nothing is sent
+    ctx.set_alpn_protocols(['h2'])
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock, ctx.wrap_socket(sock) as tls:
+            der = tls.getpeercert(binary_form=True) or b''
+    except (OSError, ssl.SSLError):
+        return True
+    return _SAN_OID in der
 
 
 def probe_transport(endpoint: str, timeout: float = 1.0) -> str | None:
@@ -117,6 +176,13 @@ class Connection:
                    ('grpc.max_receive_message_length', MAX_MESSAGE_BYTES)]
         creds = _credentials(tls)
         self.tls = creds is not None
+        #: the roots the channel verifies with, to name a certificate problem at once: (PEM or None for the
+        #: system roots, how they were given); None when unknown (credentials built by the caller)
+        self._roots: tuple[bytes | None, str] | None = None
+        if tls is True:
+            self._roots = (None, 'the system roots (tls=True)')
+        elif isinstance(tls, (str, Path)):
+            self._roots = (Path(tls).read_bytes(), f"the CA in tls='{tls}'")
         self.channel = (grpc.secure_channel(endpoint, creds, options=options) if creds is not None
                         else grpc.insecure_channel(endpoint, options=options))
         self.stub = pb_grpc.PolicyServiceStub(self.channel)
@@ -125,15 +191,31 @@ class Connection:
                                                   response_deserializer=pb.EpisodeReply.FromString)
         self.metadata: tuple[tuple[str, str], ...] = ((AUTH_METADATA, f'Bearer {token}'),) if token else ()
 
-    def _unary(self, method: Callable, request: object, timeout: float, wait_for_ready: bool = False) -> object:
-        try:
-            return method(request, timeout=timeout, metadata=self.metadata, wait_for_ready=wait_for_ready)
-        except grpc.RpcError as exc:
-            error = errors.from_rpc_error(exc)
-            if isinstance(error, ConnectionLost):   # say where we looked, and how to look elsewhere
-                error = ConnectionLost(f'{error} (endpoint {self.endpoint}; is `seq serve` running there? '
-                                       f'{ENDPOINT_HINT})')
-            raise error from None
+    def _unary(self, method: Callable, request: object, timeout: float, wait_for_ready: bool = False,
+               episode_id: str = '', attempts: int = 1) -> object:
+        """Call ``method`` within ``timeout`` s in all; retry UNAVAILABLE up to ``attempts`` calls in all.
+
+        With ``episode_id``, every attempt carries it as ``x-episode-id``, so a consistent-hash balancer sends
+        the call, and its retries, to that episode's replica.
+        """
+        metadata = (*self.metadata, (EPISODE_ID_METADATA, episode_id)) if episode_id else self.metadata
+        deadline = time.monotonic() + timeout
+        for attempt in range(1, attempts + 1):
+            try:
+                return method(request, timeout=max(0.001, deadline - time.monotonic()), metadata=metadata,
+                              wait_for_ready=wait_for_ready)
+            except grpc.RpcError as exc:
+                left = deadline - time.monotonic()
+                if exc.code() == grpc.StatusCode.UNAVAILABLE and attempt < attempts and left > RETRY_PAUSE_S:
+                    LOG.debug('%s: %s; retrying (%d of %d)', method, exc.code().name, attempt + 1, attempts)
+                    time.sleep(RETRY_PAUSE_S * attempt)
+                    continue
+                error = errors.from_rpc_error(exc)
+                if isinstance(error, ConnectionLost):   # say where we looked, and how to look elsewhere
+                    error = ConnectionLost(f'{error} (endpoint {self.endpoint}; is `seq serve` running there? '
+                                           f'{ENDPOINT_HINT})')
+                raise error from None
+        raise AssertionError('unreachable')   # the last attempt returns or raises
 
     def handshake(self, deployment: str, client_id: str, timeout: float) -> pb.Contract:
         """Send the handshake (which starts a cold worker warming) and return its contract message.
@@ -149,7 +231,10 @@ class Connection:
         return self._unary(self.stub.Handshake, req, timeout, wait_for_ready=True).contract
 
     def check_transport(self) -> None:
-        """Fail fast, naming TLS, when the worker speaks TLS and this client plaintext, or the reverse.
+        """Fail fast, naming the TLS problem: a transport mismatch, or a certificate that is refused.
+
+        A mismatch: the worker speaks TLS and this client plaintext, or the reverse. A refused certificate:
+        not signed by the given CA (or the system roots), or not for the endpoint's host name.
 
         Without it gRPC retries the mismatched handshake until the deadline and reports only "unavailable".
 
@@ -162,15 +247,28 @@ class Connection:
         if spoken == 'plaintext' and self.tls:
             raise ConnectionLost(f'this client connects with TLS but the worker at {self.endpoint} speaks plaintext '
                                  '(no TLS): drop tls=, or start seq serve with --tls-cert and --tls-key')
+        if spoken == 'tls' and self._roots is not None:
+            why = check_certificate(self.endpoint, *self._roots)
+            if why:   # gRPC would retry the refused handshake until the deadline, then say only "unavailable"
+                raise ConnectionLost(why)
 
-    def ready(self, deployment: str, timeout: float) -> pb.ReadyReply:
-        """Return the worker's ReadyReply (ready, eta_seconds, state, message); never blocks past ``timeout``."""
-        return self._unary(self.stub.Ready, pb.ReadyRequest(deployment=deployment), timeout)
+    def ready(self, deployment: str, timeout: float, episode_id: str = '') -> pb.ReadyReply:
+        """Return the worker's ReadyReply (ready, eta_seconds, state, message); never blocks past ``timeout``.
+
+        :param episode_id: sent as ``x-episode-id``, so a balancer asks the replica that episode runs (or
+            will run) on; '' lets it pick any.
+        """
+        return self._unary(self.stub.Ready, pb.ReadyRequest(deployment=deployment), timeout, episode_id=episode_id)
 
     def label(self, deployment: str, episode_id: str, success: bool, notes: str, timeout: float) -> pb.LabelReply:
-        """Label an episode; return the worker's reply."""
+        """Label an episode; return the worker's reply.
+
+        The call carries ``x-episode-id`` (so a consistent-hash balancer sends it to the episode's replica,
+        whose store holds it) and is retried with the same id, within ``timeout`` s in all, when the worker
+        is unavailable (:data:`LABEL_ATTEMPTS` calls at most; storing a label twice stores it once).
+        """
         req = pb.LabelRequest(deployment=deployment, episode_id=episode_id, success=success, notes=notes)
-        return self._unary(self.stub.Label, req, timeout)
+        return self._unary(self.stub.Label, req, timeout, episode_id=episode_id, attempts=LABEL_ATTEMPTS)
 
     def close(self) -> None:
         """Close the channel (idempotent)."""

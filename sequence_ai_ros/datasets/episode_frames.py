@@ -25,6 +25,7 @@ from sequence_ai_ros.exceptions import CaptureError, ContractViolation, ExportEr
 from sequence_ai_ros.protocol import codec
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import Contract
+from sequence_ai_ros.protocol.limits import MAX_NAME, NAME_PATTERN, printable
 
 IMAGE_PREFIX = 'observation.images.'
 DEFAULT_FEATURES = {
@@ -85,9 +86,20 @@ def plan(chosen: list[CapturedEpisode], fps: float | None, images: bool | None) 
             except CaptureError:
                 extra = []
             keys += [k for k in extra if k not in keys]
+        # a key names a video file: one that is not a safe name (a store written before the worker checked
+        # keys at its boundary) is never made into a path
+        unsafe = [k for k in keys if not _safe_key(k)]
+        keys = [k for k in keys if _safe_key(k)]
+        if unsafe:
+            skipped.append(('(cameras)', f'{len(unsafe)} camera keys are not safe names and are not exported: '
+                                         f'{[printable(k)[:40] for k in unsafe[:3]]}'))
         if images and not with_images:
             raise ExportError('--images: none of the chosen episodes was captured with images')
     return ExportPlan(keep, contract, rate, keys, skipped)
+
+
+def _safe_key(key: str) -> bool:
+    return len(key) <= MAX_NAME and NAME_PATTERN.fullmatch(key) is not None
 
 
 def _all_keys(e: CapturedEpisode) -> list[str]:

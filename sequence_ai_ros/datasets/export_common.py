@@ -2,20 +2,50 @@
 
 An export is written into a temporary directory beside ``--out`` and renamed into place at the end, so
 an interrupted export leaves no half-written dataset. A non-empty ``--out`` is never overwritten
-without ``force``; with ``force`` it is replaced only if it is an earlier export (it holds
-``meta/info.json`` or ``episodes.jsonl``), never an arbitrary directory.
+without ``force``; with ``force`` it is replaced only if it is an earlier export of ours: every export
+leaves :data:`EXPORT_MARK` listing the files it wrote, and ``--out`` is replaced only when it holds that
+mark and nothing but the files listed there. Any other folder (a LeRobot dataset recorded or downloaded
+elsewhere, an export someone added files to) is refused, so ``--force`` never removes what we did not write.
 """
 
 from __future__ import annotations
 
-import shutil
+import json
+import os
+import sys
 import tempfile
 from pathlib import Path
 
 from sequence_ai_ros.capture.store import CapturedEpisode, CaptureStore
 from sequence_ai_ros.exceptions import ExportError
 
-EXPORT_MARKERS = ('meta/info.json', 'episodes.jsonl')
+#: Left at the top of every export: ``{"written_by": "sequence_ai_ros", "files": [relative paths]}``.
+EXPORT_MARK = '.seq-export.json'
+WRITER = 'sequence_ai_ros'
+
+
+def _files(root: Path) -> set[str]:
+    """Relative paths of the files (and links) under ``root``."""
+    out = set()
+    for dirpath, _dirs, names in os.walk(root):
+        for name in names:
+            out.add(os.path.relpath(os.path.join(dirpath, name), root))
+    return out
+
+
+def _foreign(out: Path) -> str:
+    """Why ``out`` is not (only) an earlier export of ours, or '' when --force may replace it."""
+    try:
+        mark = json.loads((out / EXPORT_MARK).read_text(encoding='utf-8'))
+        ours = set(mark['files']) if mark.get('written_by') == WRITER else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        ours = None
+    if ours is None:
+        return f'it has no {EXPORT_MARK} (it was not written by seq policy data export)'
+    extra = sorted(_files(out) - ours - {EXPORT_MARK})
+    if extra:
+        return f'it holds {len(extra)} files our export did not write (e.g. {extra[:3]})'
+    return ''
 
 
 def check_out(out: str | Path, force: bool) -> Path:
@@ -30,9 +60,10 @@ def check_out(out: str | Path, force: bool) -> Path:
     if out.is_dir() and any(out.iterdir()):
         if not force:
             raise ExportError(f'--out {out} is not empty; pass --force to replace it')
-        if not any((out / m).exists() for m in EXPORT_MARKERS):
-            raise ExportError(f'--out {out} is not empty and is not an earlier export; refusing to replace it '
-                              f'even with --force (choose an empty or new directory)')
+        why = _foreign(out)
+        if why:
+            raise ExportError(f'--out {out} is not empty and is not an earlier export of ours: {why}; '
+                              f'refusing to replace it even with --force (choose an empty or new directory)')
     return out
 
 
@@ -43,14 +74,42 @@ def staging_dir(out: Path) -> Path:
 
 
 def finish(tmp: Path, out: Path) -> None:
-    """Move the finished export ``tmp`` to ``out``, replacing an earlier export (checked by check_out)."""
+    """Mark the finished export ``tmp`` (:data:`EXPORT_MARK`) and move it to ``out``.
+
+    An earlier export at ``out`` (checked by check_out) is replaced.
+    """
+    mark = tmp / EXPORT_MARK
+    mark.write_text(json.dumps({'written_by': WRITER, 'files': sorted(_files(tmp) - {EXPORT_MARK})}, indent=1),
+                    encoding='utf-8')
     old = None
     if out.exists():
         old = out.with_name(f'.{out.name}.old-{tmp.name.rsplit("-", 1)[-1]}')
         out.rename(old)
     tmp.rename(out)
     if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        _remove_ours(old)
+
+
+def _remove_ours(old: Path) -> None:
+    """Remove an earlier export of ours: only the files its mark lists, then its emptied folders.
+
+    A file added since :func:`check_out` looked is left where it is (the folder is kept, and said).
+    """
+    try:
+        listed = json.loads((old / EXPORT_MARK).read_text(encoding='utf-8'))['files']
+    except (OSError, ValueError, KeyError, TypeError):
+        listed = []
+    for rel in [*listed, EXPORT_MARK]:
+        path = old / rel
+        if '..' not in Path(rel).parts and not Path(rel).is_absolute():
+            path.unlink(missing_ok=True)
+    for dirpath, _dirs, _files in sorted(os.walk(old), key=lambda w: -len(w[0])):
+        try:
+            os.rmdir(dirpath)
+        except OSError:
+            pass
+    if old.exists():
+        print(f'note: {old} holds files the earlier export did not write; they were kept there', file=sys.stderr)
 
 
 def select(store: CaptureStore, since: float | None, until: float | None, labelled_only: bool) -> list[CapturedEpisode]:

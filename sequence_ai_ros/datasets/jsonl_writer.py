@@ -34,6 +34,7 @@ from sequence_ai_ros.datasets.export_common import check_out, finish, select, st
 from sequence_ai_ros.exceptions import CaptureError, ContractViolation
 from sequence_ai_ros.protocol import codec
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
+from sequence_ai_ros.protocol.limits import json_safe
 from sequence_ai_ros.protocol.spaces import ActionSpace
 
 
@@ -75,7 +76,7 @@ def _chunk(msg: pb.ActionChunk) -> dict[str, Any]:
 
 
 def _write(f: TextIO, row: dict[str, Any]) -> None:
-    f.write(json.dumps(row, ensure_ascii=False) + '\n')
+    f.write(json.dumps(json_safe(row), ensure_ascii=False, allow_nan=False) + '\n')
 
 
 def export_jsonl(store: CaptureStore, out: str | Path, *, since: float | None = None, until: float | None = None,

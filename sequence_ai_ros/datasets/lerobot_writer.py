@@ -46,6 +46,7 @@ from sequence_ai_ros.datasets.episode_frames import (
 from sequence_ai_ros.datasets.export_common import check_out, finish, select, staging_dir
 from sequence_ai_ros.datasets.video import VCODECS, VideoWriter
 from sequence_ai_ros.exceptions import ExportError, MissingDependency
+from sequence_ai_ros.protocol.limits import json_safe
 
 CODEBASE_VERSION = 'v2.1'
 CHUNKS_SIZE = 1000
@@ -255,4 +256,4 @@ def export_lerobot(store: CaptureStore, out: str | Path, *, since: float | None 
 def _jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     with path.open('w', encoding='utf-8') as f:
         for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + '\n')
+            f.write(json.dumps(json_safe(row), ensure_ascii=False, allow_nan=False) + '\n')

@@ -36,7 +36,8 @@ def _pyplot() -> Any:
         matplotlib.use('Agg')
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        raise MissingDependency(f'plots need matplotlib ({exc}); install it with: pip install matplotlib') from None
+        raise MissingDependency(f'plots need matplotlib ({exc}); install it with: '
+                                'pip install "sequence_ai_ros[plot]"') from None
     return plt
 
 

@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from sequence_ai_ros.client.outcome import RunOutcome
@@ -99,8 +100,6 @@ def run(args: DemoArgs) -> dict:
 
     :raises RuntimeError: when any step fails (the message names the step and its log).
     """
-    import numpy as np
-
     out = args.out.resolve()
     logs = out / 'logs'
     logs.mkdir(parents=True, exist_ok=True)
@@ -133,6 +132,7 @@ def run(args: DemoArgs) -> dict:
             duration = ds.length(args.episode) / ds.fps
             if args.max_seconds:
                 duration = min(duration, args.max_seconds)
+            played_s = duration   # the replayed slice of the recording (the goal itself starts a little later)
             instruction = ds.task(args.episode)
             step(f'training ridge on episodes {args.train_episodes} of {args.dataset}')
             policy_dir = out / 'ridge_g1'
@@ -188,8 +188,10 @@ def run(args: DemoArgs) -> dict:
             except RuntimeError as exc:
                 raise RuntimeError(f'{exc}; see {node.log_path}') from None
             if synthetic:
+                safety = g1['safety']   # the synthetic robot moves within the G1's joint ranges
                 procs.start('robot', [sys.executable, '-m', 'sequence_ai_ros.demo.synthetic', '--names',
-                                      *joint_names]).wait_for('publishing', 30)
+                                      *joint_names, '--lower', *map(str, safety['lower_limits']),
+                                      '--upper', *map(str, safety['upper_limits'])]).wait_for('publishing', 30)
             else:
                 step('replaying the bag at real time')
                 player = procs.start('bag_player', [sys.executable, '-m', 'sequence_ai_ros.bags.player', str(bag),
@@ -236,6 +238,13 @@ def run(args: DemoArgs) -> dict:
         step(f'export re-read: {check}')
 
         vals = np.asarray(commands.values) if commands.values else np.zeros((0, 0))
+        clamps = _clamps(control_values)
+        excess = None
+        if not synthetic:
+            order = [list(ds.action_names).index(n) for n in joint_names]   # the node's joint order
+            played = ds.episode(args.episode).action[:int(round(played_s * ds.fps)) + 1, order]
+            excess = recorded_excess(played, ds.fps, joint_names, g1)
+        clamps['explained'] = explain_clamps(clamps['per_joint'], excess)
         elapsed = float(result.elapsed_s)
         summary.update({
             'run_outcome': str(RunOutcome(result.actions, result.chunks, elapsed, result.reason)),
@@ -257,7 +266,7 @@ def run(args: DemoArgs) -> dict:
             'command_rate_hz': commands.rate_hz(),
             'tick_jitter_p99_ms': commands.jitter_p99_ms(1.0 / CONTROL_RATE_HZ),
             'zero_commands': int(np.sum(np.all(vals == 0.0, axis=1))) if vals.size else 0,
-            'clamps': _clamps(control_values),
+            'clamps': clamps,
             'control_worst': {'level': ['OK', 'WARN', 'ERROR', 'STALE'][min(control_worst[0], 3)],
                               'message': control_worst[1]},
             'label_ok': bool(label.ok),
@@ -272,12 +281,74 @@ def run(args: DemoArgs) -> dict:
 
 
 def _clamps(values: dict[str, str]) -> dict:
-    """The safety filter's clamp counts from /diagnostics control values: total and the three busiest joints."""
-    per_joint: dict[str, int] = {}
+    """The safety filter's clamp counts from /diagnostics control values.
+
+    :returns: ``total``, ``top`` (the three busiest joints, [name, count]) and ``per_joint``
+        ({name: {'limit': n, 'step': n}} for every joint clamped at least once).
+    """
+    per_joint: dict[str, dict[str, int]] = {}
     for key, value in values.items():
         parts = key.split('.')
-        if len(parts) >= 3 and parts[0] == 'clamps' and parts[-1] in ('limit', 'step'):
-            joint = '.'.join(parts[1:-1])
-            per_joint[joint] = per_joint.get(joint, 0) + int(value)
-    top = sorted(per_joint.items(), key=lambda kv: -kv[1])[:3]
-    return {'total': int(values.get('clamps', 0) or 0), 'top': [[j, n] for j, n in top if n]}
+        if len(parts) >= 3 and parts[0] == 'clamps' and parts[-1] in ('limit', 'step') and int(value):
+            per_joint.setdefault('.'.join(parts[1:-1]), {'limit': 0, 'step': 0})[parts[-1]] += int(value)
+    top = sorted(((j, c['limit'] + c['step']) for j, c in per_joint.items()), key=lambda kv: -kv[1])[:3]
+    return {'total': int(values.get('clamps', 0) or 0), 'top': [[j, n] for j, n in top if n],
+            'per_joint': per_joint}
+
+
+def recorded_excess(actions: np.ndarray, fps: float, names: list[str], params: dict) -> dict[str, dict[str, float]]:
+    """Where the robot's own recording is outside the node's safety limits, per joint.
+
+    :param actions: (N, D) the replayed episode's recorded actions, in the joints' order ``names``.
+    :param fps: the recording's frame rate (Hz); the node resamples it to its control rate, so a frame's
+        change spreads over ``control_rate_hz / fps`` ticks.
+    :param params: the node's ``ros__parameters`` (``safety`` and ``control_rate_hz``).
+    :returns: {joint: {'below': lowest value under its lower limit, 'above': highest over its upper limit,
+        'step': largest change per tick over max_step}}, each key only where exceeded.
+    """
+    safety = params.get('safety') or {}
+    a = np.asarray(actions, np.float64)
+    lo = safety.get('lower_limits') or []
+    hi = safety.get('upper_limits') or []
+    step = safety.get('max_step') or []
+    per_tick = (np.abs(np.diff(a, axis=0)).max(axis=0) * fps / float(params['control_rate_hz'])
+                if a.shape[0] > 1 else np.zeros(a.shape[1]))
+    out: dict[str, dict[str, float]] = {}
+    for j, name in enumerate(names):
+        row: dict[str, float] = {}
+        if lo and a[:, j].min() < lo[j]:
+            row['below'] = float(a[:, j].min())
+        if hi and a[:, j].max() > hi[j]:
+            row['above'] = float(a[:, j].max())
+        limit = step[0] if len(step) == 1 else (step[j] if step else None)
+        if limit is not None and per_tick[j] > limit:
+            row['step'] = float(per_tick[j])
+        if row:
+            out[name] = row
+    return out
+
+
+def explain_clamps(per_joint: dict[str, dict[str, int]], excess: dict[str, dict[str, float]] | None) -> str:
+    """One line saying why the safety filter clamped: where the recording itself exceeds the limits, or not.
+
+    :param per_joint: clamp counts per joint and kind (:func:`_clamps`'s ``per_joint``).
+    :param excess: :func:`recorded_excess` of the replayed episode; None without a recording (synthetic).
+    :returns: '' when nothing was clamped.
+    """
+    if not per_joint:
+        return ''
+    own, policy = [], []
+    for joint, counts in sorted(per_joint.items()):
+        rec = (excess or {}).get(joint, {})
+        for kind in ('limit', 'step'):
+            if not counts[kind]:
+                continue
+            recorded = ('below' in rec or 'above' in rec) if kind == 'limit' else 'step' in rec
+            (own if recorded else policy).append(f'{joint} {kind} {counts[kind]}')
+    parts = []
+    if own:
+        parts.append('the robot\'s own recording exceeds these limits too: ' + ', '.join(own))
+    if policy:
+        parts.append(('the policy went past limits the recording stays within: ' if excess is not None else
+                      'the policy went past the limits: ') + ', '.join(policy))
+    return '; '.join(parts)

@@ -35,6 +35,8 @@ def format_summary(s: dict[str, Any]) -> str:
                      + (f' (most: {busiest})' if busiest else '')
                      + f"; /diagnostics control at worst {worst.get('level', 'n/a')}"
                      + (f": {worst['message']}" if worst.get('message') and worst.get('level') != 'OK' else ''))
+        if clamps.get('explained'):
+            lines.append(f"  why                {clamps['explained']}")
     err = s.get('action_error')
     if err:
         lines.append('action error on held-out episode (MAE over the action horizon, action units):')

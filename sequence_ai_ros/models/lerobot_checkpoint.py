@@ -46,9 +46,15 @@ STATE_KEY = 'observation.state'
 PADDING = ('smolvla', 'pi0', 'pi05')
 SERVED = ('act', 'diffusion', 'smolvla', 'pi0', 'pi05')
 FLOW_MATCHING = ('smolvla', 'pi0', 'pi05')
-#: the files a backbone repository must hold locally, per kind (what transformers' Auto* loaders read).
-TOKENIZER_FILES = ('tokenizer_config.json', 'special_tokens_map.json')
-PROCESSOR_FILES = ('config.json', 'tokenizer_config.json', 'preprocessor_config.json')
+#: the files a backbone repository must hold locally, per kind: each entry is satisfied by any one of its names,
+#: exactly as transformers' loaders read them (AutoTokenizer: tokenizer_config.json and a vocabulary, fast or
+#: sentencepiece; AutoProcessor: also the image processor's config, which transformers >= 5 saves inside
+#: processor_config.json (``NAME#KEY``: the file holds KEY) and earlier versions as preprocessor_config.json;
+#: AutoConfig: config.json).
+TOKENIZER_FILES: tuple[tuple[str, ...], ...] = (
+    ('tokenizer_config.json',), ('tokenizer.json', 'tokenizer.model', 'vocab.json', 'vocab.txt', 'spiece.model'))
+PROCESSOR_FILES: tuple[tuple[str, ...], ...] = (
+    ('config.json',), *TOKENIZER_FILES, ('preprocessor_config.json', 'processor_config.json#image_processor'))
 
 
 def resolve(value: str, base: Path) -> Path:
@@ -77,13 +83,45 @@ class HubNeed:
     """A Hugging Face repository a policy type loads besides its checkpoint (processor or tokenizer).
 
     :param repo_id: e.g. ``google/paligemma-3b-pt-224``.
-    :param files: the files that must be present locally.
+    :param files: what must be present locally: each entry is satisfied by any one of its file names.
     :param role: what it is for, in words.
     """
 
     repo_id: str
-    files: tuple[str, ...]
+    files: tuple[tuple[str, ...], ...]
     role: str
+
+    def gone(self, root: Path) -> list[str]:
+        """The entries of :attr:`files` that ``root`` lacks, each as ``a`` or ``a or b``."""
+        return [' or '.join(map(_shown, alts)) for alts in self.files if not any(_holds(root, n) for n in alts)]
+
+    def download_names(self) -> str:
+        """The files to fetch, for ``hf download REPO FILES...``.
+
+        The first name of each entry, and both names of a two-way entry (a repository saved by transformers 4
+        holds its image processor in preprocessor_config.json, one saved by 5 in processor_config.json).
+        """
+        names = [alts[0].split('#')[0] for alts in self.files]
+        names += [n.split('#')[0] for alts in self.files if len(alts) == 2 for n in alts[1:]]
+        return ' '.join(dict.fromkeys(names))
+
+
+def _holds(root: Path, name: str) -> bool:
+    """``root/name`` is a file; for ``NAME#KEY``, a JSON object with KEY."""
+    file, _, key = name.partition('#')
+    if not (root / file).is_file():
+        return False
+    if not key:
+        return True
+    try:
+        return key in json.loads((root / file).read_text(encoding='utf-8'))
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def _shown(name: str) -> str:
+    file, _, key = name.partition('#')
+    return f'{file} (with {key})' if key else file
 
 
 def hub_needs(checkpoint: Path, cfg: dict[str, Any]) -> list[HubNeed]:
@@ -96,34 +134,40 @@ def hub_needs(checkpoint: Path, cfg: dict[str, Any]) -> list[HubNeed]:
     needs = []
     if cfg.get('type') == 'smolvla' and cfg.get('vlm_model_name'):
         needs.append(HubNeed(str(cfg['vlm_model_name']), PROCESSOR_FILES, 'the SmolVLM2 config and processor'))
-    pre = checkpoint / 'policy_preprocessor.json'
-    try:
-        steps = json.loads(pre.read_text(encoding='utf-8')).get('steps', []) if pre.is_file() else []
-    except (OSError, json.JSONDecodeError):
-        steps = []
-    for step in steps:
-        name = (step.get('config') or {}).get('tokenizer_name') if isinstance(step, dict) else None
+    for step in _preprocessor_steps(checkpoint):
+        name = (step.get('config') or {}).get('tokenizer_name')
         if name and all(n.repo_id != name for n in needs):
             needs.append(HubNeed(str(name), TOKENIZER_FILES, 'the prompt tokenizer'))
     return needs
 
 
 def locate(need: HubNeed, hub_cache: Path | None, snapshots: dict[str, Path]) -> tuple[Path | None, list[str]]:
-    """Find ``need`` in a snapshot directory or a Hub cache; return (snapshot dir or None, missing files).
+    """Find ``need`` in a snapshot directory or a Hub cache; return (its local directory or None, missing files).
 
     :param hub_cache: a Hugging Face hub cache (``models--org--name/snapshots/<rev>/``), as
-        ``hf download REPO --cache-dir DIR`` writes it.
+        ``hf download REPO --cache-dir DIR`` writes it; the revision ``refs/main`` names is tried first.
     :param snapshots: repo id -> a plain directory, as ``hf download REPO --local-dir DIR`` writes it.
+    :returns: the directory holding every file (the loaders are given this path, so nothing resolves a repo
+        id on the Hub), or None with the missing entries of the best candidate.
     """
     if need.repo_id in snapshots:
         root = snapshots[need.repo_id]
-        return root, [f for f in need.files if not (root / f).is_file()]
+        gone = need.gone(root)
+        return (None if gone else root), gone
     if hub_cache is not None:
-        snaps = hub_cache / ('models--' + need.repo_id.replace('/', '--')) / 'snapshots'
-        for rev in sorted(snaps.glob('*')) if snaps.is_dir() else []:
-            if all((rev / f).is_file() for f in need.files):
-                return None, []
-    return None, list(need.files)
+        repo = hub_cache / ('models--' + need.repo_id.replace('/', '--'))
+        snaps = repo / 'snapshots'
+        revs = sorted(snaps.glob('*')) if snaps.is_dir() else []
+        main = repo / 'refs' / 'main'
+        if main.is_file():
+            head = snaps / main.read_text(encoding='utf-8').strip()
+            revs = [head, *(r for r in revs if r != head)] if head.is_dir() else revs
+        for rev in revs:
+            if not need.gone(rev):
+                return rev, []
+        if revs:
+            return None, need.gone(revs[0])
+    return None, [' or '.join(map(_shown, alts)) for alts in need.files]
 
 
 def missing_hub_files(needs: list[HubNeed], hub_cache: Path | None, snapshots: dict[str, Path]) -> list[str]:
@@ -134,11 +178,39 @@ def missing_hub_files(needs: list[HubNeed], hub_cache: Path | None, snapshots: d
         if gone:
             where = (f'the snapshot directory {snapshots[need.repo_id]}' if need.repo_id in snapshots else
                      f'the hub cache {hub_cache}' if hub_cache else 'no hub_cache or hub_snapshots entry')
+            names = need.download_names()
             out.append(f'{need.role} {need.repo_id}: {", ".join(gone)} not in {where} (on a machine with '
-                       f'network: `hf download {need.repo_id} --cache-dir DIR`, copy DIR here and set '
-                       f'`hub_cache: DIR` in config.yaml, or `hf download {need.repo_id} --local-dir D` and '
-                       f'set `hub_snapshots: {{{need.repo_id}: D}}`)')
+                       f'network: `hf download {need.repo_id} {names} --cache-dir DIR`, copy DIR here and set '
+                       f'`hub_cache: DIR` in config.yaml, or `hf download {need.repo_id} {names} --local-dir D` '
+                       f'and set `hub_snapshots: {{{need.repo_id}: D}}`)')
     return out
+
+
+def hub_overrides(checkpoint: Path, local: dict[str, Path]) -> dict[str, dict[str, str]]:
+    """Point every saved preprocessor step that names a backbone repo at its local directory.
+
+    :param local: repo id -> the local directory :func:`locate` found.
+    :returns: LeRobot's ``preprocessor_overrides`` form, registry name -> {config key: local path}: every
+        string in a step's config equal to a located repo id (SmolVLA's and pi0's ``tokenizer_processor``
+        ``tokenizer_name`` among them).
+    """
+    out: dict[str, dict[str, str]] = {}
+    for step in _preprocessor_steps(checkpoint):
+        name = step.get('registry_name')
+        for key, value in (step.get('config') or {}).items():
+            if name and isinstance(value, str) and value in local:
+                out.setdefault(str(name), {})[key] = str(local[value])
+    return out
+
+
+def _preprocessor_steps(checkpoint: Path) -> list[dict[str, Any]]:
+    """The steps of the checkpoint's saved ``policy_preprocessor.json`` (none when absent or unreadable)."""
+    pre = checkpoint / 'policy_preprocessor.json'
+    try:
+        steps = json.loads(pre.read_text(encoding='utf-8')).get('steps', []) if pre.is_file() else []
+    except (OSError, json.JSONDecodeError, AttributeError):
+        steps = []
+    return [step for step in steps if isinstance(step, dict)]
 
 
 @dataclasses.dataclass(frozen=True)

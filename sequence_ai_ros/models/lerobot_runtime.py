@@ -32,7 +32,9 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import importlib.util
+import logging
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -41,11 +43,13 @@ import numpy as np
 
 from sequence_ai_ros.exceptions import MissingDependency, PolicyException
 from sequence_ai_ros.models.lerobot_checkpoint import (
+    FLOW_MATCHING,
     IMAGE_PREFIX,
     STATE_KEY,
     ServingPlan,
     contract_for,
     hub_needs,
+    hub_overrides,
     locate,
     missing_hub_files,
     plan,
@@ -60,6 +64,9 @@ MIN_LEROBOT = (0, 4)
 WEIGHTS = ('config.json', 'model.safetensors')
 OFFLINE = {'HF_HUB_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1', 'TRANSFORMERS_OFFLINE': '1'}
 LEROBOT_HINT = 'pip install -r requirements-lerobot.txt (LeRobot 0.6.x, Python >= 3.12)'
+#: RTC's leftover in robot units (a relative-action policy re-anchors it on the new state after preprocessing)
+LEFT_OVER_ABSOLUTE = 'prev_chunk_left_over_absolute'
+log = logging.getLogger(__name__)
 
 
 def _version(dist: str) -> tuple[int, ...] | None:
@@ -121,6 +128,19 @@ def go_offline() -> None:
     hub_constants.HF_HUB_OFFLINE = True
 
 
+def use_hub_cache(hub_cache: Path) -> None:
+    """Make ``hub_cache`` the Hugging Face hub cache of this process, imported or not.
+
+    ``huggingface_hub`` reads ``HF_HUB_CACHE`` once, when first imported; where it already is (the worker
+    may have imported it), its constants are set too. Loading does not rely on it: every backbone repo is
+    given to LeRobot as its local directory (:meth:`LeRobotRunner.load`).
+    """
+    os.environ['HF_HUB_CACHE'] = str(hub_cache)
+    constants = sys.modules.get('huggingface_hub.constants')
+    if constants is not None:
+        constants.HF_HUB_CACHE = str(hub_cache)
+
+
 def default_hub_cache() -> Path:
     """The Hugging Face hub cache huggingface_hub itself would read: $HF_HUB_CACHE, else $HF_HOME/hub."""
     if os.environ.get('HF_HUB_CACHE'):
@@ -134,10 +154,12 @@ class Raw:
 
     :param model: float32 (H, D') the model-space rows (before the postprocessor), H = the model's horizon.
     :param served: the number of rows served as the chunk (T).
+    :param actions: float32 (H, D) the same rows in robot units (after the postprocessor), or None.
     """
 
     model: np.ndarray
     served: int
+    actions: np.ndarray | None = None
 
 
 def _stack_key(batch: dict[str, Any], kwargs: dict[str, Any]) -> tuple:
@@ -160,23 +182,35 @@ class LeRobotRunner:
     :param hub_snapshots: repo id -> local snapshot directory.
     :param serving: :func:`~.lerobot_checkpoint.plan`'s config.yaml entries (rename_map, features,
         state_names, pad_cameras, chunk_length).
+    :param rtc_execution_horizon: RTC's execution horizon for every request; None = min(chunk_size,
+        max(the checkpoint's ``rtc_config.execution_horizon``, the request's expected delay)).
+    :param action_names: the robot's action names, for a relative-action step that saved none (its
+        ``exclude_joints`` match them, as LeRobot's rollout does).
     """
 
     def __init__(self, checkpoint: Path, device: str, template: str, *, robot_type: str = '',
                  hub_cache: Path | None = None, hub_snapshots: dict[str, Path] | None = None,
+                 rtc_execution_horizon: int | None = None, action_names: Sequence[str] | None = None,
                  **serving: Any) -> None:
         self.checkpoint = checkpoint
         self.device = device
         self.template = template
         self.robot_type = robot_type
+        if hub_cache is not None:   # before anything imports huggingface_hub
+            use_hub_cache(hub_cache)
         self.hub_cache = hub_cache or default_hub_cache()
         self.hub_snapshots = dict(hub_snapshots or {})
         self.cfg = read_config(checkpoint) if (checkpoint / 'config.json').is_file() else {}
         self.plan: ServingPlan | None = plan(self.cfg, **serving) if self.cfg else None
+        self.rtc_execution_horizon = rtc_execution_horizon
+        self.action_names = list(action_names) if action_names else None
+        self._delay_logged = False
         self.policy: Any = None
         self.pre: Any = None
         self.post: Any = None
         self.torch: Any = None
+        self.relative: Any = None     # the enabled RelativeActionsProcessorStep (pi0.5 relative actions)
+        self.normalizer: Any = None   # the preprocessor's NormalizerProcessorStep, for re-anchoring
 
     def check_hub_files(self) -> None:
         """Raise :class:`MissingDependency` naming each backbone file that is not local, and how to place it."""
@@ -192,12 +226,12 @@ class LeRobotRunner:
         """
         require(self.checkpoint, self.template)
         self.check_hub_files()
+        use_hub_cache(self.hub_cache)
         go_offline()
-        if self.hub_cache is not None:
-            os.environ['HF_HUB_CACHE'] = str(self.hub_cache)
         import torch
         from lerobot.configs.policies import PreTrainedConfig
         from lerobot.policies.factory import get_policy_class, make_pre_post_processors
+        from lerobot.processor import NormalizerProcessorStep, RelativeActionsProcessorStep
 
         if self.device.startswith('cuda') and not torch.cuda.is_available():
             raise MissingDependency(f'the {self.template} template needs a CUDA GPU (device {self.device!r}); '
@@ -205,15 +239,13 @@ class LeRobotRunner:
         config = PreTrainedConfig.from_pretrained(str(self.checkpoint), local_files_only=True)
         if hasattr(config, 'pretrained_backbone_weights'):
             config.pretrained_backbone_weights = None   # ImageNet init is replaced by model.safetensors
-        overrides: dict[str, dict] = {'device_processor': {'device': self.device}}
-        for need in hub_needs(self.checkpoint, self.cfg):
-            local, _ = locate(need, self.hub_cache, self.hub_snapshots)
-            if local is None:
-                continue
-            if getattr(config, 'vlm_model_name', None) == need.repo_id:
-                config.vlm_model_name = str(local)
-            else:
-                overrides['tokenizer_processor'] = {'tokenizer_name': str(local)}
+        # every backbone repo goes to LeRobot as its local directory: nothing resolves a repo id on the Hub
+        local = {need.repo_id: found for need in hub_needs(self.checkpoint, self.cfg)
+                 if (found := locate(need, self.hub_cache, self.hub_snapshots)[0]) is not None}
+        overrides: dict[str, dict] = {**hub_overrides(self.checkpoint, local),
+                                      'device_processor': {'device': self.device}}
+        if getattr(config, 'vlm_model_name', None) in local:
+            config.vlm_model_name = str(local[config.vlm_model_name])
         config.device = self.device
         policy = get_policy_class(self.cfg['type']).from_pretrained(str(self.checkpoint), config=config,
                                                                    local_files_only=True)
@@ -221,6 +253,11 @@ class LeRobotRunner:
         policy.eval()
         self.pre, self.post = make_pre_post_processors(policy.config, pretrained_path=str(self.checkpoint),
                                                        preprocessor_overrides=overrides)
+        self.relative = next((s for s in self.pre.steps if isinstance(s, RelativeActionsProcessorStep) and s.enabled),
+                             None)
+        self.normalizer = next((s for s in self.pre.steps if isinstance(s, NormalizerProcessorStep)), None)
+        if self.relative is not None and self.relative.action_names is None:   # as LeRobot's rollout fills them
+            self.relative.action_names = getattr(policy.config, 'action_feature_names', None) or self.action_names
         self.policy, self.torch = policy, torch
 
     def frames_batch(self, frames: Sequence[tuple[np.ndarray, dict[str, np.ndarray]]], task: str) -> dict[str, Any]:
@@ -255,24 +292,50 @@ class LeRobotRunner:
         return batch
 
     def noise(self, seed: int) -> Any:
-        """Return the initial noise (1, horizon, D) of a diffusion chunk, drawn from ``torch.Generator(seed)``."""
+        """Return a chunk's initial noise, drawn from ``torch.Generator().manual_seed(seed)``.
+
+        :returns: float32 (1, horizon, D) for diffusion; (1, chunk_size, max_action_dim) for the
+            flow-matching policies (SmolVLA, pi0, pi0.5 sample their noise at that padded size).
+        """
         torch = self.torch
         gen = torch.Generator().manual_seed(int(seed))
         shape = (1, self.plan.horizon, self.plan.action_dim)
+        if self.plan.policy_type in FLOW_MATCHING:
+            shape = (1, int(self.cfg.get('chunk_size') or self.plan.horizon),
+                     int(self.cfg.get('max_action_dim') or self.plan.action_dim))
         return torch.randn(shape, generator=gen, dtype=torch.float32).to(self.device)
 
     def forward(self, batch: dict[str, Any], **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
         """Run preprocessor -> ``predict_action_chunk(batch, **kwargs)`` -> postprocessor.
 
-        :param kwargs: e.g. ``noise=`` (diffusion) or RTC's ``inference_delay``, ``prev_chunk_left_over``,
-            ``execution_horizon`` (flow-matching policies).
+        :param kwargs: e.g. ``noise=`` or RTC's ``inference_delay``, ``prev_chunk_left_over``,
+            ``execution_horizon`` (flow-matching policies); ``prev_chunk_left_over_absolute`` (B, K, D) in robot
+            units is re-anchored on this request's state for a relative-action policy (LeRobot's
+            ``reanchor_relative_rtc_prefix``) and passed as ``prev_chunk_left_over``.
         :returns: (model-space float32 (B, H, D'), robot-unit float32 (B, H, D)).
         """
         torch = self.torch
-        with torch.inference_mode():
-            raw = self.policy.predict_action_chunk(self.pre(batch), **kwargs)
+        kwargs = dict(kwargs)
+        absolute = kwargs.pop(LEFT_OVER_ABSOLUTE, None)
+        # RTC's guidance takes a gradient inside predict_action_chunk (under torch.enable_grad), which tensors
+        # made under inference_mode refuse: RTC checkpoints run under no_grad, the others as before
+        rtc = self.plan is not None and self.plan.rtc_horizon is not None
+        with torch.no_grad() if rtc else torch.inference_mode():
+            pre = self.pre(batch)
+            if absolute is not None:
+                kwargs['prev_chunk_left_over'] = self._reanchor(absolute)
+            raw = self.policy.predict_action_chunk(pre, **kwargs)
             actions = self.post(raw)
         return (raw.detach().float().cpu().numpy(), actions.detach().float().cpu().numpy())
+
+    def _reanchor(self, absolute: Any) -> Any:
+        """Robot-unit leftover rows (B, K, D) -> model space relative to the state the preprocessor just saw."""
+        from lerobot.policies.rtc import reanchor_relative_rtc_prefix
+
+        state = self.relative.get_cached_state()
+        return reanchor_relative_rtc_prefix(prev_actions_absolute=absolute, current_state=state,
+                                            relative_step=self.relative, normalizer_step=self.normalizer,
+                                            policy_device=self.device)
 
     def forward_many(self, batches: Sequence[dict[str, Any]],
                      kwargs: Sequence[dict[str, Any]]) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -310,15 +373,32 @@ class LeRobotRunner:
 
         The robot's ``chunk_tail`` holds the K not-yet-executed rows of the last served chunk (robot units);
         the same rows in model space are ``previous.model[served - K : ]`` (LeRobot 0.6 ``RTCProcessor`` wants
-        model space).
+        model space). A relative-action policy gets them in robot units instead (``previous.actions``), to be
+        re-anchored on the new state as LeRobot's RTC rollout does (:meth:`forward`).
+
+        The execution horizon (the rows guidance reaches) is :attr:`rtc_execution_horizon` when set, else
+        min(chunk_size, max(the checkpoint's value, ``delay``)): rows the robot runs before the new chunk is
+        read are always guided. The first request whose delay exceeds the checkpoint's value is logged.
         """
         if self.plan is None or self.plan.rtc_horizon is None:
             return {}
-        kwargs: dict[str, Any] = {'inference_delay': int(delay), 'execution_horizon': self.plan.rtc_horizon}
+        delay, own = int(delay), self.plan.rtc_horizon
+        horizon = self.rtc_execution_horizon or min(self.plan.horizon, max(own, delay))
+        if delay > own and not self._delay_logged:
+            self._delay_logged = True
+            log.warning('%s: the robot expects %d actions to run before a chunk arrives, more than the checkpoint\'s '
+                        'rtc_config.execution_horizon %d; RTC guides %d rows (%s)', self.template, delay, own, horizon,
+                        'rtc_execution_horizon in config.yaml' if self.rtc_execution_horizon else
+                        f'min(chunk_size {self.plan.horizon}, the delay)')
+        kwargs: dict[str, Any] = {'inference_delay': delay, 'execution_horizon': int(horizon)}
         if previous is not None and tail_rows > 0:
             start = max(0, previous.served - int(tail_rows))
-            left = previous.model[start:]
-            kwargs['prev_chunk_left_over'] = self.torch.from_numpy(np.ascontiguousarray(left))[None].to(self.device)
+            if self.relative is not None and previous.actions is not None:
+                kwargs[LEFT_OVER_ABSOLUTE] = self.torch.from_numpy(
+                    np.ascontiguousarray(previous.actions[start:]))[None]
+            else:
+                kwargs['prev_chunk_left_over'] = self.torch.from_numpy(
+                    np.ascontiguousarray(previous.model[start:]))[None].to(self.device)
         return kwargs
 
     def chunk(self, state: np.ndarray, images: dict[str, np.ndarray], task: str, steps: int) -> np.ndarray:

@@ -24,7 +24,9 @@ Serving guards against extrapolation: a closed loop feeds the model its own last
 arm does not follow (a blocked joint, or a replayed bag whose state ignores the commands) the tracking
 error leaves anything seen in training and a residual model would integrate it without bound. So at
 serving every feature is clipped to its training range and every predicted action to the training
-actions' range widened by half of it on each side (``x_lo``/``x_hi``, ``a_lo``/``a_hi``). Offline evaluation
+actions' range widened by half of it on each side (``x_lo``/``x_hi``, ``a_lo``/``a_hi``), except past an end of
+travel the recording sits on (:func:`saturated_ends`: the G1's hands fully open at 1.0), which bounds the
+prediction as it bounds the robot. Offline evaluation
 (``seq train``) scores the guarded model, as served.
 
 The same :func:`channels` builds training rows (whole episodes) and serving rows (one frame), so the
@@ -47,6 +49,25 @@ FORMAT_VERSION = 2
 #: widening of the training actions' range that bounds predictions, as a fraction of the range: measured on
 #: held-out G1 episode 5, 0.5 costs nothing (0.1 raised the MAE from 0.0177 to 0.0206), and it still bounds drift.
 ACTION_MARGIN = 0.5
+#: frames at a joint's exact extreme action that mark it as the end of the joint's travel (see
+#: :func:`saturated_ends`): predictions are not widened past it.
+SATURATED_FRAMES = 2
+
+
+def saturated_ends(action: np.ndarray, frames: int = SATURATED_FRAMES) -> tuple[np.ndarray, np.ndarray]:
+    """Return which joints' recorded actions sit on their smallest / largest value: the end of their travel.
+
+    A continuous joint hits its exact extreme value once; a joint commanded at the end of its range (the
+    G1's Inspire hands fully open at 1.0 or the thumb rotation at 0.0, a gripper at its stop) repeats it.
+
+    :param action: (N, D) recorded actions, one row per frame.
+    :param frames: frames at the exact extreme that make it an end of travel.
+    :returns: two bool (D,) arrays: saturated at the minimum, at the maximum.
+    """
+    a = np.asarray(action)
+    if a.shape[0] == 0:
+        return np.zeros(a.shape[1], bool), np.zeros(a.shape[1], bool)
+    return (a == a.min(axis=0)).sum(axis=0) >= frames, (a == a.max(axis=0)).sum(axis=0) >= frames
 
 
 def last_actions(state: np.ndarray, action: np.ndarray) -> np.ndarray:
@@ -135,8 +156,9 @@ class RidgeModel:
     :param action_names: the D action names, in order.
     :param x_lo: float64 (G, F') smallest training value of each feature (serving clips to it).
     :param x_hi: float64 (G, F') largest training value of each feature.
-    :param a_lo: float64 (D,) lower bound of predicted actions (training min - half the range).
-    :param a_hi: float64 (D,) upper bound of predicted actions (training max + half the range).
+    :param a_lo: float64 (D,) lower bound of predicted actions (training min - half the range; the training
+        min itself where the recording sits on it, :func:`saturated_ends`).
+    :param a_hi: float64 (D,) upper bound of predicted actions (training max + half the range, or the max).
     """
 
     channel_names: tuple[str, ...]
@@ -182,8 +204,13 @@ class RidgeModel:
     @classmethod
     def fit_path(cls, x: np.ndarray, targets: np.ndarray, base: np.ndarray, *, channel_names: Sequence[str],
                  coupled: bool, residual: bool, dt: float, lams: Sequence[float], state_names: Sequence[str],
-                 action_names: Sequence[str]) -> list[RidgeModel]:
-        """Fit one model per lambda in ``lams``, sharing X'X and X'Y (as :meth:`fit`, same errors)."""
+                 action_names: Sequence[str], recorded: np.ndarray | None = None) -> list[RidgeModel]:
+        """Fit one model per lambda in ``lams``, sharing X'X and X'Y (as :meth:`fit`, same errors).
+
+        :param recorded: (M, D) every recorded action frame of the training episodes, where
+            :func:`saturated_ends` looks for ends of travel; None: the first action of each window (which
+            misses an episode's last H-1 frames).
+        """
         if x.ndim != 3 or targets.ndim != 3 or not (x.shape[0] == targets.shape[0] == base.shape[0]):
             raise ConfigError(f'ridge fit: shapes x {x.shape}, targets {targets.shape}, base {base.shape} differ')
         if x.shape[0] == 0:
@@ -198,6 +225,7 @@ class RidgeModel:
         x_lo, x_hi = design.min(axis=1), design.max(axis=1)
         t_lo, t_hi = targets.min(axis=(0, 1)).astype(np.float64), targets.max(axis=(0, 1)).astype(np.float64)
         margin = ACTION_MARGIN * (t_hi - t_lo)
+        sat_lo, sat_hi = saturated_ends(targets[:, 0, :] if recorded is None else recorded)
         x_std = design.std(axis=1)
         x_std[x_std < 1e-9] = 1.0
         xs = (design - x_mean[:, None, :]) / x_std[:, None, :]
@@ -213,7 +241,8 @@ class RidgeModel:
                               horizon=h, dt=float(dt), lam=float(lam), x_mean=x_mean, x_std=x_std,
                               weights=np.concatenate([w, y_mean[:, None, :]], axis=1),
                               state_names=tuple(state_names), action_names=tuple(action_names),
-                              x_lo=x_lo, x_hi=x_hi, a_lo=t_lo - margin, a_hi=t_hi + margin))
+                              x_lo=x_lo, x_hi=x_hi, a_lo=np.where(sat_lo, t_lo, t_lo - margin),
+                              a_hi=np.where(sat_hi, t_hi, t_hi + margin)))
         return models
 
     def predict_batch(self, x: np.ndarray, base: np.ndarray, *, guard: bool = False) -> np.ndarray:

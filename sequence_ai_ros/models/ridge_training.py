@@ -122,7 +122,8 @@ def _fit(eps: Sequence[_EpisodeWindows], candidate: tuple[str, tuple[str, ...], 
     return ridge.RidgeModel.fit_path(np.concatenate([e.x[:, :, idx] for e in eps]),
                                      np.concatenate([e.targets for e in eps]), np.concatenate([e.base for e in eps]),
                                      channel_names=chans, coupled=coupled, residual=residual, dt=dt, lams=lams,
-                                     state_names=ds.state_names, action_names=ds.action_names)
+                                     state_names=ds.state_names, action_names=ds.action_names,
+                                     recorded=np.concatenate([e.actions for e in eps]))
 
 
 def _folds(eps: list[_EpisodeWindows], blocks: int = 5) -> list[tuple[list[_EpisodeWindows], list[_EpisodeWindows]]]:

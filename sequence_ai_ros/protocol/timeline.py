@@ -12,12 +12,8 @@ Deadlines no tick served leave a gap between one record's end and the next one's
 
 from __future__ import annotations
 
-#: Why a tick held instead of executing a fresh policy action ('' when it executed one):
-#: ``waiting`` (no chunk yet, or the observation history is filling), ``underrun`` (the chunk buffer ran
-#: dry), ``refused`` (the robot's own check refused the command: safety, an invalid observation),
-#: ``dry_run`` (the command went to a dry-run topic, not the controller), ``ended`` (the episode had ended).
-HOLD_REASONS = ('waiting', 'underrun', 'refused', 'dry_run', 'ended')
-#: Largest chunk-step position a record may carry (a decade at 1 kHz control against a 1 ms dt).
-MAX_STEP = 1e12
-#: Largest grid index a record may carry (within a float64's exact integers).
-MAX_GRID_INDEX = 2 ** 53
+# The limits of these fields (HOLD_REASONS, MAX_STEP, MAX_GRID_INDEX) are defined once, with every other
+# value from the wire, in :mod:`sequence_ai_ros.protocol.limits`.
+from sequence_ai_ros.protocol.limits import HOLD_REASONS, MAX_GRID_INDEX, MAX_STEP
+
+__all__ = ['HOLD_REASONS', 'MAX_GRID_INDEX', 'MAX_STEP']

@@ -9,13 +9,14 @@ becomes visible) and the episode goes on. When the data module is absent, captur
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
-from sequence_ai_ros.protocol.contract import Contract
+from sequence_ai_ros.protocol.contract import Contract, clip
 
 LOG = logging.getLogger(__name__)
 
@@ -35,6 +36,15 @@ def open_store(root: Path, deployment: str) -> Any | None:
     except Exception as exc:  # a broken store must not stop serving
         LOG.error('capture disabled for %s: cannot open store at %s: %s', deployment, root, exc)
         return None
+
+
+def _finite(value: Any) -> float:
+    """Return ``value`` as a float, 0.0 when it is not a finite number (the boundary refused it already)."""
+    try:
+        value = float(value or 0.0)
+    except (TypeError, ValueError):
+        return 0.0
+    return value if math.isfinite(value) else 0.0
 
 
 class EpisodeRecorder:
@@ -60,11 +70,15 @@ class EpisodeRecorder:
         self.rejected_first = ''
         #: why capture is on but this episode is not captured (told to the robot at its start), else ''
         self.not_captured = ''
+        #: why this episode's capture stopped, or its run was not recorded (told to the robot in EpisodeEnded)
+        self.capture_error = ''
         if store is None:
             return
         try:
             self._ep = store.begin(episode_id, instruction, contract)
-            if self._ep is not None:
+            if self._ep is None:   # capture on but paused, or its start failed: the robot is told why
+                self.not_captured = store.refusal()
+            else:
                 settings = store.settings
                 self.fps = float(settings.row_fps(contract.dt))
                 self.images = bool(settings.images)
@@ -89,6 +103,7 @@ class EpisodeRecorder:
             return fn(*args)
         except Exception as exc:
             LOG.error('capture of episode %s stopped (%s failed: %s); serving goes on', self.episode_id, what, exc)
+            self.capture_error = self.capture_error or f'episode {self.episode_id!r} not kept: {clip(exc, 300)}'
             ep, self._ep = self._ep, None
             try:
                 ep.abort()
@@ -125,10 +140,12 @@ class EpisodeRecorder:
             run = {'episode_id': self.episode_id, 'version': self._version, 'started_at': self._started,
                    'ended_at': time.time(), 'reason': str(reason),
                    'actions': int(stats.get('actions', 0) or 0), 'underruns': int(stats.get('underruns', 0) or 0),
-                   'latency_p95_ms': float(stats.get('latency_p95_ms', 0.0) or 0.0),
+                   'latency_p95_ms': _finite(stats.get('latency_p95_ms', 0.0)),
                    'captured': int(stored is not None)}
             try:
                 self._store.record_run(run)
             except Exception as exc:  # the scoreboard must not break serving
                 LOG.error('run of episode %s not recorded: %s', self.episode_id, exc)
+                self.capture_error = self.capture_error or (f'run of episode {self.episode_id!r} not recorded: '
+                                                            f'{clip(exc, 300)}')
         return stored is not None

@@ -21,6 +21,9 @@ from sequence_ai_ros.protocol import DEFAULT_PORT
 
 #: Port of an embedded worker (tests, demos): 0 picks a free one, read back from ``WorkerServer.port``.
 EMBEDDED_PORT = 0
+#: Default bound (s) of ``seq deploy``'s dry run (construct, load, inferences, hook) and of a served policy's
+#: load (``--load-timeout``): a cold load of a LeRobot checkpoint on a 2-core machine takes over a minute.
+DRY_RUN_TIMEOUT_S = 180.0
 
 
 def _integer(value: Any) -> bool:
@@ -120,6 +123,9 @@ class ServerConfig:
         first tried, bounded, in a deployment process, so a hang or exit at import is reported).
     :param agent_port: answer HAProxy ``agent-check`` probes on this port with the gRPC health of the served
         deployments (:mod:`~sequence_ai_ros.worker.health_agent`); None: no agent.
+    :param probe_port: serve ``grpc.health.v1.Health`` alone, in plaintext and without the token, on this port
+        (0: a free one, see ``WorkerServer.probe_port``), for Kubernetes' gRPC probes, which send neither
+        metadata nor TLS (:mod:`~sequence_ai_ros.worker.probe`); None: no probe port.
     :raises ConfigError: for a value its field's rule (:data:`RULES`) refuses: an empty host, a timeout that
         is not finite and > 0, ``max_streams`` or ``max_pending`` < 1, a port outside [0, 65535], a bool
         where a number belongs, an empty token, a ``tls`` that is not a pair; or for ``anonymous_streams``
@@ -141,8 +147,8 @@ class ServerConfig:
     inference_timeout_s: float = _opt(30.0, '--inference-timeout', 'an inference over S seconds gets '
                                       'POLICY_EXCEPTION and marks the deployment failed (default {default:g})', 'S',
                                       rule='seconds')
-    load_timeout_s: float = _opt(600.0, '--load-timeout', 'a policy load over S seconds marks the deployment '
-                                 'failed (default {default:g})', 'S', rule='seconds')
+    load_timeout_s: float = _opt(DRY_RUN_TIMEOUT_S, '--load-timeout', 'a policy load over S seconds marks the '
+                                 'deployment failed (default {default:g})', 'S', rule='seconds')
     start_timeout_s: float = _opt(5.0, '--start-timeout', 'close an episode stream that sends no EpisodeStart '
                                   'within S seconds (default {default:g})', 'S', rule='seconds')
     max_streams_per_client: int = _opt(64, '--max-streams-per-client', 'most episode streams one client address '
@@ -163,6 +169,9 @@ class ServerConfig:
     agent_port: int | None = _opt(None, '--agent-port', 'answer HAProxy agent-check probes on this port with the '
                                   "replica's gRPC health (default: off; see worker/haproxy.cfg)", 'PORT',
                                   rule='optional_port')
+    probe_port: int | None = _opt(None, '--probe-port', 'serve only the gRPC health service on this port, in '
+                                  'plaintext and without the token, for Kubernetes gRPC probes (default: off; '
+                                  '0 picks a free one)', 'PORT', rule='optional_port')
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):          # each setting by its field's rule: none is listed by hand

@@ -40,16 +40,21 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from google.protobuf.message import DecodeError
+
+import sequence_ai_ros
 from sequence_ai_ros.exceptions import EpisodeStateError, NotReady, SequenceAIError
-from sequence_ai_ros.protocol import errors
+from sequence_ai_ros.protocol import errors, limits
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import clip
 from sequence_ai_ros.protocol.pipeline import TailSplicer
-from sequence_ai_ros.worker.runtime import ActiveEpisode, DeploymentRuntime
+from sequence_ai_ros.worker.boundary import refuse
+from sequence_ai_ros.worker.runtime import ActiveEpisode, DeploymentRuntime, describe
 
 LOG = logging.getLogger(__name__)
 _CLOSED = object()
 _SHUTDOWN = object()
+_UNDECODABLE = object()
 
 
 _PENDING = object()
@@ -140,15 +145,23 @@ def _expire(waiter: asyncio.Future) -> None:
 Request = tuple[pb.EpisodeRequest, int] | pb.EpisodeRequest
 
 
-def parse_request(data: bytes) -> tuple[pb.EpisodeRequest, int]:
+class Undecodable(Exception):  # noqa: N818 - the stream's own signal, turned into a status by the servicer
+    """A message on the Episode stream was not an EpisodeRequest: the call fails with INVALID_ARGUMENT."""
+
+
+def parse_request(data: bytes) -> tuple[pb.EpisodeRequest | None, int]:
     """The Episode stream's request deserializer: the message and its size on the wire (bytes).
 
     The size checks a request against its contract's limit without ``ByteSize()``, which in upb
     re-encodes the whole message (~300 KB for two raw 224x224 frames) just to measure it.
 
-    :raises google.protobuf.message.DecodeError: for bytes that are not an EpisodeRequest (gRPC fails the call).
+    :returns: ``(None, size)`` for bytes that are not an EpisodeRequest: the stream then fails the call with
+        a status (:class:`Undecodable`), never ends it as if the robot had closed it.
     """
-    return pb.EpisodeRequest.FromString(data), len(data)
+    try:
+        return pb.EpisodeRequest.FromString(data), len(data)
+    except DecodeError:
+        return None, len(data)
 
 
 def _has_encoded_images(req: pb.ObservationRequest) -> bool:
@@ -226,6 +239,9 @@ class EpisodeCallHandler:
         try:
             async for req in requests:   # (message, wire bytes) from parse_request, or a bare message
                 item = req if isinstance(req, tuple) else (req, None)
+                if item[0] is None:
+                    self._inbox.put(_UNDECODABLE)
+                    return
                 if item[0].WhichOneof('kind') == 'end':
                     self._end_arrived()
                 self._inbox.put(item)
@@ -275,12 +291,24 @@ class EpisodeCallHandler:
                     return
                 if item is _CLOSED:
                     return
+                if item is _UNDECODABLE:
+                    if self.active is not None:
+                        await self._end_episode('error', None)
+                    raise Undecodable('a message on the Episode stream is not an EpisodeRequest (undecodable '
+                                      'protobuf); the call is closed')
                 if item is _SHUTDOWN:
                     async for reply in self._close('shutdown', 'the worker is shutting down'):
                         yield reply
                     return
                 item, nbytes = item
                 kind = item.WhichOneof('kind')
+                try:   # the boundary: every value within the wire schema's limits (past its size: decode refuses)
+                    if not (kind == 'observation' and nbytes is not None and nbytes > self.runtime.max_message_bytes):
+                        limits.check_request(item)
+                except limits.LimitViolation as exc:
+                    rid = item.observation.request_id if kind == 'observation' else 0
+                    yield _error(refuse(self.runtime, exc), rid)
+                    continue
                 if kind is not None:          # a real message: episode activity (an empty one is not)
                     last = time.monotonic()
                 if kind == 'observation':
@@ -300,7 +328,8 @@ class EpisodeCallHandler:
                 elif kind == 'start':
                     yield await self._start(item.start)
                 elif kind == 'end':
-                    yield await self._end(item.end)
+                    for reply in await self._end(item.end):
+                        yield reply
                     return
                 else:
                     yield _error(EpisodeStateError('empty EpisodeRequest (no start/observation/telemetry/end)'))
@@ -312,11 +341,11 @@ class EpisodeCallHandler:
         eid = self.active.episode.id if self.active is not None else self.episode_id
         cls = NotReady if reason == 'shutdown' else EpisodeStateError
         yield _error(cls(f'episode {clip(eid)!r} ended ({reason}): {why}'))
-        captured = False
+        captured, failure = False, ''
         if self.active is not None:
-            await self._io(lambda: self.active.end(reason, wait=True))
+            failure = await self._end_episode(reason, None)
             captured = self.active.captured
-        yield pb.EpisodeReply(ended=self._ended(eid, captured))
+        yield pb.EpisodeReply(ended=self._ended(eid, captured, failure))
 
     async def _start(self, start: pb.EpisodeStart) -> pb.EpisodeReply:
         if self.active is not None:
@@ -330,16 +359,17 @@ class EpisodeCallHandler:
         try:
             store = self.runtime.capture_store
             if store is None:
-                self.active = self.runtime.start_episode(eid, start.instruction)
+                self.active = self.runtime.start_episode(eid, start.instruction, start.client_id)
             else:  # opening a captured episode touches its store's files
-                self.active = await self._io(self.runtime.start_episode, eid, start.instruction)
+                self.active = await self._io(self.runtime.start_episode, eid, start.instruction, start.client_id)
         except SequenceAIError as exc:
             return _error(exc)
         self.episode_id = eid
         rec = self.active.recorder
         return pb.EpisodeReply(started=pb.EpisodeStarted(episode_id=eid, capture=rec.active,
                                                          capture_fps=rec.fps, capture_images=rec.images,
-                                                         capture_error=rec.not_captured))
+                                                         capture_error=rec.not_captured,
+                                                         worker_version=sequence_ai_ros.__version__))
 
     async def _infer(self, active: ActiveEpisode, req: pb.ObservationRequest, nbytes: int | None) -> pb.ActionChunk:
         """Decode (raw frames inline; JPEG/PNG on the executor), queue, await the inference thread, pack.
@@ -438,18 +468,37 @@ class EpisodeCallHandler:
             active, req, chunk, error = job
             await self._io(active.recorder.add_request, req, chunk, error)
 
-    async def _end(self, end: pb.EpisodeEnd) -> pb.EpisodeReply:
-        if self.active is None:
-            return pb.EpisodeReply(ended=pb.EpisodeEnded(episode_id=self.episode_id, captured=False))
-        stats = {'actions': end.actions, 'chunks': end.chunks, 'underruns': end.underruns,
-                 'underrun_s': end.underrun_s, 'max_seam_jump': end.max_seam_jump,
-                 'latency_p95_ms': end.latency_p95_ms}
-        await self._io(lambda: self.active.end(end.reason or 'completed', stats, wait=True))
-        return pb.EpisodeReply(ended=self._ended(self.active.episode.id, self.active.captured))
+    async def _end(self, end: pb.EpisodeEnd) -> list[pb.EpisodeReply]:
+        """End the episode on the robot's EpisodeEnd: EpisodeEnded always, after an Error per refused value.
 
-    def _ended(self, episode_id: str, captured: bool) -> pb.EpisodeEnded:
-        """EpisodeEnded, with the count of telemetry frames capture refused (and the first reason)."""
+        A value outside its limit (a NaN latency, an unprintable reason) is refused alone: the robot gets
+        a CONTRACT_VIOLATION naming it, and the episode ends without it (a refused reason ends it as ``error``).
+        """
+        reason, stats, bad = limits.end_stats(end)
+        replies = [_error(refuse(self.runtime, exc)) for exc in bad]
+        if self.active is None:
+            return [*replies, pb.EpisodeReply(ended=pb.EpisodeEnded(episode_id=self.episode_id, captured=False))]
+        failure = await self._end_episode(reason, stats)
+        return [*replies, pb.EpisodeReply(ended=self._ended(self.active.episode.id, self.active.captured, failure))]
+
+    async def _end_episode(self, reason: str, stats: dict[str, Any] | None) -> str:
+        """End the episode (hook, capture commit, usage); return '' or why a write failed (the robot is told)."""
+        active = self.active
+        try:
+            await self._io(lambda: active.end(reason, stats, wait=True))
+        except Exception as exc:  # a full disk (usage, index): the episode has ended; EpisodeEnded names it
+            LOG.error('episode %s: end of episode failed: %s', active.episode.id, describe(exc))
+            return f'ending episode {active.episode.id!r}: {clip(describe(exc), 300)}'
+        return ''
+
+    def _ended(self, episode_id: str, captured: bool, failure: str = '') -> pb.EpisodeEnded:
+        """EpisodeEnded, with the count of telemetry frames capture refused (and the first reason).
+
+        ``capture_error``: why the episode was not kept (a store write failed) or a write at its end failed.
+        """
         rec = self.active.recorder if self.active is not None else None
+        error = (rec.capture_error if rec is not None else '') or failure
         return pb.EpisodeEnded(episode_id=episode_id, captured=captured,
                                telemetry_rejected=rec.rejected if rec is not None else 0,
-                               telemetry_error=rec.rejected_first if rec is not None else '')
+                               telemetry_error=rec.rejected_first if rec is not None else '',
+                               capture_error=error)

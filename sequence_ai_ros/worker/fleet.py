@@ -99,8 +99,25 @@ def haproxy_binary() -> str:
     return path
 
 
-def render_config(template: str, replicas: int) -> str:
+def _token_in(serve_args: Sequence[str]) -> str | None:
+    """The token of ``--token-file F`` (or ``--token-file=F``) in serve_args, None without one."""
+    args = [str(a) for a in serve_args]
+    for i, arg in enumerate(args):
+        path = arg.split('=', 1)[1] if arg.startswith('--token-file=') else (
+            args[i + 1] if arg == '--token-file' and i + 1 < len(args) else None)
+        if path is not None:
+            try:
+                return Path(path).expanduser().read_text().strip() or None
+            except OSError as exc:
+                raise ConfigError(f'--token-file {path}: {exc}') from None
+    return None
+
+
+def render_config(template: str, replicas: int, agent_send: bool = False) -> str:
     """Return ``template`` with the server lines for ``replicas`` replicas and a stats socket.
+
+    :param agent_send: the replicas need their token from an agent probe: each server line sends it
+        (``agent-send "${SEQ_AGENT_SEND}"``, the token in HAProxy's environment, never in the file).
 
     :raises ConfigError: when the template lacks the server markers or a ``global`` section.
     """
@@ -108,9 +125,10 @@ def render_config(template: str, replicas: int) -> str:
         raise ConfigError(f'the HAProxy template needs a global section and the lines {BEGIN!r} ... {END!r}')
     head, rest = template.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
+    send = ' agent-send "${SEQ_AGENT_SEND}"' if agent_send else ''
     # the replicas are local: reached through their proxy sockets, their agents on 127.0.0.1
     servers = ''.join(f'    server replica{k} "${{SEQ_REPLICA_{k}}}" agent-port "${{SEQ_AGENT_{k}}}" '
-                      'agent-addr 127.0.0.1\n' for k in range(1, replicas + 1))
+                      f'agent-addr 127.0.0.1{send}\n' for k in range(1, replicas + 1))
     out = f'{head}{BEGIN}\n{servers}    {END}{tail}'
     return out.replace('\nglobal\n', '\nglobal\n    stats socket "${SEQ_LB_STATS}" mode 600 level admin\n', 1)
 
@@ -138,6 +156,8 @@ class Fleet:
     :param replicas: how many replicas, >= 1.
     :param port: the balancer's port robots dial (0: a free one, see :attr:`port`).
     :param home: the shared $SEQ_HOME (default the environment's).
+    :param replica_homes: one $SEQ_HOME per replica instead (N paths: a registry, usage database and capture
+        store each, as Kubernetes pods have them); None: every replica uses ``home``.
     :param serve_args: more ``seq serve`` options for every replica (e.g. ``['--token-file', F]``).
     :param haproxy_config: the template (default the shipped ``sequence_ai_ros/worker/haproxy.cfg``).
     :param ready_timeout_s: bound (s) for every replica to be ready and HAProxy to see it UP.
@@ -155,9 +175,13 @@ class Fleet:
                  serve_args: Sequence[str] = (), haproxy_config: str | Path | None = None,
                  ready_timeout_s: float = 60.0, conn_per_client: int = CONN_PER_CLIENT,
                  replica_ports: Sequence[int] | None = None, agent_ports: Sequence[int] | None = None,
-                 metrics_ports: Sequence[int] | None = None) -> None:
+                 metrics_ports: Sequence[int] | None = None,
+                 replica_homes: Sequence[str | Path] | None = None) -> None:
         if replicas < 1:
             raise ConfigError(f'a fleet needs at least one replica, got {replicas}')
+        if replica_homes is not None and len(replica_homes) != replicas:
+            raise ConfigError(f'replica_homes: {len(replica_homes)} homes for {replicas} replicas')
+        self._replica_homes = [str(h) for h in replica_homes] if replica_homes is not None else None
         pinned = {what: pinned_ports(what, ports, replicas) for what, ports in
                   (('--replica-ports', replica_ports), ('--agent-ports', agent_ports),
                    ('--metrics-ports', metrics_ports))}
@@ -179,6 +203,8 @@ class Fleet:
                               'so: they would never come UP. Terminate TLS at HAProxy instead (a `crt` on its '
                               'bind line, in your own --haproxy-config), or give a template whose server lines '
                               'use `ssl verify required ca-file ...` with `check-ssl`.')
+        #: the replicas' token (``--token-file`` in serve_args): their agents answer only a probe sending it
+        self._token = _token_in(serve_args)
         self.run_dir = Path(tempfile.mkdtemp(prefix='seq-fleet-'))
         #: the run directory when :meth:`stop` kept it (a process crashed or had to be killed), else None
         self.kept: Path | None = None
@@ -198,7 +224,7 @@ class Fleet:
                 self.replicas.append(self._start_replica(k, list(names), list(serve_args), ports))
             self._wait_replicas(ready_timeout_s)
             config = self.run_dir / 'haproxy.cfg'
-            config.write_text(render_config(template_path.read_text(), replicas))
+            config.write_text(render_config(template_path.read_text(), replicas, agent_send=bool(self._token)))
             self._start_haproxy(config, conn_per_client, pinned=bool(port), timeout_s=ready_timeout_s)
         except BaseException as exc:
             self._failed = True
@@ -232,6 +258,8 @@ class Fleet:
                 self.port = free_port()
             lb_env = dict(self._env, SEQ_LB_BIND=f'127.0.0.1:{self.port}', SEQ_LB_STATS=str(self.stats_socket),
                           SEQ_LB_CONN_PER_CLIENT=str(conn_per_client))
+            if self._token:
+                lb_env['SEQ_AGENT_SEND'] = self._token + '\n'   # HAProxy sends it verbatim on each probe
             for r in self.replicas:
                 lb_env[f'SEQ_REPLICA_{r.index}'] = f'unix@{self.proxy_socket(r.index)}'
                 lb_env[f'SEQ_AGENT_{r.index}'] = str(r.agent_port)
@@ -254,7 +282,8 @@ class Fleet:
                 str(self.proxy_socket(k)), *serve_args]
         # stdout apart from the log (stderr): with PYTHONUNBUFFERED a log line can land inside a printed one
         with open(self.run_dir / f'replica{k}.out', 'w') as out, open(self.run_dir / f'replica{k}.log', 'w') as log:
-            proc = subprocess.Popen(argv, env=self._env, stdout=out, stderr=log, start_new_session=True)
+            env = self._env if self._replica_homes is None else dict(self._env, SEQ_HOME=self._replica_homes[k - 1])
+            proc = subprocess.Popen(argv, env=env, stdout=out, stderr=log, start_new_session=True)
         return Replica(k, port, agent, metrics, proc)
 
     def log(self, name: str) -> str:
@@ -272,6 +301,8 @@ class Fleet:
             return ''
         try:
             with socket.create_connection(('127.0.0.1', replica.agent_port), timeout=1.0) as s:
+                if self._token:
+                    s.sendall(self._token.encode() + b'\n')
                 return s.recv(64).decode().strip()
         except OSError:
             return ''

@@ -11,23 +11,27 @@ connects to ``--agent-port`` every ``agent-inter``, and the agent answers one li
   streams finish;
 - ``down`` when the health call fails (the gRPC server does not answer).
 
-Threads: ``seq-agent`` (a :class:`socketserver.ThreadingTCPServer` loop; each HAProxy probe is answered
-on a short-lived daemon thread), stopped by :meth:`HealthAgent.close` with a timed join.
+With the worker's token (``--token-file``) a probe must first send the token (HAProxy's ``agent-send``,
+which ``seq fleet`` sets): one that does not, within the read deadline, gets no answer.
+
+Threads: ``seq-agent``, one :class:`~sequence_ai_ros.worker.bounded_server.BoundedServer` loop for every
+connection (idle ones are bounded in number and time, never a thread each); the health call of a probe runs
+on that loop's small default executor. Stopped by :meth:`HealthAgent.close` with a timed join.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hmac
 import logging
-import socketserver
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from sequence_ai_ros.exceptions import ConfigError
 from sequence_ai_ros.protocol import AUTH_METADATA
+from sequence_ai_ros.worker.bounded_server import BoundedServer
 
 LOG = logging.getLogger(__name__)
 #: Bound (s) of one gRPC health call made for a probe.
@@ -41,7 +45,7 @@ class HealthAgent:
     :param services: health service names to require SERVING (the deployments).
     :param host: bind address of the agent.
     :param port: TCP port; 0 picks a free one (see :attr:`port`).
-    :param token: the worker's token, sent with the health calls.
+    :param token: the worker's token, sent with the health calls and required first from every probe.
     :param credentials: channel credentials when the replica serves TLS.
     :raises ConfigError: when the port cannot be bound.
     """
@@ -53,25 +57,29 @@ class HealthAgent:
         self._channel = (grpc.secure_channel(target, credentials) if credentials is not None
                          else grpc.insecure_channel(target))
         self._stub = health_pb2_grpc.HealthStub(self._channel)
-        agent = self
-
-        class _Probe(socketserver.StreamRequestHandler):
-            def handle(self) -> None:
-                self.wfile.write((agent.status() + '\n').encode())
-
-        class _Server(socketserver.ThreadingTCPServer):
-            daemon_threads = True
-            allow_reuse_address = True
-
+        self._expected = token.encode() if token else None
         try:
-            self._server = _Server((host, port), _Probe)
-        except OSError as exc:
+            self._server = BoundedServer('agent', self._probe, host, port)
+        except BaseException:
             self._channel.close()
-            raise ConfigError(f'cannot serve the health agent on {host}:{port}: {exc}') from None
-        self.port: int = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={'poll_interval': 0.2},
-                                        name='seq-agent', daemon=True)
-        self._thread.start()
+            raise
+        self.port: int = self._server.port
+
+    async def _probe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Answer one probe: the token first when one is set (HAProxy's agent-send, newline optional)."""
+        if self._expected is not None:
+            try:
+                sent = await asyncio.wait_for(reader.readexactly(len(self._expected)),
+                                              timeout=self._server.read_timeout_s)
+            except (asyncio.TimeoutError, asyncio.IncompleteReadError):
+                return
+            if not hmac.compare_digest(sent, self._expected):
+                LOG.warning('agent: a probe without the worker\'s token was refused')
+                return
+        self._server.busy(writer)
+        status = await self._server.loop.run_in_executor(None, self.status)
+        writer.write((status + '\n').encode())
+        await writer.drain()
 
     def status(self) -> str:
         """Return ``up ready``, ``drain`` or ``down`` (see the module docstring)."""
@@ -89,7 +97,5 @@ class HealthAgent:
 
     def close(self) -> None:
         """Stop answering probes and close the channel."""
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5.0)
+        self._server.close()
         self._channel.close()

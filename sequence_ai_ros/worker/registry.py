@@ -28,6 +28,7 @@ from sequence_ai_ros import home as seq_layout
 from sequence_ai_ros.exceptions import ConfigError, DeploymentError, UnknownDeployment
 from sequence_ai_ros.policy.loader import PolicyDefinition, file_sha256, load_policy_file
 from sequence_ai_ros.worker import content
+from sequence_ai_ros.worker.config import DRY_RUN_TIMEOUT_S
 from sequence_ai_ros.worker.usage import delete_usage
 
 _NAME = re.compile(r'^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$')
@@ -132,8 +133,9 @@ class Registry:
         """
         data = self._read()
         if name not in data:
+            path = name if name.endswith('.py') else f'{name}/policy.py'   # a file named already, or a folder
             raise UnknownDeployment(f'no deployment {name!r} in {self.file}; deployed: {sorted(data) or "none"} '
-                                    f'(deploy with: seq deploy {name}/policy.py)')
+                                    f'(deploy with: seq deploy {path})')
         return DeploymentRecord(**data[name])
 
     def record(self, name: str, definition: PolicyDefinition, load_s: float = 0.0,
@@ -198,7 +200,7 @@ class Registry:
 
 
 def deploy(path: str | Path, name: str | None = None, home: str | Path | None = None,
-           dry: bool = True, dry_timeout_s: float = 60.0,
+           dry: bool = True, dry_timeout_s: float = DRY_RUN_TIMEOUT_S,
            isolation: str = 'process') -> tuple[DeploymentRecord, dict[str, float]]:
     """Validate ``path`` and record it.
 

@@ -35,6 +35,7 @@ from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import Contract, clip
 from sequence_ai_ros.worker.capture_hook import EpisodeRecorder
 from sequence_ai_ros.worker.config import ServerConfig
+from sequence_ai_ros.worker.logs import episode_fields, log_episode
 from sequence_ai_ros.worker.metrics import MetricsSink
 from sequence_ai_ros.worker.policy_process import PolicyProcessDied, RemoteError, RemotePolicy, exit_words
 from sequence_ai_ros.worker.scheduler import InferenceScheduler
@@ -76,6 +77,8 @@ class ActiveEpisode:
         #: from then on none of its requests starts (the scheduler drops them)
         self.ending = False
         self.captured = False
+        #: the robot's EpisodeStart.client_id ('' when it sent none), for the episode's log lines
+        self.client_id = ''
 
     @property
     def ended(self) -> bool:
@@ -123,8 +126,14 @@ class ActiveEpisode:
         stats = stats or {}
         rt.metrics.episode_ended(rt.name, reason, int(stats.get('underruns', 0)), float(stats.get('underrun_s', 0.0)))
         rt.usage.flush()
-        LOG.info('episode %s on %s ended: %s (%d requests)', self.episode.id, rt.name, reason, self.requests)
+        log_episode(LOG, 'ended', self.fields(reason=reason, requests=self.requests,
+                                              captured=self.captured), reason)
         return True
+
+    def fields(self, **more: Any) -> dict[str, Any]:
+        """Return the episode's log fields (:func:`~sequence_ai_ros.worker.logs.episode_fields`) and ``more``."""
+        rt = self.runtime
+        return episode_fields(self.episode.id, self.client_id, rt.name, rt.version, **more)
 
     def _run_hook(self, hook: Any) -> None:
         try:
@@ -247,7 +256,10 @@ class DeploymentRuntime:
                 LOG.info('policy %s ready after %.2f s', self.name, self._eta_hint)
         self._notify()           # health follows Ready at once; the usage row's disk write comes after
         self.usage.add(warming_s=time.monotonic() - start)
-        self.usage.flush()
+        try:
+            self.usage.flush()
+        except Exception as exc:  # a full disk: the counts wait in memory for the next flush
+            LOG.error('usage of %s not written (kept for the next flush): %s', self.name, exc)
 
     def _dry_run(self, instance: RemotePolicy) -> None:
         """One inference on the synthetic observation of ``seq deploy``; its chunk must fit the contract."""
@@ -357,8 +369,8 @@ class DeploymentRuntime:
         return getattr(self._instance, self.definition.hook)
 
     # -- episodes -----------------------------------------------------------------------------------------
-    def start_episode(self, episode_id: str, instruction: str) -> ActiveEpisode:
-        """Register a new episode.
+    def start_episode(self, episode_id: str, instruction: str, client_id: str = '') -> ActiveEpisode:
+        """Register a new episode and log its start line (with ``client_id``, the robot's EpisodeStart's).
 
         :raises EpisodeStateError: when an episode with this id is already running on this worker.
         """
@@ -374,7 +386,9 @@ class DeploymentRuntime:
                 recorder.commit('duplicate', {})
                 raise self._already_running(episode_id)
             self._episodes[episode_id] = active
+        active.client_id = client_id
         self.usage.add(episodes=1)
+        log_episode(LOG, 'started', active.fields(captured=recorder.active))
         return active
 
     def _already_running(self, episode_id: str) -> EpisodeStateError:
@@ -590,5 +604,8 @@ class DeploymentRuntime:
         for instance in (self._instance, getattr(self, '_instance_loading', None)):
             if isinstance(instance, RemotePolicy):
                 instance.close(timeout=0.1 if stuck else min(timeout, 2.0))
-        self.usage.flush()
+        try:
+            self.usage.flush()
+        except Exception as exc:  # stopping goes on; the counts that could not be written are named
+            LOG.error('usage of %s not written at stop (%s): %s', self.name, exc, self.usage.snapshot())
 

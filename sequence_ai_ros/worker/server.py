@@ -16,7 +16,9 @@ coroutine each, no thread per stream); ``seq-io`` is its executor, a fixed pool 
 blocking work (capture files, SQLite, image decoding, episode-end hooks awaited); the per-deployment
 threads of :mod:`sequence_ai_ros.worker.runtime`; ``seq-housekeeping`` (usage flush every 10 s, capture
 retention at start and hourly); with ``agent_port``, ``seq-agent``; with ``metrics_port``, prometheus_client's
-HTTP thread. The thread count does not grow with open streams, and nothing grown by a burst is kept.
+HTTP thread. With ``probe_port``, a second plaintext gRPC server on the same loop serves the health service
+alone (:mod:`~sequence_ai_ros.worker.probe`), for probes that send no token and no TLS. The thread count
+does not grow with open streams, and nothing grown by a burst is kept.
 All are stopped by :meth:`WorkerServer.stop`.
 """
 
@@ -44,6 +46,7 @@ from sequence_ai_ros.worker.capture_hook import open_store
 from sequence_ai_ros.worker.config import ServerConfig, field_names
 from sequence_ai_ros.worker.health_agent import HealthAgent
 from sequence_ai_ros.worker.metrics import MetricsSink, PrometheusMetrics
+from sequence_ai_ros.worker.probe import start_probe_server
 from sequence_ai_ros.worker.registry import Registry
 from sequence_ai_ros.worker.runtime import DeploymentRuntime
 from sequence_ai_ros.worker.servicer import PolicyServicer, add_to_server
@@ -138,7 +141,9 @@ def _read_pem(value: str | bytes | Path) -> bytes:
 
 
 class WorkerServer:
-    """A running worker: ``.port``, ``.address``, ``.stop(grace)``, ``.usage()``; a context manager.
+    """A running worker: ``.port``, ``.probe_port`` (None: off), ``.address``, ``.stop(grace)``, ``.usage()``.
+
+    A context manager.
 
     :param runtimes: deployment name -> runtime (closed here when the server cannot start).
     :param config: how to serve; default :meth:`ServerConfig.embedded`.
@@ -190,7 +195,7 @@ class WorkerServer:
         if config.metrics_port is not None:
             try:
                 self.metrics = PrometheusMetrics(runtimes, self.servicer.open_streams, config.host,
-                                                 config.metrics_port)
+                                                 config.metrics_port, token=config.token)
             except BaseException:
                 for runtime in runtimes.values():
                     runtime.close(timeout=1.0)
@@ -204,6 +209,19 @@ class WorkerServer:
         if config.proxy_socket is not None:
             os.chmod(config.proxy_socket, 0o600)
         self._run(self.health.set('', health_pb2.HealthCheckResponse.SERVING))
+        self._probe_server: grpc.aio.Server | None = None
+        self.probe_port: int | None = None
+        if config.probe_port is not None:   # plaintext health only, for kubelet (no metadata, no TLS)
+            try:
+                self._probe_server, self.probe_port = self._run(start_probe_server(self.health, config.host,
+                                                                                   config.probe_port))
+            except BaseException:
+                self._run(self._server.stop(0))
+                self.metrics.close()
+                for runtime in runtimes.values():
+                    runtime.close(timeout=1.0)
+                self._close_loop()
+                raise
         self.agent: HealthAgent | None = None
         if config.agent_port is not None:
             local = '127.0.0.1' if config.host in ('0.0.0.0', '::', '') else config.host
@@ -212,6 +230,8 @@ class WorkerServer:
                 self.agent = HealthAgent(f'{local}:{self.port}', sorted(runtimes), config.host, config.agent_port,
                                          token=config.token, credentials=creds)
             except BaseException:
+                if self._probe_server is not None:
+                    self._run(self._probe_server.stop(0))
                 self._run(self._server.stop(0))
                 self.metrics.close()
                 for runtime in runtimes.values():
@@ -379,6 +399,8 @@ class WorkerServer:
             self._run(self._server.stop(grace), timeout=grace + 5.0)
         except concurrent.futures.TimeoutError:
             LOG.warning('gRPC server did not stop within %.1f s', grace + 5.0)
+        if self._probe_server is not None:   # answered NOT_SERVING until here (graceful shutdown above)
+            self._run(self._probe_server.stop(0))
         self._stop.set()
         self._housekeeping.join(timeout=5.0)
         for runtime in self.runtimes.values():

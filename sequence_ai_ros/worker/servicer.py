@@ -27,12 +27,13 @@ from sequence_ai_ros.exceptions import (
     Unauthenticated,
     UnknownDeployment,
 )
-from sequence_ai_ros.protocol import AUTH_METADATA, DEPLOYMENT_METADATA, EPISODE_ID_METADATA, errors
+from sequence_ai_ros.protocol import AUTH_METADATA, DEPLOYMENT_METADATA, EPISODE_ID_METADATA, errors, limits
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
 from sequence_ai_ros.protocol.contract import PROTOCOL_VERSION, clip
+from sequence_ai_ros.worker.boundary import refuse
 from sequence_ai_ros.worker.config import ServerConfig
-from sequence_ai_ros.worker.episode_call import EpisodeCallHandler, parse_request
+from sequence_ai_ros.worker.episode_call import EpisodeCallHandler, Undecodable, parse_request
 from sequence_ai_ros.worker.runtime import DeploymentRuntime
 
 LOG = logging.getLogger(__name__)
@@ -143,10 +144,13 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
             if request.protocol_version != PROTOCOL_VERSION:
                 raise ProtocolVersionError(f'this worker speaks {PROTOCOL_VERSION}, the client sent '
                                            f'{clip(request.protocol_version) or "(none)"!r}')
+            limits.check_handshake(request)
             if self.token is not None and request.token and request.token != self.token:
                 raise Unauthenticated('the handshake carries a wrong token')
             runtime = self._runtime(request.deployment)
         except Exception as exc:
+            if isinstance(exc, limits.LimitViolation):
+                refuse(None, exc)
             await context.abort(*errors.abort_details(exc))
         runtime.usage.add(sessions=1)
         runtime.ensure_loading()
@@ -158,7 +162,7 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         """Answer (ready, eta) without blocking; asking while cold starts the load."""
         try:
             runtime = self._runtime(request.deployment)
-        except UnknownDeployment as exc:
+        except (UnknownDeployment, limits.LimitViolation) as exc:
             await context.abort(*errors.abort_details(exc))
         runtime.ensure_loading()
         ready, eta, state, message = runtime.readiness()
@@ -169,7 +173,8 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         """Serve one episode (see :mod:`sequence_ai_ros.worker.episode_call`)."""
         try:
             runtime = self._runtime(_metadata(context, DEPLOYMENT_METADATA))
-        except UnknownDeployment as exc:
+            limits.check_id(_metadata(context, EPISODE_ID_METADATA), 'episode_id')
+        except (UnknownDeployment, limits.LimitViolation) as exc:
             await context.abort(*errors.abort_details(exc))
         client = client_of(context, self.config.proxy_socket is not None)
         anonymous = self.token is not None and not self._authenticated(context)
@@ -184,6 +189,8 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         try:
             async for reply in stream.replies(request_iterator):
                 yield reply
+        except Undecodable as exc:   # bytes that are not an EpisodeRequest: the call fails with a status
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f'[CONTRACT_VIOLATION] {exc}')
         finally:
             stream.on_done()
             self._release(stream, (client, anonymous))
@@ -234,8 +241,9 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
     async def Label(self, request: pb.LabelRequest, context: grpc.aio.ServicerContext) -> pb.LabelReply:  # noqa: N802
         """Store (success, notes) with a captured episode; ok=False with the reason otherwise."""
         try:
+            limits.check_label(request)
             runtime = self._runtime(request.deployment)
-        except UnknownDeployment as exc:
+        except (UnknownDeployment, limits.LimitViolation) as exc:
             await context.abort(*errors.abort_details(exc))
         store = runtime.capture_store
         if store is None:

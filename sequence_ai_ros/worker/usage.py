@@ -4,16 +4,36 @@ Counted by the serving process: inference seconds (billed), warming seconds (loa
 sessions (handshakes), episodes and requests. Counts accumulate in memory and are added to the
 database by :meth:`UsageMeter.flush` (on episode end, after loading, periodically and at stop), as
 ``UPDATE ... SET x = x + ?``, so several serving processes may share one $SEQ_HOME.
+
+Never undercounted on a full disk: each meter keeps a small pending record,
+``usage-pending/<deployment>.<id>.json`` beside the database, created (its bytes allocated) when the
+meter starts and locked (``flock``) while the process lives. When a flush cannot write the database, the
+counts not written are overwritten into that record in place (no new blocks are needed, so a full disk
+takes it) and fsynced. :func:`read_usage` adds every pending record to the database's counts, and the
+next meter of the deployment to start adds the records of processes that are gone into the database.
+A crash between a database write and the record's reset may count those counts twice, never zero times.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
+import json
+import logging
+import os
 import sqlite3
 import threading
+import uuid
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
+
+LOG = logging.getLogger(__name__)
+#: The folder of pending records beside the usage database.
+PENDING_DIR = 'usage-pending'
+#: Bytes allocated for one pending record (its JSON is padded with spaces to this size).
+RECORD_BYTES = 512
 
 FIELDS = ('inference_s', 'warming_s', 'sessions', 'episodes', 'requests')
 _SCHEMA = ('CREATE TABLE IF NOT EXISTS usage (deployment TEXT PRIMARY KEY, inference_s REAL NOT NULL DEFAULT 0, '
@@ -56,22 +76,51 @@ def _connect(path: Path) -> Iterator[sqlite3.Connection]:
         conn.close()
 
 
+def _read_record(path: Path) -> Usage | None:
+    """The counts of one pending record, None when unreadable."""
+    try:
+        raw = json.loads(path.read_text(encoding='utf-8') or '{}')
+        return Usage(**{f: raw.get(f, 0) for f in FIELDS})
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _records(path: Path) -> Iterator[tuple[str, Path]]:
+    """(deployment, record path) of every pending record beside the database at ``path``."""
+    folder = path.parent / PENDING_DIR
+    for record in sorted(folder.glob('*.json')) if folder.is_dir() else ():
+        parts = record.name.rsplit('.', 2)
+        if len(parts) == 3:
+            yield parts[0], record
+
+
 def read_usage(path: str | Path) -> dict[str, Usage]:
-    """Return the stored usage per deployment (empty when the database does not exist)."""
+    """Return the usage per deployment: the database's counts plus the pending records (never undercounted).
+
+    Empty when neither exists.
+    """
     path = Path(path)
-    if not path.exists():
-        return {}
-    with _connect(path) as conn:
-        rows = conn.execute(f'SELECT deployment, {", ".join(FIELDS)} FROM usage ORDER BY deployment').fetchall()
-    return {row[0]: Usage(*row[1:]) for row in rows}
+    out: dict[str, Usage] = {}
+    if path.exists():
+        with _connect(path) as conn:
+            rows = conn.execute(f'SELECT deployment, {", ".join(FIELDS)} FROM usage ORDER BY deployment').fetchall()
+        out = {row[0]: Usage(*row[1:]) for row in rows}
+    for deployment, record in _records(path):
+        counts = _read_record(record)
+        if counts is not None and counts != Usage():
+            out.setdefault(deployment, Usage()).add(counts)
+    return dict(sorted(out.items()))
 
 
 def delete_usage(path: str | Path, deployment: str) -> None:
-    """Forget a deployment's usage (``seq delete``)."""
+    """Forget a deployment's usage (``seq delete``): its row and its pending records."""
     path = Path(path)
     if path.exists():
         with _connect(path) as conn:
             conn.execute('DELETE FROM usage WHERE deployment = ?', (deployment,))
+    for name, record in list(_records(path)):
+        if name == deployment:
+            record.unlink(missing_ok=True)
 
 
 class UsageMeter:
@@ -88,6 +137,81 @@ class UsageMeter:
         self._pending = Usage()
         self.total = Usage()
         self.retired = False
+        self._record: Path | None = None   # this process's pending record (module docstring)
+        self._fd: int | None = None
+        if self.path is not None:
+            self._open_record()
+            self._adopt_orphans()
+
+    def _open_record(self) -> None:
+        """Create, allocate and lock this meter's pending record (best effort: a full disk at start has none)."""
+        assert self.path is not None
+        record = self.path.parent / PENDING_DIR / f'{self.deployment}.{uuid.uuid4().hex}.json'
+        try:
+            record.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(record, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError as exc:
+            LOG.warning('usage of %s: no pending record (%s); a failed write is kept in memory only',
+                        self.deployment, exc)
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.write(fd, self._record_bytes(Usage()))
+            os.fsync(fd)
+        except OSError as exc:
+            os.close(fd)
+            record.unlink(missing_ok=True)
+            LOG.warning('usage of %s: no pending record (%s)', self.deployment, exc)
+            return
+        self._record, self._fd = record, fd
+        weakref.finalize(self, os.close, fd)   # the lock goes with the meter (the record stays for adoption)
+
+    def _record_bytes(self, counts: Usage) -> bytes:
+        data = json.dumps(dataclasses.asdict(counts)).encode()
+        return data + b' ' * max(0, RECORD_BYTES - len(data))
+
+    def _save_record(self, counts: Usage) -> bool:
+        """Overwrite the pending record with ``counts`` in place (fsynced); False when there is none or it fails."""
+        if self._fd is None:
+            return False
+        try:
+            os.pwrite(self._fd, self._record_bytes(counts), 0)
+            os.fsync(self._fd)
+            return True
+        except OSError as exc:
+            LOG.error('usage of %s: pending record %s not written: %s', self.deployment, self._record, exc)
+            return False
+
+    def _adopt_orphans(self) -> None:
+        """Take over the pending records of this deployment's processes that are gone (their lock is free)."""
+        assert self.path is not None
+        for deployment, record in _records(self.path):
+            if deployment != self.deployment or record == self._record:
+                continue
+            try:
+                fd = os.open(record, os.O_RDWR)
+            except OSError:
+                continue
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    continue   # a live process's record
+                counts = _read_record(record)
+                if counts is None:
+                    continue
+                if counts != Usage():
+                    with self._lock:
+                        self._pending.add(counts)
+                        keep = dataclasses.replace(self._pending)
+                    if not self._save_record(keep):   # not durable in ours yet: leave it where it is
+                        with self._lock:
+                            for f in FIELDS:
+                                setattr(self._pending, f, getattr(self._pending, f) - getattr(counts, f))
+                        continue
+                record.unlink(missing_ok=True)
+            finally:
+                os.close(fd)
 
     def add(self, **counts: float) -> None:
         """Add to the counters, e.g. ``add(inference_s=0.002, requests=1)``."""
@@ -115,8 +239,14 @@ class UsageMeter:
         except (OSError, sqlite3.Error):
             with self._lock:   # a full disk loses nothing: the counts wait for the next flush (one transaction)
                 self._pending.add(pending)
+                unwritten = dataclasses.replace(self._pending)
+            self._save_record(unwritten)   # and survive this process in its pending record
             raise
+        self._save_record(Usage())   # written: the record holds nothing any more
 
     def retire(self) -> None:
-        """Stop writing (the deployment was deleted): a later flush must not re-create its row."""
+        """Stop writing (the deployment was deleted): a later flush must not re-create its row or record."""
         self.retired = True
+        if self._record is not None:
+            self._save_record(Usage())
+            self._record.unlink(missing_ok=True)

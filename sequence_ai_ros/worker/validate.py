@@ -4,6 +4,8 @@ The synthetic observation matches the contract exactly: a zero state of the cont
 names, a black frame per camera at the declared size (224x224 when the size is free) in the declared
 encoding, and ``history`` frames. It goes through the real wire path (``pack_observation`` then
 ``unpack_observation``), so what the policy receives at deploy is what it will receive from a robot.
+A second request of the same episode carries the unexecuted half of the first chunk as ``chunk_tail`` with an
+expected delay, as a streaming robot sends them, so a policy whose in-painting path (RTC) fails is refused here.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from sequence_ai_ros.policy.loader import PolicyDefinition
 from sequence_ai_ros.protocol import messages
 from sequence_ai_ros.protocol.contract import Contract
 from sequence_ai_ros.protocol.types import Observation
+from sequence_ai_ros.worker.config import DRY_RUN_TIMEOUT_S
 
 
 def synthetic_observation(contract: Contract, timestamp: float = 0.0) -> Observation:
@@ -32,12 +35,18 @@ def synthetic_observation(contract: Contract, timestamp: float = 0.0) -> Observa
                        instruction='seq deploy dry run', timestamp=timestamp)
 
 
-def synthetic_request(contract: Contract, episode_id: str = 'seq-deploy-dry-run', request_id: int = 1) -> Any:
-    """Return a ``pb.ObservationRequest`` built from :func:`synthetic_observation` (with history)."""
+def synthetic_request(contract: Contract, episode_id: str = 'seq-deploy-dry-run', request_id: int = 1,
+                      chunk_tail: np.ndarray | None = None, expected_delay_actions: int = 0) -> Any:
+    """Return a ``pb.ObservationRequest`` built from :func:`synthetic_observation` (with history).
+
+    :param chunk_tail: float32 (K, D) the unexecuted rows of the previous chunk, or None.
+    :param expected_delay_actions: rows of ``chunk_tail`` the robot runs before the answer is read.
+    """
     history = [synthetic_observation(contract, timestamp=-contract.dt * (k + 1))
                for k in reversed(range(contract.observation.history - 1))]
     return messages.pack_observation(synthetic_observation(contract), contract, episode_id=episode_id,
-                                     request_id=request_id, history=history)
+                                     request_id=request_id, history=history, chunk_tail=chunk_tail,
+                                     expected_delay_actions=expected_delay_actions)
 
 
 def _fail(what: str, exc: BaseException) -> DeploymentError:
@@ -68,7 +77,7 @@ def _dry_batch(instance: Any, contract: Contract, inp: Any, step: list[str]) -> 
             raise _fail('dry batched inference returned a bad chunk', exc) from exc
 
 
-def dry_run(definition: PolicyDefinition, timeout_s: float | None = 60.0,
+def dry_run(definition: PolicyDefinition, timeout_s: float | None = DRY_RUN_TIMEOUT_S,
             said_s: float | None = None) -> dict[str, float]:
     """Construct, load and call the policy once; check its chunk; all within ``timeout_s``.
 
@@ -140,6 +149,23 @@ def _dry_run(definition: PolicyDefinition, step: list[str]) -> dict[str, float]:
                                     robot_time_s=0.0)
     except Exception as exc:
         raise _fail('dry inference returned a bad chunk', exc) from exc
+    rows = np.asarray(actions, np.float32).reshape(-1, contract.action_dim)
+    tail = rows[len(rows) // 2:]
+    if len(tail):
+        step[0] = 'running the dry inference with a chunk tail (the in-painting path, RTC)'
+        delay = max(1, len(tail) // 2)
+        second = messages.unpack_observation(synthetic_request(contract, request_id=2, chunk_tail=tail,
+                                                               expected_delay_actions=delay), contract)
+        try:
+            out = instance.infer(second, episode)
+        except BaseException as exc:
+            raise _fail(f'dry inference with a chunk tail ({len(tail)} rows, expected delay {delay}) failed',
+                        exc) from exc
+        try:
+            messages.pack_chunk(np.asarray(out.actions if isinstance(out, Result) else out), contract,
+                                request_id=2, episode_id=episode.id, robot_time_s=0.0)
+        except Exception as exc:
+            raise _fail('dry inference with a chunk tail returned a bad chunk', exc) from exc
     if definition.spec.batching is not None:
         _dry_batch(instance, contract, inp, step)
     if definition.hook is not None:

@@ -16,7 +16,17 @@ clone pip-installed into it), through LeRobot's own tools and the product's publ
 5. an ACT with temporal ensembling deploys (the robot ensembles, ``aggregate: weighted_average``), the same
    in a delta space is refused by ``seq deploy``, and the client's weighted_average equals LeRobot's
    ``ACTTemporalEnsembler`` on the same chunks to 1e-6 (check_ensembler.py);
-6. the captured ACT run's field data, through test/lerobot_check/check_field_data.py when it exists.
+6. the captured ACT run's field data, through test/lerobot_check/check_field_data.py when it exists;
+7. a tiny SmolVLA built from LeRobot's real ``SmolVLAConfig`` (tiny_smolvla.py: a local WordLevel tokenizer, the
+   SmolVLM backbone built small from its config in a local hub cache, nothing from the Hub; cached outside
+   the clone by what made it), with RTC on and, as a copy, off: ``seq init lerobot`` -> ``seq deploy`` ->
+   ``seq serve``; served chunks against LeRobot's in-process ``predict_action_chunk`` with the same noise and
+   tail (rtc_vs_inprocess.py, max abs diff <= 1e-5 both ways), the in-painting (RTC's seam gap <= 0.05 x the
+   unguided one, a delay above the checkpoint's execution_horizon included), the closed loop through
+   ``policy_node`` with RTC on, and test/gpu/check_policy.py run on CPU with it (``--only smolvla`` runs
+   this part alone).
+
+Every ``seq deploy`` gets ``--timeout 180`` and every ``seq serve`` ``--load-timeout 180`` (a cold 2-core machine).
 
 It prints one summary (MAE table, latencies, underruns, p95 / covers_seconds, transport overhead, its own
 time) and exits non-zero when a check fails.
@@ -52,6 +62,9 @@ DIFFUSION_ARGS = ['--policy.type=diffusion', '--policy.n_obs_steps=2', '--policy
                   '--policy.crop_shape=[88,120]',
                   '--policy.down_dims=[64,128,256]', '--policy.use_group_norm=true',
                   '--policy.noise_scheduler_type=DDIM', '--policy.num_inference_steps=10', '--batch_size=8']
+#: the deploy dry-run and load bounds every seq deploy / seq serve here gets (s)
+BOUND_S = 180
+SEAM_FRACTION = 0.05
 
 
 class Check:
@@ -155,10 +168,12 @@ def train(c: Check, kind: str, root: Path, steps: int) -> Path:
     return ckpt
 
 
-def deploy(c: Check, kind: str, ckpt: Path, home: Path, ds_info: dict) -> tuple[Path, dict]:
+def deploy(c: Check, kind: str, ckpt: Path, home: Path, ds_info: dict, name: str = '',
+           extra: dict | None = None) -> tuple[Path, dict]:
     """Run seq init lerobot, write its config.yaml, run seq deploy; return (policy dir, env with SEQ_HOME)."""
     env = dict(c.lr_env, SEQ_HOME=str(home))
-    pdir = c.out / kind / 'policy'
+    name = name or f'lerobot_{kind}'
+    pdir = c.out / kind / name
     c.run(f'{kind}_init', [c.lr('seq'), 'init', 'lerobot', str(pdir)], 120, env=env)
     config = yaml.safe_load((pdir / 'config.yaml').read_text())
     names = ds_info['features']['observation.state']['names']
@@ -166,9 +181,10 @@ def deploy(c: Check, kind: str, ckpt: Path, home: Path, ds_info: dict) -> tuple[
                   state_names=list(names[0] if isinstance(names[0], list) else names),
                   action_names=list(names[0] if isinstance(names[0], list) else names),
                   robot_type=ds_info.get('robot_type', ''), noise_seed=0 if kind == 'diffusion' else None)
+    config.update(extra or {})
     (pdir / 'config.yaml').write_text(yaml.safe_dump(config, sort_keys=False))
-    c.run(f'{kind}_deploy', [c.lr('seq'), 'deploy', str(pdir / 'policy.py'), '--name', f'lerobot_{kind}'], 600,
-          env=env)
+    c.run(f'{name}_deploy', [c.lr('seq'), 'deploy', str(pdir / 'policy.py'), '--name', name,
+                             '--timeout', str(BOUND_S)], 600, env=env)
     return pdir, env
 
 
@@ -214,7 +230,8 @@ def serve_and_check(c: Check, kind: str, ckpt: Path, bag: Path, ds_info: dict, d
     pdir, env = deploy(c, kind, ckpt, home, ds_info)
     procs = Processes(c.out / 'logs', env)
     try:
-        server = procs.start(f'{kind}_serve', [c.lr('seq'), 'serve', f'lerobot_{kind}', '--port', '0', '--warm'])
+        server = procs.start(f'{kind}_serve', [c.lr('seq'), 'serve', f'lerobot_{kind}', '--port', '0', '--warm',
+                                               '--load-timeout', str(BOUND_S)])
         endpoint = server.wait_for(r'serving \S+ on (\S+:\d+)', 600).group(1)
         c.step(f'{kind}: seq serve on {endpoint}; served chunk vs LeRobot in-process, then MAE on episode 5')
         seed = ['--noise-seed', '0'] if kind == 'diffusion' else []
@@ -276,13 +293,14 @@ def refusal(c: Check, act_ckpt: Path) -> None:
     config = yaml.safe_load((pdir / 'config.yaml').read_text())
     config.update(checkpoint=str(bad), device='cpu')
     (pdir / 'config.yaml').write_text(yaml.safe_dump(config))
-    out = c.run('ensembled_deploy', [c.lr('seq'), 'deploy', str(pdir / 'policy.py'), '--timeout', '180'], 600,
+    out = c.run('ensembled_deploy', [c.lr('seq'), 'deploy', str(pdir / 'policy.py'), '--timeout', str(BOUND_S)], 600,
                 env=env, ok=False)
     if not out.startswith('0\n'):
         c.failures.append('seq deploy refused an ACT checkpoint with temporal ensembling (logs/ensembled_deploy.log)')
     config.update(action_space='joint_delta')
     (pdir / 'config.yaml').write_text(yaml.safe_dump(config))
-    out = c.run('refusal_deploy', [c.lr('seq'), 'deploy', str(pdir / 'policy.py')], 300, env=env, ok=False)
+    out = c.run('refusal_deploy', [c.lr('seq'), 'deploy', str(pdir / 'policy.py'), '--timeout', str(BOUND_S)],
+                300, env=env, ok=False)
     refused = not out.startswith('0\n') and "'act'" in out and 'temporal_ensemble_coeff' in out
     if not refused:
         c.failures.append('seq deploy did not refuse an ensembled ACT in a delta space (logs/refusal_deploy.log)')
@@ -308,10 +326,131 @@ def field_data(c: Check, home: Path) -> str:
     return 'passed: ' + (out.strip().splitlines()[-1] if out.strip() else '')
 
 
+def tiny_smolvla(c: Check) -> tuple[Path, Path]:
+    """Build (once) the tiny SmolVLA; return (checkpoint, hub cache), cached by what made them."""
+    import hashlib
+
+    script = REPO / 'test' / 'lerobot_check' / 'tiny_smolvla.py'
+    meta = c.args.dataset / 'meta'
+    made_by = hashlib.sha256()
+    for path in (script, c.venv / 'requirements.txt', meta / 'info.json', meta / 'episodes_stats.jsonl'):
+        made_by.update(path.read_bytes() if path.is_file() else path.name.encode())
+    cache = c.venv.parent / f'tiny-smolvla-{made_by.hexdigest()[:16]}'
+    if not (cache / '.stamp').is_file():
+        shutil.rmtree(cache, ignore_errors=True)
+        building = cache.with_name(cache.name + '.building')
+        shutil.rmtree(building, ignore_errors=True)
+        c.run('smolvla_build', [c.lr('python'), str(script), '--dataset', str(c.args.dataset), '--out',
+                                str(building)], 600)
+        (building / '.stamp').touch()
+        building.rename(cache)
+    return cache / 'checkpoint', cache / 'hub'
+
+
+def relative_copy(ckpt: Path, into: Path) -> Path:
+    """``ckpt`` with LeRobot's relative-action steps in its pipelines, as pi0.5's ``use_relative_actions`` has them.
+
+    The preprocessor gets ``relative_actions_processor`` before its device step (pi0.5: before normalising),
+    the postprocessor ``absolute_actions_processor`` after unnormalising; LeRobot links the two on loading.
+    """
+    shutil.copytree(ckpt, into)
+    pre = json.loads((into / 'policy_preprocessor.json').read_text())
+    at = next(i for i, step in enumerate(pre['steps']) if step.get('registry_name') == 'device_processor')
+    pre['steps'].insert(at, {'registry_name': 'relative_actions_processor',
+                             'config': {'enabled': True, 'exclude_joints': [], 'action_names': None}})
+    (into / 'policy_preprocessor.json').write_text(json.dumps(pre, indent=2))
+    post = json.loads((into / 'policy_postprocessor.json').read_text())
+    at = next(i for i, step in enumerate(post['steps']) if step.get('registry_name') == 'unnormalizer_processor')
+    post['steps'].insert(at + 1, {'registry_name': 'absolute_actions_processor', 'config': {'enabled': True}})
+    (into / 'policy_postprocessor.json').write_text(json.dumps(post, indent=2))
+    return into
+
+
+def smolvla_check(c: Check, bag: Path, ds_info: dict, duration: float) -> dict:
+    """Tiny SmolVLA: deploy with RTC on and off, served vs in-process, in-painting, closed loop, check_policy.py."""
+    t0 = time.monotonic()
+    ckpt, hub = tiny_smolvla(c)
+    c.step(f'smolvla: tiny SmolVLA ready ({ckpt}); deploying it with RTC on and off')
+    plain = c.out / 'smolvla' / 'checkpoint_rtc_off'
+    shutil.copytree(ckpt, plain)
+    cfg = json.loads((plain / 'config.json').read_text())
+    cfg['rtc_config']['enabled'] = False
+    (plain / 'config.json').write_text(json.dumps(cfg, indent=2))
+    relative = relative_copy(ckpt, c.out / 'smolvla' / 'checkpoint_relative')
+    home = c.out / 'smolvla' / 'seq_home'
+    extra = {'hub_cache': str(hub), 'noise_seed': 0}
+    _, env = deploy(c, 'smolvla', ckpt, home, ds_info, extra=extra)
+    deploy(c, 'smolvla', plain, home, ds_info, name='lerobot_smolvla_plain', extra=extra)
+    deploy(c, 'smolvla', relative, home, ds_info, name='lerobot_smolvla_relative', extra=extra)
+    # deploy and serve find the backbone by config.yaml's hub_cache alone; LeRobot's own in-process loading
+    # (the reference) by HF_HUB_CACHE
+    inprocess_env = dict(env, HF_HUB_CACHE=str(hub))
+    procs = Processes(c.out / 'logs', env)
+    try:
+        server = procs.start('smolvla_serve', [c.lr('seq'), 'serve', 'lerobot_smolvla', 'lerobot_smolvla_plain',
+                                               'lerobot_smolvla_relative', '--port', '0', '--warm',
+                                               '--load-timeout', str(BOUND_S)])
+        endpoint = server.wait_for(r'^serving .+ on (\S+:\d+)$', 600).group(1)
+        c.step(f'smolvla: seq serve on {endpoint}; RTC on and off against LeRobot in-process')
+        c.run('smolvla_compare', [c.lr('python'), str(REPO / 'test' / 'lerobot_check' / 'rtc_vs_inprocess.py'),
+                                  '--endpoint', endpoint, '--rtc', 'lerobot_smolvla', '--plain',
+                                  'lerobot_smolvla_plain', '--relative', 'lerobot_smolvla_relative',
+                                  '--relative-checkpoint', str(relative), '--checkpoint', str(ckpt), '--dataset',
+                                  str(c.args.dataset), '--robot-type', ds_info.get('robot_type', ''),
+                                  '--out', str(c.out / 'smolvla' / 'compare.json')], 900, env=inprocess_env)
+        figures = json.loads((c.out / 'smolvla' / 'compare.json').read_text())
+        c.step(f'smolvla: closed loop on episode 5 through policy_node at {HZ:.0f} Hz, RTC on')
+        figures['loop'] = closed_loop(c, 'smolvla', endpoint, bag, duration, env)
+    finally:
+        procs.close()
+    c.step('smolvla: test/gpu/check_policy.py on CPU (--rtc, the checkpoint with RTC off as given)')
+    out = c.run('smolvla_check_policy', [c.lr('python'), str(REPO / 'test' / 'gpu' / 'check_policy.py'),
+                                         '--checkpoint', str(plain), '--hub-cache', str(hub), '--device', 'cpu',
+                                         '--rtc', '--chunks', '8', '--timeout', str(BOUND_S)], 900, env=env,
+                ok=False)
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith('{')]
+    figures['check_policy'] = lines[-1] if lines else {'ok': False, 'error': out[-500:]}
+    figures['took_s'] = time.monotonic() - t0
+    for mode in ('rtc', 'plain', 'relative'):
+        if figures[mode]['max_abs_diff'] > 1e-5:
+            c.failures.append(f'smolvla: served chunk (RTC {mode}) differs from LeRobot in-process by '
+                              f'{figures[mode]["max_abs_diff"]:.2e}')
+    for mode in ('rtc', 'relative'):
+        if not figures[mode]['seam_gap_max'] <= SEAM_FRACTION * figures['plain']['seam_gap_mean']:
+            c.failures.append(f'smolvla: RTC ({mode}) seam gap {figures[mode]["seam_gap_max"]:.4f} > {SEAM_FRACTION} x '
+                              f'the unguided {figures["plain"]["seam_gap_mean"]:.4f}')
+    loop = figures['loop']
+    if loop['reason'] not in ('completed', 'timeout') or loop['actions'] == 0:
+        c.failures.append(f'smolvla: closed loop ended {loop["reason"]} ({loop["message"]})')
+    if not figures['check_policy'].get('ok'):
+        c.failures.append(f'smolvla: test/gpu/check_policy.py failed: {figures["check_policy"]}')
+    return figures
+
+
+def smolvla_lines(r: dict) -> list[str]:
+    loop, cp = r['loop'], r['check_policy']
+    return [f'smolvla (tiny, {r["params"]} parameters, real SmolVLAConfig; {r["took_s"]:.0f} s):',
+            f'  served == LeRobot in-process, same noise and tail: RTC on max abs diff {r["rtc"]["max_abs_diff"]:.2e}, '
+            f'off {r["plain"]["max_abs_diff"]:.2e} over {r["rtc"]["requests"]} chunks each (bound 1e-5)',
+            f'  seam gap max|chunk[:d] - tail[:d]| (delays {r["rtc"]["delays"]}): RTC {r["rtc"]["seam_gap_max"]:.4f}, '
+            f'unguided mean {r["plain"]["seam_gap_mean"]:.4f} (ratio {r["seam_ratio"]:.4f}, bound {SEAM_FRACTION})',
+            f'  relative actions (LeRobot\'s relative/absolute steps added, RTC on, leftover re-anchored): max abs '
+            f'diff {r["relative"]["max_abs_diff"]:.2e}, seam gap {r["relative"]["seam_gap_max"]:.4f}',
+            f'  closed loop at {HZ:.0f} Hz, RTC on: {loop["actions"]} actions over {loop["chunks"]} chunks, '
+            f'{loop["reason"]}; underruns {loop["underruns"]} ({loop["underrun_s"]:.3f} s); latency p50 '
+            f'{loop["latency_p50_ms"]:.1f} ms, p95 {loop["latency_p95_ms"]:.1f} ms; max seam jump '
+            f'{loop["max_seam_jump"]:.4f} (the largest step between two rows of one chunk: '
+            f'{r["rtc"]["row_step_max"]:.4f})',
+            f'  test/gpu/check_policy.py on CPU: {json.dumps(cp)}']
+
+
 def summary(c: Check, results: dict[str, dict], fields: str) -> str:
     lines = ['', '=== make check-lerobot summary (LeRobot 0.6.1, CPU, '
              f'{os.cpu_count()} cores; G1 episodes 0-4 trained, episode 5 held out) ===']
     for kind, r in results.items():
+        if kind == 'smolvla':
+            lines += smolvla_lines(r)
+            continue
         loop = r['loop']
         lines += [f'{kind}: chunk {r["chunk_length"]} actions ({r["covers_seconds"]:.3f} s), history {r["history"]}',
                   f'  served == LeRobot in-process   max abs diff {r["max_abs_diff"]:.2e} over {r["requests"]} chunks '
@@ -348,6 +487,8 @@ def main() -> int:
     parser.add_argument('--act-checkpoint', type=Path, help='development only: skip training ACT, use this')
     parser.add_argument('--diffusion-checkpoint', type=Path, help='development only: skip training diffusion')
     parser.add_argument('--skip-install', action='store_true', help='development only: skip the install paths')
+    parser.add_argument('--only', choices=['all', 'smolvla'], default='all',
+                        help='development only: smolvla runs the tiny SmolVLA part alone')
     args = parser.parse_args()
     args.dataset = args.dataset.resolve()
     if not (args.dataset / 'meta' / 'info.json').is_file():
@@ -356,30 +497,35 @@ def main() -> int:
     c = Check(args)
     results: dict[str, dict] = {}
     fields = 'not run'
+    everything = args.only == 'all'
     try:
-        if not args.skip_install:
+        if everything and not args.skip_install:
             install_paths(c)
         ds_info = json.loads((args.dataset / 'meta' / 'info.json').read_text())
-        c.step('converting a copy of the dataset to v3.0 (lerobot.scripts.convert_dataset_v21_to_v30)')
-        root = dataset_v30(c)
         ckpts = {}
-        for kind, steps, given in (('act', args.act_steps, args.act_checkpoint),
-                                   ('diffusion', args.diffusion_steps, args.diffusion_checkpoint)):
-            if given:
-                ckpts[kind] = given.resolve()
-                continue
-            c.step(f'lerobot-train {kind}: {steps} steps on episodes 0-4, CPU, offline')
-            ckpts[kind] = train(c, kind, root, steps)
-        refusal(c, ckpts['act'])
+        if everything:
+            c.step('converting a copy of the dataset to v3.0 (lerobot.scripts.convert_dataset_v21_to_v30)')
+            root = dataset_v30(c)
+            for kind, steps, given in (('act', args.act_steps, args.act_checkpoint),
+                                       ('diffusion', args.diffusion_steps, args.diffusion_checkpoint)):
+                if given:
+                    ckpts[kind] = given.resolve()
+                    continue
+                c.step(f'lerobot-train {kind}: {steps} steps on episodes 0-4, CPU, offline')
+                ckpts[kind] = train(c, kind, root, steps)
+            refusal(c, ckpts['act'])
         bag = c.out / 'episode_5_bag'
         c.run('to_rosbag', [sys.executable, '-m', 'sequence_ai_ros.cli', 'data', 'to-rosbag', str(args.dataset),
                             '--episode', '5', '--out', str(bag)], 600, env=dict(os.environ))
         from sequence_ai_ros.datasets.lerobot_reader import LeRobotDataset
 
         duration = LeRobotDataset(args.dataset).length(5) / float(ds_info['fps'])
-        for kind in ('act', 'diffusion'):
+        for kind in ckpts:
             results[kind] = serve_and_check(c, kind, ckpts[kind], bag, ds_info, duration)
-        fields = field_data(c, Path(results['act']['seq_home']))
+        if 'act' in results:
+            fields = field_data(c, Path(results['act']['seq_home']))
+        results['smolvla'] = smolvla_check(c, bag, ds_info, duration)
+        c.step(c.run('robot_adapter', [c.lr('python'), str(REPO / 'test/lerobot_check/check_robot_adapter.py')], 900))
     except Exception as exc:   # every failure ends in the summary, with its log
         c.failures.append(f'{type(exc).__name__}: {exc}')
     text = summary(c, results, fields)

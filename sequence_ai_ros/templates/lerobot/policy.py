@@ -30,6 +30,8 @@ from sequence_ai_ros.exceptions import PolicyException
 from sequence_ai_ros.models import lerobot_runtime as runtime
 
 HERE = Path(__file__).resolve().parent
+#: the policy types whose chunks start from noise (``noise_seed``)
+SEEDED = ('diffusion', 'smolvla', 'pi0', 'pi05')
 
 
 def _path(value: str | None) -> Path | None:
@@ -63,7 +65,10 @@ class LeRobot:
     :param robot_type: LeRobot's ``robot_type`` passed in the batch.
     :param hub_cache: local Hugging Face hub cache for backbone processors/tokenizers.
     :param hub_snapshots: repo id -> local snapshot directory.
-    :param noise_seed: diffusion: seed S; chunk k of an episode starts from ``Generator().manual_seed(S + k)``.
+    :param noise_seed: diffusion, SmolVLA, pi0, pi0.5: seed S; chunk k of an episode starts from
+        ``Generator().manual_seed(S + k)``; None = torch's global RNG, as LeRobot.
+    :param rtc_execution_horizon: RTC: the rows guidance reaches; None = min(chunk_size, max(the checkpoint's
+        ``rtc_config.execution_horizon``, the robot's expected delay)).
     """
 
     def __init__(self, checkpoint: str = '', device: str = 'cuda', fps: float = 30.0,
@@ -71,7 +76,8 @@ class LeRobot:
                  action_names: list[str] | None = None, chunk_length: int | None = None,
                  rename_map: dict[str, str] | None = None, features: dict[str, list[str]] | None = None,
                  pad_cameras: list[str] | None = None, robot_type: str = '', hub_cache: str = '',
-                 hub_snapshots: dict[str, str] | None = None, noise_seed: int | None = None) -> None:
+                 hub_snapshots: dict[str, str] | None = None, noise_seed: int | None = None,
+                 rtc_execution_horizon: int | None = None) -> None:
         path = _path(checkpoint)
         runtime.require(path, 'lerobot')
         assert path is not None
@@ -79,7 +85,8 @@ class LeRobot:
             path, device, 'lerobot', robot_type=robot_type, hub_cache=_path(hub_cache),
             hub_snapshots={repo: _path(d) for repo, d in (hub_snapshots or {}).items()}, **_serving(
                 {'rename_map': rename_map, 'features': features, 'state_names': state_names,
-                 'pad_cameras': pad_cameras, 'chunk_length': chunk_length}))
+                 'pad_cameras': pad_cameras, 'chunk_length': chunk_length}),
+            rtc_execution_horizon=rtc_execution_horizon, action_names=action_names)
         self.runner.check_hub_files()
         assert self.runner.plan is not None
         self.steps = self.runner.plan.steps
@@ -148,7 +155,7 @@ class LeRobot:
                 out[i] = exc
                 continue
             kw = runner.rtc_kwargs(episode.state.get('raw'), len(inp.chunk_tail), inp.expected_delay_actions)
-            if runner.plan is not None and runner.plan.policy_type == 'diffusion' and self.noise_seed is not None:
+            if runner.plan is not None and runner.plan.policy_type in SEEDED and self.noise_seed is not None:
                 kw['noise'] = runner.noise(self.noise_seed + episode.state.get('chunks', 0))
             live.append(i)
             batches.append(batch)
@@ -157,7 +164,7 @@ class LeRobot:
             state = episodes[i].state
             state['chunks'] = state.get('chunks', 0) + 1
             if runner.plan is not None and runner.plan.rtc_horizon is not None:
-                state['raw'] = runtime.Raw(model=model, served=self.steps)
+                state['raw'] = runtime.Raw(model=model, served=self.steps, actions=actions)
             out[i] = actions[:self.steps].astype(np.float32)
         return out
 

@@ -1,0 +1,448 @@
+"""``make check-sim``: drawer-open solved by a LeRobot ACT served through ``policy_node`` + ``seq serve``, under delay.
+
+Runs in the ROS venv (it drives ``sim_robot`` and ``policy_node``); every LeRobot step runs in the LeRobot venv
+(``--venv``), with LeRobot's own tools and the product's public commands:
+
+1. demos: Meta-World's scripted expert on ``train_tasks[0:50]`` of drawer-open-v3, written by LeRobot's
+   ``LeRobotDataset`` API (demos.py, state only, 80 fps, the simulator node's coordinates);
+2. ``lerobot-train`` of a state-only ACT (chunk 20 = 0.25 s at 80 Hz; :data:`RECIPE`), CPU, one thread,
+   offline. Demos and checkpoint are cached under ``<cache>/sim/`` (the LeRobot cache), keyed by the
+   generator's sources, the dataset's hash, the recipe and the LeRobot version: a warm run trains nothing;
+3. the reference: the same checkpoint in-process (inprocess.py: LeRobot's own ``select_action``), no delay;
+4. ``seq init lerobot`` -> ``seq deploy`` -> ``seq serve`` of the checkpoint, then per condition a fresh
+   ``policy_node`` (config/sim_policy_node.yaml, ``on_underrun: stop``: see loop.py) whose worker link runs
+   through the bench's delay proxy at a round trip of 0, 0.5 and 0.8 of the chunk's duration (0, 125,
+   200 ms), on the held-out ``test_tasks[0:N]``; and the ablations at 0.5 and 0.8: ``prefetch=False`` and
+   one request in flight (node_one_in_flight.py). Each condition first runs one warm-up episode on
+   ``train_tasks[0]`` (not counted).
+
+It prints success, median and p90 time to success (from the first commanded action), underruns and
+underrun_s per condition. Targets: >= 48/50 solved at every delay (fails the check); median time to success
+at 0.8 within 1.05x the no-delay median and 0 underruns at 0.5 (fail the check only when the 1-minute load
+average stayed below 1.5 and the simulator counted 0 overruns, else "not judged (load X)").
+
+``--cached-only`` (make bench) uses only cached demos and checkpoint and skips, saying why, when either is
+absent (exit 3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import fcntl
+import hashlib
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path[:0] = [str(HERE), str(REPO / 'test' / 'lerobot_check'), str(REPO)]
+
+from check_lerobot import OFFLINE, ROS_VARS  # noqa: E402
+from loop import DT, Episode, LoadSampler, SimOperator, node_lines, peak_in_flight, summarize  # noqa: E402
+
+from sequence_ai_ros.demo.processes import Processes  # noqa: E402
+from sequence_ai_ros.sim.task import COMMAND_NAMES, OBS_NAMES  # noqa: E402
+
+CHUNK = 20
+CHUNK_S = CHUNK * DT                    # 0.25 s
+DEMO_EPISODES = 50
+#: lerobot-train's arguments (the recipe: part of the checkpoint's cache key). 1.08 M parameters.
+RECIPE = ['--policy.type=act', f'--policy.chunk_size={CHUNK}', f'--policy.n_action_steps={CHUNK}',
+          '--policy.dim_model=128', '--policy.dim_feedforward=512', '--policy.n_encoder_layers=2',
+          '--policy.n_vae_encoder_layers=2', '--policy.optimizer_lr=1e-4', '--batch_size=64', '--steps=1800',
+          '--seed=1', '--num_workers=0']
+DEPLOYMENT = 'sim_act'
+MAX_SECONDS = 6.0                       # Meta-World's episode is 500 steps (6.25 s); the expert needs ~1.1 s
+SUCCESS_SHARE = 0.96                    # 48/50
+TIME_RATIO = 1.05
+LOAD_LIMIT = 1.5
+
+
+@dataclasses.dataclass(frozen=True)
+class Condition:
+    name: str
+    fraction: float                     # round trip / chunk duration
+    seeds: int
+    prefetch: bool = True
+    one_in_flight: bool = False
+
+    @property
+    def rtt_s(self) -> float:
+        return self.fraction * CHUNK_S
+
+
+def conditions(seeds: int, ablation_seeds: int) -> list[Condition]:
+    out = [Condition(f'product@{f:g}', f, seeds) for f in (0.0, 0.5, 0.8)]
+    if ablation_seeds:
+        out += [Condition(f'no_prefetch@{f:g}', f, ablation_seeds, prefetch=False) for f in (0.5, 0.8)]
+        out += [Condition(f'one_in_flight@{f:g}', f, ablation_seeds, one_in_flight=True) for f in (0.5, 0.8)]
+    return out
+
+
+# -- cache -------------------------------------------------------------------------------------------
+def sha16(*parts: str | bytes) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p if isinstance(p, bytes) else p.encode())
+        h.update(b'\0')
+    return h.hexdigest()[:16]
+
+
+def dir_hash(root: Path) -> str:
+    """sha256 of every file's relative path and content under ``root`` (the stamp excluded).
+
+    JSON files count by their parsed content (LeRobot's meta/stats.json is written in no fixed key order).
+    """
+    def content(p: Path) -> bytes:
+        if p.suffix == '.json':
+            return json.dumps(json.loads(p.read_text()), sort_keys=True).encode()
+        return p.read_bytes()
+
+    files = sorted(p for p in root.rglob('*') if p.is_file() and p.name != '.complete')
+    return sha16(*[x for p in files for x in (str(p.relative_to(root)), content(p))])
+
+
+def build_once(dest: Path, make: Callable[[Path], None]) -> bool:
+    """Make ``dest`` with ``make(tmp)`` unless complete; stamp it only when done. Return True when built."""
+    if (dest / '.complete').is_file():
+        return False
+    tmp = dest.with_name(f'{dest.name}.tmp-{os.getpid()}')
+    shutil.rmtree(tmp, ignore_errors=True)
+    make(tmp)
+    (tmp / '.complete').write_text(time.strftime('%Y-%m-%d %H:%M:%S\n'))
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+    return True
+
+
+class Check:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.out = args.out.resolve()
+        shutil.rmtree(self.out, ignore_errors=True)
+        (self.out / 'logs').mkdir(parents=True)
+        self.venv = args.venv.resolve()
+        self.lr_env = {k: v for k, v in os.environ.items() if k not in ROS_VARS}
+        self.lr_env.update(OFFLINE, PATH=f'{self.venv / "bin"}:{os.environ["PATH"]}', PYTHONPATH=str(REPO),
+                           OMP_NUM_THREADS='1')
+        self.t0 = time.monotonic()
+        self.timings: dict[str, float] = {}
+        self.failures: list[str] = []
+        self.notes: list[str] = []
+
+    def step(self, text: str) -> None:
+        print(f'[{time.monotonic() - self.t0:7.1f}s] {text}', flush=True)
+
+    def run(self, name: str, argv: list[str], timeout: float, env: dict | None = None) -> str:
+        log = self.out / 'logs' / f'{name}.log'
+        t = time.monotonic()
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, env=env or self.lr_env, timeout=timeout,
+                                  cwd=REPO)
+            text, code = done.stdout + done.stderr, done.returncode
+        except subprocess.TimeoutExpired:
+            text, code = f'timed out after {timeout:.0f}s', -1
+        log.write_text(text)
+        self.timings[name] = time.monotonic() - t
+        if code != 0:
+            raise RuntimeError(f'{name} failed ({code}); see {log}: ' + ' | '.join(text.strip().splitlines()[-4:]))
+        return text
+
+    def py(self) -> str:
+        return str(self.venv / 'bin' / 'python')
+
+    def lerobot_version(self) -> str:
+        return self.run('lerobot_version', [self.py(), '-c', 'import importlib.metadata as m; '
+                                            'print(m.version("lerobot"), m.version("metaworld"), m.version("mujoco"))'],
+                        120).strip()
+
+
+def artifacts(c: Check) -> tuple[Path, Path, dict]:
+    """The cached demos and checkpoint (built when absent, unless --cached-only); return them and what was built."""
+    cache = c.args.cache.resolve() / 'sim'
+    cache.mkdir(parents=True, exist_ok=True)
+    versions = c.lerobot_version()
+    demos_key = sha16((HERE / 'demos.py').read_bytes(), (REPO / 'sequence_ai_ros' / 'sim' / 'task.py').read_bytes(),
+                      str(DEMO_EPISODES), versions)
+    demos = cache / f'demos-drawer-open-v3-{demos_key}'
+    built = {'versions': versions, 'demos': str(demos)}
+    with open(cache / '.lock', 'w') as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if c.args.cached_only and not (demos / '.complete').is_file():
+            raise Skip(f'no cached demos at {demos} (make check-sim builds them)')
+        t = time.monotonic()
+        built['demos_built'] = build_once(demos, lambda tmp: c.run('demos', [
+            c.py(), str(HERE / 'demos.py'), '--root', str(tmp), '--episodes', str(DEMO_EPISODES)], 1800))
+        built['demos_s'] = time.monotonic() - t
+        data_hash = dir_hash(demos)
+        ckpt_dir = cache / f'act-{sha16(data_hash, json.dumps(RECIPE), versions)}'
+        built.update(dataset_hash=data_hash, checkpoint_dir=str(ckpt_dir))
+        if c.args.cached_only and not (ckpt_dir / '.complete').is_file():
+            raise Skip(f'no cached checkpoint at {ckpt_dir} (make check-sim trains it)')
+        if not (ckpt_dir / '.complete').is_file():
+            c.step(f'lerobot-train: state-only ACT on {DEMO_EPISODES} demos, {RECIPE[-3]}, CPU, 1 thread, offline '
+                   '(~8-11 min)')
+        t = time.monotonic()
+        built['checkpoint_built'] = build_once(ckpt_dir, lambda tmp: c.run('train', [
+            str(c.venv / 'bin' / 'lerobot-train'), *RECIPE, '--policy.device=cpu', '--policy.push_to_hub=false',
+            '--policy.pretrained_backbone_weights=null', '--dataset.repo_id=local/metaworld_drawer_open',
+            f'--dataset.root={demos}', f'--output_dir={tmp}', '--job_name=sim_act', '--save_freq=100000',
+            '--log_freq=100', '--wandb.enable=false'], 5400))
+        built['train_s'] = time.monotonic() - t
+    ckpt = ckpt_dir / 'checkpoints' / 'last' / 'pretrained_model'
+    if not (ckpt / 'model.safetensors').is_file():
+        raise RuntimeError(f'no model.safetensors in {ckpt}')
+    return demos, ckpt, built
+
+
+class Skip(Exception):
+    """A prerequisite is absent (--cached-only)."""
+
+
+def deploy(c: Check, ckpt: Path) -> dict:
+    """Run seq init lerobot, write config.yaml, run seq deploy; return the worker env (SEQ_HOME)."""
+    env = dict(c.lr_env, SEQ_HOME=str(c.out / 'seq_home'))
+    seq = [c.py(), '-m', 'sequence_ai_ros.cli']
+    pdir = c.out / 'policy'
+    c.run('seq_init', [*seq, 'init', 'lerobot', str(pdir)], 120, env=env)
+    config = yaml.safe_load((pdir / 'config.yaml').read_text())
+    config.update(checkpoint=str(ckpt), device='cpu', fps=round(1 / DT), action_space='joint_absolute',
+                  state_names=list(COMMAND_NAMES), features={'observation.environment_state': list(OBS_NAMES)},
+                  action_names=list(COMMAND_NAMES), robot_type='metaworld_sawyer')
+    (pdir / 'config.yaml').write_text(yaml.safe_dump(config, sort_keys=False))
+    c.run('seq_deploy', [*seq, 'deploy', str(pdir / 'policy.py'), '--name', DEPLOYMENT], 600, env=env)
+    return env
+
+
+PROXY = ('import sys, threading\n'
+         'from sequence_ai_ros.bench.delay_proxy import DelayProxy\n'
+         'p = DelayProxy(int(sys.argv[1]), float(sys.argv[2]))\n'
+         'print("proxy on", p.port, flush=True)\n'
+         'try:\n    threading.Event().wait()\nexcept KeyboardInterrupt:\n    p.close()\n')
+
+
+def run_condition(c: Check, cond: Condition, worker_port: int, operator: SimOperator, load: LoadSampler,
+                  ros_env: dict) -> tuple[list[Episode], dict, dict[str, list]]:
+    """A fresh proxy and policy_node for ``cond``; its episodes, its load and overrun figures, traces of misses."""
+    procs = Processes(c.out / 'logs', ros_env)
+    tag = cond.name.replace('@', '_')
+    try:
+        proxy = procs.start(f'proxy_{tag}', [sys.executable, '-c', PROXY, str(worker_port), str(cond.rtt_s / 2)])
+        port = int(proxy.wait_for(r'proxy on (\d+)', 30).group(1))
+        params = c.out / f'node_{tag}.yaml'
+        params.write_text(yaml.safe_dump({'/**/policy_node': {'ros__parameters': {
+            'autostart': True, 'model': DEPLOYMENT, 'endpoint': f'127.0.0.1:{port}', 'on_underrun': 'stop',
+            'status_rate_hz': 2.0}}}))
+        entry = [str(HERE / 'node_one_in_flight.py')] if cond.one_in_flight else ['-m', 'sequence_ai_ros.node.main']
+        node = procs.start(f'node_{tag}', [sys.executable, *entry, '--ros-args', '--params-file',
+                                           str(REPO / 'config' / 'sim_policy_node.yaml'), '--params-file', str(params)])
+        operator.wait_node(60)
+        operator.wait_active(60)
+        if operator.publishers('/position_controller/commands') != 1:
+            raise RuntimeError('another process publishes on /position_controller/commands in this ROS domain')
+        operator.warm_up(cond.prefetch, MAX_SECONDS)
+        since = time.monotonic()
+        episodes, traces = [], {}
+        for index in range(cond.seeds):
+            ep, trace = operator.episode(cond.name, index, prefetch=cond.prefetch, max_seconds=MAX_SECONDS)
+            episodes.append(ep)
+            if not ep.success:
+                traces[f'{cond.name}-{index}'] = trace
+        figures = {'load_peak': load.peak(since), 'wall_s': time.monotonic() - since}
+    finally:
+        procs.close()
+    lines = node_lines(node.log_path)
+    for ep in episodes:
+        ep.node_line = lines.get(f'{cond.name}-test-{ep.index}', '')
+    peaks = [peak_in_flight(ep.node_line) for ep in episodes]
+    figures['peak_in_flight'] = max(peaks) if peaks else -1
+    if cond.one_in_flight and figures['peak_in_flight'] != 1:
+        c.failures.append(f'{cond.name}: peak in flight {figures["peak_in_flight"]}, not 1: the ablation did not '
+                          'take effect')
+    return episodes, figures, traces
+
+
+def fmt(v: float | None, spec: str = '.3f') -> str:
+    return '-' if v is None else format(v, spec)
+
+
+def judge(c: Check, rows: dict[str, dict]) -> list[str]:
+    """The targets; success counts fail, time and underrun targets only on an unloaded, overrun-free run."""
+    lines = []
+    for name in ('product@0', 'product@0.5', 'product@0.8'):
+        r = rows.get(name)
+        if r is None:
+            continue
+        need = math.ceil(SUCCESS_SHARE * r['n'])
+        ok = r['success'] >= need
+        lines.append(f'{name}: {r["success"]}/{r["n"]} solved, target >= {need}: '
+                     + ('met' if ok else f'MISSED by {need - r["success"]}'))
+        if not ok:
+            c.failures.append(f'{name}: {r["success"]}/{r["n"]} solved, {need - r["success"]} short of {need}')
+
+    def gate(*names: str) -> str:
+        load = max(rows[n]['load_peak'] for n in names)
+        overruns = sum(rows[n]['overruns'] for n in names)
+        return '' if load < LOAD_LIMIT and overruns == 0 else f'not judged (load {load:.2f}, overruns {overruns})'
+
+    a, b = rows.get('product@0'), rows.get('product@0.8')
+    if a and b and a['median_s'] and b['median_s']:
+        ratio = b['median_s'] / a['median_s']
+        why = gate('product@0', 'product@0.8')
+        text = (f'median time to success at 0.8 / at 0: {b["median_s"]:.3f} / {a["median_s"]:.3f} s = {ratio:.3f}, '
+                f'target <= {TIME_RATIO}: ')
+        if why:
+            text += why + (' (would be met)' if ratio <= TIME_RATIO
+                           else f' (would miss by {ratio / TIME_RATIO - 1:.1%})')
+        elif ratio <= TIME_RATIO:
+            text += 'met'
+        else:
+            text += f'MISSED by {ratio / TIME_RATIO - 1:.1%}'
+            c.failures.append(f'median time to success at 0.8 is {ratio:.3f}x the no-delay median '
+                              f'(target {TIME_RATIO})')
+        lines.append(text)
+    m = rows.get('product@0.5')
+    if m:
+        why = gate('product@0.5')
+        text = f'underruns at 0.5: {m["underruns"]} ({m["underrun_s"]:.3f} s), target 0: '
+        if why:
+            text += why
+        elif m['underruns'] == 0:
+            text += 'met'
+        else:
+            text += f'MISSED by {m["underruns"]}'
+            c.failures.append(f'{m["underruns"]} underruns ({m["underrun_s"]:.3f} s) at 0.5 of a chunk (target 0)')
+        lines.append(text)
+    return lines
+
+
+def table(rows: dict[str, dict]) -> list[str]:
+    head = (f'{"condition":22s} {"rtt ms":>6s} {"solved":>7s} {"median s":>8s} {"p90 s":>6s} {"underruns":>9s} '
+            f'{"underrun_s":>10s} {"eps dry":>7s} {"overruns":>8s} {"load":>5s} {"in flight":>9s}')
+    out = [head, '-' * len(head)]
+    for name, r in rows.items():
+        out.append(f'{name:22s} {r.get("rtt_ms", 0):6.0f} {r["success"]:>3d}/{r["n"]:<3d} {fmt(r["median_s"]):>8s} '
+                   f'{fmt(r["p90_s"]):>6s} {r["underruns"]:9d} {r["underrun_s"]:10.3f} '
+                   f'{r["episodes_with_underruns"]:7d} {r["overruns"]:8d} {fmt(r.get("load_peak"), ".2f"):>5s} '
+                   f'{r.get("peak_in_flight", "-")!s:>9s}')
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--venv', type=Path, required=True, help='the LeRobot venv (Python >= 3.12)')
+    parser.add_argument('--cache', type=Path, default=Path.home() / '.cache' / 'sequence_ai')
+    parser.add_argument('--out', type=Path, default=REPO / 'out' / 'check-sim')
+    parser.add_argument('--seeds', type=int, default=50, help='held-out seeds per delay (test_tasks[0:N])')
+    parser.add_argument('--ablation-seeds', type=int, default=20, help='seeds per ablation condition (0: none)')
+    parser.add_argument('--cached-only', action='store_true', help='never build demos or train; skip when absent')
+    parser.add_argument('--checkpoint', type=Path, help='development only: skip demos and training, use this')
+    parser.add_argument('--no-judge', action='store_true', help='print the table, judge no target (make bench)')
+    args = parser.parse_args()
+    c = Check(args)
+    rows: dict[str, dict] = {}
+    built: dict = {}
+    all_eps: list[dict] = []
+    traces: dict[str, list] = {}
+    verdict: list[str] = []
+    try:
+        if not (c.venv / 'bin' / 'python').is_file():
+            raise Skip(f'no LeRobot venv at {c.venv}')
+        c.step('demos and checkpoint (cached under the LeRobot cache)')
+        if args.checkpoint:
+            ckpt, built = args.checkpoint.resolve(), {'demos_built': False, 'checkpoint_built': False,
+                                                      'demos': 'not used (--checkpoint)'}
+        else:
+            _, ckpt, built = artifacts(c)
+        c.step(f'demos {"built" if built["demos_built"] else "cached"} ({built["demos"]}), checkpoint '
+               f'{"trained" if built["checkpoint_built"] else "cached"} ({ckpt})')
+        c.step(f'reference: the checkpoint in-process (LeRobot select_action), test_tasks[0:{args.seeds}], no delay')
+        c.run('inprocess', [c.py(), str(HERE / 'inprocess.py'), '--checkpoint', str(ckpt), '--seeds',
+                            f'0:{args.seeds}', '--out', str(c.out / 'inprocess.json')], 1800)
+        ref = json.loads((c.out / 'inprocess.json').read_text())['episodes']
+        rows['in-process (LeRobot)'] = dict(summarize([dict(e, underruns=0, underrun_s=0.0) for e in ref]),
+                                            rtt_ms=0.0)
+        all_eps += [dict(e, condition='in-process') for e in ref]
+        env = deploy(c, ckpt)
+        from sequence_ai_ros.demo.pipeline import private_domain
+
+        ros_env = dict(os.environ, PYTHONUNBUFFERED='1')
+        domain = private_domain(ros_env)
+        import rclpy
+
+        workers = Processes(c.out / 'logs', env)
+        sims = Processes(c.out / 'logs', ros_env)
+        context = rclpy.context.Context()
+        rclpy.init(context=context)
+        operator = SimOperator(context)
+        load = LoadSampler()
+        try:
+            server = workers.start('seq_serve', [c.py(), '-m', 'sequence_ai_ros.cli', 'serve', DEPLOYMENT, '--host',
+                                                 '127.0.0.1', '--port', '0', '--warm'])
+            worker_port = int(server.wait_for(r'serving \S+ on \S+:(\d+)', 600).group(1))
+            sim_params = c.out / 'sim.yaml'
+            sim_params.write_text(yaml.safe_dump({'/**/sim_robot': {'ros__parameters': {
+                'camera_names': [''], 'status_rate_hz': 40.0}}}))
+            sims.start('sim_robot', [sys.executable, '-m', 'sequence_ai_ros.sim.main', '--ros-args', '--params-file',
+                                     str(REPO / 'config' / 'sim_robot.yaml'), '--params-file', str(sim_params)])
+            c.step(f'seq serve {DEPLOYMENT} on 127.0.0.1:{worker_port}; sim_robot in ROS domain {domain}')
+            for cond in conditions(args.seeds, args.ablation_seeds):
+                c.step(f'{cond.name}: round trip {cond.rtt_s * 1e3:.0f} ms, {cond.seeds} held-out seeds, prefetch '
+                       f'{cond.prefetch}, {"one request" if cond.one_in_flight else "pipelined requests"} in flight')
+                eps, figures, tr = run_condition(c, cond, worker_port, operator, load, ros_env)
+                rows[cond.name] = dict(summarize(eps), rtt_ms=cond.rtt_s * 1e3, **figures)
+                all_eps += [dataclasses.asdict(e) for e in eps]
+                traces.update(tr)
+                r = rows[cond.name]
+                c.step(f'  {r["success"]}/{r["n"]} solved, median {fmt(r["median_s"])} s, underruns {r["underruns"]}, '
+                       f'overruns {r["overruns"]}, load peak {r["load_peak"]:.2f}, {figures["wall_s"]:.0f} s')
+        finally:
+            load.close()
+            operator.close()
+            rclpy.try_shutdown(context=context)
+            sims.close()
+            workers.close()
+        if not args.no_judge:
+            verdict = judge(c, rows)
+    except Skip as exc:
+        print(f'check-sim: SKIPPED: {exc}')
+        return 3
+    except Exception as exc:   # every failure ends in the summary, with its log
+        c.failures.append(f'{type(exc).__name__}: {exc}')
+    lines = ['', f'=== drawer-open-v3 through policy_node + seq serve (state-only ACT, chunk {CHUNK} at '
+             f'{round(1 / DT)} Hz = {CHUNK_S:.2f} s; {os.cpu_count()} cores; {built.get("versions", "")}) ===',
+             'time to success: from the first commanded action to the simulator\'s success (s)', *table(rows)]
+    misses = [e for e in all_eps if not e['success'] and e['condition'] != 'in-process']
+    for e in misses[:10]:
+        lines.append(f'missed {e["condition"]} test[{e["index"]}]: {e["reason"]}, {e["actions"]} actions, '
+                     f'{e["chunks"]} chunks, underruns {e["underruns"]} ({e["underrun_s"]:.3f} s), longest command '
+                     f'gap {e["max_command_gap_s"] * 1e3:.0f} ms, largest target jump '
+                     f'{e["max_target_jump_m"] * 100:.2f} cm, seam jump {e["max_seam_jump"]:.4f}')
+    lines += verdict
+    lines.append('cache: demos ' + ('built' if built.get('demos_built') else 'cached') + ', checkpoint '
+                 + ('trained' if built.get('checkpoint_built') else 'cached'))
+    lines.append('step times: ' + ', '.join(f'{k} {v:.0f}s' for k, v in c.timings.items() if v >= 5))
+    lines.append(f'check-sim took {time.monotonic() - c.t0:.0f} s'
+                 + (f'; FAILED: {"; ".join(c.failures)}' if c.failures else '; all checks passed'))
+    text = '\n'.join(lines)
+    print(text)
+    (c.out / 'summary.txt').write_text(text + '\n')
+    (c.out / 'summary.json').write_text(json.dumps({'rows': rows, 'built': built, 'failures': c.failures,
+                                                    'verdict': verdict, 'episodes': all_eps,
+                                                    'total_s': time.monotonic() - c.t0}, indent=1, default=str))
+    (c.out / 'traces.json').write_text(json.dumps(traces))
+    return 1 if c.failures else 0
+
+
+if __name__ == '__main__':
+    raise SystemExit(main())

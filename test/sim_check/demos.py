@@ -1,0 +1,96 @@
+"""Write Meta-World's scripted expert on drawer-open-v3 as a LeRobot v3.0 dataset, with LeRobot's own API.
+
+Runs in the LeRobot venv (``LeRobotDataset.create`` / ``add_frame`` / ``save_episode`` / ``finalize``). The
+robot is :class:`sequence_ai_ros.sim.task.SimTask`, the one definition the ``sim_robot`` node publishes, so
+the demos' observations and actions are the node's coordinates:
+
+- ``observation.state`` float32 (4,): ``ee_x ee_y ee_z gripper`` as measured (``SimTask.measured``);
+- ``observation.environment_state`` float32 (39,): ``obs_0 .. obs_38`` (Meta-World's observation);
+- ``action`` float32 (4,): the absolute command the node sends (mocap target in m, effort -1..1).
+
+Frame t holds the state published before step t and the command of step t, at the task's 80 Hz. The expert
+answers an increment; the command is the target it reaches (``mocap + increment * action_scale``, clipped
+to the mocap box, as Meta-World moves its mocap body), so ``SimTask.step`` replays the expert exactly.
+An episode is ``train_tasks[i]`` for i in 0..N-1, recorded until success and ``--after`` steps more.
+
+Usage: ``python demos.py --root DIR [--episodes 50]``; prints one JSON line (episodes, frames, success steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from sequence_ai_ros.sim.task import COMMAND_NAMES, OBS_NAMES, SimTask  # noqa: E402
+
+TASK = 'drawer-open-v3'
+INSTRUCTION = 'open the drawer'
+FPS = 80
+
+
+def features() -> dict:
+    """The dataset's features (LeRobot's feature dict)."""
+    return {
+        'observation.state': {'dtype': 'float32', 'shape': (len(COMMAND_NAMES),), 'names': list(COMMAND_NAMES)},
+        'observation.environment_state': {'dtype': 'float32', 'shape': (len(OBS_NAMES),), 'names': list(OBS_NAMES)},
+        'action': {'dtype': 'float32', 'shape': (len(COMMAND_NAMES),), 'names': list(COMMAND_NAMES)},
+    }
+
+
+def expert_command(task: SimTask, expert) -> np.ndarray:
+    """The absolute command (4,) that makes SimTask.step apply the expert's increment for the current obs."""
+    action = np.asarray(expert.get_action(task.obs), np.float64)
+    target = np.clip(task.mocap() + np.clip(action[:3], -1.0, 1.0) * task.action_scale, task.mocap_low,
+                     task.mocap_high)
+    return np.concatenate([target, [np.clip(action[3], -1.0, 1.0)]])
+
+
+def main() -> int:
+    import warnings
+
+    import metaworld.policies
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    warnings.filterwarnings('ignore', message=r'Constant\(s\) may be too high')
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--root', type=Path, required=True, help='the dataset folder (must not exist)')
+    parser.add_argument('--episodes', type=int, default=50)
+    parser.add_argument('--after', type=int, default=20, help='steps recorded after the first success')
+    parser.add_argument('--repo-id', default='local/metaworld_drawer_open')
+    args = parser.parse_args()
+    task = SimTask(TASK, benchmark_seed=0, max_steps=500)
+    expert = metaworld.policies.SawyerDrawerOpenV3Policy()
+    ds = LeRobotDataset.create(args.repo_id, FPS, features(), root=args.root, robot_type='metaworld_sawyer',
+                               use_videos=False)
+    success_steps = []
+    for index in range(args.episodes):
+        task.reset('train', index)
+        first = -1
+        while not task.truncated and (first < 0 or task.steps < first + args.after):
+            command = expert_command(task, expert)
+            ds.add_frame({'observation.state': task.measured().astype(np.float32),
+                          'observation.environment_state': task.obs.astype(np.float32),
+                          'action': command.astype(np.float32), 'task': INSTRUCTION})
+            if task.step(command).success and first < 0:
+                first = task.steps
+        if first < 0:
+            raise SystemExit(f'the expert did not solve train_tasks[{index}] within {task.max_steps} steps')
+        ds.save_episode()
+        success_steps.append(first)
+    ds.finalize()
+    task.close()
+    print(json.dumps({'episodes': args.episodes, 'frames': int(ds.meta.total_frames),
+                      'success_step_median': float(np.median(success_steps)), 'success_step_max': max(success_steps)}))
+    return 0
+
+
+if __name__ == '__main__':
+    raise SystemExit(main())
