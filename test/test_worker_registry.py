@@ -115,6 +115,28 @@ def test_a_version_is_policy_config_and_checkpoint_validated_once(tmp_path, seq_
         Registry().load('versioned')
 
 
+def test_a_checkpoint_swapped_after_serve_starts_is_never_loaded(tmp_path, seq_home):
+    """`seq serve` checks the content at start, but the weights load at the first handshake: checked again there."""
+    path = write(tmp_path, 'swapped', ARTIFACT, config='scale: 2.5\n')
+    ckpt = path.parent / 'ckpt'
+    ckpt.mkdir()
+    (ckpt / 'model.safetensors').write_bytes(b'\0' * 4096)
+    deploy(path)
+    server = create_server(['swapped'])                              # checked here: unchanged
+    try:
+        (ckpt / 'model.safetensors').write_bytes(b'\0' * 8192)       # swapped before anything loads
+        ch = channel(server.port)
+        stub = pb_grpc.PolicyServiceStub(ch)
+        handshake(stub, 'swapped')
+        reply = wait_ready(stub, 'swapped')
+        assert not reply.ready and reply.state == 'failed', reply
+        assert 'model.safetensors changed' in reply.message and 'since version 1' in reply.message, reply.message
+        assert 'seq deploy' in reply.message
+        ch.close()
+    finally:
+        server.stop()
+
+
 @pytest.mark.parametrize(('name', 'text', 'config', 'message'), [
     ('broken_import', HEADER + 'import definitely_not_a_module_xyz\n', None, "No module named 'definitely_not"),
     ('syntax', HEADER + 'def (:\n', None, 'SyntaxError'),
