@@ -201,7 +201,8 @@ class LeRobotRunner:
         self.hub_cache = hub_cache or default_hub_cache()
         self.hub_snapshots = dict(hub_snapshots or {})
         self.cfg = read_config(checkpoint) if (checkpoint / 'config.json').is_file() else {}
-        self.plan: ServingPlan | None = plan(self.cfg, **serving) if self.cfg else None
+        self.plan: ServingPlan | None = (plan(self.cfg, rtc_execution_horizon=rtc_execution_horizon, **serving)
+                                         if self.cfg else None)
         self.rtc_execution_horizon = rtc_execution_horizon
         self.action_names = list(action_names) if action_names else None
         self._delay_logged = False
