@@ -262,3 +262,14 @@ def test_seq_serve_process_prints_its_address_and_stops_on_sigterm(tmp_path, seq
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=15) == 0
     assert 'stopping' in proc.stdout.read()
+
+
+@pytest.mark.parametrize('value', ['inf', 'nan', '0', '-3', 'abc', '1e9'])
+def test_deploy_timeout_out_of_range_is_refused_by_argparse(tmp_path, seq_home, capsys, value):
+    """`seq deploy --timeout inf` was an OverflowError traceback from the thread join."""
+    path = write(tmp_path, 'good', GOOD)
+    with pytest.raises(SystemExit) as exit_info:
+        run(capsys, 'deploy', str(path), '--timeout', value)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and '--timeout' in err and 'expected seconds, 0 < S <= 86400' in err, err
+    assert Registry().list() == []
