@@ -344,3 +344,36 @@ def test_artifacts_add_the_backbone_snapshot_that_loading_uses(tmp_path, seq_hom
     from sequence_ai_ros.worker import content
     fp = content.fingerprint(d)
     assert str(local / 'tokenizer.model') in fp.files and not any(str(cache) in f for f in fp.files)
+
+
+def test_rtc_refuses_a_tail_longer_than_the_served_chunk_and_skips_a_foreign_one(tmp_path: Path, caplog):
+    """A tail of more rows than were served would in-paint executed rows; one unlike the served rows is not guided."""
+    import numpy as np
+
+    from sequence_ai_ros.exceptions import ContractViolation
+    from sequence_ai_ros.models.lerobot_runtime import LeRobotRunner, Raw
+
+    (tmp_path / 'config.json').write_text(json.dumps(SMOLVLA_RTC))
+    runner = LeRobotRunner(tmp_path, 'cpu', 'lerobot')
+    served = np.arange(50 * 26, dtype=np.float32).reshape(50, 26)
+    previous = Raw(model=np.zeros((50, 32), np.float32), served=50, actions=served)
+    with pytest.raises(ContractViolation, match='chunk_tail has 80 rows, more than the 50 of the last served chunk'):
+        runner.rtc_kwargs(previous, np.zeros((80, 26), np.float32), 10)
+    with caplog.at_level('WARNING', logger='sequence_ai_ros.models.lerobot_runtime'):
+        for _ in range(2):
+            kw = runner.rtc_kwargs(previous, served[30:] + 1.0, 10)
+    assert kw == {'inference_delay': 10, 'execution_horizon': 10}          # no leftover: not guided
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and 'not the last served chunk' in warned[0] and 'max difference 1' in warned[0]
+
+
+def test_rtc_delay_warning_in_the_dry_run_names_the_dry_run(tmp_path: Path, caplog):
+    from sequence_ai_ros.models.lerobot_runtime import LeRobotRunner
+
+    (tmp_path / 'config.json').write_text(json.dumps(SMOLVLA_RTC))
+    runner = LeRobotRunner(tmp_path, 'cpu', 'lerobot')
+    runner.dry_run = True
+    with caplog.at_level('WARNING', logger='sequence_ai_ros.models.lerobot_runtime'):
+        runner.rtc_kwargs(None, 0, 12)
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and "seq deploy's dry run (a synthetic request, no robot) expects 12" in warned[0]

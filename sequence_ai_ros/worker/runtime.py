@@ -466,6 +466,9 @@ class DeploymentRuntime:
         start = time.perf_counter()
         try:
             out = instance.infer(inp, episode)
+        except ContractViolation as exc:   # the policy found the request malformed: the robot's fault, typed so
+            LOG.warning('policy %s refused episode %s request %d: %s', self.name, episode.id, inp.request_id, exc)
+            raise
         except BaseException as exc:  # SystemExit/KeyboardInterrupt inside a policy become POLICY_EXCEPTION
             LOG.warning('policy %s raised on episode %s request %d: %s', self.name, episode.id, inp.request_id,
                         describe(exc))
@@ -504,7 +507,8 @@ class DeploymentRuntime:
             if isinstance(out, BaseException):   # that request alone failed; the others of the batch are served
                 LOG.warning('policy %s failed episode %s request %d in a batch: %s', self.name, items[i][1].id,
                             items[i][0].request_id, describe(out))
-                results[i] = PolicyException(describe(out))   # typed as the single path types it
+                results[i] = (out if isinstance(out, ContractViolation)    # typed as the single path types it
+                              else PolicyException(describe(out)))
             else:
                 results[i] = (out, elapsed)
         return results

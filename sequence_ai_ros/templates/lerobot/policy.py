@@ -26,10 +26,11 @@ from pathlib import Path
 import numpy as np
 
 import sequence_ai_ros.policy as seq
-from sequence_ai_ros.exceptions import ConfigError, PolicyException
+from sequence_ai_ros.exceptions import ConfigError, ContractViolation, PolicyException
 from sequence_ai_ros.models import lerobot_checkpoint as checkpoint_files
 from sequence_ai_ros.models import lerobot_runtime as runtime
 from sequence_ai_ros.models import lerobot_settings
+from sequence_ai_ros.policy.api import DRY_RUN_DEPLOYMENT
 
 HERE = Path(__file__).resolve().parent
 #: the policy types whose chunks start from noise (``noise_seed``)
@@ -154,19 +155,20 @@ class LeRobot:
         return out
 
     def infer_batch(self, inputs: list[seq.PolicyInput],
-                    episodes: list[seq.Episode]) -> list[np.ndarray | PolicyException]:
+                    episodes: list[seq.Episode]) -> list[np.ndarray | PolicyException | ContractViolation]:
         """Return one float32 (T, D) chunk per input (requests of different robots), stacked in one forward.
 
         Each episode keeps its own state exactly as a single request would: its chunk count k (diffusion's
         noise ``S + k``), its observation history (the frames its robot sent, diffusion's n_obs_steps) and,
         for RTC, its last raw chunk. Requests whose RTC arguments differ run in separate forwards
         (:meth:`LeRobotRunner.forward_many`). A request with fewer real frames than the history gets a
-        :class:`PolicyException` of its own; the other requests of the batch are served.
+        :class:`PolicyException` of its own, one whose ``chunk_tail`` has more rows than the episode's last
+        chunk a :class:`ContractViolation` (RTC); the other requests of the batch are served.
         """
         runner = self.runner
         if runner.policy is None:
             self.load()
-        out: list[np.ndarray | PolicyException] = [None] * len(inputs)  # type: ignore[list-item]
+        out: list[np.ndarray | PolicyException | ContractViolation] = [None] * len(inputs)  # type: ignore
         live, batches, kwargs = [], [], []
         for i, (inp, episode) in enumerate(zip(inputs, episodes, strict=True)):
             frames = ([(obs.state, obs.images) for obs in inp.history]
@@ -176,7 +178,13 @@ class LeRobot:
             except PolicyException as exc:
                 out[i] = exc
                 continue
-            kw = runner.rtc_kwargs(episode.state.get('raw'), len(inp.chunk_tail), inp.expected_delay_actions)
+            runner.dry_run = episode.deployment == DRY_RUN_DEPLOYMENT
+            try:
+                kw = runner.rtc_kwargs(episode.state.get('raw'), np.asarray(inp.chunk_tail),
+                                       inp.expected_delay_actions)
+            except ContractViolation as exc:
+                out[i] = exc
+                continue
             if runner.plan is not None and runner.plan.policy_type in SEEDED and self.noise_seed is not None:
                 kw['noise'] = runner.noise(self.noise_seed + episode.state.get('chunks', 0))
             live.append(i)
