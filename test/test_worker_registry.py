@@ -273,3 +273,25 @@ def test_deploy_timeout_out_of_range_is_refused_by_argparse(tmp_path, seq_home, 
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and '--timeout' in err and 'expected seconds, 0 < S <= 86400' in err, err
     assert Registry().list() == []
+
+
+BATCHED = HEADER + textwrap.dedent('''
+    @seq.policy(action_space='joint_absolute', action_names=['x', 'y'], dt=0.05, chunk_length=4,
+                batching=seq.Batching(max_batch_size=4, max_wait_s=0.001))
+    class P:
+        def infer(self, inp, episode):
+            return self.infer_batch([inp], [episode])[0]
+
+        def infer_batch(self, inputs, episodes):
+            if any(len(inp.chunk_tail) for inp in inputs) and len(inputs) > 1:
+                raise RuntimeError('element 0 of tensors does not require grad')
+            return [np.zeros((4, 2), np.float32) for _ in inputs]
+''')
+
+
+def test_the_batched_dry_run_sends_a_tail_when_the_single_one_does(tmp_path, seq_home):
+    """A batched in-painting path that fails is refused at deploy, as the single one is."""
+    with pytest.raises(DeploymentError, match=r'dry batched inference with a chunk tail \(2 rows\) failed: '
+                                              r'RuntimeError: element 0'):
+        deploy(write(tmp_path, 'batched', BATCHED))
+    assert Registry().list() == []
