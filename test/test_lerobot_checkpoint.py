@@ -377,3 +377,18 @@ def test_rtc_delay_warning_in_the_dry_run_names_the_dry_run(tmp_path: Path, capl
         runner.rtc_kwargs(None, 0, 12)
     warned = [r.getMessage() for r in caplog.records]
     assert len(warned) == 1 and "seq deploy's dry run (a synthetic request, no robot) expects 12" in warned[0]
+
+
+@pytest.mark.parametrize(('flag', 'value', 'message'), [('--chunks', '1', 'expected an integer >= 2'),
+                                                        ('--delay', '0', 'expected an integer >= 1')])
+def test_gpu_check_refuses_values_it_cannot_check_before_deploying(flag, value, message):
+    """`--chunks 1` or `--delay 0` ran a whole deploy, then failed on max() of no seam gaps."""
+    import os
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parent / 'gpu' / 'check_policy.py'
+    env = {**os.environ, 'PYTHONPATH': str(script.parents[2])}
+    out = subprocess.run([sys.executable, str(script), '--checkpoint', 'x', '--rtc', flag, value], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and f'argument {flag}: {message}' in out.stderr, out.stderr

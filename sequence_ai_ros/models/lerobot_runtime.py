@@ -241,7 +241,8 @@ class LeRobotRunner:
 
         if self.device.startswith('cuda') and not torch.cuda.is_available():
             raise MissingDependency(f'the {self.template} template needs a CUDA GPU (device {self.device!r}); '
-                                    'torch.cuda.is_available() is False')
+                                    'torch.cuda.is_available() is False: set `device: cpu` in config.yaml to run '
+                                    'on this machine\'s CPU (or `device: mps` on Apple silicon)')
         config = PreTrainedConfig.from_pretrained(str(self.checkpoint), local_files_only=True)
         if hasattr(config, 'pretrained_backbone_weights'):
             config.pretrained_backbone_weights = None   # ImageNet init is replaced by model.safetensors
