@@ -392,3 +392,19 @@ def test_gpu_check_refuses_values_it_cannot_check_before_deploying(flag, value, 
     out = subprocess.run([sys.executable, str(script), '--checkpoint', 'x', '--rtc', flag, value], env=env,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and f'argument {flag}: {message}' in out.stderr, out.stderr
+
+
+def test_empty_state_and_action_names_are_warned_about_at_deploy(caplog):
+    base = load_policy_file(HOLD).contract
+    with caplog.at_level('WARNING', logger='sequence_ai_ros.models.lerobot_checkpoint'):
+        ck.contract_for(base, config(), action_space='joint_absolute', fps=30, state_names=None, action_names=None,
+                        chunk_length=None)
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and 'state_names and action_names are empty' in warned[0]
+    assert 'state_0 .. and action_0 ..' in warned[0] and 'meta/info.json' in warned[0]
+    caplog.clear()
+    names = [f'j{i}' for i in range(26)]
+    with caplog.at_level('WARNING', logger='sequence_ai_ros.models.lerobot_checkpoint'):
+        ck.contract_for(base, config(), action_space='joint_absolute', fps=30, state_names=names, action_names=names,
+                        chunk_length=None)
+    assert caplog.records == []

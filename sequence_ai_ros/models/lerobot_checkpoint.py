@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from sequence_ai_ros.exceptions import ConfigError
 from sequence_ai_ros.protocol.contract import CameraSpec, Contract, ObservationContract
 from sequence_ai_ros.protocol.spaces import ActionSpace
 
+log = logging.getLogger(__name__)
 IMAGE_PREFIX = 'observation.images.'
 #: LeRobot's key of a single camera (its simulation datasets: pusht, xarm, ...)
 IMAGE_KEY = 'observation.image'
@@ -471,6 +473,13 @@ def contract_for(contract: Contract, cfg: dict[str, Any], *, action_space: str, 
     """
     how = plan(cfg, rename_map=rename_map, features=features, state_names=state_names, pad_cameras=pad_cameras,
                chunk_length=chunk_length, rtc_execution_horizon=rtc_execution_horizon)
+    defaulted = [what for what, given in (('state_names', state_names), ('action_names', action_names)) if not given]
+    if defaulted:   # config.json names no joints: the robot must send these exact names, or every request fails
+        log.warning('config.yaml %s empty: the contract names them %s; a robot must send exactly these names '
+                    '(set them to the robot\'s joints in the training dataset\'s order, its meta/info.json '
+                    'features.observation.state.names / action.names)', ' and '.join(defaulted) + (' are' if
+                    len(defaulted) > 1 else ' is'), ' and '.join(
+                        f'{"state" if w == "state_names" else "action"}_0 ..' for w in defaulted))
     action_names = list(action_names or [f'action_{i}' for i in range(how.action_dim)])
     if len(action_names) != how.action_dim:
         raise ConfigError(f'the checkpoint has action dim {how.action_dim}; config.yaml names '
