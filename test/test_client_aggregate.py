@@ -152,3 +152,40 @@ def test_contract_and_settings_validate_the_aggregate():
     engine = EpisodeEngine(contract(), EpisodeSettings(aggregate='weighted_average'), 'ep', LatencyWindow(),
                            send=print)
     assert engine.ensemble_coeff == 0.01       # ACT's default
+
+
+@pytest.mark.parametrize('m', [-15.0, -1000.0])
+def test_finite_negative_coefficient_never_commands_nan(m: float):
+    """A large negative m (exp(-m * i) overflows float64) still ensembles: every command finite."""
+    t = 50
+    cs = chunks(80, t, seed=1)
+    out = Rig(contract(t), aggregate='weighted_average', temporal_ensemble_coeff=m).run(
+        lambda req: cs[req.request_id - 1], 70)
+    bad = [s for s, (action, _) in enumerate(out) if not action.hold and not np.isfinite(action.values).all()]
+    assert not bad, f'm={m}: non-finite commands at ticks {bad[:5]} ... ({len(bad)} of {len(out)})'
+    assert sum(not action.hold for action, _ in out) > 60
+
+
+def test_contract_coefficient_from_the_worker_too():
+    """The same coefficient declared by a worker's contract (an ACT config.json's temporal_ensemble_coeff)."""
+    t = 50
+    cs = chunks(80, t, seed=1)
+    out = Rig(contract(t, aggregate='weighted_average', temporal_ensemble_coeff=-20.0)).run(
+        lambda req: cs[req.request_id - 1], 70)
+    bad = [s for s, (action, _) in enumerate(out) if not action.hold and not np.isfinite(action.values).all()]
+    assert not bad, f'non-finite commands at ticks {bad[:5]} ... ({len(bad)} of {len(out)})'
+
+
+@pytest.mark.parametrize('m', [-20.0, -1000.0, 30.0])
+def test_large_coefficients_equal_the_formula(m: float):
+    """Online and offline agree with ACT's formula evaluated exactly (weights scaled by their largest)."""
+    t = 50
+    cs = chunks(60, t, seed=3)
+    rows, counts = cs[0][1:], np.ones(t - 1, np.int64)
+    for k in range(1, len(cs)):
+        rows, counts = ens.merge(rows, counts, cs[k], 0, m)
+        preds = [cs[j][k - j] for j in range(max(0, k - t + 1), k + 1)]
+        ref = ens.offline(preds, m)
+        assert np.isfinite(ref).all()
+        np.testing.assert_allclose(rows[0], ref, atol=1e-5, rtol=0)
+        rows, counts = rows[1:], counts[1:]

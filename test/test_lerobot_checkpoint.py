@@ -51,7 +51,8 @@ def test_unserved_types_and_unsent_inputs_are_refused():
     env = config('diffusion', n_obs_steps=2, horizon=32, n_action_steps=16)
     env['input_features']['observation.environment_state'] = {'type': 'ENV', 'shape': [10]}
     with pytest.raises(ConfigError, match=r"'diffusion'.*observation.environment_state, which the robot does not "
-                                          r"send.*features:.*10 of them"):
+                                          r"send: name the 10 joints of observation.environment_state in "
+                                          r"config.yaml \(features:"):
         ck.plan(env)
     with pytest.raises(ConfigError, match='n_action_steps=30 > horizon - n_obs_steps'):
         ck.plan(config('diffusion', n_obs_steps=2, horizon=16, n_action_steps=30))
@@ -72,7 +73,7 @@ def test_environment_state_comes_from_named_joints():
     assert both.state_index['observation.environment_state'] == (0, 4, 5)
     with pytest.raises(ConfigError, match=r"environment_state has 3 dimensions; config.yaml names 2"):
         ck.plan(cfg, state_names=joints, features={'observation.environment_state': env[:2]})
-    with pytest.raises(ConfigError, match=r"declares \['observation.extra'\], which feed none"):
+    with pytest.raises(ConfigError, match=r"sets features\['observation.extra'\], which feed none"):
         ck.plan(cfg, state_names=joints, features={'observation.environment_state': env, 'observation.extra': ['x']})
     # LeRobot's rename_map form for a state feature the robot names otherwise
     renamed = ck.plan(cfg, state_names=joints, features={'observation.task': env},
@@ -251,3 +252,159 @@ def test_rtc_execution_horizon_covers_the_robots_delay_and_says_so_once(tmp_path
     assert [fixed.rtc_kwargs(None, 0, d)['execution_horizon'] for d in (5, 27)] == [12, 12]
     (tmp_path / 'config.json').write_text(json.dumps(config('smolvla')))   # RTC off: no RTC arguments
     assert LeRobotRunner(tmp_path, 'cpu', 'lerobot').rtc_kwargs(None, 0, 27) == {}
+
+
+def template(tmp_path: Path, monkeypatch, cfg: dict, yaml_text: str) -> Path:
+    """A lerobot template folder over a checkpoint of ``cfg`` with config.yaml ``checkpoint: ...`` + ``yaml_text``."""
+    from sequence_ai_ros.models import lerobot_runtime
+
+    monkeypatch.setattr(lerobot_runtime, 'missing', lambda checkpoint, **_: [])   # as in LeRobot's venv
+    ckpt = tmp_path / 'ckpt'
+    ckpt.mkdir(exist_ok=True)
+    (ckpt / 'config.json').write_text(json.dumps(cfg))
+    (ckpt / 'model.safetensors').write_bytes(b'')
+    pdir = tmp_path / 'mine'
+    if not pdir.exists():
+        with contextlib.redirect_stdout(io.StringIO()):
+            assert cli.main(['init', 'lerobot', str(pdir)]) == 0
+    (pdir / 'config.yaml').write_text(f'checkpoint: {ckpt}\ndevice: cpu\n{yaml_text}')
+    return pdir / 'policy.py'
+
+
+SMOLVLA_RTC = config('smolvla', chunk_size=50, n_action_steps=50, rtc_config={'enabled': True, 'execution_horizon': 10})
+
+
+@pytest.mark.parametrize(('cfg', 'yaml_text', 'message'), [
+    (SMOLVLA_RTC, 'rtc_execution_horizon: 0\n',
+     r"rtc_execution_horizon: 0 is not null or an integer 1 \.\. the checkpoint's chunk_size"),
+    (SMOLVLA_RTC, 'rtc_execution_horizon: -5\n', r'rtc_execution_horizon: -5 is not'),
+    (SMOLVLA_RTC, 'rtc_execution_horizon: abc\n', r"rtc_execution_horizon: 'abc' is not"),
+    (SMOLVLA_RTC, 'rtc_execution_horizon: 10.7\n', r'rtc_execution_horizon: 10.7 is not'),
+    (SMOLVLA_RTC, 'rtc_execution_horizon: 1000\n', r'rtc_execution_horizon: 1000 is not null or an integer 1 \.\. 50'),
+    (config('smolvla'), 'rtc_execution_horizon: 12\n', r"rtc_execution_horizon: 12 is set, but this 'smolvla' "
+                                                        r'checkpoint does not enable real-time chunking'),
+    (config(), 'rename_map: [a, b]\n', r"config.yaml rename_map: \['a', 'b'\] is not a mapping robot feature key"),
+    (config(), 'hub_snapshots: [x]\n', r"config.yaml hub_snapshots: \['x'\] is not a mapping repo id"),
+    (config(), 'hub_snapshots: {repo: null}\n', r"config.yaml hub_snapshots: \{'repo': None\} is not a mapping"),
+    (config(), 'fps: 0\n', r'config.yaml fps: 0 is not a finite number > 0'),
+    (config(), 'chunk_length: 0\n', r'config.yaml chunk_length: 0 is not null .* or an integer >= 1'),
+    (config(), f'noise_seed: {2**70}\n', r'config.yaml noise_seed: 1180591620717411303424 is not null or an integer 0'),
+    (config(), 'noise_seed: x\n', r"config.yaml noise_seed: 'x' is not null or an integer"),
+    (config(), 'state_names: [[a], [b]]\n', r'config.yaml state_names: .* is not a list of joint names'),
+    (config(), 'rename_map: {observation.images.cam: observation.images.cam_high}\n'
+               'hub_snapshots: {google/paligemma-3b-pt-224: /x}\n',
+     r"hub_snapshots names \['google/paligemma-3b-pt-224'\], which this 'act' checkpoint does not load; it loads "
+     r'no backbone repo'),
+    (config(), 'rename_map: {observation.images.a/b: observation.images.cam_high}\n',
+     r"camera key: 'a/b' is outside the limit \(a letter or digit"),
+])
+def test_bad_config_values_are_refused_at_deploy_naming_the_key(tmp_path, seq_home, monkeypatch, cfg, yaml_text,
+                                                                message):
+    """Every config.yaml value outside its range is a ConfigError naming the key and what it allows."""
+    from sequence_ai_ros.exceptions import DeploymentError
+
+    with pytest.raises(DeploymentError, match=message):
+        load_policy_file(template(tmp_path, monkeypatch, cfg, yaml_text))
+
+
+def test_rtc_execution_horizon_in_range_and_nested_names_are_taken(tmp_path, seq_home, monkeypatch):
+    """rtc_execution_horizon 1 .. chunk_size is taken; v2.1 info.json's nested names [[...]] are flattened."""
+    cfg = dict(SMOLVLA_RTC, input_features={'observation.state': {'type': 'STATE', 'shape': [2]},
+                                            'observation.images.cam_high': {'type': 'VISUAL', 'shape': [3, 8, 8]}},
+               output_features={'action': {'type': 'ACTION', 'shape': [2]}})
+    d = load_policy_file(template(tmp_path, monkeypatch, cfg, 'rtc_execution_horizon: 50\n'
+                                                              'state_names: [[j0, j1]]\naction_names: [[a0, a1]]\n'))
+    assert d.contract.observation.state_names == ('j0', 'j1') and d.contract.action_names == ('a0', 'a1')
+
+
+def test_artifacts_add_the_backbone_snapshot_that_loading_uses(tmp_path, seq_home, monkeypatch):
+    """The version covers the checkpoint and each backbone repo's located snapshot, never the whole hub cache."""
+    repo = 'google/paligemma-3b-pt-224'
+    path = template(tmp_path, monkeypatch, config('pi0'), '')
+    ckpt = tmp_path / 'ckpt'
+    (ckpt / 'policy_preprocessor.json').write_text(json.dumps({'steps': [
+        {'registry_name': 'tokenizer_processor', 'config': {'tokenizer_name': repo}}]}))
+    cache = tmp_path / 'hub'
+    snap = cache / 'models--google--paligemma-3b-pt-224' / 'snapshots' / 'abc'
+    snap.mkdir(parents=True)
+    for name in ('tokenizer_config.json', 'tokenizer.json'):
+        (snap / name).write_text('{}')
+    (cache / 'models--other--repo').mkdir()                      # another repo in the same cache: not hashed
+    (path.parent / 'config.yaml').write_text(f'checkpoint: {ckpt}\ndevice: cpu\nhub_cache: {cache}\n')
+    d = load_policy_file(path)
+    assert d.cls.artifacts(d.config) == [ckpt, snap]
+    local = tmp_path / 'local'
+    local.mkdir()
+    for name in ('tokenizer_config.json', 'tokenizer.model'):
+        (local / name).write_text('')
+    (path.parent / 'config.yaml').write_text(f'checkpoint: {ckpt}\ndevice: cpu\nhub_cache: {cache}\n'
+                                             f'hub_snapshots: {{{repo}: {local}}}\n')
+    d = load_policy_file(path)
+    assert d.cls.artifacts(d.config) == [ckpt, local]
+    from sequence_ai_ros.worker import content
+    fp = content.fingerprint(d)
+    assert str(local / 'tokenizer.model') in fp.files and not any(str(cache) in f for f in fp.files)
+
+
+def test_rtc_refuses_a_tail_longer_than_the_served_chunk_and_skips_a_foreign_one(tmp_path: Path, caplog):
+    """A tail of more rows than were served would in-paint executed rows; one unlike the served rows is not guided."""
+    import numpy as np
+
+    from sequence_ai_ros.exceptions import ContractViolation
+    from sequence_ai_ros.models.lerobot_runtime import LeRobotRunner, Raw
+
+    (tmp_path / 'config.json').write_text(json.dumps(SMOLVLA_RTC))
+    runner = LeRobotRunner(tmp_path, 'cpu', 'lerobot')
+    served = np.arange(50 * 26, dtype=np.float32).reshape(50, 26)
+    previous = Raw(model=np.zeros((50, 32), np.float32), served=50, actions=served)
+    with pytest.raises(ContractViolation, match='chunk_tail has 80 rows, more than the 50 of the last served chunk'):
+        runner.rtc_kwargs(previous, np.zeros((80, 26), np.float32), 10)
+    with caplog.at_level('WARNING', logger='sequence_ai_ros.models.lerobot_runtime'):
+        for _ in range(2):
+            kw = runner.rtc_kwargs(previous, served[30:] + 1.0, 10)
+    assert kw == {'inference_delay': 10, 'execution_horizon': 10}          # no leftover: not guided
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and 'not the last served chunk' in warned[0] and 'max difference 1' in warned[0]
+
+
+def test_rtc_delay_warning_in_the_dry_run_names_the_dry_run(tmp_path: Path, caplog):
+    from sequence_ai_ros.models.lerobot_runtime import LeRobotRunner
+
+    (tmp_path / 'config.json').write_text(json.dumps(SMOLVLA_RTC))
+    runner = LeRobotRunner(tmp_path, 'cpu', 'lerobot')
+    runner.dry_run = True
+    with caplog.at_level('WARNING', logger='sequence_ai_ros.models.lerobot_runtime'):
+        runner.rtc_kwargs(None, 0, 12)
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and "seq deploy's dry run (a synthetic request, no robot) expects 12" in warned[0]
+
+
+@pytest.mark.parametrize(('flag', 'value', 'message'), [('--chunks', '1', 'expected an integer >= 2'),
+                                                        ('--delay', '0', 'expected an integer >= 1')])
+def test_gpu_check_refuses_values_it_cannot_check_before_deploying(flag, value, message):
+    """`--chunks 1` or `--delay 0` ran a whole deploy, then failed on max() of no seam gaps."""
+    import os
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parent / 'gpu' / 'check_policy.py'
+    env = {**os.environ, 'PYTHONPATH': str(script.parents[2])}
+    out = subprocess.run([sys.executable, str(script), '--checkpoint', 'x', '--rtc', flag, value], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and f'argument {flag}: {message}' in out.stderr, out.stderr
+
+
+def test_empty_state_and_action_names_are_warned_about_at_deploy(caplog):
+    base = load_policy_file(HOLD).contract
+    with caplog.at_level('WARNING', logger='sequence_ai_ros.models.lerobot_checkpoint'):
+        ck.contract_for(base, config(), action_space='joint_absolute', fps=30, state_names=None, action_names=None,
+                        chunk_length=None)
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and 'state_names and action_names are empty' in warned[0]
+    assert 'state_0 .. and action_0 ..' in warned[0] and 'meta/info.json' in warned[0]
+    caplog.clear()
+    names = [f'j{i}' for i in range(26)]
+    with caplog.at_level('WARNING', logger='sequence_ai_ros.models.lerobot_checkpoint'):
+        ck.contract_for(base, config(), action_space='joint_absolute', fps=30, state_names=names, action_names=names,
+                        chunk_length=None)
+    assert caplog.records == []

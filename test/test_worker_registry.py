@@ -115,6 +115,28 @@ def test_a_version_is_policy_config_and_checkpoint_validated_once(tmp_path, seq_
         Registry().load('versioned')
 
 
+def test_a_checkpoint_swapped_after_serve_starts_is_never_loaded(tmp_path, seq_home):
+    """`seq serve` checks the content at start, but the weights load at the first handshake: checked again there."""
+    path = write(tmp_path, 'swapped', ARTIFACT, config='scale: 2.5\n')
+    ckpt = path.parent / 'ckpt'
+    ckpt.mkdir()
+    (ckpt / 'model.safetensors').write_bytes(b'\0' * 4096)
+    deploy(path)
+    server = create_server(['swapped'])                              # checked here: unchanged
+    try:
+        (ckpt / 'model.safetensors').write_bytes(b'\0' * 8192)       # swapped before anything loads
+        ch = channel(server.port)
+        stub = pb_grpc.PolicyServiceStub(ch)
+        handshake(stub, 'swapped')
+        reply = wait_ready(stub, 'swapped')
+        assert not reply.ready and reply.state == 'failed', reply
+        assert 'model.safetensors changed' in reply.message and 'since version 1' in reply.message, reply.message
+        assert 'seq deploy' in reply.message
+        ch.close()
+    finally:
+        server.stop()
+
+
 @pytest.mark.parametrize(('name', 'text', 'config', 'message'), [
     ('broken_import', HEADER + 'import definitely_not_a_module_xyz\n', None, "No module named 'definitely_not"),
     ('syntax', HEADER + 'def (:\n', None, 'SyntaxError'),
@@ -240,3 +262,36 @@ def test_seq_serve_process_prints_its_address_and_stops_on_sigterm(tmp_path, seq
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=15) == 0
     assert 'stopping' in proc.stdout.read()
+
+
+@pytest.mark.parametrize('value', ['inf', 'nan', '0', '-3', 'abc', '1e9'])
+def test_deploy_timeout_out_of_range_is_refused_by_argparse(tmp_path, seq_home, capsys, value):
+    """`seq deploy --timeout inf` was an OverflowError traceback from the thread join."""
+    path = write(tmp_path, 'good', GOOD)
+    with pytest.raises(SystemExit) as exit_info:
+        run(capsys, 'deploy', str(path), '--timeout', value)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and '--timeout' in err and 'expected seconds, 0 < S <= 86400' in err, err
+    assert Registry().list() == []
+
+
+BATCHED = HEADER + textwrap.dedent('''
+    @seq.policy(action_space='joint_absolute', action_names=['x', 'y'], dt=0.05, chunk_length=4,
+                batching=seq.Batching(max_batch_size=4, max_wait_s=0.001))
+    class P:
+        def infer(self, inp, episode):
+            return self.infer_batch([inp], [episode])[0]
+
+        def infer_batch(self, inputs, episodes):
+            if any(len(inp.chunk_tail) for inp in inputs) and len(inputs) > 1:
+                raise RuntimeError('element 0 of tensors does not require grad')
+            return [np.zeros((4, 2), np.float32) for _ in inputs]
+''')
+
+
+def test_the_batched_dry_run_sends_a_tail_when_the_single_one_does(tmp_path, seq_home):
+    """A batched in-painting path that fails is refused at deploy, as the single one is."""
+    with pytest.raises(DeploymentError, match=r'dry batched inference with a chunk tail \(2 rows\) failed: '
+                                              r'RuntimeError: element 0'):
+        deploy(write(tmp_path, 'batched', BATCHED))
+    assert Registry().list() == []

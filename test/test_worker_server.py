@@ -395,3 +395,36 @@ def test_inference_is_shared_round_robin_between_busy_robots(tmp_path):
             t.join(timeout=10)
         # Serialized inference of 10 ms: about 150 calls shared; round-robin keeps the shares even.
         assert sum(counts) > 30 and min(counts) >= 0.7 * max(counts), counts
+
+
+def test_a_request_dropped_by_a_cancelled_rpc_logs_no_unretrieved_future(caplog):
+    """B's request waits behind A's inference; B's RPC is cancelled, so it is dropped: no asyncio error is logged."""
+    import gc
+
+    server = serve_policy_file(POLICIES / 'slow_episodes.py', port=0, latency_s=1.0)
+    try:
+        ch = channel(server.port)
+        stub = pb_grpc.PolicyServiceStub(ch)
+        handshake(stub, 'slow_episodes')
+        assert wait_ready(stub, 'slow_episodes').ready
+        names = ['frame', 'request']
+        a, b = Stream(stub, 'slow_episodes', 'ep-a'), Stream(stub, 'slow_episodes', 'ep-b')
+        a.start()
+        b.start()
+        with caplog.at_level('ERROR', logger='asyncio'):
+            a.send(observation=state_request(1, np.zeros(2), names))
+            time.sleep(0.2)                                   # A's inference runs (1 s)
+            b.send(observation=state_request(1, np.zeros(2), names))
+            time.sleep(0.3)                                   # B's request waits in the queue, then B is gone
+            b.cancel()
+            assert a.recv(timeout=10).HasField('chunk')
+            assert a.end().HasField('ended')
+            for _ in range(3):                                # the dropped future is collected on the loop
+                gc.collect()
+                time.sleep(0.1)
+        ch.close()
+    finally:
+        server.stop()
+    gc.collect()
+    never = [r.getMessage() for r in caplog.records if 'never retrieved' in r.getMessage()]
+    assert never == [], never

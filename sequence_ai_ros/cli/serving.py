@@ -74,6 +74,21 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     return 0
 
 
+#: the longest dry-run bound ``--timeout`` takes (s): a day; a thread join takes no more than threading.TIMEOUT_MAX
+MAX_DRY_RUN_TIMEOUT_S = 86400.0
+
+
+def _dry_run_timeout(text: str) -> float:
+    """``--timeout S``: a finite number of seconds, 0 < S <= :data:`MAX_DRY_RUN_TIMEOUT_S`."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float('nan')
+    if not 0 < value <= MAX_DRY_RUN_TIMEOUT_S:    # false for nan and inf too
+        raise argparse.ArgumentTypeError(f'expected seconds, 0 < S <= {MAX_DRY_RUN_TIMEOUT_S:g}, got {text!r}')
+    return value
+
+
 def _read_token(path: str | None) -> str | None:
     if path is None:
         return None
@@ -235,7 +250,7 @@ def add_parsers(sub: Any, groups: dict[str, Any]) -> None:
     p = sub.add_parser('deploy', help='validate a policy.py (import, contract, dry run) and register it')
     p.add_argument('path', help='NAME/policy.py')
     p.add_argument('--name', help='deployment name (default: the policy folder name)')
-    p.add_argument('--timeout', type=float, default=DRY_RUN_TIMEOUT_S, metavar='S',
+    p.add_argument('--timeout', type=_dry_run_timeout, default=DRY_RUN_TIMEOUT_S, metavar='S',
                    help=f'fail when the dry run (construct, load, one inference) takes over S seconds '
                         f'(default {DRY_RUN_TIMEOUT_S:g})')
     p.add_argument('--isolation', choices=('process', 'none'), default='process',

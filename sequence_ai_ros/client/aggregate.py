@@ -9,7 +9,10 @@ Hardware", Algorithm 2; LeRobot's ``ACTTemporalEnsembler``): the step's action i
 older predictions more; ACT's default m = 0.01). ``average`` is the same with m = 0.
 
 It is computed online, as LeRobot does: each step keeps its running average ``A_n`` and count ``n``; a new
-prediction ``a`` makes ``A_{n+1} = (A_n * C_{n-1} + a * w_n) / C_n`` with ``C_k = w_0 + ... + w_k``.
+prediction ``a`` makes ``A_{n+1} = (A_n * C_{n-1} + a * w_n) / C_n`` with ``C_k = w_0 + ... + w_k``. The two
+factors ``C_{n-1} / C_n`` and ``w_n / C_n`` are computed in log space (``log C_k`` by log-sum-exp), so they lie in
+[0, 1] for any finite m: a large negative m (``exp(-m * i)`` overflows float64 from ``-m * i > 709``) weighs the
+newest prediction almost alone instead of giving inf / inf = NaN.
 """
 
 from __future__ import annotations
@@ -31,6 +34,13 @@ def coefficient(aggregate: str, temporal_ensemble_coeff: float) -> float | None:
     return float(temporal_ensemble_coeff) if aggregate == 'weighted_average' else 0.0
 
 
+def _factors(coeff: float, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``C_{n-1} / C_n`` and ``w_n / C_n`` for each count n >= 1, float64, stable for any finite m."""
+    log_w = -float(coeff) * np.arange(int(n.max()) + 1, dtype=np.float64)
+    log_c = np.logaddexp.accumulate(log_w)                   # log C_k = log(w_0 + ... + w_k)
+    return np.exp(log_c[n - 1] - log_c[n]), np.exp(log_w[n] - log_c[n])
+
+
 def merge(old: np.ndarray, old_counts: np.ndarray, new: np.ndarray, offset: int, coeff: float,
           *, extend: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Fold a new chunk into the running ensemble.
@@ -44,6 +54,7 @@ def merge(old: np.ndarray, old_counts: np.ndarray, new: np.ndarray, offset: int,
     :param extend: keep the old rows past the new chunk's end (False: the new chunk is the last).
     :returns: (float32 (L, D) rows from the new chunk's first step, int (L,) counts); L = T, or the old
         chunk's end when it reaches further and ``extend``.
+    :raises ValueError: when a merged row is not finite (a non-finite input; never from m alone).
     """
     t_new, t_old = new.shape[0], old.shape[0]
     length = max(t_new, t_old - offset) if extend else t_new
@@ -58,12 +69,13 @@ def merge(old: np.ndarray, old_counts: np.ndarray, new: np.ndarray, offset: int,
     counts[only_old] = old_counts[j[only_old]]
     if both.any():
         n = old_counts[j[both]].astype(np.int64)               # predictions so far: the new one is the n-th
-        w = np.exp(-coeff * np.arange(int(n.max()) + 1, dtype=np.float64))
-        cum = np.cumsum(w)
-        avg = old[j[both]].astype(np.float64) * cum[n - 1][:, None]
-        avg += new[np.arange(length)[both]].astype(np.float64) * w[n][:, None]
-        rows[both] = (avg / cum[n][:, None]).astype(np.float32)
+        keep, take = _factors(coeff, n)
+        avg = old[j[both]].astype(np.float64) * keep[:, None]
+        avg += new[np.arange(length)[both]].astype(np.float64) * take[:, None]
+        rows[both] = avg.astype(np.float32)
         counts[both] = n + 1
+    if not np.isfinite(rows).all():
+        raise ValueError(f'temporal ensembling (m={coeff}) produced non-finite rows from finite chunks')
     return rows, counts
 
 
@@ -72,7 +84,8 @@ def offline(predictions: list[np.ndarray], coeff: float) -> np.ndarray:
 
     :param predictions: the step's predicted actions, float (D,) each, oldest first.
     """
-    w = np.exp(-coeff * np.arange(len(predictions), dtype=np.float64))
+    log_w = -float(coeff) * np.arange(len(predictions), dtype=np.float64)
+    w = np.exp(log_w - log_w.max())                          # scaled by the largest weight: no overflow
     return (w[:, None] * np.stack(predictions).astype(np.float64)).sum(axis=0) / w.sum()
 
 

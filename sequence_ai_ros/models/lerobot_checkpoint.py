@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from sequence_ai_ros.exceptions import ConfigError
 from sequence_ai_ros.protocol.contract import CameraSpec, Contract, ObservationContract
 from sequence_ai_ros.protocol.spaces import ActionSpace
 
+log = logging.getLogger(__name__)
 IMAGE_PREFIX = 'observation.images.'
 #: LeRobot's key of a single camera (its simulation datasets: pusht, xarm, ...)
 IMAGE_KEY = 'observation.image'
@@ -300,9 +302,20 @@ def _padding(kind: str, cfg: dict[str, Any], padded: list[str], present: list[st
                             'the model would see fewer images than it was trained with)')
 
 
+def _unsent_hint(key: str, src: str | None, rename: dict[str, str], dim: int) -> str:
+    """How to feed checkpoint feature ``key`` (``src``: the robot feature meant to feed it, None: renamed away)."""
+    if src is None:
+        return (f'rename_map takes the robot\'s {key} to {rename[key]} and maps nothing onto {key}; map a robot '
+                f'feature onto it (rename_map: {{ROBOT_KEY: {key}}}) and name that feature\'s {dim} joints')
+    where = 'state_names' if src == STATE_KEY else f'features: {{{src}: [joint, ...]}}'
+    via = f' (rename_map feeds it from {src})' if src != key else ''
+    return f'name the {dim} joints of {src} in config.yaml ({where}){via}'
+
+
 def plan(cfg: dict[str, Any], *, rename_map: dict[str, str] | None = None,
          features: dict[str, list[str]] | None = None, state_names: list[str] | None = None,
-         pad_cameras: list[str] | None = None, chunk_length: int | None = None) -> ServingPlan:
+         pad_cameras: list[str] | None = None, chunk_length: int | None = None,
+         rtc_execution_horizon: int | None = None) -> ServingPlan:
     """Decide how ``cfg`` (a checkpoint's config.json) is served, or refuse it.
 
     The robot's features are its cameras (``observation.images.<camera>``), ``observation.state`` (the
@@ -322,6 +335,8 @@ def plan(cfg: dict[str, Any], *, rename_map: dict[str, str] | None = None,
     :param pad_cameras: checkpoint cameras (names or full keys) the robot lacks.
     :param chunk_length: actions per chunk; default the checkpoint's ``n_action_steps`` (``chunk_size``
         for an ACT with temporal ensembling, whose overlapping chunks the robot averages).
+    :param rtc_execution_horizon: config.yaml's fixed RTC execution horizon: an integer 1 .. chunk_size, only
+        for a checkpoint whose ``rtc_config.enabled`` is true; None = from the checkpoint and the delay.
     :raises ConfigError: naming the policy type and the reason when it cannot be served correctly, or the
         config.yaml entry that is wrong.
     """
@@ -379,8 +394,8 @@ def plan(cfg: dict[str, Any], *, rename_map: dict[str, str] | None = None,
             continue
         src = fed_by(key)
         if src is None or src not in robot:
-            raise _refuse(kind, f'it is conditioned on {key}, which the robot does not send: name its joints in '
-                                f'config.yaml (features: {{{key}: [joint, ...]}}, {_dim(feat)} of them)')
+            raise _refuse(kind, f'it is conditioned on {key}, which the robot does not send: '
+                                + _unsent_hint(key, src, rename, _dim(feat)))
         names = robot[src]
         if names is None:
             names = tuple(f'state_{i}' for i in range(_dim(feat)))
@@ -391,8 +406,12 @@ def plan(cfg: dict[str, Any], *, rename_map: dict[str, str] | None = None,
         used.add(src)
     idle = sorted(k for k, v in robot.items() if k not in used and (v is not None))
     if idle:
-        raise ConfigError(f'config.yaml declares {idle}, which feed none of the checkpoint\'s inputs '
-                          f'({sorted(k for k, f in inputs.items() if f.get("type") != "VISUAL")})')
+        named = ['state_names (the robot\'s observation.state)' if k == STATE_KEY else f'features[{k!r}]'
+                 for k in idle]
+        fed = {k: fed_by(k) for k, f in inputs.items() if f.get('type') != 'VISUAL'}
+        raise ConfigError(f'config.yaml sets {", ".join(named)}, which feed none of the checkpoint\'s inputs; '
+                          'they are fed as ' + ', '.join(f'{k} <- {v}' for k, v in fed.items())
+                          + ' (rename_map robot key -> checkpoint key); remove the unused entries')
     contract_names = tuple(dict.fromkeys(n for names in state.values() for n in names))
     # chunks
     n_obs = int(cfg.get('n_obs_steps') or 1)
@@ -413,16 +432,30 @@ def plan(cfg: dict[str, Any], *, rename_map: dict[str, str] | None = None,
         raise _refuse(kind, f'chunk_length {steps} exceeds the checkpoint\'s n_action_steps {n_action}')
     rtc = cfg.get('rtc_config') or {}
     rtc_horizon = int(rtc.get('execution_horizon') or 10) if kind in FLOW_MATCHING and rtc.get('enabled') else None
+    _check_rtc_horizon(kind, rtc_execution_horizon, rtc_horizon, int(cfg.get('chunk_size') or horizon))
     return ServingPlan(policy_type=kind, history=n_obs if kind == 'diffusion' else 1, steps=steps,
                        cameras=cameras, sizes=sizes, horizon=horizon, action_dim=action_dim, rtc_horizon=rtc_horizon,
                        padded=tuple(padded), state=state, state_names=contract_names, aggregate=aggregate,
                        temporal_ensemble_coeff=coeff)
 
 
+def _check_rtc_horizon(kind: str, value: object, rtc_horizon: int | None, chunk_size: int) -> None:
+    """Refuse a config.yaml ``rtc_execution_horizon`` that is not an integer 1 .. chunk_size, or set without RTC."""
+    if value is None:
+        return
+    if rtc_horizon is None:
+        raise ConfigError(f'config.yaml rtc_execution_horizon: {value!r} is set, but this {kind!r} checkpoint does '
+                          'not enable real-time chunking (rtc_config.enabled in its config.json); remove the key')
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= chunk_size:
+        raise ConfigError(f'config.yaml rtc_execution_horizon: {value!r} is not null or an integer 1 .. {chunk_size} '
+                          '(the checkpoint\'s chunk_size)')
+
+
 def contract_for(contract: Contract, cfg: dict[str, Any], *, action_space: str, fps: float,
                  state_names: list[str] | None, action_names: list[str] | None,
                  chunk_length: int | None, rename_map: dict[str, str] | None = None,
-                 features: dict[str, list[str]] | None = None, pad_cameras: list[str] | None = None) -> Contract:
+                 features: dict[str, list[str]] | None = None, pad_cameras: list[str] | None = None,
+                 rtc_execution_horizon: int | None = None) -> Contract:
     """Build the contract from a checkpoint config.
 
     Cameras (renamed, at the checkpoint's size; padded ones declared), state joints, dims, history, aggregate.
@@ -435,10 +468,18 @@ def contract_for(contract: Contract, cfg: dict[str, Any], *, action_space: str, 
     :param rename_map: robot feature key -> checkpoint feature key (see :func:`plan`).
     :param features: further state features -> joint names (see :func:`plan`).
     :param pad_cameras: checkpoint cameras the robot lacks (see :func:`plan`).
+    :param rtc_execution_horizon: config.yaml's fixed RTC execution horizon (see :func:`plan`).
     :raises ConfigError: when names do not match the checkpoint's dimensions, or :func:`plan` refuses.
     """
     how = plan(cfg, rename_map=rename_map, features=features, state_names=state_names, pad_cameras=pad_cameras,
-               chunk_length=chunk_length)
+               chunk_length=chunk_length, rtc_execution_horizon=rtc_execution_horizon)
+    defaulted = [what for what, given in (('state_names', state_names), ('action_names', action_names)) if not given]
+    if defaulted:   # config.json names no joints: the robot must send these exact names, or every request fails
+        log.warning('config.yaml %s empty: the contract names them %s; a robot must send exactly these names '
+                    '(set them to the robot\'s joints in the training dataset\'s order, its meta/info.json '
+                    'features.observation.state.names / action.names)', ' and '.join(defaulted) + (' are' if
+                    len(defaulted) > 1 else ' is'), ' and '.join(
+                        f'{"state" if w == "state_names" else "action"}_0 ..' for w in defaulted))
     action_names = list(action_names or [f'action_{i}' for i in range(how.action_dim)])
     if len(action_names) != how.action_dim:
         raise ConfigError(f'the checkpoint has action dim {how.action_dim}; config.yaml names '

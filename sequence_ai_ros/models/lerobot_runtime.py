@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from sequence_ai_ros.exceptions import MissingDependency, PolicyException
+from sequence_ai_ros.exceptions import ContractViolation, MissingDependency, PolicyException
 from sequence_ai_ros.models.lerobot_checkpoint import (
     FLOW_MATCHING,
     IMAGE_PREFIX,
@@ -66,6 +66,8 @@ OFFLINE = {'HF_HUB_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1', 'TRANSFORMERS_OFFL
 LEROBOT_HINT = 'pip install -r requirements-lerobot.txt (LeRobot 0.6.x, Python >= 3.12)'
 #: RTC's leftover in robot units (a relative-action policy re-anchors it on the new state after preprocessing)
 LEFT_OVER_ABSOLUTE = 'prev_chunk_left_over_absolute'
+#: how close the robot's chunk_tail must be to the served rows (robot units) for RTC to guide from them
+TAIL_TOLERANCE = {'rtol': 1e-4, 'atol': 1e-4}
 log = logging.getLogger(__name__)
 
 
@@ -201,10 +203,14 @@ class LeRobotRunner:
         self.hub_cache = hub_cache or default_hub_cache()
         self.hub_snapshots = dict(hub_snapshots or {})
         self.cfg = read_config(checkpoint) if (checkpoint / 'config.json').is_file() else {}
-        self.plan: ServingPlan | None = plan(self.cfg, **serving) if self.cfg else None
+        self.plan: ServingPlan | None = (plan(self.cfg, rtc_execution_horizon=rtc_execution_horizon, **serving)
+                                         if self.cfg else None)
         self.rtc_execution_horizon = rtc_execution_horizon
         self.action_names = list(action_names) if action_names else None
         self._delay_logged = False
+        self._mismatch_logged = False
+        #: set by the caller for seq deploy's dry run (its synthetic requests are worded as such in the logs)
+        self.dry_run = False
         self.policy: Any = None
         self.pre: Any = None
         self.post: Any = None
@@ -235,7 +241,8 @@ class LeRobotRunner:
 
         if self.device.startswith('cuda') and not torch.cuda.is_available():
             raise MissingDependency(f'the {self.template} template needs a CUDA GPU (device {self.device!r}); '
-                                    'torch.cuda.is_available() is False')
+                                    'torch.cuda.is_available() is False: set `device: cpu` in config.yaml to run '
+                                    'on this machine\'s CPU (or `device: mps` on Apple silicon)')
         config = PreTrainedConfig.from_pretrained(str(self.checkpoint), local_files_only=True)
         if hasattr(config, 'pretrained_backbone_weights'):
             config.pretrained_backbone_weights = None   # ImageNet init is replaced by model.safetensors
@@ -368,17 +375,28 @@ class LeRobotRunner:
                 out[i] = (model[row], actions[row])
         return out
 
-    def rtc_kwargs(self, previous: Raw | None, tail_rows: int, delay: int) -> dict[str, Any]:
+    def rtc_kwargs(self, previous: Raw | None, tail: np.ndarray | int, delay: int) -> dict[str, Any]:
         """RTC's arguments from the episode's previous raw chunk, indexed by the tail's position.
 
         The robot's ``chunk_tail`` holds the K not-yet-executed rows of the last served chunk (robot units);
-        the same rows in model space are ``previous.model[served - K : ]`` (LeRobot 0.6 ``RTCProcessor`` wants
-        model space). A relative-action policy gets them in robot units instead (``previous.actions``), to be
-        re-anchored on the new state as LeRobot's RTC rollout does (:meth:`forward`).
+        the same rows in model space are ``previous.model[served - K : served]`` (LeRobot 0.6 ``RTCProcessor``
+        wants model space). A relative-action policy gets them in robot units instead (``previous.actions``), to
+        be re-anchored on the new state as LeRobot's RTC rollout does (:meth:`forward`).
+
+        LeRobot guides the new chunk towards the actions its queue still holds, i.e. what the robot runs. The
+        worker holds the model-space rows only of what it served, so it guides only when the robot's tail is
+        those rows (equal to the stored robot-unit rows within :data:`TAIL_TOLERANCE`); a tail that differs (the
+        robot smoothed, re-timed or replaced them) gets no guidance, logged once, rather than an in-painting
+        towards rows the robot does not run.
 
         The execution horizon (the rows guidance reaches) is :attr:`rtc_execution_horizon` when set, else
         min(chunk_size, max(the checkpoint's value, ``delay``)): rows the robot runs before the new chunk is
         read are always guided. The first request whose delay exceeds the checkpoint's value is logged.
+
+        :param tail: float32 (K, D) the robot's ``chunk_tail`` in robot units (or its row count K alone, which
+            skips the value check).
+        :raises ContractViolation: for a tail with more rows than the last served chunk (K > served: rows the
+            robot already ran would be in-painted, a jump backwards).
         """
         if self.plan is None or self.plan.rtc_horizon is None:
             return {}
@@ -386,19 +404,35 @@ class LeRobotRunner:
         horizon = self.rtc_execution_horizon or min(self.plan.horizon, max(own, delay))
         if delay > own and not self._delay_logged:
             self._delay_logged = True
-            log.warning('%s: the robot expects %d actions to run before a chunk arrives, more than the checkpoint\'s '
-                        'rtc_config.execution_horizon %d; RTC guides %d rows (%s)', self.template, delay, own, horizon,
-                        'rtc_execution_horizon in config.yaml' if self.rtc_execution_horizon else
-                        f'min(chunk_size {self.plan.horizon}, the delay)')
+            log.warning('%s: %s expects %d actions to run before a chunk arrives, more than the checkpoint\'s '
+                        'rtc_config.execution_horizon %d; RTC guides %d rows (%s)', self.template,
+                        'seq deploy\'s dry run (a synthetic request, no robot)' if self.dry_run else 'the robot',
+                        delay, own, horizon, 'rtc_execution_horizon in config.yaml' if self.rtc_execution_horizon
+                        else f'min(chunk_size {self.plan.horizon}, the delay)')
         kwargs: dict[str, Any] = {'inference_delay': delay, 'execution_horizon': int(horizon)}
-        if previous is not None and tail_rows > 0:
-            start = max(0, previous.served - int(tail_rows))
-            if self.relative is not None and previous.actions is not None:
-                kwargs[LEFT_OVER_ABSOLUTE] = self.torch.from_numpy(
-                    np.ascontiguousarray(previous.actions[start:]))[None]
-            else:
-                kwargs['prev_chunk_left_over'] = self.torch.from_numpy(
-                    np.ascontiguousarray(previous.model[start:]))[None].to(self.device)
+        rows = tail if isinstance(tail, (int, np.integer)) else len(tail)
+        if previous is None or rows <= 0:
+            return kwargs
+        if rows > previous.served:
+            raise ContractViolation(f'chunk_tail has {rows} rows, more than the {previous.served} of the last served '
+                                    'chunk: it can hold only that chunk\'s unexecuted rows')
+        start = previous.served - int(rows)
+        if not isinstance(tail, (int, np.integer)) and previous.actions is not None:
+            stored = previous.actions[start:previous.served]
+            if stored.shape != np.shape(tail) or not np.allclose(stored, tail, **TAIL_TOLERANCE):
+                if not self._mismatch_logged:
+                    self._mismatch_logged = True
+                    gap = (float(np.abs(stored - tail).max()) if stored.shape == np.shape(tail) else float('nan'))
+                    log.warning('%s: the robot\'s chunk_tail (%d rows) is not the last served chunk\'s rows (max '
+                                'difference %.3g in robot units); RTC guidance is skipped for such requests (it '
+                                'would in-paint rows the robot does not run)', self.template, rows, gap)
+                return kwargs
+        if self.relative is not None and previous.actions is not None:
+            kwargs[LEFT_OVER_ABSOLUTE] = self.torch.from_numpy(
+                np.ascontiguousarray(previous.actions[start:previous.served]))[None]
+        else:
+            kwargs['prev_chunk_left_over'] = self.torch.from_numpy(
+                np.ascontiguousarray(previous.model[start:previous.served]))[None].to(self.device)
         return kwargs
 
     def chunk(self, state: np.ndarray, images: dict[str, np.ndarray], task: str, steps: int) -> np.ndarray:

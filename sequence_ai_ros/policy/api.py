@@ -53,6 +53,10 @@ _RETIRED = {
 }
 
 
+#: :attr:`Episode.deployment` of ``seq deploy``'s dry-run episodes (synthetic requests, no robot)
+DRY_RUN_DEPLOYMENT = 'dry-run'
+
+
 @dataclasses.dataclass
 class Episode:
     """One episode as a policy sees it; the worker keeps one per ``x-episode-id``.
@@ -64,7 +68,7 @@ class Episode:
     :param reason: why the episode ended (``completed``, ``disconnect``, ``idle_timeout``...), set before
         the ``@seq.on_episode`` hook runs; None while running.
     :param started: ``time.monotonic()`` at the start (s).
-    :param deployment: the deployment serving it.
+    :param deployment: the deployment serving it (:data:`DRY_RUN_DEPLOYMENT` in ``seq deploy``'s dry run).
     """
 
     id: str

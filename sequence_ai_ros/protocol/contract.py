@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from sequence_ai_ros.exceptions import ContractViolation
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
+from sequence_ai_ros.protocol.limits import check_name
 from sequence_ai_ros.protocol.spaces import ActionSpace
 
 #: The wire protocol's version, checked exactly at the handshake. ``.2``: each telemetry frame carries its
@@ -74,6 +75,9 @@ class CameraSpec:
     def __post_init__(self) -> None:
         if not self.key:
             raise ContractViolation('camera key must not be empty')
+        # the rule every request's image keys are held to (protocol/limits.py): a contract whose camera no
+        # request could carry is refused when it is declared (at seq deploy), not at every request
+        check_name(self.key, 'camera key')
         if self.encoding not in ('jpeg', 'png', 'raw'):
             raise ContractViolation(f'camera {self.key!r}: encoding {self.encoding!r} not jpeg|png|raw')
         if self.width < 0 or self.height < 0:

@@ -418,6 +418,8 @@ class EpisodeCallHandler:
                 runtime.check_wait(active, req)
         finally:
             end_seen.cancel()
+            if not waiting.done():   # the RPC was cancelled meanwhile: its later exception is retrieved, not logged
+                waiting.add_done_callback(_consume)
 
     async def _observe(self, req: pb.ObservationRequest, nbytes: int | None = None) -> pb.EpisodeReply | None:
         """Serve one request: its chunk or a typed error; None when the episode's end arrived first (no reply)."""

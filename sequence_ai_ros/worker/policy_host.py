@@ -268,8 +268,11 @@ def serve(sock: socket.socket) -> None:
                     host.episodes.pop(eid, None)
             reply = pickle.dumps(('ok', value), protocol=5)
         except BaseException as exc:      # a policy's failure (SystemExit included) is an answer, not our end
+            from sequence_ai_ros.exceptions import ContractViolation
+
+            status = 'contract' if isinstance(exc, ContractViolation) else 'err'   # the robot's fault, typed so
             try:
-                reply = pickle.dumps(('err', describe_exc(exc)), protocol=5)
+                reply = pickle.dumps((status, describe_exc(exc)), protocol=5)
             except Exception:
                 reply = pickle.dumps(('err', f'{type(exc).__name__} (unprintable)'), protocol=5)
         try:

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sequence_ai_ros.exceptions import DeploymentError, PolicyException
+from sequence_ai_ros.exceptions import ContractViolation, DeploymentError, PolicyException
 from sequence_ai_ros.policy.loader import PolicyDefinition
 from sequence_ai_ros.worker import policy_host as wire
 
@@ -111,6 +111,7 @@ class PolicyProcess:
         :param ended: episode ids the process may forget (sent along, no extra round trip).
         :param step: what the call does, for messages (``importing``, ``loading``, ``infer``...).
         :raises RemoteError: when the policy raised.
+        :raises ContractViolation: when the policy raised ContractViolation (the request was malformed).
         :raises PolicyProcessDied: when the process is dead, dies during the call, or was killed.
         """
         with self._lock:
@@ -128,6 +129,8 @@ class PolicyProcess:
                 raise self._died(self.step, exc) from None
         if status == 'err':
             raise RemoteError(value)
+        if status == 'contract':        # the policy found the request malformed (ContractViolation)
+            raise ContractViolation(value)
         return value
 
     def _fill(self, buffers: list[pickle.PickleBuffer], spans: list[tuple[int, int]], size: int) -> None:

@@ -27,12 +27,20 @@ from typing import Any
 
 import numpy as np
 
-from sequence_ai_ros.exceptions import ConfigError, ContractViolation, EpisodeStateError, NotReady, PolicyException
+from sequence_ai_ros.exceptions import (
+    ConfigError,
+    ContractViolation,
+    DeploymentError,
+    EpisodeStateError,
+    NotReady,
+    PolicyException,
+)
 from sequence_ai_ros.policy.api import Episode, Result
 from sequence_ai_ros.policy.loader import PolicyDefinition
 from sequence_ai_ros.protocol import messages
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import Contract, clip
+from sequence_ai_ros.worker import content
 from sequence_ai_ros.worker.capture_hook import EpisodeRecorder
 from sequence_ai_ros.worker.config import ServerConfig
 from sequence_ai_ros.worker.logs import episode_fields, log_episode
@@ -158,6 +166,10 @@ class DeploymentRuntime:
         behind it get POLICY_EXCEPTION "inference exceeded N s" and the deployment is marked failed
         (health NOT_SERVING, Ready ``failed`` with the reason); a stuck thread cannot be reclaimed.
     :param load_timeout_s: deadline of construct + ``load()`` (s); past it the deployment is marked failed.
+    :param record: the registry's record of the deployed version (None when ad hoc): the load checks again,
+        just before constructing the policy, that policy.py, config.yaml and the artifacts' file list, sizes and
+        modification times are still the validated ones (:func:`~sequence_ai_ros.worker.content.changes`; a
+        checkpoint swapped after ``seq serve`` started is refused, never served as the validated version).
     :raises ConfigError: for a non-positive timeout.
     """
 
@@ -165,7 +177,7 @@ class DeploymentRuntime:
                  capture_store: Any | None = None, max_pending: int = ServerConfig.max_pending,
                  eta_hint_s: float | None = None,
                  inference_timeout_s: float = DEFAULT_INFERENCE_TIMEOUT_S,
-                 load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S) -> None:
+                 load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S, record: Any | None = None) -> None:
         for what, value in (('inference_timeout_s', inference_timeout_s), ('load_timeout_s', load_timeout_s)):
             if not value > 0:
                 raise ConfigError(f'{what} must be > 0 s, got {value}')
@@ -174,6 +186,7 @@ class DeploymentRuntime:
         self.name = name
         self.version = version
         self.definition = definition
+        self.record = record
         self.contract: Contract = definition.contract.with_names(name, version)
         self.max_message_bytes = self.contract.max_message_bytes()
         self.usage = usage
@@ -223,6 +236,11 @@ class DeploymentRuntime:
     def _load(self) -> None:
         start = time.monotonic()
         try:
+            if self.record is not None:     # the weights load now, maybe long after seq serve checked them
+                changed = content.changes(self.definition, self.record)
+                if changed:
+                    raise DeploymentError(f'{"; ".join(changed)} since version {self.version} was deployed; run '
+                                          f'`seq deploy {self.definition.path}` again to validate it as a new version')
             instance = self.definition.instantiate()
             self._instance_loading = instance
             load = getattr(instance, 'load', None)
@@ -541,6 +559,9 @@ class DeploymentRuntime:
         except PolicyProcessDied as exc:   # a crash, os._exit or kill: this deployment restarts
             self.restart(instance, str(exc))
             raise PolicyException(str(exc)) from exc
+        except ContractViolation as exc:   # the policy found the request malformed: the robot's fault, typed so
+            LOG.warning('policy %s refused episode %s request %d: %s', self.name, episode.id, inp.request_id, exc)
+            raise
         except BaseException as exc:  # SystemExit/KeyboardInterrupt inside a policy become POLICY_EXCEPTION
             LOG.warning('policy %s raised on episode %s request %d: %s', self.name, episode.id, inp.request_id,
                         describe(exc))
@@ -584,7 +605,8 @@ class DeploymentRuntime:
             if isinstance(out, BaseException):   # that request alone failed; the others of the batch are served
                 LOG.warning('policy %s failed episode %s request %d in a batch: %s', self.name, items[i][1].id,
                             items[i][0].request_id, describe(out))
-                results[i] = PolicyException(describe(out))   # typed as the single path types it
+                results[i] = (out if isinstance(out, ContractViolation)    # typed as the single path types it
+                              else PolicyException(describe(out)))
             else:
                 results[i] = (out, elapsed)
         return results

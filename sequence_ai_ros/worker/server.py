@@ -422,11 +422,12 @@ class WorkerServer:
 
 
 def _runtime(name: str, version: int, definition: PolicyDefinition, usage_path: Path | None,
-             capture_dir: Path | None, config: ServerConfig, load_s: float = 0.0) -> DeploymentRuntime:
+             capture_dir: Path | None, config: ServerConfig, load_s: float = 0.0,
+             record: Any | None = None) -> DeploymentRuntime:
     store = open_store(capture_dir, name) if capture_dir is not None else None
     return DeploymentRuntime(name, version, definition, UsageMeter(name, usage_path), capture_store=store,
                              max_pending=config.max_pending, inference_timeout_s=config.inference_timeout_s,
-                             load_timeout_s=config.load_timeout_s, eta_hint_s=load_s or None)
+                             load_timeout_s=config.load_timeout_s, eta_hint_s=load_s or None, record=record)
 
 
 def importer(config: ServerConfig, name: str, **overrides: Any) -> Any:
@@ -478,7 +479,7 @@ def create_server(deployments: list[str] | None = None, config: ServerConfig | N
         for name in names:
             rec, definition = registry.load(name, importer(config, name))
             runtimes[name] = _runtime(name, rec.version, definition, registry.usage_file, registry.capture_dir(name),
-                                      config, load_s=rec.load_s)
+                                      config, load_s=rec.load_s, record=rec)
     except BaseException:
         for runtime in runtimes.values():
             runtime.close(timeout=1.0)

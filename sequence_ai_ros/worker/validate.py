@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from sequence_ai_ros.exceptions import DeploymentError, MissingDependency
-from sequence_ai_ros.policy.api import Episode, Result
+from sequence_ai_ros.policy.api import DRY_RUN_DEPLOYMENT, Episode, Result
 from sequence_ai_ros.policy.loader import PolicyDefinition
 from sequence_ai_ros.protocol import messages
 from sequence_ai_ros.protocol.contract import Contract
@@ -56,25 +56,50 @@ def _fail(what: str, exc: BaseException) -> DeploymentError:
     return DeploymentError(f'{what}: {last}')
 
 
-def _dry_batch(instance: Any, contract: Contract, inp: Any, step: list[str]) -> None:
-    """Call ``infer_batch`` with the synthetic request of two episodes; each result must be a valid chunk."""
-    step[0] = 'running the dry batched inference (infer_batch of 2)'
-    episodes = [Episode(id=f'dry-run-{k}', instruction='seq deploy dry run', deployment='dry-run') for k in (1, 2)]
+def _dry_batch(instance: Any, contract: Contract, inp: Any, step: list[str], tail: bool) -> None:
+    """Call ``infer_batch`` with the synthetic request of two episodes; each result must be a valid chunk.
+
+    :param tail: the single pass sent a chunk tail: a second batched call then carries each episode's own
+        tail (the unexecuted half of its first chunk, as in the single pass), so a batched in-painting path
+        that fails is refused too.
+    """
+    episodes = [Episode(id=f'dry-run-{k}', instruction='seq deploy dry run', deployment=DRY_RUN_DEPLOYMENT)
+                for k in (1, 2)]
+    what = 'dry batched inference'
+    outs = _batch_pass(instance, contract, [inp, inp], episodes, what, step)
+    if not tail:
+        return
+    inputs, rows = [], 0
+    for out in outs:
+        chunk = np.asarray(out.actions if isinstance(out, Result) else out, np.float32).reshape(-1, contract.action_dim)
+        rest = chunk[len(chunk) // 2:]
+        rows, delay = len(rest), max(1, len(rest) // 2)
+        inputs.append(messages.unpack_observation(synthetic_request(contract, request_id=2, chunk_tail=rest,
+                                                                    expected_delay_actions=delay), contract))
+    if rows:
+        _batch_pass(instance, contract, inputs, episodes, f'dry batched inference with a chunk tail ({rows} rows)',
+                    step)
+
+
+def _batch_pass(instance: Any, contract: Contract, inputs: list[Any], episodes: list[Episode], what: str,
+                step: list[str]) -> list[Any]:
+    step[0] = f'running the {what} (infer_batch of {len(inputs)})'
     try:
-        outs = list(instance.infer_batch([inp, inp], episodes))
+        outs = list(instance.infer_batch(inputs, episodes))
     except BaseException as exc:
-        raise _fail('dry batched inference failed', exc) from exc
-    if len(outs) != 2:
-        raise _fail('dry batched inference failed', ValueError(f'infer_batch returned {len(outs)} chunks for 2 '
-                                                                'inputs'))
+        raise _fail(f'{what} failed', exc) from exc
+    if len(outs) != len(inputs):
+        raise _fail(f'{what} failed', ValueError(f'infer_batch returned {len(outs)} chunks for {len(inputs)} '
+                                                 'inputs'))
     for k, out in enumerate(outs):
         if isinstance(out, BaseException):
-            raise _fail('dry batched inference failed', out)
+            raise _fail(f'{what} failed', out)
         try:
             messages.pack_chunk(np.asarray(out.actions if isinstance(out, Result) else out), contract,
                                 request_id=1, episode_id=episodes[k].id, robot_time_s=0.0)
         except Exception as exc:
-            raise _fail('dry batched inference returned a bad chunk', exc) from exc
+            raise _fail(f'{what} returned a bad chunk', exc) from exc
+    return outs
 
 
 def dry_run(definition: PolicyDefinition, timeout_s: float | None = DRY_RUN_TIMEOUT_S,
@@ -135,7 +160,7 @@ def _dry_run(definition: PolicyDefinition, step: list[str]) -> dict[str, float]:
     load_s = time.monotonic() - start
     step[0] = 'building the synthetic observation'
     inp = messages.unpack_observation(synthetic_request(contract), contract)
-    episode = Episode(id=inp.episode_id, instruction='seq deploy dry run', deployment='dry-run')
+    episode = Episode(id=inp.episode_id, instruction='seq deploy dry run', deployment=DRY_RUN_DEPLOYMENT)
     start = time.monotonic()
     step[0] = 'running the dry inference'
     try:
@@ -167,7 +192,7 @@ def _dry_run(definition: PolicyDefinition, step: list[str]) -> dict[str, float]:
         except Exception as exc:
             raise _fail('dry inference with a chunk tail returned a bad chunk', exc) from exc
     if definition.spec.batching is not None:
-        _dry_batch(instance, contract, inp, step)
+        _dry_batch(instance, contract, inp, step, tail=len(tail) > 0)
     if definition.hook is not None:
         episode.reason = 'completed'
         step[0] = 'running the @seq.on_episode hook'

@@ -176,6 +176,19 @@ def check(args: argparse.Namespace, checkpoint: Path, index: int) -> dict:
     return line
 
 
+def _at_least(low: int):
+    """An argparse type: an integer >= ``low`` (a check that needs it would fail after a whole deploy)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low:
+            raise argparse.ArgumentTypeError(f'expected an integer >= {low}, got {text!r}')
+        return value
+    return parse
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--checkpoint', type=Path, action='append', required=True, help='repeat for several')
@@ -184,8 +197,10 @@ def main() -> int:
     parser.add_argument('--hub-cache', default='', help='local Hugging Face hub cache with the backbone files')
     parser.add_argument('--hub-snapshot', action='append', default=[], metavar='REPO=DIR')
     parser.add_argument('--rtc', action='store_true', help='enable RTC on flow-matching checkpoints that lack it')
-    parser.add_argument('--chunks', type=int, default=20)
-    parser.add_argument('--delay', type=int, default=5, help='expected delay (actions) sent with each tail')
+    parser.add_argument('--chunks', type=_at_least(2), default=20,
+                        help='requests per episode, >= 2 (latency skips the first; a seam needs a second)')
+    parser.add_argument('--delay', type=_at_least(1), default=5,
+                        help='expected delay (actions) sent with each tail, >= 1 (the seam gap compares tail[:d])')
     parser.add_argument('--seam-fraction', type=float, default=0.05)
     parser.add_argument('--timeout', type=float, default=180.0, help='seq deploy --timeout and --load-timeout (s)')
     parser.add_argument('--instruction', default='pick up the object')

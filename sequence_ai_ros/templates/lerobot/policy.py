@@ -26,8 +26,11 @@ from pathlib import Path
 import numpy as np
 
 import sequence_ai_ros.policy as seq
-from sequence_ai_ros.exceptions import PolicyException
+from sequence_ai_ros.exceptions import ConfigError, ContractViolation, PolicyException
+from sequence_ai_ros.models import lerobot_checkpoint as checkpoint_files
 from sequence_ai_ros.models import lerobot_runtime as runtime
+from sequence_ai_ros.models import lerobot_settings
+from sequence_ai_ros.policy.api import DRY_RUN_DEPLOYMENT
 
 HERE = Path(__file__).resolve().parent
 #: the policy types whose chunks start from noise (``noise_seed``)
@@ -41,7 +44,8 @@ def _path(value: str | None) -> Path | None:
 
 def _serving(config: dict) -> dict:
     """The config.yaml entries that decide how the checkpoint is served (models/lerobot_checkpoint.plan)."""
-    return {key: config.get(key) for key in ('rename_map', 'features', 'state_names', 'pad_cameras', 'chunk_length')}
+    return {key: config.get(key) for key in ('rename_map', 'features', 'state_names', 'pad_cameras', 'chunk_length',
+                                             'rtc_execution_horizon')}
 
 
 @seq.policy(action_space='joint_absolute', action_names=['placeholder'], dt=1 / 30, chunk_length=1,
@@ -78,44 +82,63 @@ class LeRobot:
                  pad_cameras: list[str] | None = None, robot_type: str = '', hub_cache: str = '',
                  hub_snapshots: dict[str, str] | None = None, noise_seed: int | None = None,
                  rtc_execution_horizon: int | None = None) -> None:
+        given = lerobot_settings.check({k: v for k, v in locals().items() if k != 'self'})
         path = _path(checkpoint)
         runtime.require(path, 'lerobot')
         assert path is not None
         self.runner = runtime.LeRobotRunner(
-            path, device, 'lerobot', robot_type=robot_type, hub_cache=_path(hub_cache),
-            hub_snapshots={repo: _path(d) for repo, d in (hub_snapshots or {}).items()}, **_serving(
-                {'rename_map': rename_map, 'features': features, 'state_names': state_names,
-                 'pad_cameras': pad_cameras, 'chunk_length': chunk_length}),
-            rtc_execution_horizon=rtc_execution_horizon, action_names=action_names)
+            path, given['device'], 'lerobot', robot_type=robot_type, hub_cache=_path(hub_cache),
+            hub_snapshots={repo: _path(d) for repo, d in given['hub_snapshots'].items()}, **_serving(given),
+            action_names=given['action_names'])
         self.runner.check_hub_files()
         assert self.runner.plan is not None
         self.steps = self.runner.plan.steps
-        self.noise_seed = noise_seed
+        self.noise_seed = given['noise_seed']
 
     @classmethod
     def configure_contract(cls, contract: seq.Contract, config: dict) -> seq.Contract:
         """Return the checkpoint's contract; cheap (reads config.json, imports nothing heavy).
 
         :raises MissingDependency: when torch, lerobot>=0.4 or the checkpoint files are missing.
-        :raises ConfigError: when the checkpoint cannot be served correctly (names its type and why).
+        :raises ConfigError: when the checkpoint cannot be served correctly (names its type and why), a
+            config.yaml value is outside its range (names the key and what it allows), or ``hub_snapshots`` names
+            a repo the checkpoint does not load.
         """
+        config = lerobot_settings.check(config)
         path = _path(config.get('checkpoint'))
         runtime.require(path, 'lerobot')
         assert path is not None
-        return runtime.contract_for(contract, runtime.read_config(path),
-                                    action_space=config.get('action_space', 'joint_absolute'),
-                                    fps=float(config.get('fps', 30.0)), action_names=config.get('action_names'),
+        cfg = runtime.read_config(path)
+        needed = [need.repo_id for need in checkpoint_files.hub_needs(path, cfg)]
+        stray = sorted(set(config.get('hub_snapshots') or {}) - set(needed))
+        if stray:
+            raise ConfigError(f'config.yaml hub_snapshots names {stray}, which this {cfg.get("type")!r} '
+                                      f'checkpoint does not load; it loads {needed or "no backbone repo"}')
+        return runtime.contract_for(contract, cfg, action_space=config.get('action_space', 'joint_absolute'),
+                                    fps=config.get('fps', 30.0), action_names=config.get('action_names'),
                                     **_serving(config))
 
     @classmethod
     def artifacts(cls, config: dict) -> list[Path]:
         """What a deployment version hashes besides policy.py and config.yaml (once, at ``seq deploy``).
 
-        The checkpoint directory and the backbone snapshot directories of ``hub_snapshots``.
+        The checkpoint directory and, for each backbone repo it loads, the one snapshot directory that
+        loading uses (from ``hub_snapshots`` or ``hub_cache``, as :func:`~.lerobot_checkpoint.locate` finds it;
+        never the whole cache), so a changed processor or tokenizer is a new version too.
         """
-        paths = [_path(config.get('checkpoint'))]
-        paths += [_path(d) for d in (config.get('hub_snapshots') or {}).values()]
-        return [p for p in paths if p is not None]
+        config = lerobot_settings.check(config)
+        path = _path(config.get('checkpoint'))
+        if path is None:
+            return []
+        paths = [path]
+        if (path / 'config.json').is_file():
+            cache = _path(config.get('hub_cache')) or runtime.default_hub_cache()
+            snapshots = {repo: _path(d) for repo, d in (config.get('hub_snapshots') or {}).items()}
+            for need in checkpoint_files.hub_needs(path, runtime.read_config(path)):
+                found, _ = checkpoint_files.locate(need, cache, snapshots)
+                if found is not None:
+                    paths.append(found)
+        return paths
 
     def load(self) -> None:
         """Load the weights onto the device (not billed)."""
@@ -132,19 +155,20 @@ class LeRobot:
         return out
 
     def infer_batch(self, inputs: list[seq.PolicyInput],
-                    episodes: list[seq.Episode]) -> list[np.ndarray | PolicyException]:
+                    episodes: list[seq.Episode]) -> list[np.ndarray | PolicyException | ContractViolation]:
         """Return one float32 (T, D) chunk per input (requests of different robots), stacked in one forward.
 
         Each episode keeps its own state exactly as a single request would: its chunk count k (diffusion's
         noise ``S + k``), its observation history (the frames its robot sent, diffusion's n_obs_steps) and,
         for RTC, its last raw chunk. Requests whose RTC arguments differ run in separate forwards
         (:meth:`LeRobotRunner.forward_many`). A request with fewer real frames than the history gets a
-        :class:`PolicyException` of its own; the other requests of the batch are served.
+        :class:`PolicyException` of its own, one whose ``chunk_tail`` has more rows than the episode's last
+        chunk a :class:`ContractViolation` (RTC); the other requests of the batch are served.
         """
         runner = self.runner
         if runner.policy is None:
             self.load()
-        out: list[np.ndarray | PolicyException] = [None] * len(inputs)  # type: ignore[list-item]
+        out: list[np.ndarray | PolicyException | ContractViolation] = [None] * len(inputs)  # type: ignore
         live, batches, kwargs = [], [], []
         for i, (inp, episode) in enumerate(zip(inputs, episodes, strict=True)):
             frames = ([(obs.state, obs.images) for obs in inp.history]
@@ -154,7 +178,13 @@ class LeRobot:
             except PolicyException as exc:
                 out[i] = exc
                 continue
-            kw = runner.rtc_kwargs(episode.state.get('raw'), len(inp.chunk_tail), inp.expected_delay_actions)
+            runner.dry_run = episode.deployment == DRY_RUN_DEPLOYMENT
+            try:
+                kw = runner.rtc_kwargs(episode.state.get('raw'), np.asarray(inp.chunk_tail),
+                                       inp.expected_delay_actions)
+            except ContractViolation as exc:
+                out[i] = exc
+                continue
             if runner.plan is not None and runner.plan.policy_type in SEEDED and self.noise_seed is not None:
                 kw['noise'] = runner.noise(self.noise_seed + episode.state.get('chunks', 0))
             live.append(i)
