@@ -70,7 +70,7 @@ def test_label_from_the_client_reaches_the_export(tmp_path: Path, g1_dataset: Pa
 
 
 @pytest.mark.slow
-def test_a_corrupted_store_is_rebuilt_and_a_quota_pauses_capture_but_serving_goes_on(tmp_path: Path, g1_dataset: Path) -> None:
+def test_a_corrupt_store_is_rebuilt_and_a_quota_pauses_capture(tmp_path: Path, g1_dataset: Path) -> None:
     from sequence_ai_ros.worker import serve_policy_file
 
     g1 = LeRobotDataset(g1_dataset)
