@@ -13,7 +13,7 @@ Runs in the ROS venv (it drives ``sim_robot`` and ``policy_node``); every LeRobo
    ``policy_node`` (config/sim_policy_node.yaml, ``on_underrun: stop``: see loop.py) whose worker link runs
    through the bench's delay proxy at a round trip of 0, 0.5 and 0.8 of the chunk's duration (0, 125,
    200 ms), on the held-out ``test_tasks[0:N]``; and the ablations at 0.5 and 0.8: ``prefetch=False`` and
-   one request in flight (node_one_in_flight.py). Each condition first runs one warm-up episode on
+   one request in flight (the node's ``max_in_flight: 1``). Each condition first runs one warm-up episode on
    ``train_tasks[0]`` (not counted).
 
 It prints success, median and p90 time to success (from the first commanded action), underruns and
@@ -167,22 +167,24 @@ class Check:
                         120).strip()
 
 
-def artifacts(c: Check) -> tuple[Path, Path, dict]:
-    """The cached demos and checkpoint (built when absent, unless --cached-only); return them and what was built."""
+def artifacts(c: Check, task: str = 'drawer-open-v3') -> tuple[Path, Path, dict]:
+    """The cached demos and checkpoint of ``task``, built when absent (unless --cached-only), and what was built."""
     cache = c.args.cache.resolve() / 'sim'
     cache.mkdir(parents=True, exist_ok=True)
     versions = c.lerobot_version()
+    # drawer-open-v3's key predates the task argument (its cached demos and checkpoint stay valid)
     demos_key = sha16((HERE / 'demos.py').read_bytes(), (REPO / 'sequence_ai_ros' / 'sim' / 'task.py').read_bytes(),
-                      str(DEMO_EPISODES), versions)
-    demos = cache / f'demos-drawer-open-v3-{demos_key}'
+                      str(DEMO_EPISODES), versions, *([] if task == 'drawer-open-v3' else [task]))
+    demos = cache / f'demos-{task}-{demos_key}'
     built = {'versions': versions, 'demos': str(demos)}
     with open(cache / '.lock', 'w') as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if c.args.cached_only and not (demos / '.complete').is_file():
             raise Skip(f'no cached demos at {demos} (make check-sim builds them)')
         t = time.monotonic()
-        built['demos_built'] = build_once(demos, lambda tmp: c.run('demos', [
-            c.py(), str(HERE / 'demos.py'), '--root', str(tmp), '--episodes', str(DEMO_EPISODES)], 1800))
+        built['demos_built'] = build_once(demos, lambda tmp: c.run(f'demos_{task}', [
+            c.py(), str(HERE / 'demos.py'), '--root', str(tmp), '--episodes', str(DEMO_EPISODES), '--task', task],
+            1800))
         built['demos_s'] = time.monotonic() - t
         data_hash = dir_hash(demos)
         ckpt_dir = cache / f'act-{sha16(data_hash, json.dumps(RECIPE), versions)}'
@@ -190,19 +192,24 @@ def artifacts(c: Check) -> tuple[Path, Path, dict]:
         if c.args.cached_only and not (ckpt_dir / '.complete').is_file():
             raise Skip(f'no cached checkpoint at {ckpt_dir} (make check-sim trains it)')
         if not (ckpt_dir / '.complete').is_file():
-            c.step(f'lerobot-train: state-only ACT on {DEMO_EPISODES} demos, {RECIPE[-3]}, CPU, 1 thread, offline '
-                   '(~8-11 min)')
+            c.step(f'lerobot-train: state-only ACT on {DEMO_EPISODES} {task} demos, {RECIPE[-3]}, CPU, 1 thread, '
+                   'offline (~8-11 min)')
         t = time.monotonic()
-        built['checkpoint_built'] = build_once(ckpt_dir, lambda tmp: c.run('train', [
-            str(c.venv / 'bin' / 'lerobot-train'), *RECIPE, '--policy.device=cpu', '--policy.push_to_hub=false',
-            '--policy.pretrained_backbone_weights=null', '--dataset.repo_id=local/metaworld_drawer_open',
-            f'--dataset.root={demos}', f'--output_dir={tmp}', '--job_name=sim_act', '--save_freq=100000',
-            '--log_freq=100', '--wandb.enable=false'], 5400))
+        built['checkpoint_built'] = build_once(ckpt_dir, lambda tmp: train(c, f'train_{task}', demos, tmp, RECIPE))
         built['train_s'] = time.monotonic() - t
     ckpt = ckpt_dir / 'checkpoints' / 'last' / 'pretrained_model'
     if not (ckpt / 'model.safetensors').is_file():
         raise RuntimeError(f'no model.safetensors in {ckpt}')
     return demos, ckpt, built
+
+
+def train(c: Check, name: str, dataset: Path, out: Path, recipe: list[str], *extra: str) -> str:
+    """``lerobot-train`` on ``dataset`` into ``out`` (CPU, offline, no Hub, no wandb); ``extra`` args last."""
+    return c.run(name, [
+        str(c.venv / 'bin' / 'lerobot-train'), *recipe, '--policy.device=cpu', '--policy.push_to_hub=false',
+        '--policy.pretrained_backbone_weights=null', f'--dataset.repo_id=local/{dataset.name}',
+        f'--dataset.root={dataset}', f'--output_dir={out}', f'--job_name={name}', '--save_freq=100000',
+        '--log_freq=100', '--wandb.enable=false', *extra], 5400)
 
 
 class Skip(Exception):
@@ -242,10 +249,10 @@ def run_condition(c: Check, cond: Condition, worker_port: int, operator: SimOper
         params = c.out / f'node_{tag}.yaml'
         params.write_text(yaml.safe_dump({'/**/policy_node': {'ros__parameters': {
             'autostart': True, 'model': DEPLOYMENT, 'endpoint': f'127.0.0.1:{port}', 'on_underrun': 'stop',
-            'status_rate_hz': 2.0}}}))
-        entry = [str(HERE / 'node_one_in_flight.py')] if cond.one_in_flight else ['-m', 'sequence_ai_ros.node.main']
-        node = procs.start(f'node_{tag}', [sys.executable, *entry, '--ros-args', '--params-file',
-                                           str(REPO / 'config' / 'sim_policy_node.yaml'), '--params-file', str(params)])
+            'status_rate_hz': 2.0, **({'max_in_flight': 1} if cond.one_in_flight else {})}}}))
+        node = procs.start(f'node_{tag}', [sys.executable, '-m', 'sequence_ai_ros.node.main', '--ros-args',
+                                           '--params-file', str(REPO / 'config' / 'sim_policy_node.yaml'),
+                                           '--params-file', str(params)])
         operator.wait_node(60)
         operator.wait_active(60)
         if operator.publishers('/position_controller/commands') != 1:
