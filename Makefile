@@ -26,7 +26,7 @@ ENV := set +u && source $(VENV)/bin/activate && source install/local_setup.bash 
 DATASET ?= ../shared/data/g1_pick_bottle_v21
 export DATASET
 
-.PHONY: help setup build test lint demo bench check-export check-lerobot check-sim params-yaml clean haproxy egl
+.PHONY: help setup build test lint demo bench check-export check-lerobot check-sim flywheel params-yaml clean haproxy egl
 
 help:
 	@echo "make demo    run the main job end to end (set-up included)"
@@ -37,6 +37,7 @@ help:
 	@echo "make egl     install Debian's EGL (libegl1, libgl1-mesa-dri) for the simulated robot's cameras when root"
 	@echo "make check-lerobot ACT and diffusion trained by LeRobot 0.6, a tiny SmolVLA with RTC; served, closed loop (own venv)"
 	@echo "make check-sim  drawer-open solved by a LeRobot ACT through policy_node + seq serve under link delay"
+	@echo "make flywheel   push-v3: served episodes captured, labelled, exported, fine-tuned; success before/after"
 
 setup: $(STAMP_VENV)
 build: $(STAMP_BUILD)
@@ -155,6 +156,18 @@ check-sim: $(STAMP_BUILD)
 	echo "check-sim: venv $$venv ($$(( $$(date +%s) - start )) s so far)"; \
 	$(ENV) && python test/sim_check/check_sim.py --venv "$$venv" --cache "$(LEROBOT_CACHE)" $(CHECK_SIM_ARGS); \
 	echo "check-sim: total $$(( $$(date +%s) - start )) s (venv included)"
+
+# The field-data loop on push-v3 (not in CI; ~30-45 min on 2 cores, the first policy's training included):
+# the first ACT served with capture on, success before on 50 held-out instances, 50 field episodes labelled
+# with the simulator's success, exported (LeRobot v3.0), fine-tuned by lerobot-train on the demos plus the
+# successes, served again on the same 50 instances (test/sim_check/flywheel.py). FLYWHEEL_ARGS=... passes more.
+flywheel: $(STAMP_BUILD)
+	@py="$(LEROBOT_PYTHON)"; \
+	if [ -z "$$py" ] || ! "$$py" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then \
+	  echo "flywheel: SKIPPED: LeRobot >= 0.5 needs Python >= 3.12 and none was found (LEROBOT_PYTHON='$$py')"; \
+	  exit 0; fi; \
+	venv=$$(bash test/lerobot_check/ensure_venv.sh "$$py" requirements-lerobot.txt "$(LEROBOT_CACHE)" | tail -n 1); \
+	$(ENV) && python test/sim_check/flywheel.py --venv "$$venv" --cache "$(LEROBOT_CACHE)" $(FLYWHEEL_ARGS)
 
 clean:
 	rm -rf build install log $(VENV) .venv-lerobot

@@ -16,6 +16,11 @@ Runs in the ROS venv (it drives ``sim_robot`` and ``policy_node``); every LeRobo
    one request in flight (the node's ``max_in_flight: 1``). Each condition first runs one warm-up episode on
    ``train_tasks[0]`` (not counted).
 
+5. the field-data loop at CI scale (flywheel.plumbing, on the cached demos and checkpoint): 3 served episodes
+   captured and labelled with the simulator's success, ``seq policy data export --lerobot-version 3.0``
+   (its labelled episodes checked by LeRobot's loader), ``lerobot-train`` 5 steps from the checkpoint on the
+   demos plus the successes, the new checkpoint deployed and served (``make flywheel`` runs it at scale).
+
 It prints success, median and p90 time to success (from the first commanded action), underruns and
 underrun_s per condition. Targets: >= 48/50 solved at every delay (fails the check); median time to success
 at 0.8 within 1.05x the no-delay median and 0 underruns at 0.5 (fail the check only when the 1-minute load
@@ -216,18 +221,18 @@ class Skip(Exception):
     """A prerequisite is absent (--cached-only)."""
 
 
-def deploy(c: Check, ckpt: Path) -> dict:
-    """Run seq init lerobot, write config.yaml, run seq deploy; return the worker env (SEQ_HOME)."""
+def deploy(c: Check, ckpt: Path, name: str = DEPLOYMENT) -> dict:
+    """Run seq init lerobot, write config.yaml, run seq deploy as ``name``; return the worker env (SEQ_HOME)."""
     env = dict(c.lr_env, SEQ_HOME=str(c.out / 'seq_home'))
     seq = [c.py(), '-m', 'sequence_ai_ros.cli']
-    pdir = c.out / 'policy'
-    c.run('seq_init', [*seq, 'init', 'lerobot', str(pdir)], 120, env=env)
+    pdir = c.out / ('policy' if name == DEPLOYMENT else f'policy_{name}')
+    c.run(f'seq_init_{name}', [*seq, 'init', 'lerobot', str(pdir)], 120, env=env)
     config = yaml.safe_load((pdir / 'config.yaml').read_text())
     config.update(checkpoint=str(ckpt), device='cpu', fps=round(1 / DT), action_space='joint_absolute',
                   state_names=list(COMMAND_NAMES), features={'observation.environment_state': list(OBS_NAMES)},
                   action_names=list(COMMAND_NAMES), robot_type='metaworld_sawyer')
     (pdir / 'config.yaml').write_text(yaml.safe_dump(config, sort_keys=False))
-    c.run('seq_deploy', [*seq, 'deploy', str(pdir / 'policy.py'), '--name', DEPLOYMENT], 600, env=env)
+    c.run(f'seq_deploy_{name}', [*seq, 'deploy', str(pdir / 'policy.py'), '--name', name], 600, env=env)
     return env
 
 
@@ -239,8 +244,12 @@ PROXY = ('import sys, threading\n'
 
 
 def run_condition(c: Check, cond: Condition, worker_port: int, operator: SimOperator, load: LoadSampler,
-                  ros_env: dict) -> tuple[list[Episode], dict, dict[str, list]]:
-    """A fresh proxy and policy_node for ``cond``; its episodes, its load and overrun figures, traces of misses."""
+                  ros_env: dict, deployment: str = DEPLOYMENT, label: bool = False,
+                  warm_up: bool = True) -> tuple[list[Episode], dict, dict[str, list]]:
+    """A fresh proxy and policy_node for ``cond``; its episodes, its load and overrun figures, traces of misses.
+
+    ``label``: each episode is labelled on the worker with the simulator's success.
+    """
     procs = Processes(c.out / 'logs', ros_env)
     tag = cond.name.replace('@', '_')
     try:
@@ -248,7 +257,7 @@ def run_condition(c: Check, cond: Condition, worker_port: int, operator: SimOper
         port = int(proxy.wait_for(r'proxy on (\d+)', 30).group(1))
         params = c.out / f'node_{tag}.yaml'
         params.write_text(yaml.safe_dump({'/**/policy_node': {'ros__parameters': {
-            'autostart': True, 'model': DEPLOYMENT, 'endpoint': f'127.0.0.1:{port}', 'on_underrun': 'stop',
+            'autostart': True, 'model': deployment, 'endpoint': f'127.0.0.1:{port}', 'on_underrun': 'stop',
             'status_rate_hz': 2.0, **({'max_in_flight': 1} if cond.one_in_flight else {})}}}))
         node = procs.start(f'node_{tag}', [sys.executable, '-m', 'sequence_ai_ros.node.main', '--ros-args',
                                            '--params-file', str(REPO / 'config' / 'sim_policy_node.yaml'),
@@ -257,11 +266,13 @@ def run_condition(c: Check, cond: Condition, worker_port: int, operator: SimOper
         operator.wait_active(60)
         if operator.publishers('/position_controller/commands') != 1:
             raise RuntimeError('another process publishes on /position_controller/commands in this ROS domain')
-        operator.warm_up(cond.prefetch, MAX_SECONDS)
+        if warm_up:
+            operator.warm_up(cond.prefetch, MAX_SECONDS)
         since = time.monotonic()
         episodes, traces = [], {}
         for index in range(cond.seeds):
-            ep, trace = operator.episode(cond.name, index, prefetch=cond.prefetch, max_seconds=MAX_SECONDS)
+            ep, trace = operator.episode(cond.name, index, prefetch=cond.prefetch, max_seconds=MAX_SECONDS,
+                                         label=label)
             episodes.append(ep)
             if not ep.success:
                 traces[f'{cond.name}-{index}'] = trace
@@ -355,6 +366,8 @@ def main() -> int:
     parser.add_argument('--cached-only', action='store_true', help='never build demos or train; skip when absent')
     parser.add_argument('--checkpoint', type=Path, help='development only: skip demos and training, use this')
     parser.add_argument('--no-judge', action='store_true', help='print the table, judge no target (make bench)')
+    parser.add_argument('--no-field-loop', dest='field_loop', action='store_false',
+                        help='skip the small field-data loop (capture, label, export, fine-tune, deploy)')
     args = parser.parse_args()
     c = Check(args)
     rows: dict[str, dict] = {}
@@ -362,15 +375,16 @@ def main() -> int:
     all_eps: list[dict] = []
     traces: dict[str, list] = {}
     verdict: list[str] = []
+    field_lines: list[str] = []
     try:
         if not (c.venv / 'bin' / 'python').is_file():
             raise Skip(f'no LeRobot venv at {c.venv}')
         c.step('demos and checkpoint (cached under the LeRobot cache)')
         if args.checkpoint:
-            ckpt, built = args.checkpoint.resolve(), {'demos_built': False, 'checkpoint_built': False,
-                                                      'demos': 'not used (--checkpoint)'}
+            demos, ckpt, built = None, args.checkpoint.resolve(), {'demos_built': False, 'checkpoint_built': False,
+                                                                   'demos': 'not used (--checkpoint)'}
         else:
-            _, ckpt, built = artifacts(c)
+            demos, ckpt, built = artifacts(c)
         c.step(f'demos {"built" if built["demos_built"] else "cached"} ({built["demos"]}), checkpoint '
                f'{"trained" if built["checkpoint_built"] else "cached"} ({ckpt})')
         c.step(f'reference: the checkpoint in-process (LeRobot select_action), test_tasks[0:{args.seeds}], no delay')
@@ -421,6 +435,14 @@ def main() -> int:
             workers.close()
         if not args.no_judge:
             verdict = judge(c, rows)
+        if demos is not None and not args.no_judge and args.field_loop:
+            from flywheel import PLUMBING_EPISODES, PLUMBING_STEPS, plumbing
+
+            c.step(f'field-data loop at CI scale: {PLUMBING_EPISODES} episodes captured and labelled, exported, '
+                   f'{PLUMBING_STEPS} training steps, the new checkpoint deployed and served (make flywheel: at scale)')
+            t = time.monotonic()
+            field_lines = plumbing(c, demos, ckpt)
+            c.timings['field_loop'] = time.monotonic() - t
     except Skip as exc:
         print(f'check-sim: SKIPPED: {exc}')
         return 3
@@ -435,7 +457,7 @@ def main() -> int:
                      f'{e["chunks"]} chunks, underruns {e["underruns"]} ({e["underrun_s"]:.3f} s), longest command '
                      f'gap {e["max_command_gap_s"] * 1e3:.0f} ms, largest target jump '
                      f'{e["max_target_jump_m"] * 100:.2f} cm, seam jump {e["max_seam_jump"]:.4f}')
-    lines += verdict
+    lines += verdict + field_lines
     lines.append('cache: demos ' + ('built' if built.get('demos_built') else 'cached') + ', checkpoint '
                  + ('trained' if built.get('checkpoint_built') else 'cached'))
     lines.append('step times: ' + ', '.join(f'{k} {v:.0f}s' for k, v in c.timings.items() if v >= 5))
