@@ -164,3 +164,14 @@ def test_check_sim_skips_without_python_312_saying_why():
     assert 'check-sim: SKIPPED: LeRobot >= 0.5 needs Python >= 3.12' in done.stdout
     ci = (REPO / '.ci' / 'run').read_text()
     assert ci.index('make check-lerobot') < ci.index('make check-sim')
+
+
+def test_the_long_sim_targets_skip_without_python_312_and_stay_out_of_ci():
+    """The flywheel and the image ACT's training (tens of minutes each) skip like check-sim; CI runs neither."""
+    environ = {k: v for k, v in os.environ.items() if k != 'ROS_DISTRO'}
+    for target in ('flywheel', 'train-image-act'):
+        done = subprocess.run(['make', '--no-print-directory', target, 'LEROBOT_PYTHON=python3.11'],
+                              cwd=REPO, env=environ, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+        assert 'SKIPPED: LeRobot >= 0.5 needs Python >= 3.12' in done.stdout, target
+        assert f'make {target}' not in (REPO / '.ci' / 'run').read_text()
