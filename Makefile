@@ -26,7 +26,8 @@ ENV := set +u && source $(VENV)/bin/activate && source install/local_setup.bash 
 DATASET ?= ../shared/data/g1_pick_bottle_v21
 export DATASET
 
-.PHONY: help setup build test lint demo bench docs check-export check-lerobot check-sim params-yaml clean haproxy egl
+.PHONY: help setup build test lint demo bench docs check-export check-lerobot check-sim flywheel train-image-act \
+	params-yaml clean haproxy egl
 
 help:
 	@echo "make demo    run the main job end to end (set-up included)"
@@ -38,6 +39,8 @@ help:
 	@echo "make egl     install Debian's EGL (libegl1, libgl1-mesa-dri) for the simulated robot's cameras when root"
 	@echo "make check-lerobot ACT and diffusion trained by LeRobot 0.6, a tiny SmolVLA with RTC; served, closed loop (own venv)"
 	@echo "make check-sim  drawer-open solved by a LeRobot ACT through policy_node + seq serve under link delay"
+	@echo "make train-image-act  the image ACT (64 px camera) check-sim serves when cached (~30-47 min, not in CI)"
+	@echo "make flywheel   push-v3: served episodes captured, labelled, exported, fine-tuned; success before/after"
 
 setup: $(STAMP_VENV)
 build: $(STAMP_BUILD)
@@ -162,6 +165,24 @@ check-sim: $(STAMP_BUILD)
 	echo "check-sim: venv $$venv ($$(( $$(date +%s) - start )) s so far)"; \
 	$(ENV) && python test/sim_check/check_sim.py --venv "$$venv" --cache "$(LEROBOT_CACHE)" $(CHECK_SIM_ARGS); \
 	echo "check-sim: total $$(( $$(date +%s) - start )) s (venv included)"
+
+# The image ACT (state and a 64 px corner camera, pretrained_backbone_weights=None) on drawer-open demos with
+# images, by lerobot-train (~30-47 min on one thread: not in CI), cached as the state ACT is; check-sim then adds
+# its condition (no delay, 20 held-out seeds) whenever it finds it in the cache.
+train-image-act:
+	@$(MAKE) --no-print-directory check-sim CHECK_SIM_ARGS=--train-image-act
+
+# The field-data loop on push-v3 (not in CI; ~30-45 min on 2 cores, the first policy's training included):
+# the first ACT served with capture on, success before on 50 held-out instances, 50 field episodes labelled
+# with the simulator's success, exported (LeRobot v3.0), fine-tuned by lerobot-train on the demos plus the
+# successes, served again on the same 50 instances (test/sim_check/flywheel.py). FLYWHEEL_ARGS=... passes more.
+flywheel: $(STAMP_BUILD)
+	@py="$(LEROBOT_PYTHON)"; \
+	if [ -z "$$py" ] || ! "$$py" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then \
+	  echo "flywheel: SKIPPED: LeRobot >= 0.5 needs Python >= 3.12 and none was found (LEROBOT_PYTHON='$$py')"; \
+	  exit 0; fi; \
+	venv=$$(bash test/lerobot_check/ensure_venv.sh "$$py" requirements-lerobot.txt "$(LEROBOT_CACHE)" | tail -n 1); \
+	$(ENV) && python test/sim_check/flywheel.py --venv "$$venv" --cache "$(LEROBOT_CACHE)" $(FLYWHEEL_ARGS)
 
 clean:
 	rm -rf build install log $(VENV) .venv-lerobot

@@ -175,3 +175,14 @@ def test_the_version_is_defined_once_and_package_xml_repeats_it():
         assert re.search(r'<version>([^<]+)</version>', xml.read_text()).group(1) == sequence_ai_ros.__version__, xml
     assert "version=package_version()" in (root / 'setup.py').read_text()
     assert f'## [{sequence_ai_ros.__version__}]' in (root / 'CHANGELOG.md').read_text()
+
+
+def test_the_long_sim_targets_skip_without_python_312_and_stay_out_of_ci():
+    """The flywheel and the image ACT's training (tens of minutes each) skip like check-sim; CI runs neither."""
+    environ = {k: v for k, v in os.environ.items() if k != 'ROS_DISTRO'}
+    for target in ('flywheel', 'train-image-act'):
+        done = subprocess.run(['make', '--no-print-directory', target, 'LEROBOT_PYTHON=python3.11'],
+                              cwd=REPO, env=environ, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+        assert 'SKIPPED: LeRobot >= 0.5 needs Python >= 3.12' in done.stdout, target
+        assert f'make {target}' not in (REPO / '.ci' / 'run').read_text()

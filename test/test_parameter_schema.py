@@ -270,3 +270,12 @@ def test_a_value_at_each_bound_is_accepted():
             value = value if spec.type.startswith('int') else float(value)
             _, build = _build(spec.name, value)
             build()
+
+
+def test_max_in_flight_defaults_to_the_clients_pipelining_bound():
+    from sequence_ai_ros.client.engine import MAX_IN_FLIGHT
+
+    assert SCHEMA.default('max_in_flight') == NodeConfig().max_in_flight == MAX_IN_FLIGHT
+    assert NodeConfig(max_in_flight=1).max_in_flight == 1
+    with pytest.raises(ConfigError, match='max_in_flight'):
+        NodeConfig(max_in_flight=0)

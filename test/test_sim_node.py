@@ -70,6 +70,31 @@ def test_the_params_file_names_every_parameter_once_with_valid_values():
         SimConfig(controller='/arm')
 
 
+def test_push_observes_its_goal_and_its_scripted_expert_solves_it_through_position_commands():
+    pytest.importorskip('metaworld', reason='the simulated robot needs metaworld (requirements-dev.txt)')
+    import metaworld.policies
+
+    from sequence_ai_ros.sim.task import SimTask
+
+    task = SimTask('push-v3')
+    expert = metaworld.policies.SawyerPushV3Policy()
+    try:
+        for index in range(2):
+            task.reset('test', index)
+            assert np.abs(task.obs[36:39]).max() > 0.5          # the goal (obs_36..38), drawn per instance
+            while not task.truncated and not task.success:
+                move = np.clip(np.asarray(expert.get_action(task.obs), np.float64), -1, 1)
+                task.step(np.concatenate([task.mocap() + move[:3] * task.action_scale, move[3:]]))
+            assert task.success and task.steps < 150, (index, task.steps)
+    finally:
+        task.close()
+    drawer = SimTask('drawer-open-v3')
+    try:
+        assert not drawer.reset('test', 0)[4 + 36:].any()        # drawer-open keeps Meta-World's hidden goal
+    finally:
+        drawer.close()
+
+
 @pytest.fixture
 def sim_node(tmp_path, processes):
     pytest.importorskip('metaworld', reason='the simulated robot needs metaworld (requirements-dev.txt)')

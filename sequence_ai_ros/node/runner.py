@@ -270,6 +270,7 @@ class Runner:
             policy = connect(cfg.model, endpoint=cfg.endpoint, token=cfg.token or None,
                              timeout=cfg.connect_timeout_s)
             contract = policy.contract
+            policy.max_in_flight = cfg.max_in_flight
         except (SequenceAIError, OSError) as exc:
             # the client's hint is for connect() callers; the node's endpoint is a parameter
             self.connection, self.connection_error = 'disconnected', _node_hint(str(exc))

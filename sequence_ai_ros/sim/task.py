@@ -9,7 +9,9 @@ most 1 cm per step (0.8 m/s at 80 Hz), as Meta-World's scripted experts move it.
 The measured state is in the same coordinates, so that a hold at the measured state stands still:
 ``ee_*`` is the hand's position less its offset from the mocap body (measured once, at construction, on a
 hand left to settle: :data:`SETTLE_STEPS`), ``gripper`` the effort in effect (the fingers' opening itself is
-``obs_3``). ``obs_0 .. obs_38`` is Meta-World's observation of the step, as its experts and policies read it.
+``obs_3``). ``obs_0 .. obs_38`` is Meta-World's observation of the step, as its experts and policies read it;
+its last three (``obs_36 .. obs_38``) are the goal position, which Meta-World hides (zeros) by default: a task
+observes it unless it is in :data:`GOAL_HIDDEN`.
 
 Instances: ``metaworld.ML1(task, seed)``; ``train`` indexes its ``train_tasks`` (for demonstrations),
 ``test`` its ``test_tasks`` (held-out instances: the first 50 are the evaluation seeds).
@@ -43,6 +45,10 @@ SPLITS = ('test', 'train')
 RESET_GRIPPER = -1.0
 #: Steps a held hand takes to settle on its mocap body (Meta-World's reset leaves it 5 mm off, settling in ~100).
 SETTLE_STEPS = 150
+#: Tasks that keep Meta-World's default of a hidden goal (obs_36..38 zero). drawer-open's goal is fixed to its
+#: drawer (its expert reads none), and its demos and checkpoints were made so. Every other task observes its
+#: goal, which its scripted expert, and so a policy, needs: push-v3 draws the puck's goal per instance.
+GOAL_HIDDEN = frozenset({'drawer-open-v3'})
 INSTALL_HINT = 'pip install metaworld==3.0.0 mujoco==3.8.1 packaging (or pip install "sequence_ai_ros[sim]")'
 
 
@@ -84,6 +90,7 @@ class SimTask:
         except (KeyError, ValueError) as exc:
             raise ConfigError(f'unknown Meta-World task {task!r}: {exc}') from None
         self.task = task
+        self.observe_goal = task not in GOAL_HIDDEN
         self.env = self.benchmark.train_classes[task]()
         self.env.max_path_length = int(max_steps)
         self.max_steps = int(max_steps)
@@ -129,6 +136,10 @@ class SimTask:
         if not 0 <= index < len(tasks):
             raise ConfigError(f'{split} has {len(tasks)} task instances; index {index} is outside it')
         self.env.set_task(tasks[index])
+        if self.observe_goal and self.env._partially_observable:
+            # what set_task does when a task's observability changes (the observation space is a cached property)
+            self.env.__dict__.pop('sawyer_observation_space', None)
+            self.env._partially_observable = False
         obs, _ = self.env.reset()
         self.split, self.index = split, int(index)
         self.obs = np.asarray(obs, np.float64)

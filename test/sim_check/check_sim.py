@@ -13,13 +13,22 @@ Runs in the ROS venv (it drives ``sim_robot`` and ``policy_node``); every LeRobo
    ``policy_node`` (config/sim_policy_node.yaml, ``on_underrun: stop``: see loop.py) whose worker link runs
    through the bench's delay proxy at a round trip of 0, 0.5 and 0.8 of the chunk's duration (0, 125,
    200 ms), on the held-out ``test_tasks[0:N]``; and the ablations at 0.5 and 0.8: ``prefetch=False`` and
-   one request in flight (node_one_in_flight.py). Each condition first runs one warm-up episode on
+   one request in flight (the node's ``max_in_flight: 1``). Each condition first runs one warm-up episode on
    ``train_tasks[0]`` (not counted).
+
+5. the field-data loop at CI scale (flywheel.plumbing, on the cached demos and checkpoint): 3 served episodes
+   captured and labelled with the simulator's success, ``seq policy data export --lerobot-version 3.0``
+   (its labelled episodes checked by LeRobot's loader), ``lerobot-train`` 5 steps from the checkpoint on the
+   demos plus the successes, the new checkpoint deployed and served (``make flywheel`` runs it at scale).
 
 It prints success, median and p90 time to success (from the first commanded action), underruns and
 underrun_s per condition. Targets: >= 48/50 solved at every delay (fails the check); median time to success
 at 0.8 within 1.05x the no-delay median and 0 underruns at 0.5 (fail the check only when the 1-minute load
 average stayed below 1.5 and the simulator counted 0 overruns, else "not judged (load X)").
+
+The image ACT (``make train-image-act``: state and a 64 px corner camera, ``observation.image``,
+``pretrained_backbone_weights=None``, ~30-47 min, never trained here) adds one condition, no delay and 20
+held-out seeds, whenever it is in the cache; it is printed, not judged.
 
 ``--cached-only`` (make bench) uses only cached demos and checkpoint and skips, saying why, when either is
 absent (exit 3).
@@ -62,6 +71,11 @@ RECIPE = ['--policy.type=act', f'--policy.chunk_size={CHUNK}', f'--policy.n_acti
           '--policy.n_vae_encoder_layers=2', '--policy.optimizer_lr=1e-4', '--batch_size=64', '--steps=1800',
           '--seed=1', '--num_workers=0']
 DEPLOYMENT = 'sim_act'
+#: The image ACT (make train-image-act; check-sim serves it only when it is cached): state and one camera.
+IMAGE_PX = 64
+IMAGE_RECIPE = RECIPE
+IMAGE_DEPLOYMENT = 'sim_act_image'
+IMAGE_SEEDS = 20
 MAX_SECONDS = 6.0                       # Meta-World's episode is 500 steps (6.25 s); the expert needs ~1.1 s
 SUCCESS_SHARE = 0.96                    # 48/50
 TIME_RATIO = 1.05
@@ -167,37 +181,50 @@ class Check:
                         120).strip()
 
 
-def artifacts(c: Check) -> tuple[Path, Path, dict]:
-    """The cached demos and checkpoint (built when absent, unless --cached-only); return them and what was built."""
+def artifacts(c: Check, task: str = 'drawer-open-v3', image: int = 0,
+              cached_only: bool | None = None) -> tuple[Path, Path, dict]:
+    """The cached demos and checkpoint of ``task``, built when absent (unless cached only), and what was built.
+
+    ``image`` > 0: the image ACT's (state and an ``image`` px camera, :data:`IMAGE_RECIPE`).
+    :raises Skip: when cached only (default: --cached-only) and either is absent.
+    """
+    cached_only = c.args.cached_only if cached_only is None else cached_only
+    recipe = IMAGE_RECIPE if image else RECIPE
+    kind = f'image-{image}px ACT' if image else 'state-only ACT'
     cache = c.args.cache.resolve() / 'sim'
     cache.mkdir(parents=True, exist_ok=True)
     versions = c.lerobot_version()
+    # drawer-open-v3's key predates the task argument (its cached demos and checkpoint stay valid)
     demos_key = sha16((HERE / 'demos.py').read_bytes(), (REPO / 'sequence_ai_ros' / 'sim' / 'task.py').read_bytes(),
-                      str(DEMO_EPISODES), versions)
-    demos = cache / f'demos-drawer-open-v3-{demos_key}'
+                      str(DEMO_EPISODES), versions, *([] if task == 'drawer-open-v3' else [task]),
+                      *([f'image{image}'] if image else []))
+    demos = cache / f'demos-{task}{f"-image{image}" if image else ""}-{demos_key}'
     built = {'versions': versions, 'demos': str(demos)}
     with open(cache / '.lock', 'w') as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if c.args.cached_only and not (demos / '.complete').is_file():
-            raise Skip(f'no cached demos at {demos} (make check-sim builds them)')
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | (fcntl.LOCK_NB if cached_only else 0))
+        except BlockingIOError:
+            raise Skip(f'another run is building the cache under {cache}') from None
+        if cached_only and not (demos / '.complete').is_file():
+            raise Skip(f'no cached demos at {demos} ({"make train-image-act" if image else "make check-sim"} '
+                       'builds them)')
         t = time.monotonic()
-        built['demos_built'] = build_once(demos, lambda tmp: c.run('demos', [
-            c.py(), str(HERE / 'demos.py'), '--root', str(tmp), '--episodes', str(DEMO_EPISODES)], 1800))
+        built['demos_built'] = build_once(demos, lambda tmp: c.run(f'demos_{task}', [
+            c.py(), str(HERE / 'demos.py'), '--root', str(tmp), '--episodes', str(DEMO_EPISODES), '--task', task,
+            '--image', str(image)], 1800))
         built['demos_s'] = time.monotonic() - t
         data_hash = dir_hash(demos)
-        ckpt_dir = cache / f'act-{sha16(data_hash, json.dumps(RECIPE), versions)}'
+        ckpt_dir = cache / f'act-{"image-" if image else ""}{sha16(data_hash, json.dumps(recipe), versions)}'
         built.update(dataset_hash=data_hash, checkpoint_dir=str(ckpt_dir))
-        if c.args.cached_only and not (ckpt_dir / '.complete').is_file():
-            raise Skip(f'no cached checkpoint at {ckpt_dir} (make check-sim trains it)')
+        if cached_only and not (ckpt_dir / '.complete').is_file():
+            raise Skip(f'no cached checkpoint at {ckpt_dir} ({"make train-image-act" if image else "make check-sim"} '
+                       'trains it)')
         if not (ckpt_dir / '.complete').is_file():
-            c.step(f'lerobot-train: state-only ACT on {DEMO_EPISODES} demos, {RECIPE[-3]}, CPU, 1 thread, offline '
-                   '(~8-11 min)')
+            c.step(f'lerobot-train: {kind} on {DEMO_EPISODES} {task} demos, {recipe[-3]}, CPU, 1 thread, '
+                   f'offline ({"~30-47" if image else "~8-11"} min)')
         t = time.monotonic()
-        built['checkpoint_built'] = build_once(ckpt_dir, lambda tmp: c.run('train', [
-            str(c.venv / 'bin' / 'lerobot-train'), *RECIPE, '--policy.device=cpu', '--policy.push_to_hub=false',
-            '--policy.pretrained_backbone_weights=null', '--dataset.repo_id=local/metaworld_drawer_open',
-            f'--dataset.root={demos}', f'--output_dir={tmp}', '--job_name=sim_act', '--save_freq=100000',
-            '--log_freq=100', '--wandb.enable=false'], 5400))
+        built['checkpoint_built'] = build_once(ckpt_dir, lambda tmp: train(
+            c, f'train_{task}{"_image" if image else ""}', demos, tmp, recipe))
         built['train_s'] = time.monotonic() - t
     ckpt = ckpt_dir / 'checkpoints' / 'last' / 'pretrained_model'
     if not (ckpt / 'model.safetensors').is_file():
@@ -205,22 +232,32 @@ def artifacts(c: Check) -> tuple[Path, Path, dict]:
     return demos, ckpt, built
 
 
+def train(c: Check, name: str, dataset: Path, out: Path, recipe: list[str], *extra: str) -> str:
+    """``lerobot-train`` on ``dataset`` into ``out`` (CPU, offline, no Hub, no wandb); ``extra`` args last."""
+    return c.run(name, [
+        str(c.venv / 'bin' / 'lerobot-train'), *recipe, '--policy.device=cpu', '--policy.push_to_hub=false',
+        '--policy.pretrained_backbone_weights=null', f'--dataset.repo_id=local/{dataset.name}',
+        f'--dataset.root={dataset}', f'--output_dir={out}', f'--job_name={name}', '--save_freq=100000',
+        '--log_freq=100', '--wandb.enable=false', *extra], 5400)
+
+
 class Skip(Exception):
     """A prerequisite is absent (--cached-only)."""
 
 
-def deploy(c: Check, ckpt: Path) -> dict:
-    """Run seq init lerobot, write config.yaml, run seq deploy; return the worker env (SEQ_HOME)."""
+def deploy(c: Check, ckpt: Path, name: str = DEPLOYMENT, image: bool = False) -> dict:
+    """Run seq init lerobot, write config.yaml, run seq deploy as ``name``; return the worker env (SEQ_HOME)."""
     env = dict(c.lr_env, SEQ_HOME=str(c.out / 'seq_home'))
     seq = [c.py(), '-m', 'sequence_ai_ros.cli']
-    pdir = c.out / 'policy'
-    c.run('seq_init', [*seq, 'init', 'lerobot', str(pdir)], 120, env=env)
+    pdir = c.out / ('policy' if name == DEPLOYMENT else f'policy_{name}')
+    c.run(f'seq_init_{name}', [*seq, 'init', 'lerobot', str(pdir)], 120, env=env)
     config = yaml.safe_load((pdir / 'config.yaml').read_text())
     config.update(checkpoint=str(ckpt), device='cpu', fps=round(1 / DT), action_space='joint_absolute',
-                  state_names=list(COMMAND_NAMES), features={'observation.environment_state': list(OBS_NAMES)},
+                  state_names=list(COMMAND_NAMES),
+                  features={} if image else {'observation.environment_state': list(OBS_NAMES)},
                   action_names=list(COMMAND_NAMES), robot_type='metaworld_sawyer')
     (pdir / 'config.yaml').write_text(yaml.safe_dump(config, sort_keys=False))
-    c.run('seq_deploy', [*seq, 'deploy', str(pdir / 'policy.py'), '--name', DEPLOYMENT], 600, env=env)
+    c.run(f'seq_deploy_{name}', [*seq, 'deploy', str(pdir / 'policy.py'), '--name', name], 600, env=env)
     return env
 
 
@@ -232,8 +269,12 @@ PROXY = ('import sys, threading\n'
 
 
 def run_condition(c: Check, cond: Condition, worker_port: int, operator: SimOperator, load: LoadSampler,
-                  ros_env: dict) -> tuple[list[Episode], dict, dict[str, list]]:
-    """A fresh proxy and policy_node for ``cond``; its episodes, its load and overrun figures, traces of misses."""
+                  ros_env: dict, deployment: str = DEPLOYMENT, label: bool = False, warm_up: bool = True,
+                  node_params: dict | None = None) -> tuple[list[Episode], dict, dict[str, list]]:
+    """A fresh proxy and policy_node for ``cond``; its episodes, its load and overrun figures, traces of misses.
+
+    ``label``: each episode is labelled on the worker with the simulator's success.
+    """
     procs = Processes(c.out / 'logs', ros_env)
     tag = cond.name.replace('@', '_')
     try:
@@ -241,20 +282,22 @@ def run_condition(c: Check, cond: Condition, worker_port: int, operator: SimOper
         port = int(proxy.wait_for(r'proxy on (\d+)', 30).group(1))
         params = c.out / f'node_{tag}.yaml'
         params.write_text(yaml.safe_dump({'/**/policy_node': {'ros__parameters': {
-            'autostart': True, 'model': DEPLOYMENT, 'endpoint': f'127.0.0.1:{port}', 'on_underrun': 'stop',
-            'status_rate_hz': 2.0}}}))
-        entry = [str(HERE / 'node_one_in_flight.py')] if cond.one_in_flight else ['-m', 'sequence_ai_ros.node.main']
-        node = procs.start(f'node_{tag}', [sys.executable, *entry, '--ros-args', '--params-file',
-                                           str(REPO / 'config' / 'sim_policy_node.yaml'), '--params-file', str(params)])
+            'autostart': True, 'model': deployment, 'endpoint': f'127.0.0.1:{port}', 'on_underrun': 'stop',
+            'status_rate_hz': 2.0, **({'max_in_flight': 1} if cond.one_in_flight else {}), **(node_params or {})}}}))
+        node = procs.start(f'node_{tag}', [sys.executable, '-m', 'sequence_ai_ros.node.main', '--ros-args',
+                                           '--params-file', str(REPO / 'config' / 'sim_policy_node.yaml'),
+                                           '--params-file', str(params)])
         operator.wait_node(60)
         operator.wait_active(60)
         if operator.publishers('/position_controller/commands') != 1:
             raise RuntimeError('another process publishes on /position_controller/commands in this ROS domain')
-        operator.warm_up(cond.prefetch, MAX_SECONDS)
+        if warm_up:
+            operator.warm_up(cond.prefetch, MAX_SECONDS)
         since = time.monotonic()
         episodes, traces = [], {}
         for index in range(cond.seeds):
-            ep, trace = operator.episode(cond.name, index, prefetch=cond.prefetch, max_seconds=MAX_SECONDS)
+            ep, trace = operator.episode(cond.name, index, prefetch=cond.prefetch, max_seconds=MAX_SECONDS,
+                                         label=label)
             episodes.append(ep)
             if not ep.success:
                 traces[f'{cond.name}-{index}'] = trace
@@ -348,6 +391,14 @@ def main() -> int:
     parser.add_argument('--cached-only', action='store_true', help='never build demos or train; skip when absent')
     parser.add_argument('--checkpoint', type=Path, help='development only: skip demos and training, use this')
     parser.add_argument('--no-judge', action='store_true', help='print the table, judge no target (make bench)')
+    parser.add_argument('--no-image', dest='image', action='store_false',
+                        help='never serve the image ACT (by default it is served when it is cached)')
+    parser.add_argument('--image-seeds', type=int, default=IMAGE_SEEDS, help='held-out seeds of the image ACT')
+    parser.add_argument('--image-checkpoint', type=Path, help='development only: serve this image ACT')
+    parser.add_argument('--train-image-act', action='store_true',
+                        help='build the image ACT\'s demos and checkpoint into the cache, then exit')
+    parser.add_argument('--no-field-loop', dest='field_loop', action='store_false',
+                        help='skip the small field-data loop (capture, label, export, fine-tune, deploy)')
     args = parser.parse_args()
     c = Check(args)
     rows: dict[str, dict] = {}
@@ -355,15 +406,22 @@ def main() -> int:
     all_eps: list[dict] = []
     traces: dict[str, list] = {}
     verdict: list[str] = []
+    field_lines: list[str] = []
     try:
         if not (c.venv / 'bin' / 'python').is_file():
             raise Skip(f'no LeRobot venv at {c.venv}')
+        if args.train_image_act:
+            c.step(f'the image ACT ({IMAGE_PX} px): demos and checkpoint, cached under the LeRobot cache')
+            _, image_ckpt, built = artifacts(c, image=IMAGE_PX)
+            c.step(f'image ACT {"trained" if built["checkpoint_built"] else "cached"}: {image_ckpt} '
+                   f'({built.get("train_s", 0):.0f} s)')
+            return 0
         c.step('demos and checkpoint (cached under the LeRobot cache)')
         if args.checkpoint:
-            ckpt, built = args.checkpoint.resolve(), {'demos_built': False, 'checkpoint_built': False,
-                                                      'demos': 'not used (--checkpoint)'}
+            demos, ckpt, built = None, args.checkpoint.resolve(), {'demos_built': False, 'checkpoint_built': False,
+                                                                   'demos': 'not used (--checkpoint)'}
         else:
-            _, ckpt, built = artifacts(c)
+            demos, ckpt, built = artifacts(c)
         c.step(f'demos {"built" if built["demos_built"] else "cached"} ({built["demos"]}), checkpoint '
                f'{"trained" if built["checkpoint_built"] else "cached"} ({ckpt})')
         c.step(f'reference: the checkpoint in-process (LeRobot select_action), test_tasks[0:{args.seeds}], no delay')
@@ -373,6 +431,12 @@ def main() -> int:
         rows['in-process (LeRobot)'] = dict(summarize([dict(e, underruns=0, underrun_s=0.0) for e in ref]),
                                             rtt_ms=0.0)
         all_eps += [dict(e, condition='in-process') for e in ref]
+        image_ckpt = args.image_checkpoint.resolve() if args.image_checkpoint else None
+        if image_ckpt is None and not args.checkpoint and args.image:
+            try:
+                _, image_ckpt, _ = artifacts(c, image=IMAGE_PX, cached_only=True)
+            except Skip as exc:
+                c.notes.append(f'image ACT not served: {exc}')
         env = deploy(c, ckpt)
         from sequence_ai_ros.demo.pipeline import private_domain
 
@@ -406,6 +470,33 @@ def main() -> int:
                 r = rows[cond.name]
                 c.step(f'  {r["success"]}/{r["n"]} solved, median {fmt(r["median_s"])} s, underruns {r["underruns"]}, '
                        f'overruns {r["overruns"]}, load peak {r["load_peak"]:.2f}, {figures["wall_s"]:.0f} s')
+            if image_ckpt is not None:
+                deploy(c, image_ckpt, IMAGE_DEPLOYMENT, image=True)
+                image_port = int(workers.start('seq_serve_image', [
+                    c.py(), '-m', 'sequence_ai_ros.cli', 'serve', IMAGE_DEPLOYMENT, '--host', '127.0.0.1', '--port',
+                    '0', '--warm']).wait_for(r'serving \S+ on \S+:(\d+)', 600).group(1))
+                sims.close()       # the image condition's simulator renders its camera at every step
+                sim_params.write_text(yaml.safe_dump({'/**/sim_robot': {'ros__parameters': {
+                    'camera_names': ['corner'], 'camera_width': IMAGE_PX, 'camera_height': IMAGE_PX,
+                    'camera_rate_hz': 80.0, 'status_rate_hz': 40.0}}}))
+                sims = Processes(c.out / 'logs', ros_env)
+                sims.start('sim_robot_camera', [sys.executable, '-m', 'sequence_ai_ros.sim.main', '--ros-args',
+                                                '--params-file', str(REPO / 'config' / 'sim_robot.yaml'),
+                                                '--params-file', str(sim_params)])
+                cond = Condition('image@0', 0.0, args.image_seeds)
+                c.step(f'{cond.name}: the image ACT ({IMAGE_PX} px corner camera and the state), no delay, '
+                       f'{cond.seeds} held-out seeds')
+                eps, figures, tr = run_condition(c, cond, image_port, operator, load, ros_env,
+                                                 deployment=IMAGE_DEPLOYMENT, node_params={
+                                                     'joints': {'names': list(COMMAND_NAMES)},
+                                                     'camera_names': ['corner'], 'cameras': {'corner': {
+                                                         'topic': 'corner/image_raw', 'type': 'image',
+                                                         'key': 'image'}}})
+                rows[cond.name] = dict(summarize(eps), rtt_ms=0.0, **figures)
+                all_eps += [dataclasses.asdict(e) for e in eps]
+                traces.update(tr)
+                r = rows[cond.name]
+                c.step(f'  {r["success"]}/{r["n"]} solved, median {fmt(r["median_s"])} s, overruns {r["overruns"]}')
         finally:
             load.close()
             operator.close()
@@ -414,6 +505,14 @@ def main() -> int:
             workers.close()
         if not args.no_judge:
             verdict = judge(c, rows)
+        if demos is not None and not args.no_judge and args.field_loop:
+            from flywheel import PLUMBING_EPISODES, PLUMBING_STEPS, plumbing
+
+            c.step(f'field-data loop at CI scale: {PLUMBING_EPISODES} episodes captured and labelled, exported, '
+                   f'{PLUMBING_STEPS} training steps, the new checkpoint deployed and served (make flywheel: at scale)')
+            t = time.monotonic()
+            field_lines = plumbing(c, demos, ckpt)
+            c.timings['field_loop'] = time.monotonic() - t
     except Skip as exc:
         print(f'check-sim: SKIPPED: {exc}')
         return 3
@@ -428,7 +527,7 @@ def main() -> int:
                      f'{e["chunks"]} chunks, underruns {e["underruns"]} ({e["underrun_s"]:.3f} s), longest command '
                      f'gap {e["max_command_gap_s"] * 1e3:.0f} ms, largest target jump '
                      f'{e["max_target_jump_m"] * 100:.2f} cm, seam jump {e["max_seam_jump"]:.4f}')
-    lines += verdict
+    lines += verdict + field_lines + c.notes
     lines.append('cache: demos ' + ('built' if built.get('demos_built') else 'cached') + ', checkpoint '
                  + ('trained' if built.get('checkpoint_built') else 'cached'))
     lines.append('step times: ' + ', '.join(f'{k} {v:.0f}s' for k, v in c.timings.items() if v >= 5))

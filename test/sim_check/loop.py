@@ -55,16 +55,17 @@ class Episode:
 class SimOperator:
     """The operator's node (see the module docstring)."""
 
-    def __init__(self, context: Any) -> None:
+    def __init__(self, context: Any, instruction: str = INSTRUCTION) -> None:
         import rclpy
         from rclpy.action import ActionClient
         from rclpy.executors import SingleThreadedExecutor
         from sequence_ai_msgs.action import Act
         from sequence_ai_msgs.msg import RunStatus, SimStatus
-        from sequence_ai_msgs.srv import EndEpisode, ResetSim
+        from sequence_ai_msgs.srv import EndEpisode, Label, ResetSim
         from std_msgs.msg import Float64MultiArray
 
-        self.Act, self.ResetSim, self.EndEpisode = Act, ResetSim, EndEpisode
+        self.Act, self.ResetSim, self.EndEpisode, self.Label = Act, ResetSim, EndEpisode, Label
+        self.instruction = instruction
         self.context = context
         self.node = rclpy.create_node('sim_check_operator', context=context)
         self._lock = threading.Lock()
@@ -76,6 +77,7 @@ class SimOperator:
         self.node.create_subscription(Float64MultiArray, '/position_controller/commands', self._on_command, 1000)
         self.reset_client = self.node.create_client(ResetSim, '/sim_robot/reset')
         self.end_client = self.node.create_client(EndEpisode, '/policy_node/end_episode')
+        self.label_client = self.node.create_client(Label, '/policy_node/label')
         self.act = ActionClient(self.node, Act, '/policy_node/act')
         self.executor = SingleThreadedExecutor(context=context)
         self.executor.add_node(self.node)
@@ -115,7 +117,8 @@ class SimOperator:
         """Wait for the node's action server, its end_episode service and the simulator's reset service."""
         if not self.act.wait_for_server(timeout_sec=timeout):
             raise RuntimeError('/policy_node/act did not appear')
-        for client, name in ((self.end_client, 'end_episode'), (self.reset_client, '/sim_robot/reset')):
+        for client, name in ((self.end_client, 'end_episode'), (self.label_client, 'label'),
+                             (self.reset_client, '/sim_robot/reset')):
             if not client.wait_for_service(timeout_sec=timeout):
                 raise RuntimeError(f'{name} did not appear')
 
@@ -162,15 +165,25 @@ class SimOperator:
         """One episode on train_tasks[0] (a demonstration instance, never an evaluation seed), not counted."""
         return self.episode('warm_up', 0, prefetch=prefetch, max_seconds=max_seconds, split='train')[0]
 
+    def label(self, episode_id: str, success: bool) -> None:
+        """Label ``episode_id`` on the worker through ``/policy_node/label`` (the simulator's success)."""
+        reply = self._wait(self.label_client.call_async(self.Label.Request(success=bool(success),
+                                                                           episode_id=episode_id)), 15, 'label')
+        if not reply.ok:
+            raise RuntimeError(f'label {episode_id}: {reply.message}')
+
     def episode(self, condition: str, index: int, *, prefetch: bool, max_seconds: float,
-                split: str = 'test') -> tuple[Episode, list]:
-        """Run one episode on ``split``'s task ``index``; return its outcome and the commands published in it."""
+                split: str = 'test', label: bool = False) -> tuple[Episode, list]:
+        """Run one episode on ``split``'s task ``index``; return its outcome and the commands published in it.
+
+        ``label``: label it on the worker with the simulator's success (``label(success=...)``).
+        """
         reply = self._wait(self.reset_client.call_async(self.ResetSim.Request(split=split, index=index)), 30, 'reset')
         if not reply.success:
             raise RuntimeError(f'reset to {split}[{index}] failed: {reply.message}')
         sim_episode = int(reply.episode)
         t_goal = time.monotonic()
-        goal = self.Act.Goal(instruction=INSTRUCTION, max_seconds=float(max_seconds), prefetch=bool(prefetch),
+        goal = self.Act.Goal(instruction=self.instruction, max_seconds=float(max_seconds), prefetch=bool(prefetch),
                              episode_id=f'{condition}-{split}-{index}')
         handle = self._wait(self.act.send_goal_async(goal), 30, 'Act goal')
         if not handle.accepted:
@@ -191,6 +204,8 @@ class SimOperator:
             self.commands = [c for c in self.commands if c[0] >= time.monotonic() - 1.0]
         success = st.success_step > 0 and st.first_command_step > 0
         tts = (st.success_step - st.first_command_step + 1) * DT if success else None
+        if label:
+            self.label(goal.episode_id, bool(success))
         ep = Episode(condition, index, bool(success), tts, result.reason, int(result.actions), int(result.chunks),
                      int(result.underruns), float(result.underrun_s), float(result.max_seam_jump),
                      float(result.latency_p50_ms), float(result.latency_p95_ms), int(st.overruns),
