@@ -123,6 +123,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         while not stop.wait(timeout=1.0):
             pass
     finally:
+        if stop.is_set():   # a stop signal: drain first (a KeyboardInterrupt or an error stops at once)
+            print(f'draining (up to {server.config.drain_timeout_s:g} s) ...', flush=True)
+            server.drain()
         print('stopping ...', flush=True)
         server.stop(grace=2.0)
         signals.restore()

@@ -17,7 +17,8 @@ The episode ends exactly once (:meth:`ActiveEpisode.end`) with reason:
 - ``idle_timeout`` after ``idle_timeout_s`` without any message (an Error and EpisodeEnded are sent);
 - a stream that sends no EpisodeStart within ``start_timeout_s`` is closed the same way (``start_timeout``),
   so idle streams cannot hold the worker's stream slots (admission);
-- ``shutdown`` when the worker stops (an Error and EpisodeEnded are sent).
+- ``shutdown`` when the worker stops (an Error and EpisodeEnded are sent), ``drain_timeout`` when it stops on
+  SIGTERM and the episode outlived the drain timeout (likewise).
 
 Threads: none of its own. :meth:`EpisodeCallHandler.replies` is a coroutine on the worker's event loop
 (``seq-grpc-loop``, gRPC asyncio); a reader *task* moves incoming messages into an inbox (:class:`_Inbox`) so that
@@ -210,9 +211,11 @@ class EpisodeCallHandler:
         self._to_capture: tuple[Any, ...] | None = None   # the request answered last, captured after its reply
         self._end_seen = asyncio.Event()   # the robot's EpisodeEnd has arrived (it may still wait in the inbox)
         self._end_dropped = 0              # queued requests the scheduler dropped when it arrived
+        self._cut = 'shutdown'             # the reason of a cut by the worker (shutdown, drain_timeout)
 
-    def shutdown(self) -> None:
-        """Ask the stream to end its episode (reason ``shutdown``) and close; returns at once; any thread."""
+    def shutdown(self, reason: str = 'shutdown') -> None:
+        """Ask the stream to end its episode (``shutdown``, ``drain_timeout``) and close; at once; any thread."""
+        self._cut = reason
         self._loop.call_soon_threadsafe(self._inbox.put, _SHUTDOWN)
 
     def on_done(self) -> None:
@@ -292,7 +295,9 @@ class EpisodeCallHandler:
                     raise Undecodable('a message on the Episode stream is not an EpisodeRequest (undecodable '
                                       'protobuf); the call is closed')
                 if item is _SHUTDOWN:
-                    async for reply in self._close('shutdown', 'the worker is shutting down'):
+                    why = ('the worker is shutting down' if self._cut == 'shutdown' else
+                           'the worker is stopping and its drain timeout passed')
+                    async for reply in self._close(self._cut, why):
                         yield reply
                     return
                 item, nbytes = item
@@ -331,7 +336,7 @@ class EpisodeCallHandler:
 
     async def _close(self, reason: str, why: str) -> AsyncIterator[pb.EpisodeReply]:
         eid = self.active.episode.id if self.active is not None else self.episode_id
-        cls = NotReady if reason == 'shutdown' else EpisodeStateError
+        cls = NotReady if reason in ('shutdown', 'drain_timeout') else EpisodeStateError
         yield _error(cls(f'episode {clip(eid)!r} ended ({reason}): {why}'))
         captured, failure = False, ''
         if self.active is not None:

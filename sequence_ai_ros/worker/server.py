@@ -43,6 +43,7 @@ from sequence_ai_ros.policy.loader import PolicyDefinition, load_policy_file
 from sequence_ai_ros.protocol import AUTH_METADATA, errors, messages
 from sequence_ai_ros.worker.capture_hook import open_store
 from sequence_ai_ros.worker.config import ServerConfig, field_names
+from sequence_ai_ros.worker.drain import DRAIN_TIMEOUT_REASON
 from sequence_ai_ros.worker.health_agent import HealthAgent
 from sequence_ai_ros.worker.metrics import MetricsSink, PrometheusMetrics
 from sequence_ai_ros.worker.probe import start_probe_server
@@ -55,6 +56,8 @@ LOG = logging.getLogger(__name__)
 #: Default idle timeout of an episode (s); kept for importers, defined by :class:`ServerConfig`.
 DEFAULT_IDLE_TIMEOUT_S = ServerConfig.idle_timeout_s
 USAGE_FLUSH_S = 10.0
+#: Bound (s) on the wait for cut episode streams to send their end, after a drain timeout.
+CUT_WAIT_S = 2.0
 RETENTION_EVERY_S = 3600.0
 #: Default cap of concurrently open Episode streams; kept for importers, defined by :class:`ServerConfig`.
 DEFAULT_MAX_STREAMS = ServerConfig.max_streams
@@ -303,7 +306,7 @@ class WorkerServer:
             return gone
 
     def _on_state(self, runtime: DeploymentRuntime) -> None:
-        ready = runtime.readiness()[0]
+        ready = runtime.readiness()[0] and not self.servicer.drain.draining
         status = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
         self._set_health(runtime.name, status)
 
@@ -335,6 +338,33 @@ class WorkerServer:
     def usage(self) -> dict[str, Usage]:
         """Return this process's usage per deployment since start."""
         return {name: r.usage.snapshot() for name, r in self.runtimes.items()}
+
+    def drain(self, timeout_s: float | None = None) -> int:
+        """Drain before a stop (``seq serve`` on SIGTERM): no new episodes, the live ones finish or are cut.
+
+        New episodes are refused in-stream (``refusal="draining"``: the client opens them again, and a
+        balancer sends them elsewhere); every deployment's gRPC health turns NOT_SERVING, so the HAProxy agent
+        answers ``drain`` and a readiness probe fails, while the server's own health (liveness) stays SERVING.
+        Episodes still open after ``timeout_s`` end with reason ``drain_timeout`` (the robot gets NOT_READY
+        and EpisodeEnded). Call :meth:`stop` afterwards.
+
+        :param timeout_s: how long live episodes may go on (s); default the config's ``drain_timeout_s``.
+        :returns: how many episode streams were cut.
+        """
+        timeout_s = self.config.drain_timeout_s if timeout_s is None else timeout_s
+        self.servicer.drain.begin()
+        for name in list(self.runtimes):
+            self._set_health(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        open_now = self.servicer.open_streams()
+        LOG.info('draining: %d episode streams open; new episodes are refused; waiting up to %g s', open_now,
+                 timeout_s)
+        left = self.servicer.drain.wait(timeout_s)
+        if left:
+            LOG.warning('drain timeout (%g s): cutting %d episode streams (reason %s)', timeout_s, left,
+                        DRAIN_TIMEOUT_REASON)
+            self.servicer.shutdown_streams(DRAIN_TIMEOUT_REASON)
+            self.servicer.drain.wait(CUT_WAIT_S)   # their Error and EpisodeEnded go out before the stop
+        return left
 
     def stop(self, grace: float = 1.0) -> None:
         """Stop the worker; idempotent.
