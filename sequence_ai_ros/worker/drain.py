@@ -31,6 +31,8 @@ from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 LOG = logging.getLogger(__name__)
 #: Longest wait (s) for a refused robot to close its side of the call after the refusal was sent.
 LINGER_S = 2.0
+#: Why a stream may be refused (``Error.refusal``, the ``reason`` label of ``seq_streams_refused_total``).
+REFUSALS = ('max_streams', 'anonymous', 'per_client', 'draining')
 #: Episode-end reason of an episode still running when the drain timeout passed.
 DRAIN_TIMEOUT_REASON = 'drain_timeout'
 

@@ -47,6 +47,7 @@ from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import clip
 from sequence_ai_ros.protocol.pipeline import TailSplicer
 from sequence_ai_ros.worker.boundary import refuse
+from sequence_ai_ros.worker.metrics import UnderrunWatch
 from sequence_ai_ros.worker.runtime import ActiveEpisode, DeploymentRuntime, describe
 
 LOG = logging.getLogger(__name__)
@@ -212,6 +213,8 @@ class EpisodeCallHandler:
         self._end_seen = asyncio.Event()   # the robot's EpisodeEnd has arrived (it may still wait in the inbox)
         self._end_dropped = 0              # queued requests the scheduler dropped when it arrived
         self._cut = 'shutdown'             # the reason of a cut by the worker (shutdown, drain_timeout)
+        self._started_at: float | None = None   # when EpisodeStart came (monotonic s): time to first chunk
+        self._underruns = UnderrunWatch()  # underruns in this episode's telemetry, live
 
     def shutdown(self, reason: str = 'shutdown') -> None:
         """Ask the stream to end its episode (``shutdown``, ``drain_timeout``) and close; at once; any thread."""
@@ -318,6 +321,9 @@ class EpisodeCallHandler:
                         yield reply
                         await self._capture_request()   # after the reply went out: off the round trip
                 elif kind == 'telemetry':
+                    if self.active is not None:   # live underruns, whether captured or not
+                        live = self._underruns.observe(item.telemetry.frames)
+                        self.runtime.metrics.underruns(self.runtime.name, *live)
                     if self.active is None:
                         yield _error(EpisodeStateError('Telemetry before EpisodeStart'))
                     elif self.active.recorder.active:
@@ -352,6 +358,7 @@ class EpisodeCallHandler:
             return _error(EpisodeStateError(f'EpisodeStart names episode {clip(start.episode_id)!r} but the '
                                             f'stream was opened for {clip(self.episode_id)!r} (x-episode-id)'))
         eid = self.episode_id or start.episode_id or uuid.uuid4().hex
+        self._started_at = time.monotonic()
         self.runtime.ensure_loading()
         try:
             store = self.runtime.capture_store
@@ -421,6 +428,7 @@ class EpisodeCallHandler:
     async def _observe(self, req: pb.ObservationRequest, nbytes: int | None = None) -> pb.EpisodeReply | None:
         """Serve one request: its chunk or a typed error; None when the episode's end arrived first (no reply)."""
         rid = req.request_id
+        arrived = time.monotonic()
         active = self.active
         if active is None:
             return _error(EpisodeStateError(f'request {rid}: ObservationRequest before EpisodeStart'), rid)
@@ -452,6 +460,9 @@ class EpisodeCallHandler:
             reply = pb.EpisodeReply(error=pb.Error(code=pb.POLICY_EXCEPTION, request_id=rid,
                                                    message=f'worker internal error: {type(exc).__name__}: {exc}'))
         if chunk is not None:
+            first = arrived - self._started_at if not active.requests and self._started_at is not None else None
+            self.runtime.metrics.timed(self.runtime.name, time.monotonic() - arrived,
+                                       chunk.timings.queue_wait_ms / 1000.0, first)
             active.requests += 1
             self.runtime.metrics.request(self.runtime.name, 'chunk')
         else:
