@@ -131,7 +131,8 @@ class ServerConfig:
     warm: bool = _opt(False, '--warm', 'load the policies now instead of at the first client', rule='flag')
     max_streams: int = _opt(256, '--max-streams', 'most episode streams open at once; more get OVERLOADED '
                                                   '(default {default})', 'N', rule='count')
-    max_pending: int = _opt(64, rule='count')
+    max_pending: int = _opt(64, '--max-pending', 'per deployment, requests that may wait for inference; more get '
+                            'OVERLOADED (default {default})', 'N', rule='count')
     inference_timeout_s: float = _opt(30.0, '--inference-timeout', 'an inference over S seconds gets '
                                       'POLICY_EXCEPTION and marks the deployment failed (default {default:g})', 'S',
                                       rule='seconds')
