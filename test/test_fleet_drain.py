@@ -90,8 +90,10 @@ def test_a_rolling_restart_loses_no_episode_shorter_than_the_drain_timeout(seq_h
 
             restarter = threading.Thread(target=fleet.restart, args=(first,), name='restart-first')
             restarter.start()
-            # a same-id reconnect while its replica drains goes to another replica, and is served
-            time.sleep(0.05)
+            # a same-id reconnect while its replica drains goes to another replica, and is served (HAProxy
+            # reads the agent every 500 ms: until it does, the draining replica refuses it and the client retries)
+            draining = fleet.replicas[first - 1]
+            wait_for(lambda: fleet.agent_status(draining) == 'drain', timeout=20, what='the replica to drain')
             moved = drive(again, 'long-episode', 1.0)
             assert moved['error'] is None and moved['outcome'].reason == 'timeout', moved
             assert moved['pids'] and first not in {index_of.get(p) for p in moved['pids']}, moved

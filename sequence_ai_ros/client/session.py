@@ -8,7 +8,8 @@ Threads, per episode (owned by :class:`EpisodeCall`, stopped by :meth:`EpisodeCa
   packed straight into its wire bytes (:func:`~sequence_ai_ros.protocol.messages.observation_request_bytes`:
   one copy of the pixels, not three); the call's serializer passes those bytes through.
 - ``seq-recv-<episode>`` opens the call, reads replies (EpisodeStarted, ActionChunk, Error,
-  EpisodeEnded) and hands them to callbacks; a broken stream becomes a typed error there.
+  EpisodeEnded) and hands them to callbacks; a broken stream becomes a typed error there. When a draining
+  replica refuses the episode before it starts, the same thread opens the call again (same id) after a pause.
 
 Every unary call
 (Handshake, Ready, Label) carries a deadline; nothing waits forever. Ready and Label carry the episode's
@@ -18,6 +19,7 @@ Every unary call
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import queue
@@ -486,7 +488,7 @@ class EpisodeCall:
         sends that id to the draining replica, hashes it to another one, up to :data:`DRAIN_RETRY_S` in all.
         """
         deadline = time.monotonic() + DRAIN_RETRY_S
-        for attempt in range(1, 1 << 16):
+        for attempt in itertools.count(1):
             refusal = self._one_call()
             if refusal is None:
                 return
