@@ -15,10 +15,11 @@ Threads: ``seq-grpc-loop`` runs the gRPC asyncio server (every call, every open 
 coroutine each, no thread per stream); ``seq-io`` is its executor, a fixed pool of :data:`IO_THREADS` for
 blocking work (capture files, SQLite, image decoding, episode-end hooks awaited); the per-deployment
 threads of :mod:`sequence_ai_ros.worker.runtime`; ``seq-housekeeping`` (usage flush every 10 s, capture
-retention at start and hourly); with ``agent_port``, ``seq-agent``; with ``metrics_port``, prometheus_client's
-HTTP thread. With ``probe_port``, a second plaintext gRPC server on the same loop serves the health service
-alone (:mod:`~sequence_ai_ros.worker.probe`), for probes that send no token and no TLS. The thread count
-does not grow with open streams, and nothing grown by a burst is kept.
+retention at start and hourly); served from a registry, ``seq-live`` (:mod:`~sequence_ai_ros.worker.live`:
+which deployments have episodes running, for ``seq delete``); with ``agent_port``, ``seq-agent``; with
+``metrics_port``, prometheus_client's HTTP thread. With ``probe_port``, a second plaintext gRPC server on the
+same loop serves the health service alone (:mod:`~sequence_ai_ros.worker.probe`), for probes that send no
+token and no TLS. The thread count does not grow with open streams, and nothing grown by a burst is kept.
 All are stopped by :meth:`WorkerServer.stop`.
 """
 
@@ -45,6 +46,7 @@ from sequence_ai_ros.worker.capture_hook import open_store
 from sequence_ai_ros.worker.config import ServerConfig, field_names
 from sequence_ai_ros.worker.drain import DRAIN_TIMEOUT_REASON
 from sequence_ai_ros.worker.health_agent import HealthAgent
+from sequence_ai_ros.worker.live import LiveFile
 from sequence_ai_ros.worker.metrics import MetricsSink, PrometheusMetrics
 from sequence_ai_ros.worker.probe import start_probe_server
 from sequence_ai_ros.worker.registry import Registry
@@ -164,6 +166,7 @@ class WorkerServer:
         self._registry = registry
         self._registry_mtime: float | None = None
         self._retire_lock = threading.Lock()
+        self._live: LiveFile | None = None
         if registry is not None:
             self.servicer.before_lookup = self.retire_deleted
         for runtime in runtimes.values():
@@ -217,6 +220,8 @@ class WorkerServer:
                 raise
         self._housekeeping = threading.Thread(target=self._housekeep, name='seq-housekeeping', daemon=True)
         self._housekeeping.start()
+        if registry is not None:   # seq delete reads which deployments have episodes running
+            self._live = LiveFile(registry.home, lambda: list(self.runtimes), self.servicer.open_streams)
         if config.warm:
             for runtime in runtimes.values():
                 runtime.ensure_loading()
@@ -385,6 +390,8 @@ class WorkerServer:
             self._run(self._probe_server.stop(0))
         self._stop.set()
         self._housekeeping.join(timeout=5.0)
+        if self._live is not None:
+            self._live.close()
         for runtime in self.runtimes.values():
             runtime.close()
         self.metrics.close()
