@@ -8,7 +8,7 @@ Operators already scrape Triton, vLLM and Ray Serve this way. Every series is la
 ``seq_request_seconds{deployment}``         histogram  from a request's arrival to its reply (s), in the
                                                        worker (queue, inference, packing)
 ``seq_queue_seconds{deployment}``           histogram  time a request waited for the inference thread (s)
-``seq_time_to_first_chunk_seconds{...}``    histogram  from EpisodeStart to the episode's first chunk (s)
+``seq_time_to_first_chunk_seconds{deployment}``  histogram  from EpisodeStart to the episode's first chunk (s)
 ``seq_inference_seconds{deployment}``       histogram  duration of each policy call (a batch counts once)
 ``seq_batch_size{deployment}``              histogram  requests per policy call (1 without batching)
 ``seq_queue_depth{deployment}``             gauge      requests waiting for the inference thread
@@ -51,13 +51,13 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import importlib.metadata
 import math
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+import sequence_ai_ros
 from sequence_ai_ros.exceptions import MissingDependency
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.limits import FIELDS, OTHER_REASON, REASONS, reason_label
@@ -77,11 +77,8 @@ MAX_TELEMETRY_GAP_S = 5.0
 
 
 def package_version() -> str:
-    """Return the installed sequence_ai_ros version (its distribution's metadata), or ``unknown``."""
-    try:
-        return importlib.metadata.version('sequence_ai_ros')
-    except importlib.metadata.PackageNotFoundError:
-        return 'unknown'
+    """Return the worker's package version (``sequence_ai_ros.__version__``, as EpisodeStarted reports it)."""
+    return sequence_ai_ros.__version__
 
 
 class MetricsSink:
