@@ -373,7 +373,8 @@ class EpisodeCallHandler:
         return pb.EpisodeReply(started=pb.EpisodeStarted(episode_id=eid, capture=rec.active,
                                                          capture_fps=rec.fps, capture_images=rec.images,
                                                          capture_error=rec.not_captured,
-                                                         worker_version=sequence_ai_ros.__version__))
+                                                         worker_version=sequence_ai_ros.__version__,
+                                                         deployment_version=self.runtime.version))
 
     async def _infer(self, active: ActiveEpisode, req: pb.ObservationRequest, nbytes: int | None) -> pb.ActionChunk:
         """Decode (raw frames inline; JPEG/PNG on the executor), queue, await the inference thread, pack.

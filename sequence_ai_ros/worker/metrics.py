@@ -50,6 +50,7 @@ scrape sending ``Authorization: Bearer <token>`` (Prometheus ``authorization: cr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import math
 import threading
@@ -96,6 +97,9 @@ class MetricsSink:
 
     def underruns(self, deployment: str, count: int, seconds: float) -> None:
         """Count underruns (and their held seconds) seen live in a robot's telemetry."""
+
+    def track(self, runtime: Any) -> None:
+        """Read the gauges and build info of ``runtime``'s deployment from ``runtime`` (a new version) from now on."""
 
     def episode_ended(self, deployment: str, reason: str, underruns: int = 0, underrun_s: float = 0.0) -> None:
         """Count an ended episode and the underruns its robot reported."""
@@ -155,8 +159,9 @@ class PrometheusMetrics(MetricsSink):
                                             ['deployment'], registry=reg)
         self._live_underrun_s = prom.Counter('seq_telemetry_underrun_seconds', 'Seconds held in underrun, from the '
                                              'robots\' telemetry', ['deployment'], registry=reg)
-        build = prom.Gauge('seq_build_info', 'The worker\'s version and each deployment\'s registered version (1)',
-                           ['version', 'deployment', 'deployment_version'], registry=reg)
+        self._build = build = prom.Gauge('seq_build_info', 'The worker\'s version and each deployment\'s '
+                                         'registered version (1)', ['version', 'deployment', 'deployment_version'],
+                                         registry=reg)
         prom.ProcessCollector(registry=reg)     # process_cpu_seconds_total, process_resident_memory_bytes, fds
         prom.PlatformCollector(registry=reg)    # python_info
         prom.GCCollector(registry=reg)          # python_gc_*
@@ -165,9 +170,12 @@ class PrometheusMetrics(MetricsSink):
         self._served = frozenset(runtimes)
         self._expected = f'Bearer {token}'.encode() if token else None
         self._generate = prom.generate_latest
-        queue = prom.Gauge('seq_queue_depth', 'Requests waiting for inference', ['deployment'], registry=reg)
-        active = prom.Gauge('seq_active_episodes', 'Episodes in progress', ['deployment'], registry=reg)
+        self._queue = queue = prom.Gauge('seq_queue_depth', 'Requests waiting for inference', ['deployment'],
+                                         registry=reg)
+        self._active = active = prom.Gauge('seq_active_episodes', 'Episodes in progress', ['deployment'],
+                                           registry=reg)
         capture = prom.Gauge('seq_capture_bytes', 'Bytes in the capture store', ['deployment'], registry=reg)
+        self._versions: dict[str, str] = {}
         streams = prom.Gauge('seq_open_streams', 'Episode streams open', ['deployment'], registry=reg)
         self._capture_cache: dict[str, tuple[float, int]] = {}
         #: seconds a capture-store size is reused before the store is walked again
@@ -185,7 +193,8 @@ class PrometheusMetrics(MetricsSink):
             for family in (self._inference, self._batch, self._underruns, self._underrun_s, self._request_s,
                            self._queue_s, self._first_chunk_s, self._live_underruns, self._live_underrun_s):
                 family.labels(name)
-            build.labels(package_version(), name, str(getattr(runtime, 'version', ''))).set(1)
+            self._versions[name] = str(getattr(runtime, 'version', ''))
+            build.labels(package_version(), name, self._versions[name]).set(1)
             queue.labels(name).set_function(lambda r=runtime: r.scheduler.queue_depth)
             active.labels(name).set_function(lambda r=runtime: len(r.running_episodes()))
             streams.labels(name).set_function(lambda n=name: open_streams(n))
@@ -242,6 +251,20 @@ class PrometheusMetrics(MetricsSink):
         """Record one policy call."""
         self._inference.labels(self._deployment(deployment)).observe(seconds)
         self._batch.labels(self._deployment(deployment)).observe(size)
+
+    def track(self, runtime: Any) -> None:
+        """Read ``runtime``'s queue depth and episodes from now on, and name its version in ``seq_build_info``."""
+        name = runtime.name
+        if name not in self._served:
+            return
+        self._queue.labels(name).set_function(lambda r=runtime: r.scheduler.queue_depth)
+        self._active.labels(name).set_function(lambda r=runtime: len(r.running_episodes()))
+        old = self._versions.get(name)
+        if old is not None:
+            with contextlib.suppress(KeyError):
+                self._build.remove(package_version(), name, old)
+        self._versions[name] = str(runtime.version)
+        self._build.labels(package_version(), name, self._versions[name]).set(1)
 
     def timed(self, deployment: str, request_s: float, queue_s: float | None = None,
               first_chunk_s: float | None = None) -> None:

@@ -50,6 +50,7 @@ from sequence_ai_ros.worker.live import LiveFile
 from sequence_ai_ros.worker.metrics import MetricsSink, PrometheusMetrics
 from sequence_ai_ros.worker.probe import start_probe_server
 from sequence_ai_ros.worker.registry import Registry
+from sequence_ai_ros.worker.rollout import Rollouts
 from sequence_ai_ros.worker.runtime import DeploymentRuntime
 from sequence_ai_ros.worker.servicer import PolicyServicer, add_to_server
 from sequence_ai_ros.worker.usage import Usage, UsageMeter
@@ -167,6 +168,7 @@ class WorkerServer:
         self._registry_mtime: float | None = None
         self._retire_lock = threading.Lock()
         self._live: LiveFile | None = None
+        self._rollouts: Rollouts | None = None
         if registry is not None:
             self.servicer.before_lookup = self.retire_deleted
         for runtime in runtimes.values():
@@ -222,6 +224,7 @@ class WorkerServer:
         self._housekeeping.start()
         if registry is not None:   # seq delete reads which deployments have episodes running
             self._live = LiveFile(registry.home, lambda: list(self.runtimes), self.servicer.open_streams)
+            self._rollouts = Rollouts(self.runtimes, registry.load, self._next_runtime, self._adopt, self._stop)
         if config.warm:
             for runtime in runtimes.values():
                 runtime.ensure_loading()
@@ -295,11 +298,14 @@ class WorkerServer:
                 return []
             self._registry_mtime = mtime
             try:
-                names = {r.name for r in self._registry.list()} if mtime != -1 else set()
+                versions = {r.name: r.version for r in self._registry.list()} if mtime != -1 else {}
+                names = set(versions)
             except Exception as exc:  # a registry being rewritten: look again at the next lookup
                 LOG.debug('registry unreadable: %s', exc)
                 self._registry_mtime = None
                 return []
+            if self._rollouts is not None:   # a version registered while serving (seq deploy again)
+                self._rollouts.check(versions)
             gone = [name for name in self.runtimes if name not in names]
             for name in gone:
                 runtime = self.runtimes.pop(name)
@@ -309,6 +315,21 @@ class WorkerServer:
                 self._set_health(name, health_pb2.HealthCheckResponse.SERVICE_UNKNOWN)
                 LOG.info('deployment %s was deleted: no longer served', name)
             return gone
+
+    def _next_runtime(self, rec: Any, definition: PolicyDefinition, old: DeploymentRuntime) -> DeploymentRuntime:
+        """The runtime of a new version of ``old``'s deployment: same usage meter and capture store, cold."""
+        runtime = DeploymentRuntime(old.name, rec.version, definition, old.usage, capture_store=old.capture_store,
+                                    max_pending=self.config.max_pending,
+                                    inference_timeout_s=self.config.inference_timeout_s,
+                                    load_timeout_s=self.config.load_timeout_s, eta_hint_s=rec.load_s or None)
+        runtime.metrics = self.metrics
+        return runtime
+
+    def _adopt(self, runtime: DeploymentRuntime) -> None:
+        """Serve ``runtime`` from now on (a rollout's new version): its health, state callbacks and gauges."""
+        runtime.on_state_change = self._on_state
+        self.metrics.track(runtime)
+        self._on_state(runtime)
 
     def _on_state(self, runtime: DeploymentRuntime) -> None:
         ready = runtime.readiness()[0] and not self.servicer.drain.draining
@@ -390,6 +411,8 @@ class WorkerServer:
             self._run(self._probe_server.stop(0))
         self._stop.set()
         self._housekeeping.join(timeout=5.0)
+        if self._rollouts is not None:
+            self._rollouts.close()
         if self._live is not None:
             self._live.close()
         for runtime in self.runtimes.values():
