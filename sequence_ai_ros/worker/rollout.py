@@ -91,8 +91,8 @@ class Rollouts:
         self._held.add(new)
         new.ensure_loading()
         if self._ready(new):
-            self._switch(name, old, new)
-            self._unload_when_idle(old)
+            if self._switch(name, old, new):
+                self._unload_when_idle(old)
             return
         why = new.readiness()[3]
         new.close(timeout=1.0)
@@ -103,9 +103,9 @@ class Rollouts:
         if not self._wait_idle(old):
             return
         new = self._make(rec, definition, old)
-        self._switch(name, old, new)      # new episodes wait for it (NOT_READY) while it loads
-        self._unload_when_idle(old)       # any episode that started meanwhile ends first
-        new.ensure_loading()
+        if self._switch(name, old, new):      # new episodes wait for it (NOT_READY) while it loads
+            self._unload_when_idle(old)       # any episode that started meanwhile ends first
+            new.ensure_loading()
 
     def _ready(self, runtime: DeploymentRuntime) -> bool:
         deadline = time.monotonic() + runtime.load_timeout_s + 1.0
@@ -116,7 +116,13 @@ class Rollouts:
             runtime.ready_event.wait(POLL_S)
         return False
 
-    def _switch(self, name: str, old: DeploymentRuntime, new: DeploymentRuntime) -> None:
+    def _switch(self, name: str, old: DeploymentRuntime, new: DeploymentRuntime) -> bool:
+        """Serve ``new`` in place of ``old``; False (``new`` closed) when the deployment was deleted meanwhile."""
+        if self._runtimes.get(name) is not old or self._stopping.is_set():
+            new.close(timeout=1.0)
+            self._held.discard(new)
+            self.state[name] = 'failed'
+            return False
         old.on_state_change = None       # its state no longer sets the deployment's health
         self._adopt(new)
         self._runtimes[name] = new
@@ -126,6 +132,7 @@ class Rollouts:
         self.switched.append((name, old.version, new.version))
         LOG.info('deployment %s: new episodes get version %d; %d running episodes finish on version %d', name,
                  new.version, len(old.running_episodes()), old.version)
+        return True
 
     def _wait_idle(self, runtime: DeploymentRuntime) -> bool:
         while runtime.running_episodes():
