@@ -26,14 +26,15 @@ ENV := set +u && source $(VENV)/bin/activate && source install/local_setup.bash 
 DATASET ?= ../shared/data/g1_pick_bottle_v21
 export DATASET
 
-.PHONY: help setup build test lint demo bench docs check-export check-lerobot check-sim flywheel train-image-act \
-	params-yaml clean haproxy egl
+.PHONY: help setup build test lint demo bench bench-scale docs check-export check-lerobot check-sim flywheel \
+	train-image-act params-yaml clean haproxy egl
 
 help:
 	@echo "make demo    run the main job end to end (set-up included)"
 	@echo "make test    lint, build the docs and run the test suite (set-up included)"
 	@echo "make docs    serve the documentation site on 127.0.0.1:8000 (mkdocs serve)"
 	@echo "make bench   benchmarks (latency, underrun curve, pipelining, wire vs openpi, tick jitter, export, task success)"
+	@echo "make bench-scale  128 robots at 10 req/s on one worker, 3 runs of 30 s, load average beside each"
 	@echo "make check-export  load the demo's export in LeRobot's own v2.1 loader (own, large venv)"
 	@echo "make haproxy install Debian's HAProxy for the fleet (seq fleet, test_fleet.py) when root"
 	@echo "make egl     install Debian's EGL (libegl1, libgl1-mesa-dri) for the simulated robot's cameras when root"
@@ -116,6 +117,10 @@ demo: $(STAMP_BUILD)
 
 bench: $(STAMP_BUILD) $(STAMP_BENCH)
 	$(ENV) && python -m sequence_ai_ros.bench
+
+# Robots per worker as the README states it: 128 robots at 10 req/s, 0 ms policy, 30 s, 3 runs (~2 min).
+bench-scale: $(STAMP_BUILD)
+	$(ENV) && python -m sequence_ai_ros.bench.bench_scale --robots 128 --seconds 30 --runs 3
 
 # config/policy_node.yaml is generated from the node's parameter schema (test_parameter_schema checks it).
 params-yaml: $(STAMP_VENV)

@@ -120,6 +120,8 @@ def metrics_markdown() -> str:
         sink.close()
     rows = []
     for family in families:
+        if not family.name.startswith('seq_'):   # prometheus_client's process_* and python_* collectors
+            continue
         if family.name not in labels:
             raise PluginError(f'metric {family.name} is not documented in sequence_ai_ros/worker/metrics.py')
         name = family.name + ('_total' if family.type == 'counter' else '')

@@ -44,6 +44,7 @@ _EXPORTS = {
     'NotReady': 'sequence_ai_ros.exceptions',
     'PolicyException': 'sequence_ai_ros.exceptions',
     'Overloaded': 'sequence_ai_ros.exceptions',
+    'Draining': 'sequence_ai_ros.exceptions',
     'Unauthenticated': 'sequence_ai_ros.exceptions',
     'UnknownDeployment': 'sequence_ai_ros.exceptions',
     'ProtocolVersionError': 'sequence_ai_ros.exceptions',

@@ -41,7 +41,23 @@ class PolicyException(SequenceAIError):
 
 
 class Overloaded(SequenceAIError):
-    """Raised when the worker refuses work because its queues are full."""
+    """Raised when the worker refuses work because its queues are full; retry later.
+
+    ``refusal``: why the worker refused a whole episode stream before it started (``max_streams``,
+    ``per_client``, ``anonymous``, ``draining``), '' for a refused request.
+    """
+
+    def __init__(self, message: str = '', refusal: str = '') -> None:
+        super().__init__(message)
+        self.refusal = refusal
+
+
+class Draining(Overloaded):
+    """Raised when the replica refused a new episode because it is stopping; a new stream goes elsewhere.
+
+    The client retries it itself (a balancer no longer sends that episode id to a draining replica); it
+    reaches the caller only when every retry within the client's bound was refused.
+    """
 
 
 class NotReady(SequenceAIError):

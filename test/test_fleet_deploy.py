@@ -264,7 +264,7 @@ def test_grafana_dashboard_queries_only_metrics_the_worker_exports():
     for name in names:  # counters are exposed as NAME_total, histograms as NAME_bucket/_sum/_count
         exported |= {name, f'{name}_total', f'{name}_bucket', f'{name}_sum', f'{name}_count'}
     dashboard = json.loads((DEPLOY / 'grafana-dashboard.json').read_text())
-    exprs = [t['expr'] for p in dashboard['panels'] for t in p['targets']]
+    exprs = [t['expr'] for p in dashboard['panels'] for t in p.get('targets', ())]   # a row has none
     used = {m for e in exprs for m in re.findall(r'\b(seq_[a-z_]+)', e)}
     assert used and used <= exported, used - exported
     assert {'seq_requests_total', 'seq_inference_seconds_bucket', 'seq_batch_size_sum', 'seq_queue_depth',
@@ -272,7 +272,13 @@ def test_grafana_dashboard_queries_only_metrics_the_worker_exports():
     # every per-deployment metric is filtered by the dashboard's deployment variable
     per_deployment = ('seq_requests_total', 'seq_inference_seconds_bucket', 'seq_batch_size', 'seq_queue_depth',
                       'seq_active_episodes', 'seq_open_streams', 'seq_client_underruns_total',
-                      'seq_episodes_ended_total', 'seq_capture_bytes')
+                      'seq_episodes_ended_total', 'seq_capture_bytes', 'seq_request_seconds', 'seq_queue_seconds',
+                      'seq_time_to_first_chunk_seconds', 'seq_telemetry_underrun_seconds_total')
+    # rows per replica (a row repeated for each scraped instance) and the held time the robots see
+    rows = [p for p in dashboard['panels'] if p['type'] == 'row']
+    assert any(r.get('repeat') == 'instance' for r in rows)
+    assert {v['name'] for v in dashboard['templating']['list']} >= {'deployment', 'instance'}
+    assert {'seq_telemetry_underrun_seconds_total', 'seq_client_underrun_seconds_total'} <= used
     for expr in exprs:
         for name in per_deployment:
             for use in re.findall(rf'\b{name}[a-z_]*(\{{[^}}]*\}})?', expr):

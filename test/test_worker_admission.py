@@ -10,10 +10,9 @@
 
 from __future__ import annotations
 
-import grpc
 from test_worker_support import POLICIES, Stream, channel, state_request, wait_for, wait_ready
 
-from sequence_ai_ros.exceptions import Overloaded
+from sequence_ai_ros.exceptions import Overloaded, Unauthenticated
 from sequence_ai_ros.protocol import errors as perrors
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
@@ -34,13 +33,23 @@ def _robot_runs(stub, episode_id: str, metadata=()) -> None:
 
 
 def _refusal(stream: Stream):
-    """Drain the stream (an admitted idle one gets an Error and EpisodeEnded); return its RpcError or None."""
+    """Drain the stream; return its typed refusal (in-stream, or a status), or None when it was admitted.
+
+    An admitted idle stream gets an Error and EpisodeEnded; a refused one its refusal (``Error.refusal``)
+    at its start timeout, and it then ends when the robot closes its side.
+    """
     replies = []
     while (reply := stream.recv(timeout=10)) is not None:
         replies.append(reply)
+        if reply.error.refusal:
+            stream.close()
+    if replies and replies[0].error.refusal:
+        assert len(replies) == 1 and stream.error is None, (replies, stream.error)
+        return perrors.from_error(replies[0].error)
     if stream.error is None:
         assert 'no EpisodeStart within' in replies[0].error.message and replies[1].HasField('ended')
-    return stream.error
+        return None
+    return perrors.from_rpc_error(stream.error)
 
 
 def proxy_channel(server) -> grpc.Channel:
@@ -58,10 +67,9 @@ def test_idle_streams_from_one_client_are_capped_and_closed_while_robots_run(tmp
         # a robot of another client starts and is served while the attack holds its 32 streams
         _robot_runs(stub, 'robot-1', metadata=[('x-forwarded-for', '198.51.100.7')])
         errors = [_refusal(s) for s in idle]
-        overloaded = [e for e in errors if e is not None and e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED]
+        overloaded = [e for e in errors if isinstance(e, Overloaded)]
         assert len(overloaded) == ATTACK - 32
-        assert all('max_streams_per_client' in str(perrors.from_rpc_error(e)) and
-                   isinstance(perrors.from_rpc_error(e), Overloaded) for e in overloaded)
+        assert all('max_streams_per_client' in str(e) and e.refusal == 'per_client' for e in overloaded)
         # the 32 admitted idle streams were told why (checked in _refusal) and closed
         assert sum(e is None for e in errors) == 32
         wait_for(lambda: server.servicer.open_streams() == 0, timeout=10, what='the idle streams to close')
@@ -85,7 +93,7 @@ def test_forwarded_address_is_ignored_from_untrusted_peers():
         streams = [Stream(stub, 'fast', f's{i}', metadata=[('x-forwarded-for', f'10.0.0.{i}')]) for i in range(4)]
         assert all(s.start().HasField('started') for s in streams[:3])
         err = _refusal(streams[3])
-        assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and '127.0.0.1' in err.details()
+        assert isinstance(err, Overloaded) and '127.0.0.1' in str(err)
         for s in streams[:3]:
             s.end()
         assert server.servicer.open_streams() == 0 or wait_for(lambda: server.servicer.open_streams() == 0)
@@ -99,16 +107,26 @@ def test_with_a_token_anonymous_streams_get_no_slot():
         assert wait_ready(stub, 'fast', metadata=token).ready
         anonymous = [Stream(stub, 'fast', f'anon{i}') for i in range(ATTACK)]
         errors = [_refusal(s) for s in anonymous]
-        assert {e.code() for e in errors} == {grpc.StatusCode.UNAUTHENTICATED}
+        assert {type(e) for e in errors} == {Unauthenticated}
         assert server.servicer.open_streams() == 0
         _robot_runs(stub, 'robot-token', metadata=token)
 
 
+def _refused(stream: Stream, reply) -> Overloaded:
+    """The typed refusal that ``reply`` (the answer to EpisodeStart) carries; the stream then closes."""
+    assert reply is not None and reply.error.refusal, (reply, stream.error)
+    stream.close()
+    return perrors.from_error(reply.error)
+
+
 def _overloaded(stream: Stream) -> str:
-    """The refused stream's typed OVERLOADED message (start() got no reply)."""
-    assert stream.start() is None, 'the stream was admitted'
-    err = perrors.from_rpc_error(stream.error)
-    assert isinstance(err, Overloaded), stream.error
+    """The refused stream's typed OVERLOADED message (its refusal, the reply to EpisodeStart)."""
+    reply = stream.start()
+    assert reply is not None and reply.error.refusal, ('the stream was admitted', reply, stream.error)
+    err = perrors.from_error(reply.error)
+    assert isinstance(err, Overloaded), reply
+    stream.close()
+    assert stream.recv(timeout=10) is None and stream.error is None   # ended once the robot closed its side
     return str(err)
 
 
@@ -124,9 +142,10 @@ def test_with_a_token_anonymous_streams_leave_headroom_for_token_holders(tmp_pat
         attack = [Stream(stub, 'fast', f'anon{i}', metadata=[('x-forwarded-for', f'203.0.{i // 200}.{i % 200}')])
                   for i in range(ATTACK)]
         # each one starts an episode and then idles: it would hold its slot for the whole idle timeout
-        started = [s for s in attack if (r := s.start()) is not None and r.HasField('started')]
+        first = {s: s.start() for s in attack}
+        started = [s for s in attack if first[s] is not None and first[s].HasField('started')]
         assert len(started) == 8 and server.servicer.open_streams() == 8
-        refused = [str(perrors.from_rpc_error(s.error)) for s in attack if s not in started]
+        refused = [str(_refused(s, first[s])) for s in attack if s not in started]
         assert len(refused) == ATTACK - 8 and all('anonymous_streams' in m and '32 are kept for token holders' in m
                                                   for m in refused)
         # while the attack holds, token holders get every one of the other 32 slots and are served
@@ -138,7 +157,7 @@ def test_with_a_token_anonymous_streams_leave_headroom_for_token_holders(tmp_pat
         assert 'max_streams' in _overloaded(Stream(stub, 'fast', 'robot-extra', metadata=token))
         # a wrong token is still refused, whatever the anonymous allowance
         wrong = Stream(stub, 'fast', 'wrong', metadata=[('authorization', 'Bearer nope')])
-        assert _refusal(wrong).code() == grpc.StatusCode.UNAUTHENTICATED
+        assert isinstance(_refusal(wrong), Unauthenticated)
         for stream in [*started, *robots]:
             assert stream.end().HasField('ended')
         wait_for(lambda: server.servicer.open_streams() == 0, what='the streams to close')
@@ -154,9 +173,10 @@ def test_a_clients_token_less_streams_do_not_take_its_token_streams_slots():
         stub = pb_grpc.PolicyServiceStub(ch)
         assert wait_ready(stub, 'fast', metadata=token).ready
         attack = [Stream(stub, 'fast', f'anon{i}') for i in range(ATTACK)]
-        started = [s for s in attack if (r := s.start()) is not None and r.HasField('started')]
+        first = {s: s.start() for s in attack}
+        started = [s for s in attack if first[s] is not None and first[s].HasField('started')]
         assert len(started) == 4
-        refused = [str(perrors.from_rpc_error(s.error)) for s in attack if s not in started]
+        refused = [str(_refused(s, first[s])) for s in attack if s not in started]
         assert len(refused) == ATTACK - 4
         assert all('127.0.0.1' in m and '4 episode streams without the token' in m for m in refused)
         robots = [Stream(stub, 'fast', f'robot{i}', metadata=token) for i in range(4)]

@@ -35,9 +35,10 @@ def test_cli_flags_fill_the_config(tmp_path):
     config = serving.server_config(serve_args(
         'NAME', '--host', '0.0.0.0', '--port', '0', '--idle-timeout', '7.5', '--warm', '--max-streams', '9',
         '--inference-timeout', '2', '--load-timeout', '3', '--token-file', str(token),
-        '--tls-cert', 'c.pem', '--tls-key', 'k.pem'))
+        '--tls-cert', 'c.pem', '--tls-key', 'k.pem', '--max-pending', '200', '--drain-timeout', '3'))
     assert config == ServerConfig(host='0.0.0.0', port=0, idle_timeout_s=7.5, warm=True, max_streams=9,
-                                  inference_timeout_s=2.0, load_timeout_s=3.0, token='s3cret', tls=('c.pem', 'k.pem'))
+                                  inference_timeout_s=2.0, load_timeout_s=3.0, token='s3cret', tls=('c.pem', 'k.pem'),
+                                  max_pending=200, drain_timeout_s=3.0)
     with pytest.raises(ConfigError, match='go together'):
         serving.server_config(serve_args('NAME', '--tls-cert', 'c.pem'))
 

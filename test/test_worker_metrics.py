@@ -107,3 +107,60 @@ def test_open_streams_are_counted_per_deployment(seq_home):
         assert value(scrape(server.metrics_port), 'seq_open_streams', deployment='hand') == 1
         for r in robots[2:]:
             assert r.end().HasField('ended')
+
+
+def has(samples, name: str, **labels) -> bool:
+    return (name, tuple(sorted(labels.items()))) in samples
+
+
+def test_every_series_exists_at_zero_and_latency_underrun_build_and_process_metrics_move(tmp_path):
+    from sequence_ai_ros import __version__
+    from sequence_ai_ros.protocol import codec
+    from sequence_ai_ros.worker.metrics import package_version
+
+    assert package_version() == __version__
+
+    with serve_policy_file(MLP, 'mlp', steps=5, metrics_port=0) as server, channel(server.port) as ch:
+        stub = pb_grpc.PolicyServiceStub(ch)
+        assert wait_ready(stub, 'mlp').ready
+        before = scrape(server.metrics_port)
+        # every labelled series is there before its first increment, so rate()/increase() see that one too
+        for outcome in ('chunk', 'OVERLOADED', 'NOT_READY', 'POLICY_EXCEPTION'):
+            assert has(before, 'seq_requests_total', deployment='mlp', outcome=outcome), outcome
+        for reason in ('completed', 'disconnect', 'drain_timeout', 'other'):
+            assert has(before, 'seq_episodes_ended_total', deployment='mlp', reason=reason), reason
+        for reason in ('max_streams', 'per_client', 'anonymous', 'draining'):
+            assert has(before, 'seq_streams_refused_total', reason=reason), reason
+        assert has(before, 'seq_boundary_refused_total', deployment='mlp', field='images')
+        for name in ('seq_client_underruns_total', 'seq_telemetry_underruns_total',
+                     'seq_telemetry_underrun_seconds_total', 'seq_request_seconds_count', 'seq_queue_seconds_count',
+                     'seq_time_to_first_chunk_seconds_count', 'seq_inference_seconds_count'):
+            assert has(before, name, deployment='mlp') and value(before, name, deployment='mlp') == 0, name
+        assert value(before, 'seq_build_info', version=__version__, deployment='mlp', deployment_version='0') == 1
+        assert any(key[0] == 'process_resident_memory_bytes' for key in before)
+        assert any(key[0] == 'python_info' for key in before)
+
+        robot = Stream(stub, 'mlp', 'r0')
+        assert robot.start().HasField('started')
+        rng = np.random.default_rng(0)
+        for rid in (1, 2, 3):
+            assert robot.ask(state_request(rid, rng.standard_normal(14), NAMES)).HasField('chunk')
+        state = codec.to_tensor(np.zeros(14, np.float32))
+        frames = [pb.TelemetryFrame(robot_time_s=t, state=state, hold=hold, hold_reason=why)
+                  for t, hold, why in ((1.0, False, ''), (1.5, True, 'underrun'), (2.0, True, 'underrun'),
+                                       (2.5, False, ''), (3.0, True, 'underrun'))]
+        robot.send(telemetry=pb.Telemetry(frames=frames))
+        # live: counted from the telemetry while the episode runs, before (and without) any EpisodeEnd
+        wait_for(lambda: value(scrape(server.metrics_port), 'seq_telemetry_underruns_total', deployment='mlp') == 2,
+                 what='the telemetry underruns to be counted')
+        during = scrape(server.metrics_port)
+        assert value(during, 'seq_telemetry_underrun_seconds_total', deployment='mlp') == pytest.approx(1.5)
+        assert value(during, 'seq_client_underruns_total', deployment='mlp') == 0
+        assert value(during, 'seq_request_seconds_count', deployment='mlp') == 3
+        assert value(during, 'seq_queue_seconds_count', deployment='mlp') == 3
+        assert value(during, 'seq_time_to_first_chunk_seconds_count', deployment='mlp') == 1
+        assert value(during, 'seq_request_seconds_sum', deployment='mlp') > 0
+        robot.cancel()   # a crashed robot: no EpisodeEnd, and its underruns were counted all the same
+        wait_for(lambda: value(scrape(server.metrics_port), 'seq_episodes_ended_total', deployment='mlp',
+                               reason='disconnect') == 1, what='the dropped episode to end')
+        assert value(scrape(server.metrics_port), 'seq_telemetry_underruns_total', deployment='mlp') == 2

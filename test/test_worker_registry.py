@@ -222,7 +222,9 @@ def test_cli_deploy_deployments_usage_delete(tmp_path, seq_home, capsys):
     assert code == 0 and re.search(r'^good\s', out, re.M)
     if importlib.util.find_spec('sequence_ai_ros.capture.store') is not None:  # stored bytes come from the store
         assert re.search(r'capture:good\s+1000 bytes stored', out), out
-    code, out, _ = run(capsys, 'delete', 'good')
+    code, _, err = run(capsys, 'delete', 'good')   # field data: not removed without being asked (no terminal here)
+    assert code == 2 and 'pass --yes' in err and '--keep-data' in err and capture.exists() and Registry().list()
+    code, out, _ = run(capsys, 'delete', 'good', '--yes')
     assert code == 0 and not capture.exists() and Registry().list() == []
     code, _, err = run(capsys, 'delete', 'good')
     assert code == 2 and "no deployment 'good'" in err

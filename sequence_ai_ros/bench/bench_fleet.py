@@ -97,7 +97,7 @@ class Worker:
 class Robot:
     """One robot: its own channel and Episode stream; ``ask`` sends one request and waits for its chunk."""
 
-    def __init__(self, port: int, deployment: str, episode_id: str) -> None:
+    def __init__(self, port: int, deployment: str, episode_id: str, names: list[str] = NAMES) -> None:  # noqa: B006
         import queue
 
         import grpc
@@ -122,7 +122,8 @@ class Robot:
         if not next(self._call).HasField('started'):
             raise RuntimeError('episode did not start')
         self._rid = 0
-        self.state = np.linspace(0, 1, len(NAMES), dtype=np.float32)
+        self.state = np.linspace(0, 1, len(names), dtype=np.float32)
+        self.names = list(names)
 
     def ask(self) -> float:
         """Send one request; return its round trip (s)."""
@@ -130,7 +131,7 @@ class Robot:
 
         self._rid += 1
         req = self.pb.ObservationRequest(request_id=self._rid, robot_time_s=time.monotonic(),
-                                         state=codec.to_tensor(self.state), state_names=NAMES)
+                                         state=codec.to_tensor(self.state), state_names=self.names)
         t0 = time.perf_counter()
         self._out.put(self.pb.EpisodeRequest(observation=req))
         reply = next(self._call)
@@ -150,8 +151,11 @@ class Robot:
         self.channel.close()
 
 
-def drive(worker: Worker, robots: int, seconds: float) -> dict:
-    """Run ``robots`` robots at 10 requests/s for ``seconds``; return latency figures (ms) and late replies."""
+def drive(worker: Worker, robots: int, seconds: float, names: list[str] = NAMES) -> dict:  # noqa: B006
+    """Run ``robots`` robots at 10 requests/s for ``seconds``; return latency figures (ms) and late replies.
+
+    :param names: the state's joint names (the policy's contract).
+    """
     lat: list[float] = []
     late = [0]
     errors: list[str] = []
@@ -162,7 +166,7 @@ def drive(worker: Worker, robots: int, seconds: float) -> dict:
     def run(k: int) -> None:
         robot = None
         try:
-            robot = Robot(worker.port, worker.deployment, f'bench-{robots}-{k}-{time.monotonic_ns()}')
+            robot = Robot(worker.port, worker.deployment, f'bench-{robots}-{k}-{time.monotonic_ns()}', names)
             robot.ask()  # warm the stream
             ready.wait()
             start = time.monotonic() + (k / robots) * PERIOD_S  # each robot on its own phase

@@ -123,6 +123,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         while not stop.wait(timeout=1.0):
             pass
     finally:
+        if stop.is_set():   # a stop signal: drain first (a KeyboardInterrupt or an error stops at once)
+            print(f'draining (up to {server.config.drain_timeout_s:g} s) ...', flush=True)
+            server.drain()
         print('stopping ...', flush=True)
         server.stop(grace=2.0)
         signals.restore()
@@ -179,11 +182,37 @@ def cmd_deployments(args: argparse.Namespace) -> int:
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    """``seq delete NAME``: remove a deployment, its capture store and its usage."""
+    """``seq delete NAME``: remove a deployment and its usage, and its captured data once confirmed.
+
+    Refused (exit 2) while a worker of this ``$SEQ_HOME`` runs episodes of it, unless ``--force``; captured
+    data is removed only with ``--yes`` or a "y" at the prompt (a terminal), and kept with ``--keep-data``.
+    """
+    from sequence_ai_ros.worker.live import running_episodes
     from sequence_ai_ros.worker.registry import Registry
 
-    rec = Registry().delete(args.name)
-    print(f'deleted {rec.name} (version {rec.version}) with its capture and usage; {rec.path} is left as is')
+    registry = Registry()
+    rec = registry.get(args.name)
+    running = running_episodes(registry.home).get(rec.name, {})
+    if running and not args.force:
+        where = ', '.join(f'{n} on seq serve pid {pid}' for pid, n in sorted(running.items()))
+        print(f'error: {rec.name} has episodes running ({where}): deleting it now would lose their capture. Wait '
+              'for them to end, or pass --force', file=sys.stderr)
+        return 2
+    stored = _capture_bytes(registry.home).get(rec.name, 0)
+    keep = args.keep_data
+    if stored and not keep and not args.yes:
+        question = (f'{rec.name} has {stored} bytes of captured field data in {registry.capture_dir(rec.name)}; '
+                    'remove it too? [y/N] ')
+        if not sys.stdin.isatty():
+            print(f'error: {question.split(";")[0]}: pass --yes to remove it with the deployment, or --keep-data to '
+                  'keep it', file=sys.stderr)
+            return 2
+        if input(question).strip().lower() not in ('y', 'yes'):
+            keep = True
+    rec = registry.delete(args.name, keep_data=keep)
+    data = (f'its captured data kept in {registry.capture_dir(rec.name)}' if keep and stored else
+            'its capture' if stored else 'no captured data')
+    print(f'deleted {rec.name} (version {rec.version}) with its usage, {data}; {rec.path} is left as is')
     return 0
 
 
@@ -271,8 +300,11 @@ def add_parsers(sub: Any, groups: dict[str, Any]) -> None:
     fleet.add_parser(sub)
     p = sub.add_parser('deployments', help='list deployments')
     p.set_defaults(func=cmd_deployments)
-    p = sub.add_parser('delete', help='delete a deployment (and its captured data)')
+    p = sub.add_parser('delete', help='delete a deployment (its captured data once confirmed)')
     p.add_argument('name')
+    p.add_argument('--force', action='store_true', help='delete even while a worker runs episodes of it')
+    p.add_argument('--yes', action='store_true', help='remove its captured field data without asking')
+    p.add_argument('--keep-data', action='store_true', help='keep its captured field data on disk')
     p.set_defaults(func=cmd_delete)
     p = sub.add_parser('usage', help='usage per deployment: inference (billed), warming, sessions, episodes')
     p.set_defaults(func=cmd_usage)

@@ -130,6 +130,9 @@ class Policy:
         #: The worker's package version, as its last EpisodeStarted reported it ('' before the first episode,
         #: or from a worker that does not report it).
         self.worker_version = ''
+        #: The deployment's registered version that served the last episode (its EpisodeStarted; 0 before
+        #: the first episode, or from a worker that does not report it). ``contract.version`` is the handshake's.
+        self.deployment_version = 0
 
     # -- connection -------------------------------------------------------------------------------
 
@@ -548,6 +551,7 @@ class Policy:
 
     def _on_started(self, episode: _OpenEpisode, msg: pb.EpisodeStarted) -> None:
         self.worker_version = msg.worker_version
+        self.deployment_version = msg.deployment_version
         if msg.capture and msg.capture_fps > 0:
             episode.telemetry = TelemetryBuffer(msg.capture_fps, msg.capture_images, self.contract.dt)
             episode.ledger.set_sink(episode.capture)

@@ -8,7 +8,8 @@ Threads, per episode (owned by :class:`EpisodeCall`, stopped by :meth:`EpisodeCa
   packed straight into its wire bytes (:func:`~sequence_ai_ros.protocol.messages.observation_request_bytes`:
   one copy of the pixels, not three); the call's serializer passes those bytes through.
 - ``seq-recv-<episode>`` opens the call, reads replies (EpisodeStarted, ActionChunk, Error,
-  EpisodeEnded) and hands them to callbacks; a broken stream becomes a typed error there.
+  EpisodeEnded) and hands them to callbacks; a broken stream becomes a typed error there. When a draining
+  replica refuses the episode before it starts, the same thread opens the call again (same id) after a pause.
 
 Every unary call
 (Handshake, Ready, Label) carries a deadline; nothing waits forever. Ready and Label carry the episode's
@@ -17,6 +18,8 @@ Every unary call
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import logging
 import os
 import queue
@@ -31,7 +34,7 @@ import grpc
 
 from sequence_ai_ros.client.engine import OutRequest
 from sequence_ai_ros.client.sampling import TelemetrySample
-from sequence_ai_ros.exceptions import ConnectionLost, SequenceAIError
+from sequence_ai_ros.exceptions import ConnectionLost, Draining, SequenceAIError
 from sequence_ai_ros.malloc_tuning import tune_malloc
 from sequence_ai_ros.protocol import (
     AUTH_METADATA,
@@ -49,6 +52,11 @@ from sequence_ai_ros.protocol.types import Observation
 
 LOG = logging.getLogger(__name__)
 _CLOSE = object()
+_WAKE = object()   # wakes a call's request iterator (its call was refused: it ends)
+#: How long (s) an episode a draining replica refused is opened again before Draining reaches the caller.
+DRAIN_RETRY_S = 5.0
+#: Pause before it is opened again (s), times the attempt number (at most 1 s).
+DRAIN_RETRY_PAUSE_S = 0.1
 #: Largest message either way (bytes); the worker enforces the contract's own limit on requests.
 MAX_MESSAGE_BYTES = 64 << 20
 #: Label calls at most per label (the first and its retries on UNAVAILABLE, all with the episode's id).
@@ -361,6 +369,9 @@ class EpisodeCall:
         self.telemetry_error = ''
         tag = episode_id[:24]
         self._reader = threading.Thread(target=self._read_loop, name=f'seq-recv-{tag}', daemon=True)
+        self._started = threading.Event()   # EpisodeStarted came: the worker accepted the episode
+        self._unstarted: list[Any] = []      # sent on calls the worker refused before the start: sent again
+        self._sent_lock = threading.Lock()
 
     def start(self) -> None:
         """Start ``seq-recv``, which opens the call (gRPC then starts its request-consumer thread)."""
@@ -431,50 +442,105 @@ class EpisodeCall:
             msg.telemetry.CopyFrom(packed)
         return msg
 
-    def _requests(self):  # noqa: ANN202 - consumed by gRPC's request thread
+    def _requests(self, refused: threading.Event):  # noqa: ANN202 - consumed by gRPC's request thread
+        """One call's requests: EpisodeStart, what refused calls sent before (again), then the outbox.
+
+        Until the worker accepts the episode, what is sent is kept, so that a call opened again after a
+        refusal (:meth:`_read_loop`) sends it again; ``refused`` ends this call's side (the robot's close
+        that the worker waits for after a refusal).
+        """
         yield pb.EpisodeRequest(start=self._start)
+        with self._sent_lock:
+            again = list(self._unstarted)
+        yield from again
         while True:
             try:
                 item = self._outbox.get(timeout=0.1)
             except queue.Empty:
-                if self._stop.is_set():
+                if self._stop.is_set() or refused.is_set():
                     return
                 continue
             if item is _CLOSE:
                 return
+            if item is _WAKE:
+                if refused.is_set():
+                    return
+                continue
             try:
                 msg = self._pack(item)
             except SequenceAIError as exc:
                 self._fail(exc)
+                return
+            with self._sent_lock:
+                if not self._started.is_set():
+                    self._unstarted.append(msg)
+            if refused.is_set():   # this call is over: the next one sends it
                 return
             yield msg
             if isinstance(item, pb.EpisodeEnd):
                 return
 
     def _read_loop(self) -> None:
+        """Open the call and read its replies; open it again (same id) while the worker refuses it as draining.
+
+        A draining replica refuses a new episode before it starts (:class:`~sequence_ai_ros.exceptions.Draining`);
+        the call is opened again with the same ``x-episode-id`` after a pause, so a balancer, which no longer
+        sends that id to the draining replica, hashes it to another one, up to :data:`DRAIN_RETRY_S` in all.
+        """
+        deadline = time.monotonic() + DRAIN_RETRY_S
+        for attempt in itertools.count(1):
+            refusal = self._one_call()
+            if refusal is None:
+                return
+            pause = min(DRAIN_RETRY_PAUSE_S * attempt, 1.0)
+            if (not isinstance(refusal, Draining) or time.monotonic() + pause > deadline
+                    or self._stop.wait(pause)):
+                self._fail(refusal)
+                return
+            LOG.info('episode %s: %s; opening it again (attempt %d)', self.episode_id, refusal, attempt + 1)
+
+    def _one_call(self) -> SequenceAIError | None:
+        """Run one call of the episode; return the worker's refusal of it (None: served, or failed as told)."""
         md = (*self.conn.metadata, (EPISODE_ID_METADATA, self.episode_id), (DEPLOYMENT_METADATA, self.deployment))
+        refused = threading.Event()
+        refusal: SequenceAIError | None = None
         with self._call_lock:
             if self._stop.is_set():
-                return
-            self._call = self.conn.episode_stream(self._requests(), metadata=md)
+                return None
+            self._call = self.conn.episode_stream(self._requests(refused), metadata=md)
         try:
             for reply in self._call:
                 kind = reply.WhichOneof('kind')
                 if kind == 'chunk':
                     self._on_chunk(reply.chunk)
                 elif kind == 'started':
+                    with self._sent_lock:
+                        self._started.set()
+                        self._unstarted.clear()
                     self._on_started(reply.started)
                 elif kind == 'error':
-                    self._fail(errors.from_error(reply.error))
+                    error = errors.from_error(reply.error)
+                    if reply.error.refusal and not self._started.is_set():   # nothing ran: close our side
+                        refusal = error
+                        refused.set()
+                        with contextlib.suppress(queue.Full):
+                            self._outbox.put_nowait(_WAKE)
+                    else:
+                        self._fail(error)
                 elif kind == 'ended':
                     self.captured = reply.ended.captured
                     self.telemetry_rejected += reply.ended.telemetry_rejected
                     self.telemetry_error = self.telemetry_error or reply.ended.telemetry_error
                     self.ended.set()
+            if refusal is not None:
+                return refusal
             if not self.ended.is_set():
                 self._fail(ConnectionLost(f'the worker closed episode {self.episode_id!r} without EpisodeEnded'))
         except grpc.RpcError as exc:
+            if refusal is not None:   # the refusal came first: the call's end does not matter
+                return refusal
             self._fail(errors.from_rpc_error(exc))
         except Exception as exc:  # a bug in a callback must not kill the episode silently
             LOG.exception('episode %s: reader failed', self.episode_id)
             self._fail(ConnectionLost(f'episode reader failed: {type(exc).__name__}: {exc}'))
+        return None

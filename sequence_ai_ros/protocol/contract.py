@@ -19,7 +19,9 @@ from sequence_ai_ros.protocol.spaces import ActionSpace
 #: The wire protocol's version, checked exactly at the handshake. ``.2``: each telemetry frame carries its
 #: control tick's grid index, chunk-step span and hold reason (one record per tick). ``.3``: the contract
 #: declares the cameras the worker pads and how the robot aggregates overlapping chunks (a robot that
-#: ignored the aggregate would play an ensembled checkpoint's chunks as plain chunks).
+#: ignored the aggregate would play an ensembled checkpoint's chunks as plain chunks). ``Error.refusal``
+#: (a refused Episode stream) is additive within ``.3``: a client without it reads the refusal as the
+#: OVERLOADED error it always was.
 PROTOCOL_VERSION = 'sequence_ai.v1.3'
 #: How overlapping chunks are combined for one step (:attr:`Contract.aggregate`): ``latest_only`` (the
 #: newest chunk replaces the others), ``weighted_average`` (ACT's temporal ensembling, Zhao et al. 2023,

@@ -40,12 +40,20 @@ def status_for(code: int) -> grpc.StatusCode:
 
 
 def to_error(error: BaseException, request_id: int = 0) -> pb.Error:
-    """Return the in-stream ``Error`` message for an exception."""
-    return pb.Error(code=code_for(error), message=str(error), request_id=request_id)
+    """Return the in-stream ``Error`` message for an exception (an :class:`~exc.Overloaded`'s refusal too)."""
+    return pb.Error(code=code_for(error), message=str(error), request_id=request_id,
+                    refusal=getattr(error, 'refusal', '') or '')
 
 
 def from_error(msg: pb.Error) -> exc.SequenceAIError:
-    """Return the exception instance an in-stream ``Error`` stands for."""
+    """Return the exception instance an in-stream ``Error`` stands for.
+
+    A refused stream (``refusal`` set, code OVERLOADED) is an :class:`~exc.Overloaded` carrying the refusal,
+    :class:`~exc.Draining` when the replica is stopping.
+    """
+    if msg.refusal and msg.code == pb.OVERLOADED:
+        cls = exc.Draining if msg.refusal == 'draining' else exc.Overloaded
+        return cls(msg.message, refusal=msg.refusal)
     cls = next((c for code, c, _ in _TABLE if code == msg.code), exc.SequenceAIError)
     return cls(msg.message)
 

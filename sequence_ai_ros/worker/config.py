@@ -97,6 +97,8 @@ class ServerConfig:
     :param inference_timeout_s: deadline of one inference (s); past it the request gets POLICY_EXCEPTION
         and the deployment is marked failed.
     :param load_timeout_s: deadline of a policy's construct + ``load()`` (s); past it the deployment is failed.
+    :param drain_timeout_s: on SIGTERM (:meth:`~sequence_ai_ros.worker.server.WorkerServer.drain`), how long
+        live episodes may finish (s) while new ones are refused; the rest end with ``drain_timeout``.
     :param start_timeout_s: an Episode stream that sends no EpisodeStart within this long is closed (s), so
         idle streams cannot hold the worker's ``max_streams`` slots.
     :param max_streams_per_client: most Episode streams one client may hold at once (0: no per-client cap).
@@ -143,12 +145,16 @@ class ServerConfig:
     warm: bool = _opt(False, '--warm', 'load the policies now instead of at the first client', rule='flag')
     max_streams: int = _opt(256, '--max-streams', 'most episode streams open at once; more get OVERLOADED '
                                                   '(default {default})', 'N', rule='count')
-    max_pending: int = _opt(64, rule='count')
+    max_pending: int = _opt(64, '--max-pending', 'per deployment, requests that may wait for inference; more get '
+                            'OVERLOADED (default {default})', 'N', rule='count')
     inference_timeout_s: float = _opt(30.0, '--inference-timeout', 'an inference over S seconds gets '
                                       'POLICY_EXCEPTION and marks the deployment failed (default {default:g})', 'S',
                                       rule='seconds')
     load_timeout_s: float = _opt(DRY_RUN_TIMEOUT_S, '--load-timeout', 'a policy load over S seconds marks the '
                                  'deployment failed (default {default:g})', 'S', rule='seconds')
+    drain_timeout_s: float = _opt(25.0, '--drain-timeout', 'on SIGTERM, refuse new episodes and let live ones '
+                                  'finish for up to S seconds, then cut them (default {default:g}; keep it below the '
+                                  "pod's grace period)", 'S', rule='seconds')
     start_timeout_s: float = _opt(5.0, '--start-timeout', 'close an episode stream that sends no EpisodeStart '
                                   'within S seconds (default {default:g})', 'S', rule='seconds')
     max_streams_per_client: int = _opt(64, '--max-streams-per-client', 'most episode streams one client address '

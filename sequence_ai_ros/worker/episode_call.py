@@ -20,7 +20,8 @@ The episode ends exactly once (:meth:`ActiveEpisode.end`) with reason:
   cannot hold a stream slot;
 - a stream that sends no EpisodeStart within ``start_timeout_s`` is closed the same way (``start_timeout``),
   so idle streams cannot hold the worker's stream slots (admission);
-- ``shutdown`` when the worker stops (an Error and EpisodeEnded are sent).
+- ``shutdown`` when the worker stops (an Error and EpisodeEnded are sent), ``drain_timeout`` when it stops on
+  SIGTERM and the episode outlived the drain timeout (likewise).
 
 Threads: none of its own. :meth:`EpisodeCallHandler.replies` is a coroutine on the worker's event loop
 (``seq-grpc-loop``, gRPC asyncio); a reader *task* moves incoming messages into an inbox (:class:`_Inbox`) so that
@@ -49,6 +50,7 @@ from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import clip
 from sequence_ai_ros.protocol.pipeline import TailSplicer
 from sequence_ai_ros.worker.boundary import refuse
+from sequence_ai_ros.worker.metrics import UnderrunWatch
 from sequence_ai_ros.worker.runtime import ActiveEpisode, DeploymentRuntime, describe
 
 LOG = logging.getLogger(__name__)
@@ -216,9 +218,13 @@ class EpisodeCallHandler:
         self._to_capture: tuple[Any, ...] | None = None   # the request answered last, captured after its reply
         self._end_seen = asyncio.Event()   # the robot's EpisodeEnd has arrived (it may still wait in the inbox)
         self._end_dropped = 0              # queued requests the scheduler dropped when it arrived
+        self._cut = 'shutdown'             # the reason of a cut by the worker (shutdown, drain_timeout)
+        self._started_at: float | None = None   # when EpisodeStart came (monotonic s): time to first chunk
+        self._underruns = UnderrunWatch()  # underruns in this episode's telemetry, live
 
-    def shutdown(self) -> None:
-        """Ask the stream to end its episode (reason ``shutdown``) and close; returns at once; any thread."""
+    def shutdown(self, reason: str = 'shutdown') -> None:
+        """Ask the stream to end its episode (``shutdown``, ``drain_timeout``) and close; at once; any thread."""
+        self._cut = reason
         self._loop.call_soon_threadsafe(self._inbox.put, _SHUTDOWN)
 
     def on_done(self) -> None:
@@ -297,7 +303,9 @@ class EpisodeCallHandler:
                     raise Undecodable('a message on the Episode stream is not an EpisodeRequest (undecodable '
                                       'protobuf); the call is closed')
                 if item is _SHUTDOWN:
-                    async for reply in self._close('shutdown', 'the worker is shutting down'):
+                    why = ('the worker is shutting down' if self._cut == 'shutdown' else
+                           'the worker is stopping and its drain timeout passed')
+                    async for reply in self._close(self._cut, why):
                         yield reply
                     return
                 item, nbytes = item
@@ -321,6 +329,9 @@ class EpisodeCallHandler:
                         yield reply
                         await self._capture_request()   # after the reply went out: off the round trip
                 elif kind == 'telemetry':
+                    if self.active is not None:   # live underruns, whether captured or not
+                        live = self._underruns.observe(item.telemetry.frames)
+                        self.runtime.metrics.underruns(self.runtime.name, *live)
                     if self.active is None:
                         yield _error(EpisodeStateError('Telemetry before EpisodeStart'))
                     elif self.active.recorder.active:
@@ -339,7 +350,7 @@ class EpisodeCallHandler:
 
     async def _close(self, reason: str, why: str) -> AsyncIterator[pb.EpisodeReply]:
         eid = self.active.episode.id if self.active is not None else self.episode_id
-        cls = NotReady if reason == 'shutdown' else EpisodeStateError
+        cls = NotReady if reason in ('shutdown', 'drain_timeout') else EpisodeStateError
         yield _error(cls(f'episode {clip(eid)!r} ended ({reason}): {why}'))
         captured, failure = False, ''
         if self.active is not None:
@@ -355,6 +366,7 @@ class EpisodeCallHandler:
             return _error(EpisodeStateError(f'EpisodeStart names episode {clip(start.episode_id)!r} but the '
                                             f'stream was opened for {clip(self.episode_id)!r} (x-episode-id)'))
         eid = self.episode_id or start.episode_id or uuid.uuid4().hex
+        self._started_at = time.monotonic()
         self.runtime.ensure_loading()
         try:
             store = self.runtime.capture_store
@@ -369,7 +381,8 @@ class EpisodeCallHandler:
         return pb.EpisodeReply(started=pb.EpisodeStarted(episode_id=eid, capture=rec.active,
                                                          capture_fps=rec.fps, capture_images=rec.images,
                                                          capture_error=rec.not_captured,
-                                                         worker_version=sequence_ai_ros.__version__))
+                                                         worker_version=sequence_ai_ros.__version__,
+                                                         deployment_version=self.runtime.version))
 
     async def _infer(self, active: ActiveEpisode, req: pb.ObservationRequest, nbytes: int | None) -> pb.ActionChunk:
         """Decode (raw frames inline; JPEG/PNG on the executor), queue, await the inference thread, pack.
@@ -424,6 +437,7 @@ class EpisodeCallHandler:
     async def _observe(self, req: pb.ObservationRequest, nbytes: int | None = None) -> pb.EpisodeReply | None:
         """Serve one request: its chunk or a typed error; None when the episode's end arrived first (no reply)."""
         rid = req.request_id
+        arrived = time.monotonic()
         active = self.active
         if active is None:
             return _error(EpisodeStateError(f'request {rid}: ObservationRequest before EpisodeStart'), rid)
@@ -455,6 +469,9 @@ class EpisodeCallHandler:
             reply = pb.EpisodeReply(error=pb.Error(code=pb.POLICY_EXCEPTION, request_id=rid,
                                                    message=f'worker internal error: {type(exc).__name__}: {exc}'))
         if chunk is not None:
+            first = arrived - self._started_at if not active.requests and self._started_at is not None else None
+            self.runtime.metrics.timed(self.runtime.name, time.monotonic() - arrived,
+                                       chunk.timings.queue_wait_ms / 1000.0, first)
             active.requests += 1
             self.runtime.metrics.request(self.runtime.name, 'chunk')
         else:

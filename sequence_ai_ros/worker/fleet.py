@@ -218,6 +218,7 @@ class Fleet:
         self._failed = False
         if home is not None:
             self._env['SEQ_HOME'] = str(home)
+        self._names, self._serve_args = list(names), list(serve_args)
         try:
             for k in range(1, replicas + 1):
                 ports = tuple(None if p is None else p[k - 1] for p in pinned.values())
@@ -275,13 +276,14 @@ class Fleet:
                     raise
 
     def _start_replica(self, k: int, names: list[str], serve_args: list[str],
-                       pinned: tuple[int | None, ...] = (None, None, None)) -> Replica:
+                       pinned: tuple[int | None, ...] = (None, None, None), log_mode: str = 'w') -> Replica:
         port, agent, metrics = (p or 0 for p in pinned)    # 0: the replica binds a free one and prints it
         argv = [sys.executable, '-m', 'sequence_ai_ros.cli', 'serve', *names, '--port', str(port), '--warm',
                 '--agent-port', str(agent), '--metrics-port', str(metrics), '--proxy-socket',
                 str(self.proxy_socket(k)), *serve_args]
         # stdout apart from the log (stderr): with PYTHONUNBUFFERED a log line can land inside a printed one
-        with open(self.run_dir / f'replica{k}.out', 'w') as out, open(self.run_dir / f'replica{k}.log', 'w') as log:
+        with open(self.run_dir / f'replica{k}.out', log_mode) as out, \
+                open(self.run_dir / f'replica{k}.log', log_mode) as log:
             env = self._env if self._replica_homes is None else dict(self._env, SEQ_HOME=self._replica_homes[k - 1])
             proc = subprocess.Popen(argv, env=env, stdout=out, stderr=log, start_new_session=True)
         return Replica(k, port, agent, metrics, proc)
@@ -307,9 +309,9 @@ class Fleet:
         except OSError:
             return ''
 
-    def _wait_replicas(self, timeout_s: float) -> None:
+    def _wait_replicas(self, timeout_s: float, replicas: Sequence[Replica] | None = None) -> None:
         deadline = time.monotonic() + timeout_s
-        for r in self.replicas:
+        for r in self.replicas if replicas is None else replicas:
             while not self._read_ports(r) or self.agent_status(r) != 'up ready':
                 if r.process.poll() is not None:
                     raise ConfigError(f'replica {r.index} exited ({r.process.returncode}):\n'
@@ -381,6 +383,31 @@ class Fleet:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(r.process.pid, signal.SIGKILL)
         r.process.wait(timeout=10)
+
+    def restart(self, index: int, timeout_s: float = 60.0) -> None:
+        """Restart replica ``index`` (1-based) as a rolling update does: SIGTERM, its drain, a new process.
+
+        The replica drains (``seq serve`` on SIGTERM: its agent answers ``drain``, so HAProxy hashes new
+        episodes, and a same-id reconnect, to the others; its live episodes finish up to ``--drain-timeout``)
+        and exits; a new one starts on the same ports and the call returns once HAProxy sees it UP.
+
+        :raises ConfigError: when the old one does not exit, or the new one is not UP, within ``timeout_s``.
+        """
+        old = self.replicas[index - 1]
+        deadline = time.monotonic() + timeout_s
+        if old.process.poll() is None:
+            old.process.send_signal(signal.SIGTERM)
+        try:
+            code = old.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise ConfigError(f'replica {index} did not stop within {timeout_s:g} s of SIGTERM') from None
+        if code != 0:
+            self._crashed.append(index)
+        new = self._start_replica(index, self._names, self._serve_args,
+                                  (old.port, old.agent_port, old.metrics_port), log_mode='a')
+        self.replicas[index - 1] = new
+        self._wait_replicas(max(1.0, deadline - time.monotonic()), [new])
+        self.wait_balanced(max(1.0, deadline - time.monotonic()))
 
     def reap(self) -> list[int]:
         """Return the indices of replicas that exited on their own since the last call, and forget them.

@@ -5,26 +5,40 @@ Operators already scrape Triton, vLLM and Ray Serve this way. Every series is la
 ==========================================  =========  ==================================================
 ``seq_requests_total{deployment,outcome}``  counter    observation requests; outcome ``chunk`` or the
                                                        error code (``NOT_READY``, ``OVERLOADED``...)
+``seq_request_seconds{deployment}``         histogram  from a request's arrival to its reply (s), in the
+                                                       worker (queue, inference, packing)
+``seq_queue_seconds{deployment}``           histogram  time a request waited for the inference thread (s)
+``seq_time_to_first_chunk_seconds{deployment}``  histogram  from EpisodeStart to the episode's first chunk (s)
 ``seq_inference_seconds{deployment}``       histogram  duration of each policy call (a batch counts once)
 ``seq_batch_size{deployment}``              histogram  requests per policy call (1 without batching)
 ``seq_queue_depth{deployment}``             gauge      requests waiting for the inference thread
 ``seq_active_episodes{deployment}``         gauge      episodes in progress
 ``seq_open_streams{deployment}``            gauge      Episode streams open
 ``seq_streams_refused_total{reason}``       counter    streams refused: ``max_streams``, ``anonymous``,
-                                                       ``per_client``
+                                                       ``per_client``, ``draining``
 ``seq_episodes_ended_total{deployment,reason}``  counter  episodes ended, by reason (EpisodeEnd's, or
-                                                       ``disconnect``, ``idle_timeout``, ``start_timeout``)
+                                                       ``disconnect``, ``idle_timeout``, ``start_timeout``,
+                                                       ``shutdown``, ``drain_timeout``)
 ``seq_client_underruns_total{deployment}``  counter    underruns the robots reported at EpisodeEnd
 ``seq_client_underrun_seconds_total{deployment}``  counter  seconds the robots held, reported at EpisodeEnd
+``seq_telemetry_underruns_total{deployment}``  counter  underruns seen live in the robots' telemetry (a
+                                                       crashed episode's too; telemetry flows while captured)
+``seq_telemetry_underrun_seconds_total{deployment}``  counter  seconds held in underrun, from telemetry
 ``seq_capture_bytes{deployment}``           gauge      bytes in the deployment's capture store on disk
+``seq_build_info{version,deployment,deployment_version}``  gauge  1: the worker's package version and each
+                                                       served deployment's registered version
+``process_*``, ``python_*``                 various    prometheus_client's process (CPU, memory, file
+                                                       descriptors; Linux) and interpreter collectors
 ==========================================  =========  ==================================================
 
 ``seq_boundary_refused_total{deployment,field}``  counter  values the boundary refused, by field
                                                        (:data:`sequence_ai_ros.protocol.limits.FIELDS`)
 
 Label values come only from bounded sets: the served deployments, the error code names, the documented
-episode-end reasons (:data:`~sequence_ai_ros.protocol.limits.REASONS`; any other is ``other``) and the
-boundary's fields. A non-finite or negative figure a robot reports is not counted.
+episode-end reasons (:data:`~sequence_ai_ros.protocol.limits.REASONS`; any other is ``other``), the
+refusals (:data:`~sequence_ai_ros.worker.drain.REFUSALS`) and the boundary's fields. Every labelled series
+exists at 0 from the start (``rate()``/``increase()`` see its first increment). A non-finite or negative
+figure a robot reports is not counted.
 
 Each :class:`PrometheusMetrics` has its own registry (several workers may share a process, as in tests).
 The endpoint is a :class:`~sequence_ai_ros.worker.bounded_server.BoundedServer` (one thread, a bounded number
@@ -36,6 +50,7 @@ scrape sending ``Authorization: Bearer <token>`` (Prometheus ``authorization: cr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import math
 import threading
@@ -43,14 +58,28 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import sequence_ai_ros
 from sequence_ai_ros.exceptions import MissingDependency
-from sequence_ai_ros.protocol.limits import FIELDS, reason_label
+from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
+from sequence_ai_ros.protocol.limits import FIELDS, OTHER_REASON, REASONS, reason_label
 from sequence_ai_ros.worker.bounded_server import BoundedServer
+from sequence_ai_ros.worker.drain import REFUSALS
 
 #: Seconds a capture-store size is cached (it walks the store's files).
 CAPTURE_BYTES_TTL_S = 10.0
 INFERENCE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+#: Buckets of the request, queue and first-chunk times (s): from a 0 ms policy's sub-ms to a cold start.
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+#: The ``outcome`` label values of ``seq_requests_total``: a chunk, or an error code name.
+OUTCOMES = ('chunk', *(name for name in pb.ErrorCode.keys() if name != 'ERROR_CODE_UNSPECIFIED'))
+#: Longest gap (s) between two telemetry frames counted as held time (a robot that stopped sending).
+MAX_TELEMETRY_GAP_S = 5.0
+
+
+def package_version() -> str:
+    """Return the worker's package version (``sequence_ai_ros.__version__``, as EpisodeStarted reports it)."""
+    return sequence_ai_ros.__version__
 
 
 class MetricsSink:
@@ -61,6 +90,16 @@ class MetricsSink:
 
     def batch(self, deployment: str, size: int, seconds: float) -> None:
         """Record one policy call of ``size`` requests that took ``seconds`` (s)."""
+
+    def timed(self, deployment: str, request_s: float, queue_s: float | None = None,
+              first_chunk_s: float | None = None) -> None:
+        """Record one answered request: its time in the worker, its queue wait, the episode's first chunk (s)."""
+
+    def underruns(self, deployment: str, count: int, seconds: float) -> None:
+        """Count underruns (and their held seconds) seen live in a robot's telemetry."""
+
+    def track(self, runtime: Any) -> None:
+        """Read the gauges and build info of ``runtime``'s deployment from ``runtime`` (a new version) from now on."""
 
     def episode_ended(self, deployment: str, reason: str, underruns: int = 0, underrun_s: float = 0.0) -> None:
         """Count an ended episode and the underruns its robot reported."""
@@ -109,22 +148,53 @@ class PrometheusMetrics(MetricsSink):
         self._underrun_s = prom.Counter('seq_client_underrun_seconds', 'Seconds robots held, reported at EpisodeEnd',
                                         ['deployment'], registry=reg)
         self._refused = prom.Counter('seq_streams_refused', 'Episode streams refused', ['reason'], registry=reg)
+        self._request_s = prom.Histogram('seq_request_seconds', 'From a request\'s arrival to its reply, in the '
+                                         'worker (s)', ['deployment'], buckets=LATENCY_BUCKETS, registry=reg)
+        self._queue_s = prom.Histogram('seq_queue_seconds', 'Time a request waited for the inference thread (s)',
+                                       ['deployment'], buckets=LATENCY_BUCKETS, registry=reg)
+        self._first_chunk_s = prom.Histogram('seq_time_to_first_chunk_seconds', 'From EpisodeStart to the '
+                                             'episode\'s first chunk (s)', ['deployment'], buckets=LATENCY_BUCKETS,
+                                             registry=reg)
+        self._live_underruns = prom.Counter('seq_telemetry_underruns', 'Underruns seen in the robots\' telemetry',
+                                            ['deployment'], registry=reg)
+        self._live_underrun_s = prom.Counter('seq_telemetry_underrun_seconds', 'Seconds held in underrun, from the '
+                                             'robots\' telemetry', ['deployment'], registry=reg)
+        self._build = build = prom.Gauge('seq_build_info', 'The worker\'s version and each deployment\'s '
+                                         'registered version (1)', ['version', 'deployment', 'deployment_version'],
+                                         registry=reg)
+        prom.ProcessCollector(registry=reg)     # process_cpu_seconds_total, process_resident_memory_bytes, fds
+        prom.PlatformCollector(registry=reg)    # python_info
+        prom.GCCollector(registry=reg)          # python_gc_*
         self._boundary = prom.Counter('seq_boundary_refused', 'Values from the wire refused at the boundary',
                                       ['deployment', 'field'], registry=reg)
         self._served = frozenset(runtimes)
         self._expected = f'Bearer {token}'.encode() if token else None
         self._generate = prom.generate_latest
-        queue = prom.Gauge('seq_queue_depth', 'Requests waiting for inference', ['deployment'], registry=reg)
-        active = prom.Gauge('seq_active_episodes', 'Episodes in progress', ['deployment'], registry=reg)
+        self._queue = queue = prom.Gauge('seq_queue_depth', 'Requests waiting for inference', ['deployment'],
+                                         registry=reg)
+        self._active = active = prom.Gauge('seq_active_episodes', 'Episodes in progress', ['deployment'],
+                                           registry=reg)
         capture = prom.Gauge('seq_capture_bytes', 'Bytes in the capture store', ['deployment'], registry=reg)
+        self._versions: dict[str, str] = {}
         streams = prom.Gauge('seq_open_streams', 'Episode streams open', ['deployment'], registry=reg)
         self._capture_cache: dict[str, tuple[float, int]] = {}
         #: seconds a capture-store size is reused before the store is walked again
         self.capture_bytes_ttl_s = CAPTURE_BYTES_TTL_S
         self._lock = threading.Lock()
-        for name, runtime in runtimes.items():
-            self._requests.labels(name, 'chunk')
-            self._underruns.labels(name)
+        for reason in REFUSALS:
+            self._refused.labels(reason)
+        for name, runtime in runtimes.items():   # every labelled series, at 0 from the start
+            for outcome in OUTCOMES:
+                self._requests.labels(name, outcome)
+            for reason in (*REASONS, OTHER_REASON):
+                self._ended.labels(name, reason)
+            for field in (*FIELDS, 'other'):
+                self._boundary.labels(name, field)
+            for family in (self._inference, self._batch, self._underruns, self._underrun_s, self._request_s,
+                           self._queue_s, self._first_chunk_s, self._live_underruns, self._live_underrun_s):
+                family.labels(name)
+            self._versions[name] = str(getattr(runtime, 'version', ''))
+            build.labels(package_version(), name, self._versions[name]).set(1)
             queue.labels(name).set_function(lambda r=runtime: r.scheduler.queue_depth)
             active.labels(name).set_function(lambda r=runtime: len(r.running_episodes()))
             streams.labels(name).set_function(lambda n=name: open_streams(n))
@@ -182,6 +252,38 @@ class PrometheusMetrics(MetricsSink):
         self._inference.labels(self._deployment(deployment)).observe(seconds)
         self._batch.labels(self._deployment(deployment)).observe(size)
 
+    def track(self, runtime: Any) -> None:
+        """Read ``runtime``'s queue depth and episodes from now on, and name its version in ``seq_build_info``."""
+        name = runtime.name
+        if name not in self._served:
+            return
+        self._queue.labels(name).set_function(lambda r=runtime: r.scheduler.queue_depth)
+        self._active.labels(name).set_function(lambda r=runtime: len(r.running_episodes()))
+        old = self._versions.get(name)
+        if old is not None:
+            with contextlib.suppress(KeyError):
+                self._build.remove(package_version(), name, old)
+        self._versions[name] = str(runtime.version)
+        self._build.labels(package_version(), name, self._versions[name]).set(1)
+
+    def timed(self, deployment: str, request_s: float, queue_s: float | None = None,
+              first_chunk_s: float | None = None) -> None:
+        """Record one answered request's times (s); None: not measured (no chunk, not the first)."""
+        name = self._deployment(deployment)
+        self._request_s.labels(name).observe(max(0.0, request_s))
+        if queue_s is not None:
+            self._queue_s.labels(name).observe(max(0.0, queue_s))
+        if first_chunk_s is not None:
+            self._first_chunk_s.labels(name).observe(max(0.0, first_chunk_s))
+
+    def underruns(self, deployment: str, count: int, seconds: float) -> None:
+        """Count underruns seen live in telemetry (see :class:`UnderrunWatch`)."""
+        name = self._deployment(deployment)
+        if count > 0:
+            self._live_underruns.labels(name).inc(count)
+        if math.isfinite(seconds) and seconds > 0:
+            self._live_underrun_s.labels(name).inc(seconds)
+
     def episode_ended(self, deployment: str, reason: str, underruns: int = 0, underrun_s: float = 0.0) -> None:
         """Count an ended episode (its reason's label: documented, else ``other``) and its reported underruns.
 
@@ -205,3 +307,33 @@ class PrometheusMetrics(MetricsSink):
     def close(self) -> None:
         """Shut the HTTP endpoint down (timed join)."""
         self._server.close()
+
+
+class UnderrunWatch:
+    """Underruns of one episode as its telemetry shows them, batch by batch (not only at EpisodeEnd).
+
+    An underrun starts at a frame whose ``hold_reason`` is ``underrun`` after one that was not; its held time
+    is the robot-clock time from the frame before it to the last frame in underrun, each gap bounded by
+    :data:`MAX_TELEMETRY_GAP_S`. Frames come at the capture rate, so the seconds are as fine as that rate.
+    """
+
+    __slots__ = ('_in_underrun', '_last_t')
+
+    def __init__(self) -> None:
+        self._in_underrun = False
+        self._last_t: float | None = None
+
+    def observe(self, frames: Any) -> tuple[int, float]:
+        """Return (underruns begun, seconds held in underrun) in ``frames`` (TelemetryFrame messages, in order)."""
+        count, seconds = 0, 0.0
+        for frame in frames:
+            t = frame.robot_time_s
+            under = frame.hold_reason == 'underrun'
+            if under and not self._in_underrun:
+                count += 1
+            if under and self._last_t is not None and math.isfinite(t) and t > self._last_t:
+                seconds += min(t - self._last_t, MAX_TELEMETRY_GAP_S)
+            self._in_underrun = under
+            if math.isfinite(t):
+                self._last_t = t
+        return count, seconds

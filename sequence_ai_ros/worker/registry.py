@@ -160,9 +160,10 @@ class Registry:
             self._write(data)
         return rec
 
-    def delete(self, name: str) -> DeploymentRecord:
-        """Remove a deployment, its capture directory and its usage.
+    def delete(self, name: str, keep_data: bool = False) -> DeploymentRecord:
+        """Remove a deployment, its capture directory (unless ``keep_data``) and its usage.
 
+        :param keep_data: keep its capture directory (field data), e.g. to export it later.
         :raises UnknownDeployment: when ``name`` is not registered.
         """
         with self._locked():
@@ -170,7 +171,8 @@ class Registry:
             data = self._read()
             data.pop(name, None)
             self._write(data)
-        shutil.rmtree(self.capture_dir(name), ignore_errors=True)
+        if not keep_data:
+            shutil.rmtree(self.capture_dir(name), ignore_errors=True)
         delete_usage(self.usage_file, name)
         return rec
 

@@ -15,10 +15,11 @@ Threads: ``seq-grpc-loop`` runs the gRPC asyncio server (every call, every open 
 coroutine each, no thread per stream); ``seq-io`` is its executor, a fixed pool of :data:`IO_THREADS` for
 blocking work (capture files, SQLite, image decoding, episode-end hooks awaited); the per-deployment
 threads of :mod:`sequence_ai_ros.worker.runtime`; ``seq-housekeeping`` (usage flush every 10 s, capture
-retention at start and hourly); with ``agent_port``, ``seq-agent``; with ``metrics_port``, prometheus_client's
-HTTP thread. With ``probe_port``, a second plaintext gRPC server on the same loop serves the health service
-alone (:mod:`~sequence_ai_ros.worker.probe`), for probes that send no token and no TLS. The thread count
-does not grow with open streams, and nothing grown by a burst is kept.
+retention at start and hourly); served from a registry, ``seq-live`` (:mod:`~sequence_ai_ros.worker.live`:
+which deployments have episodes running, for ``seq delete``); with ``agent_port``, ``seq-agent``; with
+``metrics_port``, prometheus_client's HTTP thread. With ``probe_port``, a second plaintext gRPC server on the
+same loop serves the health service alone (:mod:`~sequence_ai_ros.worker.probe`), for probes that send no
+token and no TLS. The thread count does not grow with open streams, and nothing grown by a burst is kept.
 All are stopped by :meth:`WorkerServer.stop`.
 """
 
@@ -44,10 +45,13 @@ from sequence_ai_ros.policy.loader import PolicyDefinition, load_policy_file
 from sequence_ai_ros.protocol import AUTH_METADATA, errors, messages
 from sequence_ai_ros.worker.capture_hook import open_store
 from sequence_ai_ros.worker.config import ServerConfig, field_names
+from sequence_ai_ros.worker.drain import DRAIN_TIMEOUT_REASON
 from sequence_ai_ros.worker.health_agent import HealthAgent
+from sequence_ai_ros.worker.live import LiveFile
 from sequence_ai_ros.worker.metrics import MetricsSink, PrometheusMetrics
 from sequence_ai_ros.worker.probe import start_probe_server
 from sequence_ai_ros.worker.registry import Registry
+from sequence_ai_ros.worker.rollout import Rollouts
 from sequence_ai_ros.worker.runtime import DeploymentRuntime
 from sequence_ai_ros.worker.servicer import PolicyServicer, add_to_server
 from sequence_ai_ros.worker.usage import Usage, UsageMeter
@@ -56,6 +60,8 @@ LOG = logging.getLogger(__name__)
 #: Default idle timeout of an episode (s); kept for importers, defined by :class:`ServerConfig`.
 DEFAULT_IDLE_TIMEOUT_S = ServerConfig.idle_timeout_s
 USAGE_FLUSH_S = 10.0
+#: Bound (s) on the wait for cut episode streams to send their end, after a drain timeout.
+CUT_WAIT_S = 2.0
 RETENTION_EVERY_S = 3600.0
 #: Default cap of concurrently open Episode streams; kept for importers, defined by :class:`ServerConfig`.
 DEFAULT_MAX_STREAMS = ServerConfig.max_streams
@@ -185,6 +191,8 @@ class WorkerServer:
         self._registry = registry
         self._registry_mtime: float | None = None
         self._retire_lock = threading.Lock()
+        self._live: LiveFile | None = None
+        self._rollouts: Rollouts | None = None
         if registry is not None:
             self.servicer.before_lookup = self.retire_deleted
         for runtime in runtimes.values():
@@ -240,6 +248,9 @@ class WorkerServer:
                 raise
         self._housekeeping = threading.Thread(target=self._housekeep, name='seq-housekeeping', daemon=True)
         self._housekeeping.start()
+        if registry is not None:   # seq delete reads which deployments have episodes running
+            self._live = LiveFile(registry.home, lambda: list(self.runtimes), self.servicer.open_streams)
+            self._rollouts = Rollouts(self.runtimes, registry.load, self._next_runtime, self._adopt, self._stop)
         if config.warm:
             for runtime in runtimes.values():
                 runtime.ensure_loading()
@@ -335,11 +346,14 @@ class WorkerServer:
                 return []
             self._registry_mtime = mtime
             try:
-                names = {r.name for r in self._registry.list()} if mtime != -1 else set()
+                versions = {r.name: r.version for r in self._registry.list()} if mtime != -1 else {}
+                names = set(versions)
             except Exception as exc:  # a registry being rewritten: look again at the next lookup
                 LOG.debug('registry unreadable: %s', exc)
                 self._registry_mtime = None
                 return []
+            if self._rollouts is not None:   # a version registered while serving (seq deploy again)
+                self._rollouts.check(versions)
             gone = [name for name in self.runtimes if name not in names]
             for name in gone:
                 runtime = self.runtimes.pop(name)
@@ -350,8 +364,23 @@ class WorkerServer:
                 LOG.info('deployment %s was deleted: no longer served', name)
             return gone
 
+    def _next_runtime(self, rec: Any, definition: PolicyDefinition, old: DeploymentRuntime) -> DeploymentRuntime:
+        """The runtime of a new version of ``old``'s deployment: same usage meter and capture store, cold."""
+        runtime = DeploymentRuntime(old.name, rec.version, definition, old.usage, capture_store=old.capture_store,
+                                    max_pending=self.config.max_pending,
+                                    inference_timeout_s=self.config.inference_timeout_s,
+                                    load_timeout_s=self.config.load_timeout_s, eta_hint_s=rec.load_s or None)
+        runtime.metrics = self.metrics
+        return runtime
+
+    def _adopt(self, runtime: DeploymentRuntime) -> None:
+        """Serve ``runtime`` from now on (a rollout's new version): its health, state callbacks and gauges."""
+        runtime.on_state_change = self._on_state
+        self.metrics.track(runtime)
+        self._on_state(runtime)
+
     def _on_state(self, runtime: DeploymentRuntime) -> None:
-        ready = runtime.readiness()[0]
+        ready = runtime.readiness()[0] and not self.servicer.drain.draining
         status = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
         self._set_health(runtime.name, status)
 
@@ -384,6 +413,33 @@ class WorkerServer:
         """Return this process's usage per deployment since start."""
         return {name: r.usage.snapshot() for name, r in self.runtimes.items()}
 
+    def drain(self, timeout_s: float | None = None) -> int:
+        """Drain before a stop (``seq serve`` on SIGTERM): no new episodes, the live ones finish or are cut.
+
+        New episodes are refused in-stream (``refusal="draining"``: the client opens them again, and a
+        balancer sends them elsewhere); every deployment's gRPC health turns NOT_SERVING, so the HAProxy agent
+        answers ``drain`` and a readiness probe fails, while the server's own health (liveness) stays SERVING.
+        Episodes still open after ``timeout_s`` end with reason ``drain_timeout`` (the robot gets NOT_READY
+        and EpisodeEnded). Call :meth:`stop` afterwards.
+
+        :param timeout_s: how long live episodes may go on (s); default the config's ``drain_timeout_s``.
+        :returns: how many episode streams were cut.
+        """
+        timeout_s = self.config.drain_timeout_s if timeout_s is None else timeout_s
+        self.servicer.drain.begin()
+        for name in list(self.runtimes):
+            self._set_health(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        open_now = self.servicer.open_streams()
+        LOG.info('draining: %d episode streams open; new episodes are refused; waiting up to %g s', open_now,
+                 timeout_s)
+        left = self.servicer.drain.wait(timeout_s)
+        if left:
+            LOG.warning('drain timeout (%g s): cutting %d episode streams (reason %s)', timeout_s, left,
+                        DRAIN_TIMEOUT_REASON)
+            self.servicer.shutdown_streams(DRAIN_TIMEOUT_REASON)
+            self.servicer.drain.wait(CUT_WAIT_S)   # their Error and EpisodeEnded go out before the stop
+        return left
+
     def stop(self, grace: float = 1.0) -> None:
         """Stop the worker; idempotent.
 
@@ -403,6 +459,10 @@ class WorkerServer:
             self._run(self._probe_server.stop(0))
         self._stop.set()
         self._housekeeping.join(timeout=5.0)
+        if self._rollouts is not None:
+            self._rollouts.close()
+        if self._live is not None:
+            self._live.close()
         for runtime in self.runtimes.values():
             runtime.close()
         self.metrics.close()

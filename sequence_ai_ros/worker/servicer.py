@@ -33,6 +33,7 @@ from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
 from sequence_ai_ros.protocol.contract import PROTOCOL_VERSION, clip
 from sequence_ai_ros.worker.boundary import refuse
 from sequence_ai_ros.worker.config import ServerConfig
+from sequence_ai_ros.worker.drain import Drain, refuse_stream
 from sequence_ai_ros.worker.episode_call import EpisodeCallHandler, Undecodable, parse_request
 from sequence_ai_ros.worker.runtime import DeploymentRuntime
 
@@ -127,6 +128,8 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         self.on_refused: Any = None
         #: called before each lookup: retires deployments deleted from the registry (``seq delete``)
         self.before_lookup: Callable[[], None] | None = None
+        #: set on SIGTERM: new episodes are refused (``draining``) while the open ones finish
+        self.drain = Drain(self.open_streams)
 
     def _runtime(self, name: str) -> DeploymentRuntime:
         if self.before_lookup is not None:
@@ -180,11 +183,14 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         anonymous = self.token is not None and not self._authenticated(context)
         stream = EpisodeCallHandler(runtime, _metadata(context, EPISODE_ID_METADATA), self.idle_timeout_s,
                                     self.config.start_timeout_s, client)
-        refused = self._admit(stream, (client, anonymous))
-        if refused:
+        refused = 'draining' if self.drain.draining else self._admit(stream, (client, anonymous))
+        if refused:   # a typed refusal in the stream (drain.py: a balancer resets an aborted call)
             if self.on_refused is not None:
                 self.on_refused(refused)
-            await context.abort(*errors.abort_details(Overloaded(self._refusal(refused, client, anonymous))))
+            error = self.drain.refusal() or Overloaded(self._refusal(refused, client, anonymous), refusal=refused)
+            async for reply in refuse_stream(request_iterator, error, self.config.start_timeout_s):
+                yield reply
+            return
 
         try:
             async for reply in stream.replies(request_iterator):
@@ -266,9 +272,9 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
                 return len(self._streams)
             return sum(1 for stream in self._streams if stream.runtime.name == deployment)
 
-    def shutdown_streams(self) -> None:
-        """Tell every open episode stream to end (reason ``shutdown``) and close."""
+    def shutdown_streams(self, reason: str = 'shutdown') -> None:
+        """Tell every open episode stream to end (``reason``: ``shutdown``, ``drain_timeout``) and close."""
         with self._streams_lock:
             streams = list(self._streams)
         for stream in streams:
-            stream.shutdown()
+            stream.shutdown(reason)

@@ -1,0 +1,156 @@
+"""A new version registered while serving (``seq deploy`` again): the worker switches to it, without a cut.
+
+:class:`Rollouts` compares each served deployment's version with the registry's (checked when the registry
+file changes: before a lookup and by housekeeping). For a new version, a ``seq-rollout-<name>`` thread:
+
+1. imports it (the registry's checks: a file changed since its deploy is never served) and loads it beside
+   the running one, in the background; robots keep being served by the old version meanwhile;
+2. once it is ready, new episodes get it (the served runtime is swapped); episodes already running finish on
+   the old one, which is then unloaded (its inference thread stopped);
+3. when it cannot load beside the old one (two versions need twice the model's memory; any load failure),
+   the worker says so in its log, keeps serving the old version, and switches when the old version's
+   episodes have ended: it unloads the old one first, then loads the new one (robots meanwhile get NOT_READY
+   and wait, as at a cold start).
+
+Both versions share the deployment's usage meter and capture store. A load that fails again leaves the
+deployment failed (health NOT_SERVING), as a failed load at start does.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sequence_ai_ros.worker.runtime import DeploymentRuntime, describe
+
+LOG = logging.getLogger(__name__)
+#: How often (s) a rollout checks whether the old version's episodes have ended.
+POLL_S = 0.2
+
+
+class Rollouts:
+    """Switch served deployments to versions registered while serving.
+
+    :param runtimes: the served deployments (name -> runtime), swapped in place.
+    :param load: ``name -> (record, definition)``: the registry's validated import of its current version.
+    :param make: ``(record, definition, old runtime) -> new runtime`` sharing the old one's usage and store.
+    :param adopt: called with a runtime that starts to be served (state callbacks, metrics, health).
+    :param stopping: set when the worker stops: rollouts give up.
+    """
+
+    def __init__(self, runtimes: dict[str, DeploymentRuntime], load: Callable[[str], tuple[Any, Any]],
+                 make: Callable[[Any, Any, DeploymentRuntime], DeploymentRuntime],
+                 adopt: Callable[[DeploymentRuntime], None], stopping: threading.Event) -> None:
+        self._runtimes, self._load, self._make, self._adopt = runtimes, load, make, adopt
+        self._stopping = stopping
+        self._lock = threading.Lock()
+        self._threads: dict[str, threading.Thread] = {}
+        #: name -> what its rollout does now: ``loading``, ``waiting`` (for the old version's episodes),
+        #: ``switched``, ``failed``; for tests and logs
+        self.state: dict[str, str] = {}
+        #: (name, old version, new version) of each completed switch, in order
+        self.switched: list[tuple[str, int, int]] = []
+        #: (name, version) of each version unloaded after a switch, in order
+        self.unloaded: list[tuple[str, int]] = []
+        self._held: set[DeploymentRuntime] = set()   # runtimes a rollout holds that are not (or no longer) served
+
+    def check(self, versions: dict[str, int]) -> None:
+        """Start a rollout for each served deployment whose registered version (``versions``) is another."""
+        for name, runtime in list(self._runtimes.items()):
+            version = versions.get(name)
+            if version is None or version == runtime.version:
+                continue
+            with self._lock:
+                running = self._threads.get(name)
+                if running is not None and running.is_alive():
+                    continue
+                thread = threading.Thread(target=self._roll, args=(name,), name=f'seq-rollout-{name}', daemon=True)
+                self._threads[name] = thread
+            thread.start()
+
+    def _roll(self, name: str) -> None:
+        old = self._runtimes.get(name)
+        if old is None:
+            return
+        try:
+            rec, definition = self._load(name)
+        except Exception as exc:   # a file changed since its deploy, an import error: keep serving
+            self.state[name] = 'failed'
+            LOG.error('deployment %s: version registered while serving cannot be imported; serving version %d: %s',
+                      name, old.version, describe(exc))
+            return
+        if rec.version == old.version:
+            return
+        LOG.info('deployment %s: version %d registered while serving version %d; loading it beside', name,
+                 rec.version, old.version)
+        self.state[name] = 'loading'
+        new = self._make(rec, definition, old)
+        self._held.add(new)
+        new.ensure_loading()
+        if self._ready(new):
+            if self._switch(name, old, new):
+                self._unload_when_idle(old)
+            return
+        why = new.readiness()[3]
+        new.close(timeout=1.0)
+        self._held.discard(new)
+        self.state[name] = 'waiting'
+        LOG.warning('deployment %s: version %d cannot load beside version %d (%s); serving version %d and switching '
+                    'when its episodes have ended', name, rec.version, old.version, why, old.version)
+        if not self._wait_idle(old):
+            return
+        new = self._make(rec, definition, old)
+        if self._switch(name, old, new):      # new episodes wait for it (NOT_READY) while it loads
+            self._unload_when_idle(old)       # any episode that started meanwhile ends first
+            new.ensure_loading()
+
+    def _ready(self, runtime: DeploymentRuntime) -> bool:
+        deadline = time.monotonic() + runtime.load_timeout_s + 1.0
+        while not self._stopping.is_set() and time.monotonic() < deadline:
+            state = runtime.readiness()[2]
+            if state in ('ready', 'failed'):
+                return state == 'ready'
+            runtime.ready_event.wait(POLL_S)
+        return False
+
+    def _switch(self, name: str, old: DeploymentRuntime, new: DeploymentRuntime) -> bool:
+        """Serve ``new`` in place of ``old``; False (``new`` closed) when the deployment was deleted meanwhile."""
+        if self._runtimes.get(name) is not old or self._stopping.is_set():
+            new.close(timeout=1.0)
+            self._held.discard(new)
+            self.state[name] = 'failed'
+            return False
+        old.on_state_change = None       # its state no longer sets the deployment's health
+        self._adopt(new)
+        self._runtimes[name] = new
+        self._held.discard(new)
+        self._held.add(old)
+        self.state[name] = 'switched'
+        self.switched.append((name, old.version, new.version))
+        LOG.info('deployment %s: new episodes get version %d; %d running episodes finish on version %d', name,
+                 new.version, len(old.running_episodes()), old.version)
+        return True
+
+    def _wait_idle(self, runtime: DeploymentRuntime) -> bool:
+        while runtime.running_episodes():
+            if self._stopping.wait(POLL_S):
+                return False
+        return True
+
+    def _unload_when_idle(self, old: DeploymentRuntime) -> None:
+        if self._wait_idle(old):
+            old.close()
+            self._held.discard(old)
+            self.unloaded.append((old.name, old.version))
+            LOG.info('deployment %s: version %d unloaded', old.name, old.version)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """After ``stopping`` is set: wait for the rollout threads, then close the runtimes they still held."""
+        for thread in list(self._threads.values()):
+            thread.join(timeout)
+        for runtime in list(self._held):
+            runtime.close(timeout=1.0)
+        self._held.clear()

@@ -1,0 +1,66 @@
+"""Drain of one worker in process (``WorkerServer.drain``, what ``seq serve`` does on SIGTERM).
+
+New episodes get the typed ``draining`` refusal in the stream, the deployment's health turns NOT_SERVING
+while the server's own (liveness) stays SERVING, a live episode goes on until the drain timeout and is then
+cut with reason ``drain_timeout``. The fleet's rolling restart through HAProxy is test_fleet_drain.py.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from test_worker_support import POLICIES, Stream, channel, state_request, wait_for, wait_ready
+
+from sequence_ai_ros.exceptions import Draining, NotReady
+from sequence_ai_ros.protocol import errors as perrors
+from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
+from sequence_ai_ros.worker import serve_policy_file
+
+FAST = POLICIES / 'fast.py'
+NAMES = ['j0', 'j1']
+SERVING = health_pb2.HealthCheckResponse.SERVING
+
+
+def _health(ch, service: str) -> int:
+    return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
+
+
+def test_drain_refuses_new_episodes_typed_and_cuts_the_live_one_at_its_timeout():
+    with serve_policy_file(FAST, 'fast', dim=2) as server, channel(server.port) as ch:
+        stub = pb_grpc.PolicyServiceStub(ch)
+        assert wait_ready(stub, 'fast').ready
+        live = Stream(stub, 'fast', 'live')
+        assert live.start().HasField('started')
+        cut: list[int] = []
+        drainer = threading.Thread(target=lambda: cut.append(server.drain(1.0)), name='drain')
+        drainer.start()
+        wait_for(lambda: server.servicer.drain.draining, what='the drain to begin')
+        refused = Stream(stub, 'fast', 'new')
+        reply = refused.start()
+        error = perrors.from_error(reply.error)
+        assert isinstance(error, Draining) and error.refusal == 'draining', reply
+        refused.close()
+        assert refused.recv(timeout=10) is None and refused.error is None   # ended once the robot closed
+        assert _health(ch, 'fast') != SERVING and _health(ch, '') == SERVING
+        # the live episode is still served while the drain lasts
+        assert live.ask(state_request(1, [0.1, 0.2], NAMES)).HasField('chunk')
+        drainer.join(timeout=15)
+        assert cut == [1]
+        err = live.recv(timeout=10)
+        assert isinstance(perrors.from_error(err.error), NotReady) and 'drain_timeout' in err.error.message
+        assert live.recv(timeout=10).HasField('ended')
+
+
+def test_drain_returns_at_once_when_the_episodes_end():
+    with serve_policy_file(FAST, 'fast', dim=2) as server, channel(server.port) as ch:
+        stub = pb_grpc.PolicyServiceStub(ch)
+        assert wait_ready(stub, 'fast').ready
+        live = Stream(stub, 'fast', 'live')
+        assert live.start().HasField('started')
+        cut: list[int] = []
+        drainer = threading.Thread(target=lambda: cut.append(server.drain(60.0)), name='drain')
+        drainer.start()
+        assert live.end().HasField('ended')
+        drainer.join(timeout=15)
+        assert not drainer.is_alive() and cut == [0]
