@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import grpc
 from test_worker_support import POLICIES, Stream, channel, state_request, wait_for, wait_ready
 
 from sequence_ai_ros.exceptions import Overloaded, Unauthenticated

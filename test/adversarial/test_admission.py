@@ -28,6 +28,7 @@ import pytest
 from test_worker_support import POLICIES, Stream, channel, state_request, wait_for, wait_ready
 
 from sequence_ai_ros.client import connect
+from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
 from sequence_ai_ros.protocol.types import Observation
 from sequence_ai_ros.worker import serve_policy_file
@@ -51,7 +52,9 @@ def robot_gets_a_stream(stub, metadata=(), episode_id: str = 'robot', dim: int =
             assert chunk.HasField('chunk'), chunk
             assert robot.end().HasField('ended')
             return time.monotonic() - start
-        assert robot.error is not None and robot.error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, robot.error
+        # refused: a typed refusal in the stream (Error.refusal, OVERLOADED), then the robot closes its side
+        assert reply is not None and reply.error.refusal and reply.error.code == pb.OVERLOADED, (reply, robot.error)
+        robot.close()
         time.sleep(0.2)
     raise AssertionError(f'no stream for the robot within {ROBOT_WAIT_S} s')
 
@@ -99,10 +102,15 @@ def test_a_forged_forwarded_address_on_the_tcp_port_is_one_local_client(tmp_path
         stub = pb_grpc.PolicyServiceStub(tcp)
         assert wait_ready(stub, 'fast').ready
         forged = [Stream(stub, 'fast', f'forged{i}', metadata=[('x-forwarded-for', f'10.9.8.{i}')]) for i in range(8)]
-        started = [s for s in forged if (r := s.start()) is not None and r.HasField('started')]
+        replies = [(s, s.start()) for s in forged]
+        started = [s for s, r in replies if r is not None and r.HasField('started')]
         assert len(started) == 4                      # one client: 127.0.0.1, capped at 4
-        refused = [s for s in forged if s not in started]
-        assert all('127.0.0.1' in s.error.details() and 'max_streams_per_client' in s.error.details() for s in refused)
+        refused = [r for s, r in replies if s not in started]   # typed refusals in the stream (Error.refusal)
+        assert len(refused) == 4 and all(r is not None and r.error.refusal == 'per_client' for r in refused), refused
+        assert all('127.0.0.1' in r.error.message and 'max_streams_per_client' in r.error.message for r in refused)
+        for s in forged:
+            if s not in started:
+                s.close()
         robot_gets_a_stream(pb_grpc.PolicyServiceStub(proxied), [('x-forwarded-for', '198.51.100.7')])
         for s in started:
             s.end()
