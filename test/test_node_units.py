@@ -581,3 +581,10 @@ def test_the_episode_log_line_carries_the_outcome() -> None:
     for line in (episode_line(report, out), episode_line(report)):
         for part in parts:
             assert part in line, (part, line)
+
+
+def test_the_aggregate_parameter_is_checked_from_its_schema_entry():
+    assert NodeConfig().aggregate == ''                      # as the deployment's contract declares
+    assert NodeConfig(aggregate='weighted_average').aggregate == 'weighted_average'
+    with pytest.raises(ConfigError, match='aggregate'):
+        NodeConfig(aggregate='conservative')

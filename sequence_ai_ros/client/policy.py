@@ -293,6 +293,9 @@ class Policy:
                                    send=lambda req: holder['stream'].send_request(req), wake=self._wake,
                                    fixed_step=fixed_step)
             engine.max_in_flight = self.max_in_flight
+            coeff = '' if engine.aggregate != 'weighted_average' else f' (m={engine.ensemble_coeff:g})'
+            LOG.info('episode %s: %s, aggregate %s%s, up to %d requests in flight', eid,
+                     self.contract.action_space.value, engine.aggregate, coeff, engine.max_in_flight)
             stream = EpisodeCall(self._conn, self.model, eid, settings.instruction, self.contract,
                                  on_chunk=engine.on_chunk, on_error=engine.fail,
                                  on_started=lambda m: self._on_started(episode, m), client_id=self.client_id,

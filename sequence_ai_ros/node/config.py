@@ -249,6 +249,7 @@ class NodeConfig:
     :param stale_grace_s: a source stale for longer than this (s) mid-run ends the episode ('error').
     :param connect_timeout_s: each connection attempt's timeout (s).
     :param max_in_flight: requests in flight at most per episode (the client's ``Policy.max_in_flight``).
+    :param aggregate: each episode's ``EpisodeSettings.aggregate`` ('' keeps the contract's).
     :param status_rate_hz: ~/status rate (Hz).
     :param diagnostics_rate_hz: /diagnostics rate (Hz).
     :param cameras: the camera inputs; their names are ``camera_names`` (each once).
@@ -269,6 +270,7 @@ class NodeConfig:
     stale_grace_s: float = _default('stale_grace_s')
     connect_timeout_s: float = _default('connect_timeout_s')
     max_in_flight: int = _default('max_in_flight')
+    aggregate: str = _default('aggregate')
     status_rate_hz: float = _default('status_rate_hz')
     diagnostics_rate_hz: float = _default('diagnostics_rate_hz')
     joints: JointsConfig = dataclasses.field(default_factory=JointsConfig)

@@ -377,7 +377,8 @@ class Runner:
         try:
             self.validate(contract)
             settings = dataclasses.replace(settings, expect_action_space=contract.action_space,
-                                           control_period=self.cfg.period_s)
+                                           control_period=self.cfg.period_s,
+                                           aggregate=self.cfg.aggregate or settings.aggregate)
             eid = policy.begin_episode(episode_id=episode_id or f'ep-{uuid.uuid4().hex[:12]}', settings=settings)
         finally:
             with self._lock:
@@ -392,6 +393,8 @@ class Runner:
             self.episode = ep
             self.last_episode_id = ep.id
             self.holding = False
+        self._log('info', f'episode {ep.id} started: {contract.action_space.value} at {1.0 / self.cfg.period_s:g} Hz, '
+                          f'aggregate {settings.aggregate or contract.aggregate}, max_seconds {settings.max_seconds:g}')
         return ep.id
 
     def interrupt(self, message: str = '') -> str:
