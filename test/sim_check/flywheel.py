@@ -18,9 +18,10 @@ Runs in the ROS venv (it drives ``sim_robot`` and ``policy_node``); LeRobot step
    ``lerobot-train --policy.path=<first checkpoint>`` fine-tunes on it (:data:`FINETUNE_RECIPE`);
 7. **after**: ``seq deploy`` + ``seq serve`` of the fine-tuned checkpoint, the same N held-out instances.
 
-It prints success before and after (and median time to success). ``--small`` is the plumbing at CI scale
-(check-sim runs it on drawer-open with its cached checkpoint): a few episodes, a few training steps; it
-asserts the export's labelled episodes and that the fine-tuned checkpoint deploys and serves.
+It prints success before and after (and median time to success); ``--control`` adds the same fine-tuning
+on the demos alone, evaluated on the same instances. :func:`plumbing` is the loop at CI scale (check-sim runs
+it on drawer-open with its cached checkpoint): 3 episodes, 5 training steps; it checks the export's labelled
+episodes and that the fine-tuned checkpoint deploys and serves.
 """
 
 from __future__ import annotations
