@@ -177,10 +177,11 @@ check-sim: $(STAMP_BUILD)
 train-image-act:
 	@$(MAKE) --no-print-directory check-sim CHECK_SIM_ARGS=--train-image-act
 
-# The field-data loop on push-v3 (not in CI; ~30-45 min on 2 cores, the first policy's training included):
+# The field-data loop on push-v3 (not in CI; ~20 min on 2 cores, ~32 with the first policy's training):
 # the first ACT served with capture on, success before on 50 held-out instances, 50 field episodes labelled
 # with the simulator's success, exported (LeRobot v3.0), fine-tuned by lerobot-train on the demos plus the
-# successes, served again on the same 50 instances (test/sim_check/flywheel.py). FLYWHEEL_ARGS=... passes more.
+# successes, served again on the same 50 instances, and a control fine-tuned as long on the demos alone
+# (test/sim_check/flywheel.py). FLYWHEEL_ARGS=... passes more.
 flywheel: $(STAMP_BUILD)
 	@py="$(LEROBOT_PYTHON)"; \
 	if [ -z "$$py" ] || ! "$$py" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then \

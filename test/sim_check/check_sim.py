@@ -200,7 +200,8 @@ def artifacts(c: Check, task: str = 'drawer-open-v3', image: int = 0,
                       *([f'image{image}'] if image else []))
     demos = cache / f'demos-{task}{f"-image{image}" if image else ""}-{demos_key}'
     built = {'versions': versions, 'demos': str(demos)}
-    with open(cache / '.lock', 'w') as lock:
+    # one lock per task and kind: training the image ACT (tens of minutes) never stalls the state ACT's check
+    with open(cache / f'.lock-{task}{"-image" if image else ""}', 'w') as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | (fcntl.LOCK_NB if cached_only else 0))
         except BlockingIOError:

@@ -18,9 +18,12 @@ Runs in the ROS venv (it drives ``sim_robot`` and ``policy_node``); LeRobot step
    ``lerobot-train --policy.path=<first checkpoint>`` fine-tunes on it (:data:`FINETUNE_RECIPE`);
 7. **after**: ``seq deploy`` + ``seq serve`` of the fine-tuned checkpoint, the same N held-out instances.
 
-It prints success before and after (and median time to success). ``--small`` is the plumbing at CI scale
-(check-sim runs it on drawer-open with its cached checkpoint): a few episodes, a few training steps; it
-asserts the export's labelled episodes and that the fine-tuned checkpoint deploys and serves.
+8. **control**: the same fine-tuning on the demos alone, served on the same instances, so that what the
+   field data adds is told apart from what more training steps add (``--no-control`` skips it).
+
+It prints success before, after and for the control (and median time to success). :func:`plumbing` is the
+loop at CI scale (check-sim runs it on drawer-open with its cached checkpoint): 3 episodes, 5 training steps;
+it checks the export's labelled episodes and that the fine-tuned checkpoint deploys and serves.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ class Loop:
     eval_seeds: int
     field_episodes: int
     finetune_steps: int
+    control: bool = False               # also fine-tune as long on the demos alone, and evaluate that
 
 
 def json_line(text: str) -> dict:
@@ -192,6 +196,19 @@ def run_loop(c: Check, loop: Loop, demos: Path, ckpt: Path) -> dict:
                                        loop.eval_seeds or 2, 0, label=False)
         finally:
             workers.close()
+        if loop.control:
+            c.step(f'control: the same fine-tuning on the {loop.task} demos alone, {loop.finetune_steps} steps')
+            train(c, 'control', demos, c.out / 'control', [f'--policy.path={ckpt}', *FINETUNE_RECIPE,
+                                                           f'--steps={loop.finetune_steps}'])
+            control = f'{loop.task.split("-")[0]}_control'
+            env = deploy(c, c.out / 'control' / 'checkpoints' / 'last' / 'pretrained_model', control)
+            workers = Processes(c.out / 'logs', env)
+            try:
+                port = serve(c, control, env, workers)
+                out['control'] = episodes_on(c, 'control', loop, control, port, operator, load, ros_env,
+                                             loop.eval_seeds or 2, 0, label=False)
+            finally:
+                workers.close()
     finally:
         load.close()
         operator.close()
@@ -227,12 +244,15 @@ def main() -> int:
     parser.add_argument('--seeds', type=int, default=50, help='held-out instances before and after')
     parser.add_argument('--field-episodes', type=int, default=50, help='captured, labelled episodes')
     parser.add_argument('--finetune-steps', type=int, default=900)
+    parser.add_argument('--no-control', dest='control', action='store_false',
+                        help='skip the control (the same fine-tuning on the demos alone, no field data, evaluated '
+                             'on the same instances: what the field data adds beyond more training steps)')
     parser.add_argument('--first', type=Path, nargs=2, metavar=('DEMOS', 'CHECKPOINT'),
                         help='development only: these demos and first checkpoint, never built')
     args = parser.parse_args()
     args.cached_only = False
     c = Check(args)
-    loop = Loop(args.task, args.seeds, args.field_episodes, args.finetune_steps)
+    loop = Loop(args.task, args.seeds, args.field_episodes, args.finetune_steps, args.control)
     try:
         if not (c.venv / 'bin' / 'python').is_file():
             raise Skip(f'no LeRobot venv at {c.venv}')
@@ -261,6 +281,8 @@ def main() -> int:
               f'steps from the first checkpoint ({ft["finetune_s"]:.0f} s)',
               f'after:  {a["success"]}/{a["n"]} held-out instances solved, median time to success '
               f'{fmt(a["median_s"])} s',
+              *([f'control: {res["control"]["success"]}/{res["control"]["n"]} solved after the same fine-tuning on '
+                 f'the demos alone'] if 'control' in res else []),
               'step times: ' + ', '.join(f'{k} {v:.0f}s' for k, v in c.timings.items() if v >= 5),
               f'flywheel took {time.monotonic() - c.t0:.0f} s']
     text = '\n'.join(lines)
