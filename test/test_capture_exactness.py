@@ -76,12 +76,12 @@ def check_exact(episode: ex.Episode) -> None:
         rows_of_steps = ~rows.held
         assert int(rows.held.sum()) <= out.ticks_held + out.ticks_skipped, (rows.held.sum(), out)
         extra = int(rows_of_steps.sum()) - steps
-        if extra and rows.action.shape[1] > robot.source.rate_dims and 0 < extra <= out.ticks_skipped:
-            # A missed period shorter than a row (a tick of 0.4 steps at 2.5x) shifts the rest of the robot's
-            # timeline by that fraction: absolute rows sample the target at each row's time, so the last
-            # step's target is in effect over part of one more row, and the row times no longer fall on steps.
+        if 0 < extra <= out.ticks_skipped:
+            # A missed period shorter than a row (a tick of 0.5 steps at 2x, 0.4 at 2.5x) shifts the rest of the
+            # robot's timeline by that fraction: rows are the robot's time, so absolute rows sample targets off
+            # the steps and delta rows split increments across the shift, over one more, partial row.
             pytest.skip(f'{out.ticks_skipped} overran period(s) of a fraction of a row (a loaded machine): the '
-                        f'absolute rows sample a timeline shifted by it ({extra} more row)')
+                        f'rows follow a timeline shifted by it ({extra} more row)')
         assert extra == 0, f'{int(rows_of_steps.sum())} rows not held (of {n}) for {steps} steps'
     r = robot.source.rate_dims
     if r:

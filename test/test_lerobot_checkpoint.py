@@ -216,11 +216,8 @@ def test_smolvla_backbone_files_as_transformers_5_saves_them_and_every_step_nami
     assert ck.missing_hub_files(needs, None, {repo: local}) == []
 
 
-def test_seq_deploy_refuses_before_loading_anything(tmp_path: Path, seq_home: Path, monkeypatch):
-    """Deploy's contract step refuses a checkpoint it cannot serve, even with torch and lerobot present."""
-    from sequence_ai_ros.models import lerobot_runtime
-
-    monkeypatch.setattr(lerobot_runtime, 'missing', lambda checkpoint, **_: [])   # as in LeRobot's venv
+def test_seq_deploy_refuses_before_loading_anything(tmp_path: Path, seq_home: Path):
+    """Deploy's contract step refuses a checkpoint it cannot serve for what it is, torch and lerobot or not."""
     ckpt = tmp_path / 'ckpt'
     ckpt.mkdir()
     (ckpt / 'config.json').write_text(json.dumps(config(temporal_ensemble_coeff=0.01, n_action_steps=1)))

@@ -106,7 +106,8 @@ class LeRobot:
         """
         config = lerobot_settings.check(config)
         path = _path(config.get('checkpoint'))
-        runtime.require(path, 'lerobot')
+        if path is None or not all((path / name).is_file() for name in runtime.WEIGHTS):
+            runtime.require(path, 'lerobot')     # an incomplete checkpoint: name everything missing at once
         assert path is not None
         cfg = runtime.read_config(path)
         needed = [need.repo_id for need in checkpoint_files.hub_needs(path, cfg)]
@@ -114,9 +115,12 @@ class LeRobot:
         if stray:
             raise ConfigError(f'config.yaml hub_snapshots names {stray}, which this {cfg.get("type")!r} '
                                       f'checkpoint does not load; it loads {needed or "no backbone repo"}')
-        return runtime.contract_for(contract, cfg, action_space=config.get('action_space', 'joint_absolute'),
-                                    fps=config.get('fps', 30.0), action_names=config.get('action_names'),
-                                    **_serving(config))
+        # a checkpoint the template cannot serve is refused for what it is before the packages are looked for
+        served = runtime.contract_for(contract, cfg, action_space=config.get('action_space', 'joint_absolute'),
+                                      fps=config.get('fps', 30.0), action_names=config.get('action_names'),
+                                      **_serving(config))
+        runtime.require(path, 'lerobot')
+        return served
 
     @classmethod
     def artifacts(cls, config: dict) -> list[Path]:
