@@ -48,6 +48,8 @@ import yaml
 from sequence_ai_ros.demo.processes import Processes
 
 REPO = Path(__file__).resolve().parents[2]
+#: The closed loop's dry time is judged only below this load average (1 min), as check-sim's times are.
+LOAD_JUDGED = 1.5
 HZ = 50.0
 OFFLINE = {'HF_HUB_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1', 'TRANSFORMERS_OFFLINE': '1', 'WANDB_MODE': 'disabled',
            'PYTHONUNBUFFERED': '1'}
@@ -245,7 +247,9 @@ def serve_and_check(c: Check, kind: str, ckpt: Path, bag: Path, ds_info: dict, d
             c.run('act_capture', [c.lr('seq'), 'policy', 'capture', 'lerobot_act', '--rate', '1.0', '--images'], 60,
                   env=env)
         c.step(f'{kind}: closed loop on episode 5 through policy_node at {HZ:.0f} Hz')
+        load_before = os.getloadavg()[0]
         figures['loop'] = closed_loop(c, kind, endpoint, bag, duration, env)
+        figures['loop_load'] = max(load_before, os.getloadavg()[0])
     finally:
         procs.close()
     figures['covers_seconds'] = figures['chunk_length'] / float(ds_info['fps'])
@@ -267,7 +271,14 @@ def serve_and_check(c: Check, kind: str, ckpt: Path, bag: Path, ds_info: dict, d
     loop = figures['loop']
     explained_s = max(0.0, loop['latency_p95_ms'] / 1e3 - MIN_LEAD_FRACTION * figures['covers_seconds']) + 1.0 / HZ
     figures['dry_explained_s'] = explained_s
-    if figures['p95_over_covers'] < 0.45 and loop['underrun_s'] > explained_s:
+    # Dry time is judged only on a quiet machine, as check-sim judges time: on a loaded one the bag player, the
+    # node or the worker can be descheduled for longer than any lead covers (a stall, not the engine's).
+    figures['dry_judged'] = figures['loop_load'] < LOAD_JUDGED
+    if figures['p95_over_covers'] < 0.45 and loop['underrun_s'] > explained_s and not figures['dry_judged']:
+        c.step(f'{kind}: {loop["underruns"]} underruns ({loop["underrun_s"]:.3f} s dry), more than a stall past the '
+               f'prefetch lead explains ({explained_s:.3f} s): not judged (load {figures["loop_load"]:.2f} >= '
+               f'{LOAD_JUDGED})')
+    elif figures['p95_over_covers'] < 0.45 and loop['underrun_s'] > explained_s:
         c.failures.append(f'{kind}: {loop["underruns"]} underruns ({loop["underrun_s"]:.3f} s dry) with p95/covers '
                           f'{figures["p95_over_covers"]:.2f} < 0.45, more than a stall past the prefetch lead '
                           f'explains ({explained_s:.3f} s)')
@@ -466,7 +477,8 @@ def summary(c: Check, results: dict[str, dict], fields: str) -> str:
                   f'{loop["reason"]}; underruns {loop["underruns"]} ({loop["underrun_s"]:.3f} s); '
                   f'latency p50 {loop["latency_p50_ms"]:.1f} ms, p95 {loop["latency_p95_ms"]:.1f} ms; '
                   f'p95 / covers_seconds {r["p95_over_covers"]:.2f} '
-                  f'(below 0.45 no dry time beyond a stall past the prefetch lead: {r["dry_explained_s"]:.3f} s)',
+                  f'(below 0.45 no dry time beyond a stall past the prefetch lead: {r["dry_explained_s"]:.3f} s; '
+                  f'load {r["loop_load"]:.2f}, {"judged" if r["dry_judged"] else "not judged"})',
                   f'  MAE over the action horizon (H={r["chunk_length"]}, episode 5, {r["mae_windows"]} windows, every '
                   f'{r["mae_stride"]}th):']
         lines += [f'    {name:18s} {value:.5f}' for name, value in r['mae'].items()]
