@@ -32,6 +32,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -224,11 +225,7 @@ class WorkerServer:
                 self._probe_server, self.probe_port = self._run(start_probe_server(self.health, config.host,
                                                                                    config.probe_port))
             except BaseException:
-                self._run(self._server.stop(0))
-                self.metrics.close()
-                for runtime in runtimes.values():
-                    runtime.close(timeout=1.0)
-                self._close_loop()
+                self._abandon_start(runtimes.values())
                 raise
         self.agent: HealthAgent | None = None
         if config.agent_port is not None:
@@ -238,13 +235,7 @@ class WorkerServer:
                 self.agent = HealthAgent(f'{local}:{self.port}', sorted(runtimes), config.host, config.agent_port,
                                          token=config.token, credentials=creds)
             except BaseException:
-                if self._probe_server is not None:
-                    self._run(self._probe_server.stop(0))
-                self._run(self._server.stop(0))
-                self.metrics.close()
-                for runtime in runtimes.values():
-                    runtime.close(timeout=1.0)
-                self._close_loop()
+                self._abandon_start(runtimes.values())
                 raise
         self._housekeeping = threading.Thread(target=self._housekeep, name='seq-housekeeping', daemon=True)
         self._housekeeping.start()
@@ -262,6 +253,16 @@ class WorkerServer:
     def _run(self, coroutine: Any, timeout: float | None = 30.0) -> Any:
         """Run ``coroutine`` on the worker's event loop and wait for its result (from any other thread)."""
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
+
+    def _abandon_start(self, runtimes: Iterable[DeploymentRuntime]) -> None:
+        """Undo a start that failed once the gRPC server was started: the side ports, the server, metrics, runtimes."""
+        if self._probe_server is not None:
+            self._run(self._probe_server.stop(0))
+        self._run(self._server.stop(0))
+        self.metrics.close()
+        for runtime in runtimes:
+            runtime.close(timeout=1.0)
+        self._close_loop()
 
     def _close_loop(self) -> None:
         if self._loop.is_running():
