@@ -44,7 +44,6 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -56,7 +55,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path[:0] = [str(HERE), str(REPO / 'test' / 'lerobot_check'), str(REPO)]
 
-from check_lerobot import OFFLINE, ROS_VARS  # noqa: E402
+import check_lerobot as lerobot_check  # noqa: E402
 from loop import DT, Episode, LoadSampler, SimOperator, node_lines, peak_in_flight, summarize  # noqa: E402
 
 from sequence_ai_ros.demo.processes import Processes  # noqa: E402
@@ -139,41 +138,16 @@ def build_once(dest: Path, make: Callable[[Path], None]) -> bool:
     return True
 
 
-class Check:
+class Check(lerobot_check.Check):
+    """check-lerobot's shared state and runner, with the sim's environment (this tree on PYTHONPATH, one thread)."""
+
     def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.out = args.out.resolve()
-        shutil.rmtree(self.out, ignore_errors=True)
-        (self.out / 'logs').mkdir(parents=True)
-        self.venv = args.venv.resolve()
-        self.lr_env = {k: v for k, v in os.environ.items() if k not in ROS_VARS}
-        self.lr_env.update(OFFLINE, PATH=f'{self.venv / "bin"}:{os.environ["PATH"]}', PYTHONPATH=str(REPO),
-                           OMP_NUM_THREADS='1')
-        self.t0 = time.monotonic()
-        self.timings: dict[str, float] = {}
-        self.failures: list[str] = []
+        super().__init__(args)
+        self.lr_env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS='1')
         self.notes: list[str] = []
 
-    def step(self, text: str) -> None:
-        print(f'[{time.monotonic() - self.t0:7.1f}s] {text}', flush=True)
-
-    def run(self, name: str, argv: list[str], timeout: float, env: dict | None = None) -> str:
-        log = self.out / 'logs' / f'{name}.log'
-        t = time.monotonic()
-        try:
-            done = subprocess.run(argv, capture_output=True, text=True, env=env or self.lr_env, timeout=timeout,
-                                  cwd=REPO)
-            text, code = done.stdout + done.stderr, done.returncode
-        except subprocess.TimeoutExpired:
-            text, code = f'timed out after {timeout:.0f}s', -1
-        log.write_text(text)
-        self.timings[name] = time.monotonic() - t
-        if code != 0:
-            raise RuntimeError(f'{name} failed ({code}); see {log}: ' + ' | '.join(text.strip().splitlines()[-4:]))
-        return text
-
     def py(self) -> str:
-        return str(self.venv / 'bin' / 'python')
+        return self.lr('python')
 
     def lerobot_version(self) -> str:
         return self.run('lerobot_version', [self.py(), '-c', 'import importlib.metadata as m; '
