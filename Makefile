@@ -118,7 +118,7 @@ demo: $(STAMP_BUILD)
 bench: $(STAMP_BUILD) $(STAMP_BENCH)
 	$(ENV) && python -m sequence_ai_ros.bench
 
-# Robots per worker as the README states it: 128 robots at 10 req/s, 0 ms policy, 30 s, 3 runs (~2 min).
+# Robots per worker as the README states it: 128 robots at 10 req/s, 0 ms policy, 30 s, 3 runs, each after the load average falls below 0.5 (~5 min).
 bench-scale: $(STAMP_BUILD)
 	$(ENV) && python -m sequence_ai_ros.bench.bench_scale --robots 128 --seconds 30 --runs 3
 

@@ -59,15 +59,18 @@ class Worker:
     """``seq serve`` in its own process; ``.port``; a context manager that terminates it."""
 
     def __init__(self, policy: Path, env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> None:
+        # The worker's log (a line per episode start and end) goes to a file: a pipe nobody reads fills after
+        # a few hundred episodes and blocks the worker on its next log line.
+        self.log = tempfile.TemporaryFile(mode='w+')
         self.proc = subprocess.Popen([sys.executable, '-m', 'sequence_ai_ros.cli', 'serve', str(policy), '--port', '0',
                                       '--warm', '--max-streams-per-client', '0', *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True,
                                      env={**os.environ, **(env or {})})
         line = self.proc.stdout.readline()
         match = re.search(r':(\d+)', line)
         if not match:
             self.close()
-            raise RuntimeError(f'worker did not start: {line!r} {self.proc.stderr.read()}')
+            raise RuntimeError(f'worker did not start: {line!r} {self.log_tail()}')
         self.port = int(match.group(1))
         self.deployment = policy.parent.name if policy.name == 'policy.py' else policy.stem
 
@@ -86,6 +89,14 @@ class Worker:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+    def log_tail(self, chars: int = 4000) -> str:
+        """The last ``chars`` characters of the worker's log."""
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()[-chars:]
 
     def __enter__(self) -> Worker:
         return self
