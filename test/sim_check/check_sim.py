@@ -156,10 +156,11 @@ class Check(lerobot_check.Check):
 
 
 def artifacts(c: Check, task: str = 'drawer-open-v3', image: int = 0,
-              cached_only: bool | None = None) -> tuple[Path, Path, dict]:
+              cached_only: bool | None = None, episodes: int = DEMO_EPISODES) -> tuple[Path, Path, dict]:
     """The cached demos and checkpoint of ``task``, built when absent (unless cached only), and what was built.
 
     ``image`` > 0: the image ACT's (state and an ``image`` px camera, :data:`IMAGE_RECIPE`).
+    ``episodes``: scripted demos to write (a different count is its own cache entry).
     :raises Skip: when cached only (default: --cached-only) and either is absent.
     """
     cached_only = c.args.cached_only if cached_only is None else cached_only
@@ -170,9 +171,10 @@ def artifacts(c: Check, task: str = 'drawer-open-v3', image: int = 0,
     versions = c.lerobot_version()
     # drawer-open-v3's key predates the task argument (its cached demos and checkpoint stay valid)
     demos_key = sha16((HERE / 'demos.py').read_bytes(), (REPO / 'sequence_ai_ros' / 'sim' / 'task.py').read_bytes(),
-                      str(DEMO_EPISODES), versions, *([] if task == 'drawer-open-v3' else [task]),
+                      str(episodes), versions, *([] if task == 'drawer-open-v3' else [task]),
                       *([f'image{image}'] if image else []))
-    demos = cache / f'demos-{task}{f"-image{image}" if image else ""}-{demos_key}'
+    demos = cache / (f'demos-{task}{f"-image{image}" if image else ""}'
+                     f'{"" if episodes == DEMO_EPISODES else f"-{episodes}ep"}-{demos_key}')
     built = {'versions': versions, 'demos': str(demos)}
     # one lock per task and kind: training the image ACT (tens of minutes) never stalls the state ACT's check
     with open(cache / f'.lock-{task}{"-image" if image else ""}', 'w') as lock:
@@ -185,7 +187,7 @@ def artifacts(c: Check, task: str = 'drawer-open-v3', image: int = 0,
                        'builds them)')
         t = time.monotonic()
         built['demos_built'] = build_once(demos, lambda tmp: c.run(f'demos_{task}', [
-            c.py(), str(HERE / 'demos.py'), '--root', str(tmp), '--episodes', str(DEMO_EPISODES), '--task', task,
+            c.py(), str(HERE / 'demos.py'), '--root', str(tmp), '--episodes', str(episodes), '--task', task,
             '--image', str(image)], 1800))
         built['demos_s'] = time.monotonic() - t
         data_hash = dir_hash(demos)
@@ -195,7 +197,7 @@ def artifacts(c: Check, task: str = 'drawer-open-v3', image: int = 0,
             raise Skip(f'no cached checkpoint at {ckpt_dir} ({"make train-image-act" if image else "make check-sim"} '
                        'trains it)')
         if not (ckpt_dir / '.complete').is_file():
-            c.step(f'lerobot-train: {kind} on {DEMO_EPISODES} {task} demos, {recipe[-3]}, CPU, 1 thread, '
+            c.step(f'lerobot-train: {kind} on {episodes} {task} demos, {recipe[-3]}, CPU, 1 thread, '
                    f'offline ({"~30-47" if image else "~8-11"} min)')
         t = time.monotonic()
         built['checkpoint_built'] = build_once(ckpt_dir, lambda tmp: train(

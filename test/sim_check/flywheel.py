@@ -44,6 +44,7 @@ sys.path[:0] = [str(HERE), str(REPO)]
 
 from check_sim import (  # noqa: E402
     CHUNK,
+    DEMO_EPISODES,
     RECIPE,
     Check,
     Condition,
@@ -244,6 +245,9 @@ def main() -> int:
     parser.add_argument('--seeds', type=int, default=50, help='held-out instances before and after')
     parser.add_argument('--field-episodes', type=int, default=50, help='captured, labelled episodes')
     parser.add_argument('--finetune-steps', type=int, default=900)
+    parser.add_argument('--demos', type=int, default=DEMO_EPISODES,
+                        help='scripted demos the first policy is trained on (fewer: a policy weak from scarce '
+                             'data rather than from short training)')
     parser.add_argument('--no-control', dest='control', action='store_false',
                         help='skip the control (the same fine-tuning on the demos alone, no field data, evaluated '
                              'on the same instances: what the field data adds beyond more training steps)')
@@ -256,12 +260,12 @@ def main() -> int:
     try:
         if not (c.venv / 'bin' / 'python').is_file():
             raise Skip(f'no LeRobot venv at {c.venv}')
-        c.step(f'the first policy: state-only ACT on 50 {args.task} demos, check-sim\'s recipe (cached)')
+        c.step(f'the first policy: state-only ACT on {args.demos} {args.task} demos, check-sim\'s recipe (cached)')
         if args.first:
             (demos, ckpt), built = args.first, {'demos_built': False, 'checkpoint_built': False,
                                                 'versions': c.lerobot_version()}
         else:
-            demos, ckpt, built = artifacts(c, args.task)
+            demos, ckpt, built = artifacts(c, args.task, episodes=args.demos)
         c.step(f'demos {"built" if built["demos_built"] else "cached"}, checkpoint '
                f'{"trained" if built["checkpoint_built"] else "cached"} ({ckpt})')
         res = run_loop(c, loop, demos, ckpt)
@@ -271,7 +275,7 @@ def main() -> int:
     b, f, a, ft = res.get('before'), res['field'], res['after'], res['finetune']
     lines = ['', f'=== field-data loop on {args.task} (state-only ACT, chunk {CHUNK} at {round(1 / DT)} Hz, served '
              f'through policy_node + seq serve; {os.cpu_count()} cores; {built["versions"]}) ===',
-             f'first policy: {RECIPE[-3][2:]} on 50 scripted demos']
+             f'first policy: {RECIPE[-3][2:]} on {args.demos} scripted demos']
     if b:
         lines.append(f'before: {b["success"]}/{b["n"]} held-out instances solved, median time to success '
                      f'{fmt(b["median_s"])} s')
