@@ -11,7 +11,8 @@ and ``--max-streams`` above the robot count, so a queue limit is not what is mea
 
 Goal (2 cores): 128 robots, 0 late replies, in 3 of 3 runs started at a load average below 0.5.
 
-Defaults: 128 robots, 30 s, 3 runs (about 5 minutes with the waits); ``make bench`` runs it with ``--seconds 10 --runs 1``.
+Defaults: 128 robots, 30 s, 3 runs (about 5 minutes with the waits); ``make bench`` runs it with
+``--seconds 10 --runs 1``.
 """
 
 from __future__ import annotations
