@@ -281,9 +281,14 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
                 return len(self._streams)
             return sum(1 for stream in self._streams if stream.runtime.name == deployment)
 
-    def shutdown_streams(self, reason: str = 'shutdown') -> None:
-        """Tell every open episode stream to end (``reason``: ``shutdown``, ``drain_timeout``) and close."""
+    def shutdown_streams(self, reason: str = 'shutdown', runtime: Any = None) -> int:
+        """Tell open episode streams to end (``reason``: ``shutdown``, ``drain_timeout``, ``rollout``) and close.
+
+        :param runtime: only the streams served by this runtime (a deployment's version); None: every stream.
+        :returns: how many streams were told.
+        """
         with self._streams_lock:
-            streams = list(self._streams)
+            streams = [s for s in self._streams if runtime is None or s.runtime is runtime]
         for stream in streams:
             stream.shutdown(reason)
+        return len(streams)
