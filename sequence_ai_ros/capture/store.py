@@ -210,7 +210,8 @@ class CaptureStore:
         stopped when the robot labelled it, so the balancer sent the label here). Such a label is kept for
         ``retention_days`` from when it was given, as long as an episode is kept from its end, so it outlives
         its episode in the store that captured it; export and ``seq policy stats`` over several stores
-        (:class:`~sequence_ai_ros.capture.store_set.StoreSet`) merge labels by episode id.
+        (:class:`~sequence_ai_ros.capture.store_set.StoreSet`) merge labels by episode id. Having no episode
+        directory here, it lives in the index alone: a repair of a corrupt index does not bring it back.
 
         :returns: True when this store ran (or is running) the episode; False when the label is kept for an
             episode it never saw (or one past retention).
