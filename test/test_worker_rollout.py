@@ -162,6 +162,8 @@ def test_with_rollout_cut_the_old_versions_episodes_are_cut_typed_and_the_switch
         deploy(write(policy, 2.0, str(marker), wait_s=2.0))
         marker.write_text('version 1 is loaded')
         stub.Ready(pb.ReadyRequest(deployment='arm'), timeout=5)     # a lookup: the worker sees version 2
+        wait_for(lambda: server._rollouts.state.get('arm') == 'loading', timeout=10, what='version 2 to load')
+        assert ask(first, 2) == 1.0                 # version 2 loads in the background: version 1 still answers
         cut = first.recv(timeout=30)                                 # the running episode is cut, typed
         assert isinstance(perrors.from_error(cut.error), NotReady) and '(rollout)' in cut.error.message, cut
         assert first.recv(timeout=10).HasField('ended')
