@@ -142,6 +142,8 @@ class Rollouts:
             if not self._switch(name, old, new):   # new episodes wait for it (NOT_READY) while it loads
                 return
             self._unload_when_idle(old)            # any episode that started meanwhile ends first
+        if self._stopping.is_set():                # the worker stops: it closes the served runtime
+            return
         new.load_gate.set()
         new.ensure_loading()
 
