@@ -14,7 +14,7 @@ from test_data_support import FakeClock, feed_g1, make_store
 
 from sequence_ai_ros.capture.records import REQUEST, read_records
 from sequence_ai_ros.capture.settings import CaptureSettings, load_settings, sample_value, save_settings
-from sequence_ai_ros.capture.store import CaptureStore, UnknownEpisode
+from sequence_ai_ros.capture.store import CaptureStore
 from sequence_ai_ros.datasets.lerobot_reader import LeRobotDataset
 from sequence_ai_ros.exceptions import CaptureError, ConfigError
 from sequence_ai_ros.protocol import codec
@@ -126,8 +126,22 @@ def test_retention_deletes_exactly_the_older_episodes(tmp_path: Path) -> None:
     assert store.apply_retention(now=1_800_000_000.0 + 4 * day) == 0
     clock.t = 1_800_000_000.0 + 7 * day + 1  # the injected clock is the default "now"
     assert store.apply_retention() == 4 and store.episodes() == []
-    with pytest.raises(UnknownEpisode):
-        store.label('d3', True)
+    assert store.label('d3', True) is False     # past retention: kept as a label without an episode
+
+
+def test_a_label_for_an_episode_held_elsewhere_is_kept_as_long_as_an_episode(tmp_path: Path) -> None:
+    """A replica that stored a label for another replica's episode keeps it retention_days from the label."""
+    clock = FakeClock(1_800_000_000.0)
+    store = make_store(tmp_path / 'cap', clock=clock, retention_days=2)
+    day = 86400.0
+    _tiny(store, 'here')                              # ends at day 0
+    clock.t += 0.5 * day
+    assert store.label('elsewhere', True, 'its replica was stopped') is False
+    assert store.label('here', False) is True
+    store.apply_retention(now=clock.t + 1.9 * day)    # the episode here (ended at day 0) is gone ...
+    assert store.episodes() == [] and set(store.labels()) == {'elsewhere'}   # ... the label given later is not
+    store.apply_retention(now=clock.t + 2.1 * day)
+    assert store.labels() == {}
 
 
 def test_labels_reach_the_episode_with_clear_errors(tmp_path: Path) -> None:
@@ -140,20 +154,18 @@ def test_labels_reach_the_episode_with_clear_errors(tmp_path: Path) -> None:
     labels = {e.episode_id: (e.label['success'], e.label['notes'], e.reason) for e in store.episodes()}
     assert labels == {'done': (True, 'cup in gripper', 'completed'), 'running': (False, 'dropped it', 'interrupted')}
     assert json.loads((store.root / 'episodes' / 'done' / 'label.json').read_text())['success'] is True
-    with pytest.raises(UnknownEpisode, match='no episode'):
-        store.label('never-seen', True)
+    assert store.label('never-seen', True, 'ran on another replica') is False   # stored all the same
+    assert store.labels()['never-seen']['notes'] == 'ran on another replica'
     save_settings(store.root, CaptureSettings(rate=0.0, enabled=True))
     assert store.begin('skipped', 'x', None) is None
-    store.label('skipped', True, 'seen, not captured')   # every episode the worker saw takes a label
+    assert store.label('skipped', True, 'seen, not captured')   # every episode the worker saw takes a label
     assert store.index.pending_label('skipped')['notes'] == 'seen, not captured'
     assert 'skipped' not in {e.episode_id for e in store.episodes()}
-    with pytest.raises(LookupError):  # the worker catches LookupError
-        store.label('never-seen', False)
+    assert store.label('never-seen', False) is False    # a later label replaces it
+    assert store.labels()['never-seen']['success'] is False
     unconfigured = CaptureStore(tmp_path / 'none', 'none')
-    with pytest.raises(UnknownEpisode):
-        unconfigured.label('x', True)
     assert unconfigured.begin('x') is None    # capture never configured: not captured, but seen
-    unconfigured.label('x', False, 'labelled anyway')
+    assert unconfigured.label('x', False, 'labelled anyway') is True
     assert unconfigured.episodes() == []
 
 

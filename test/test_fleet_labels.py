@@ -1,11 +1,13 @@
-"""Labels land on the episode's replica: one capture store per replica, behind the real HAProxy.
+"""Labels land with one capture store per replica, behind the real HAProxy, also while a replica is stopped.
 
 Three ``seq serve`` replicas, each with its own $SEQ_HOME (registry, usage, capture store), as Kubernetes
 pods have them; nine robots (the real client, through HAProxy's ``balance hdr(x-episode-id)``) run one
 episode each, then label it. The Label call carries the episode's ``x-episode-id`` as its stream did, so it
-reaches the replica that ran the episode: every label is stored, in the store that holds its episode. A
-Label the worker answers UNAVAILABLE is retried with the same id (a loopback gRPC server standing in for a
-replica that is briefly unreachable).
+reaches the replica that ran the episode, whose store holds it. While that replica is stopped the hash sends
+the label to another replica, which stores it for an episode it does not hold; the export and ``seq policy
+stats`` over the three stores merge labels by episode id (the newest wins): 9/9 labelled. A Label the worker
+answers UNAVAILABLE is retried with the same id (a loopback gRPC server standing in for a replica that is
+briefly unreachable).
 
 Needs HAProxy (Debian's 2.6): ``make haproxy`` installs it as root; otherwise the fleet test skips.
 """
@@ -35,7 +37,7 @@ HAPROXY = shutil.which('haproxy') or ('/usr/sbin/haproxy' if Path('/usr/sbin/hap
 
 @pytest.mark.skipif(HAPROXY is None, reason='HAProxy is not installed (as root: `make haproxy`); the fleet '
                                             'tests need a real load balancer')
-def test_labels_land_on_the_episodes_replica_with_a_store_per_replica(tmp_path, monkeypatch):
+def test_labels_land_with_a_store_per_replica_also_while_one_replica_is_stopped(tmp_path, monkeypatch, capsys):
     from sequence_ai_ros.worker.fleet import Fleet
 
     homes = [tmp_path / f'pod{k}' for k in range(1, 4)]
@@ -44,38 +46,57 @@ def test_labels_land_on_the_episodes_replica_with_a_store_per_replica(tmp_path, 
         monkeypatch.setenv('SEQ_HOME', str(home))
         assert seq_main(['deploy', str(POLICY), '--name', 'replica_echo']) == 0
         assert seq_main(['policy', 'capture', 'replica_echo', '--rate', '1']) == 0
+    stores = [home / 'capture' / 'replica_echo' for home in homes]
+    store_args = [a for store in stores for a in ('--store', str(store))]
+
+    def exported_labels(out: Path) -> dict[str, tuple[bool, str]]:
+        assert seq_main(['policy', 'data', 'export', 'replica_echo', '--out', str(out), '--format', 'jsonl',
+                         *store_args]) == 0
+        rows = [json.loads(line) for line in (out / 'episodes.jsonl').read_text().splitlines() if line.strip()]
+        return {e['episode_id']: (e['label']['success'], e['label']['notes']) for e in rows if e['label']}
+
     with Fleet(['replica_echo'], 3, replica_homes=homes, serve_args=['--idle-timeout', '30']) as fleet:
-        home_of = {r.process.pid: homes[r.index - 1] for r in fleet.replicas}
+        replica_of = {r.process.pid: r.index for r in fleet.replicas}
         robots = [Robot(fleet.address, f'robot{k:02d}') for k in range(ROBOTS)]
         try:
             results = drive_all(robots, 'ep1', 1.0)
             for res in results:
                 assert res['error'] is None and len(res['pids']) == 1, res
-            for k, robot in enumerate(robots):     # the last episode's id, sent as x-episode-id
-                assert robot.policy.label(k % 2 == 0, notes=f'robot {k}')
+            served = {k: replica_of[next(iter(res['pids']))] for k, res in enumerate(results)}
+            assert len(set(served.values())) >= 2            # the episodes spread over the replicas
+            stopped = max(set(served.values()), key=lambda i: sum(v == i for v in served.values()))
+            theirs = [k for k in range(ROBOTS) if served[k] == stopped]
+            for k in range(ROBOTS):                           # the others label on their episode's replica
+                if k not in theirs:
+                    assert robots[k].policy.label(k % 2 == 0, notes=f'robot {k}')
+            fleet.stop_replica(stopped)                       # SIGTERM, drained, HAProxy marks it DOWN
+            for k in theirs:                                  # their labels hash to the replicas still up
+                assert robots[k].policy.label(k % 2 == 0, notes=f'robot {k}')
+            # while it is stopped: its store (a directory on its volume) exports with the others, 9/9 labelled
+            assert exported_labels(tmp_path / 'while-stopped') == {
+                f'robot{k:02d}-ep1': (k % 2 == 0, f'robot {k}') for k in range(ROBOTS)}
+            fleet.restart(stopped)                            # back: the hash sends its episodes' ids to it again
+            relabelled = theirs[0]
+            assert robots[relabelled].policy.label(relabelled % 2 != 0, notes='relabelled on its own replica')
         finally:
             for robot in robots:
                 robot.close()
-        served = {f'robot{k:02d}-ep1': home_of[next(iter(res['pids']))] for k, res in enumerate(results)}
-        assert len(set(served.values())) >= 2            # the episodes spread over the replicas
-    labelled: dict[str, dict] = {}
-    for home in homes:
-        store = CaptureStore(home / 'capture' / 'replica_echo', 'replica_echo')
-        for episode in store.episodes():
-            assert served[episode.episode_id] == home     # each episode is in its replica's store ...
-            assert episode.label is not None, episode.episode_id   # ... and so is its label
-            labelled[episode.episode_id] = episode.label
-    assert len(labelled) == ROBOTS                        # 9/9 labels stored
-    for k in range(ROBOTS):
-        label = labelled[f'robot{k:02d}-ep1']
-        assert (label['success'], label['notes']) == (k % 2 == 0, f'robot {k}')
-    # the pods' stores export as one dataset, every episode with its label
-    out = tmp_path / 'export'
-    stores = [a for home in homes for a in ('--store', str(home / 'capture' / 'replica_echo'))]
-    assert seq_main(['policy', 'data', 'export', 'replica_echo', '--out', str(out), '--format', 'jsonl', *stores]) == 0
-    exported = [json.loads(line) for line in (out / 'episodes.jsonl').read_text().splitlines() if line.strip()]
-    assert {e['episode_id']: e['label']['notes'] for e in exported} == {
-        f'robot{k:02d}-ep1': f'robot {k}' for k in range(ROBOTS)}
+    for k in range(ROBOTS):   # each episode is in its replica's store; a label given while it was stopped is not
+        episode = next(e for e in CaptureStore(stores[served[k] - 1], 'replica_echo').episodes()
+                       if e.episode_id == f'robot{k:02d}-ep1')
+        assert (episode.label is None) == (k in theirs and k != relabelled), k
+    held_elsewhere = {eid for i, store in enumerate(stores, 1) if i != stopped
+                      for eid in CaptureStore(store, 'replica_echo').labels()
+                      if served[int(eid[5:7])] == stopped}
+    assert held_elsewhere == {f'robot{k:02d}-ep1' for k in theirs}   # ... it is on another replica
+    want = {f'robot{k:02d}-ep1': (k % 2 == 0, f'robot {k}') for k in range(ROBOTS)}
+    want[f'robot{relabelled:02d}-ep1'] = (relabelled % 2 != 0, 'relabelled on its own replica')   # newest wins
+    assert exported_labels(tmp_path / 'after') == want
+    capsys.readouterr()
+    assert seq_main(['policy', 'stats', 'replica_echo', '--json', *store_args]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert sum(r['episodes'] for r in rows) == ROBOTS and sum(r['labelled'] for r in rows) == ROBOTS
+    assert sum(r['successes'] for r in rows) == sum(success for success, _ in want.values())
 
 
 class _Flaky(pb_grpc.PolicyServiceServicer):

@@ -70,6 +70,7 @@ OUTSIDE = {
     'tls': [('c.pem',), 'c.pem', ('c.pem', 'k.pem', 'x')],
     'optional_path': ['', '  ', 7, 'a\0b'],
     'isolation': ['thread', '', None],
+    'rollout': ['now', '', None, 'Cut'],
 }
 
 

@@ -249,6 +249,12 @@ class Index:
                                (episode_id,)).fetchone()
         return None if row is None else {'success': bool(row[0]), 'notes': row[1], 'labelled_at': row[2]}
 
+    def labels(self) -> dict[str, dict[str, Any]]:
+        """Return every stored label, of committed episodes or not: ``{episode_id: label}``."""
+        with self.connect() as conn:
+            rows = conn.execute('SELECT episode_id, success, notes, labelled_at FROM labels').fetchall()
+        return {e: {'success': bool(s), 'notes': n, 'labelled_at': at} for e, s, n, at in rows}
+
     def add_run(self, run: dict[str, Any]) -> None:
         """Record (or replace) one episode the worker ran: the keys of the ``runs`` table.
 
@@ -289,7 +295,12 @@ class Index:
             conn.execute('DELETE FROM labels WHERE episode_id=?', (episode_id,))
 
     def forget_decisions(self, before: float) -> None:
-        """Drop sampling decisions and orphan labels older than ``before`` (s since the epoch)."""
+        """Drop sampling decisions and labels without an episode here older than ``before`` (s since the epoch).
+
+        A label without an episode in this store (an episode this worker ran but did not capture, or one that
+        ran on another replica) is dropped at the same age as an episode: since a label is given after its
+        episode ended, it outlives the episode in whichever store holds it.
+        """
         with self.connect() as conn:
             conn.execute('DELETE FROM decisions WHERE decided_at < ?', (before,))
             conn.execute('DELETE FROM labels WHERE labelled_at < ? AND episode_id NOT IN '

@@ -6,7 +6,7 @@ Used by the worker, one store per deployment at ``$SEQ_HOME/capture/<deployment>
     ep = store.begin(episode_id, instruction, contract)   # None: not sampled, capture off, or paused
     ep.add_request(request, chunk, error); ep.add_telemetry(frames)
     ep.commit('completed', stats)                         # atomic; or ep.abort()
-    store.label(episode_id, success=True, notes='')      # UnknownEpisode / EpisodeNotCaptured otherwise
+    store.label(episode_id, success=True, notes='')      # any episode id; False: not one this store ran
     store.apply_retention()                               # on worker start and periodically
 
 Files, the commit protocol and crash safety: :mod:`sequence_ai_ros.capture.episode`. The index:
@@ -58,8 +58,7 @@ from sequence_ai_ros.capture.settings import CaptureSettings, load_settings
 from sequence_ai_ros.exceptions import CaptureError, ConfigError
 from sequence_ai_ros.protocol.contract import Contract
 
-__all__ = ['CaptureStore', 'CaptureSettings', 'EpisodeCapture', 'CapturedEpisode', 'CaptureLookupError',
-           'UnknownEpisode', 'EpisodeNotCaptured']
+__all__ = ['CaptureStore', 'CaptureSettings', 'EpisodeCapture', 'CapturedEpisode']
 
 
 #: Written by the process that paused capture (the worker), read by ``seq policy capture NAME``.
@@ -69,18 +68,6 @@ PROBE_BYTES = 1 << 20
 #: Seconds between two automatic repairs of a corrupt index (see CaptureStore._auto_repair).
 AUTO_REPAIR_INTERVAL_S = 60.0
 LOG = logging.getLogger(__name__)
-
-
-class CaptureLookupError(CaptureError, LookupError):
-    """Raised when a label names an episode the store cannot answer for."""
-
-
-class UnknownEpisode(CaptureLookupError):
-    """Raised when the episode id was never seen by this deployment's store (or is past retention)."""
-
-
-class EpisodeNotCaptured(CaptureLookupError):
-    """Raised when the episode ran but was not kept (not sampled, capture off or paused, or dropped)."""
 
 
 class CaptureStore:
@@ -214,13 +201,20 @@ class CaptureStore:
         status = self.status()
         return status['diagnostic'] if status['state'] == 'paused' else ''
 
-    def label(self, episode_id: str, success: bool, notes: str = '') -> None:
+    def label(self, episode_id: str, success: bool, notes: str = '') -> bool:
         """Store an episode's label (replacing an earlier one), captured or not; a running one gets it too.
 
         Any episode this worker ran is labelled (its label counts in ``seq policy stats``); a captured one
-        also gets ``label.json`` beside its data.
+        also gets ``label.json`` beside its data. A label for an episode this store never saw is stored too:
+        in a fleet with one store per replica the episode may have run on another replica (its replica was
+        stopped when the robot labelled it, so the balancer sent the label here). Such a label is kept for
+        ``retention_days`` from when it was given, as long as an episode is kept from its end, so it outlives
+        its episode in the store that captured it; export and ``seq policy stats`` over several stores
+        (:class:`~sequence_ai_ros.capture.store_set.StoreSet`) merge labels by episode id. Having no episode
+        directory here, it lives in the index alone: a repair of a corrupt index does not bring it back.
 
-        :raises UnknownEpisode: when this store never saw the episode (or it is past retention).
+        :returns: True when this store ran (or is running) the episode; False when the label is kept for an
+            episode it never saw (or one past retention).
         :raises CaptureError: when the store cannot be written.
         """
         when = self.clock()
@@ -229,10 +223,7 @@ class CaptureStore:
             row = self.index.episode(episode_id)
             with self._lock:
                 running = any(ep.episode_id == episode_id for ep in self._active)
-            if row is None and not running and not self.index.seen(episode_id):
-                raise UnknownEpisode(f'deployment {self.deployment}: no episode {episode_id!r} (never seen by '
-                                     f'this worker, or older than the {self.settings.retention_days:g}-day '
-                                     f'retention)')
+            known = row is not None or running or self.index.seen(episode_id)
             self.index.label(episode_id, bool(success), str(notes), when)
             if row is not None:
                 write_json_atomic(self.root / 'episodes' / row['dir'] / LABEL_FILE,
@@ -240,6 +231,23 @@ class CaptureStore:
             self.index.checkpoint()
         except (OSError, sqlite3.Error) as exc:
             raise self._fault(exc, f'labelling episode {episode_id}') from None
+        return known
+
+    def labels(self) -> dict[str, dict[str, Any]]:
+        """Return every label the store holds, ``{episode_id: {'success', 'notes', 'labelled_at'}}``.
+
+        Labels of episodes this store does not hold are included (see :meth:`label`); ``labelled_at`` is
+        the wall time the worker stored it (s since the epoch).
+
+        :raises CaptureError: when the index cannot be read.
+        """
+        if not (self.root / INDEX_FILE).exists():
+            return {}
+        try:
+            self._open()
+            return self.index.labels()
+        except (OSError, sqlite3.Error) as exc:
+            raise self._fault(exc, 'reading labels') from None
 
     def record_run(self, run: dict[str, Any]) -> None:
         """Record one episode the worker ran (captured or not), for labels and ``seq policy stats``.

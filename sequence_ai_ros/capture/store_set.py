@@ -12,6 +12,13 @@ and the robot's next stream with the same id landed on a survivor), the copy wit
 is kept (then the later end), and the other is listed in :attr:`StoreSet.duplicates`. None is lost: every
 committed episode of every store is either read or listed there.
 
+Labels are merged by episode id across the stores: a robot labels its episode on the replica the
+balancer sends the call to, normally the episode's own (the call carries ``x-episode-id``), but another one
+while that replica is stopped, which stores the label for an episode it does not hold (it keeps such a label
+for the store's ``retention_days``, as long as an episode). Every episode read, and every run counted by
+:meth:`StoreSet.runs`, carries the newest label (largest ``labelled_at``) any store holds for its id; so a
+label given again later, on any replica, replaces an earlier one, as it does within one store.
+
 Each store is checked before it is read: its episodes must be of the deployment asked for (the contract
 each episode was captured under names its deployment) and share a contract (state and action names,
 action space) with the other stores. A store that fails a check, or whose index cannot be read (e.g.
@@ -25,6 +32,7 @@ Read-only: nothing is written to the stores (each is opened as a read-only
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -103,20 +111,46 @@ class StoreSet:
                                '; '.join(f'{root}: {why}' for root, why in self.skipped_stores))
         return good
 
+    def labels(self, stores: Sequence[CaptureStore] | None = None) -> dict[str, dict[str, Any]]:
+        """Return the newest label of every episode id over the stores: ``{episode_id: label}``.
+
+        A label is ``{'success': bool, 'notes': str, 'labelled_at': float}`` (s since the epoch); of two
+        labels for one id in two stores, the one with the larger ``labelled_at`` is kept.
+
+        :param stores: the stores to read (default those that pass the checks).
+        :raises CaptureError: when no store can be read (a bad store is skipped: :attr:`skipped_stores`).
+        """
+        merged: dict[str, dict[str, Any]] = {}
+        for store in self._good() if stores is None else stores:
+            try:
+                held = store.labels()
+            except CaptureError as exc:
+                self._skip(store, str(exc))
+                continue
+            for eid, label in held.items():
+                seen = merged.get(eid)
+                if seen is None or label['labelled_at'] > seen['labelled_at']:
+                    merged[eid] = label
+        return merged
+
     def episodes(self, since: float | None = None, until: float | None = None,
                  labelled_only: bool = False) -> list[CapturedEpisode]:
-        """Return the committed episodes of every store, each id once, oldest first.
+        """Return the committed episodes of every store, each id once, oldest first, with merged labels.
+
+        Each episode's ``label`` is the newest one any store holds for its id (:meth:`labels`), so an
+        episode labelled while its replica was stopped carries the label another replica stored.
 
         :param since: keep episodes started at or after this wall time (s since the epoch).
         :param until: keep episodes started before this wall time.
-        :param labelled_only: keep labelled episodes only.
+        :param labelled_only: keep labelled episodes only (labelled in any store).
         :raises CaptureError: when no store can be read (a bad store is skipped: :attr:`skipped_stores`).
         """
         best: dict[str, tuple[CapturedEpisode, Path]] = {}
         self.duplicates = []
-        for store in self._good():
+        good = self._good()
+        for store in good:
             try:
-                chosen = store.episodes(since=since, until=until, labelled_only=labelled_only)
+                chosen = store.episodes(since=since, until=until)
             except CaptureError as exc:   # it went bad since the check: skipped like any bad store
                 self._skip(store, str(exc))
                 continue
@@ -128,19 +162,26 @@ class StoreSet:
                 keep, drop = ((e, store.root), seen) if _better(e, seen[0]) else (seen, (e, store.root))
                 best[e.episode_id] = keep
                 self.duplicates.append((drop[0].episode_id, drop[1]))
-        return sorted((e for e, _ in best.values()), key=lambda e: (e.started_at, e.episode_id))
+        labels = self.labels(good)
+        merged = [dataclasses.replace(e, label=labels.get(e.episode_id)) for e, _ in best.values()]
+        if labelled_only:
+            merged = [e for e in merged if e.label is not None]
+        return sorted(merged, key=lambda e: (e.started_at, e.episode_id))
 
     def runs(self) -> list[dict[str, Any]]:
-        """Return every run recorded by any store (oldest first), each episode id once.
+        """Return every run recorded by any store (oldest first), each episode id once, with merged labels.
 
         A run recorded twice (the same episode id in two stores) counts once: the copy with a label, then
-        the later end.
+        the later end. Its ``success`` is the newest label's for its id in any store (:meth:`labels`), None
+        when unlabelled.
 
         :raises CaptureError: when a store's index cannot be read.
         """
         best: dict[str, dict[str, Any]] = {}
         anonymous: list[dict[str, Any]] = []
-        for store in self._good():
+        good = self._good()
+        labels = self.labels(good)
+        for store in good:
             try:
                 recorded = store.runs()
             except CaptureError as exc:
@@ -151,6 +192,8 @@ class StoreSet:
                 if not eid:
                     anonymous.append(run)
                     continue
+                if eid in labels:
+                    run = {**run, 'success': labels[eid]['success']}
                 seen = best.get(eid)
                 if seen is None or _better_run(run, seen):
                     best[eid] = run

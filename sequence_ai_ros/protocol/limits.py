@@ -79,7 +79,7 @@ MAX_UNDERRUN_S = MAX_EPISODE_S * 10
 
 #: The documented episode-end reasons: the robot's (EpisodeEnd.reason) and the worker's own.
 REASONS = ('completed', 'until', 'timeout', 'interrupted', 'validate', 'error',
-           'disconnect', 'idle_timeout', 'start_timeout', 'shutdown', 'drain_timeout', 'duplicate')
+           'disconnect', 'idle_timeout', 'start_timeout', 'shutdown', 'drain_timeout', 'rollout', 'duplicate')
 #: The metric label of any reason outside :data:`REASONS`.
 OTHER_REASON = 'other'
 

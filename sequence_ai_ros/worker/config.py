@@ -26,6 +26,12 @@ EMBEDDED_PORT = 0
 DRY_RUN_TIMEOUT_S = 180.0
 
 
+#: What a worker does when a version registered while serving cannot load beside the running one: ``wait``
+#: (keep serving the old version and switch when its episodes have ended) or ``cut`` (cut them, with reason
+#: ``rollout``, and switch at once).
+ROLLOUT_MODES = ('wait', 'cut')
+
+
 def _integer(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -58,6 +64,7 @@ RULES: dict[str, Rule] = {
     'tls': Rule(lambda v: v is None or (isinstance(v, (tuple, list)) and len(v) == 2),
                 'is (certificate chain PEM, private key PEM), as paths or bytes'),
     'isolation': Rule(lambda v: v in ('process', 'none'), "must be 'process' or 'none'"),
+    'rollout': Rule(lambda v: v in ROLLOUT_MODES, "must be 'wait' or 'cut'"),
     'optional_path': Rule(lambda v: v is None or (isinstance(v, str) and bool(v.strip()) and '\0' not in v),
                           'must be a file path (or None: off)'),
 }
@@ -123,6 +130,12 @@ class ServerConfig:
         error) and the worker restarts it; it adds ~0.4-0.5 ms to a round trip of the wire payload (``make
         bench``: isolation). ``none`` (default): every policy runs inside the worker process (its import is
         first tried, bounded, in a deployment process, so a hang or exit at import is reported).
+    :param rollout: when a version registered while serving (``seq deploy`` again) cannot load beside the
+        running one (two versions need twice the model's memory): ``wait`` (default) keeps serving the old
+        version and switches when its episodes have ended; ``cut`` cuts the old version's live episodes
+        (reason ``rollout``: the robot gets the retryable NotReady) and switches at once. A version that
+        loads beside the old one is switched to without a cut either way
+        (:mod:`~sequence_ai_ros.worker.rollout`).
     :param agent_port: answer HAProxy ``agent-check`` probes on this port with the gRPC health of the served
         deployments (:mod:`~sequence_ai_ros.worker.health_agent`); None: no agent.
     :param probe_port: serve ``grpc.health.v1.Health`` alone, in plaintext and without the token, on this port
@@ -170,6 +183,10 @@ class ServerConfig:
     isolation: str = _opt('none', '--isolation', "where policy code runs: 'process' (each deployment in its "
                           "own process, restarted when it crashes or hangs; ~0.5 ms per round trip) or 'none' "
                           '(inside the worker) (default {default})', 'MODE', rule='isolation')
+    rollout: str = _opt('wait', '--rollout', "when a new version registered while serving cannot load beside the "
+                        "running one: 'wait' (serve the old one until its episodes end, then switch) or 'cut' "
+                        "(cut its episodes, reason rollout, and switch at once) (default {default})", 'MODE',
+                        rule='rollout')
     metrics_port: int | None = _opt(None, '--metrics-port', 'serve Prometheus metrics on this port at /metrics '
                                     '(default: off; 0 picks a free one)', 'PORT', rule='optional_port')
     agent_port: int | None = _opt(None, '--agent-port', 'answer HAProxy agent-check probes on this port with the '

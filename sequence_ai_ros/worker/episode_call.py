@@ -21,7 +21,8 @@ The episode ends exactly once (:meth:`ActiveEpisode.end`) with reason:
 - a stream that sends no EpisodeStart within ``start_timeout_s`` is closed the same way (``start_timeout``),
   so idle streams cannot hold the worker's stream slots (admission);
 - ``shutdown`` when the worker stops (an Error and EpisodeEnded are sent), ``drain_timeout`` when it stops on
-  SIGTERM and the episode outlived the drain timeout (likewise).
+  SIGTERM and the episode outlived the drain timeout (likewise), ``rollout`` when a new version that cannot
+  load beside the running one replaces it at once (``seq serve --rollout cut``; likewise).
 
 Threads: none of its own. :meth:`EpisodeCallHandler.replies` is a coroutine on the worker's event loop
 (``seq-grpc-loop``, gRPC asyncio); a reader *task* moves incoming messages into an inbox (:class:`_Inbox`) so that
@@ -56,6 +57,11 @@ from sequence_ai_ros.worker.runtime import ActiveEpisode, DeploymentRuntime, des
 LOG = logging.getLogger(__name__)
 _CLOSED = object()
 _SHUTDOWN = object()
+#: The reasons the worker cuts a live episode with (:meth:`EpisodeCallHandler.shutdown`), and what the robot is
+#: told; each is a retryable NotReady.
+CUT_WHY = {'shutdown': 'the worker is shutting down',
+           'drain_timeout': 'the worker is stopping and its drain timeout passed',
+           'rollout': 'a new version of the deployment replaces the running one at once (seq serve --rollout cut)'}
 _UNDECODABLE = object()
 
 
@@ -218,12 +224,12 @@ class EpisodeCallHandler:
         self._to_capture: tuple[Any, ...] | None = None   # the request answered last, captured after its reply
         self._end_seen = asyncio.Event()   # the robot's EpisodeEnd has arrived (it may still wait in the inbox)
         self._end_dropped = 0              # queued requests the scheduler dropped when it arrived
-        self._cut = 'shutdown'             # the reason of a cut by the worker (shutdown, drain_timeout)
+        self._cut = 'shutdown'             # the reason of a cut by the worker (shutdown, drain_timeout, rollout)
         self._started_at: float | None = None   # when EpisodeStart came (monotonic s): time to first chunk
         self._underruns = UnderrunWatch()  # underruns in this episode's telemetry, live
 
     def shutdown(self, reason: str = 'shutdown') -> None:
-        """Ask the stream to end its episode (``shutdown``, ``drain_timeout``) and close; at once; any thread."""
+        """Ask the stream to end its episode (:data:`CUT_WHY`'s reasons) and close; at once; any thread."""
         self._cut = reason
         self._loop.call_soon_threadsafe(self._inbox.put, _SHUTDOWN)
 
@@ -303,9 +309,7 @@ class EpisodeCallHandler:
                     raise Undecodable('a message on the Episode stream is not an EpisodeRequest (undecodable '
                                       'protobuf); the call is closed')
                 if item is _SHUTDOWN:
-                    why = ('the worker is shutting down' if self._cut == 'shutdown' else
-                           'the worker is stopping and its drain timeout passed')
-                    async for reply in self._close(self._cut, why):
+                    async for reply in self._close(self._cut, CUT_WHY[self._cut]):
                         yield reply
                     return
                 item, nbytes = item
@@ -350,7 +354,7 @@ class EpisodeCallHandler:
 
     async def _close(self, reason: str, why: str) -> AsyncIterator[pb.EpisodeReply]:
         eid = self.active.episode.id if self.active is not None else self.episode_id
-        cls = NotReady if reason in ('shutdown', 'drain_timeout') else EpisodeStateError
+        cls = NotReady if reason in CUT_WHY else EpisodeStateError   # a cut by the worker: retry (NotReady)
         yield _error(cls(f'episode {clip(eid)!r} ended ({reason}): {why}'))
         captured, failure = False, ''
         if self.active is not None:

@@ -384,6 +384,27 @@ class Fleet:
             os.killpg(r.process.pid, signal.SIGKILL)
         r.process.wait(timeout=10)
 
+    def stop_replica(self, index: int, timeout_s: float = 60.0) -> None:
+        """Stop replica ``index`` (1-based) and leave it stopped: SIGTERM, its drain, until HAProxy sees it down.
+
+        New calls then hash to the other replicas; :meth:`restart` starts it again on the same ports.
+
+        :raises ConfigError: when it does not exit, or HAProxy does not mark it DOWN, within ``timeout_s``.
+        """
+        r = self.replicas[index - 1]
+        deadline = time.monotonic() + timeout_s
+        self._killed.add(r.index)     # a deliberate stop: stop() stays clean
+        if r.process.poll() is None:
+            r.process.send_signal(signal.SIGTERM)
+        try:
+            r.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise ConfigError(f'replica {index} did not stop within {timeout_s:g} s of SIGTERM') from None
+        while not self.balancer_state().get(f'replica{index}', ('DOWN', 0))[0].startswith('DOWN'):
+            if time.monotonic() > deadline:
+                raise ConfigError(f'HAProxy still sees replica {index} up {timeout_s:g} s after it stopped')
+            time.sleep(0.1)
+
     def restart(self, index: int, timeout_s: float = 60.0) -> None:
         """Restart replica ``index`` (1-based) as a rolling update does: SIGTERM, its drain, a new process.
 

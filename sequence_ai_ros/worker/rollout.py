@@ -3,14 +3,19 @@
 :class:`Rollouts` compares each served deployment's version with the registry's (checked when the registry
 file changes: before a lookup and by housekeeping). For a new version, a ``seq-rollout-<name>`` thread:
 
-1. imports it (the registry's checks: a file changed since its deploy is never served) and loads it beside
-   the running one, in the background; robots keep being served by the old version meanwhile;
+1. imports it (the registry's checks: a file changed since its deploy is never served; under ``--isolation
+   process`` in a deployment process, as at start), then loads it beside the running one and runs one dry
+   inference on it (the synthetic observation of ``seq deploy``), all in the background, off the serving
+   path: robots keep being served by the old version meanwhile;
 2. once it is ready, new episodes get it (the served runtime is swapped); episodes already running finish on
-   the old one, which is then unloaded (its inference thread stopped);
+   the old one, which is then unloaded (its inference thread stopped; under ``--isolation process`` its
+   deployment process ends);
 3. when it cannot load beside the old one (two versions need twice the model's memory; any load failure),
-   the worker says so in its log, keeps serving the old version, and switches when the old version's
-   episodes have ended: it unloads the old one first, then loads the new one (robots meanwhile get NOT_READY
-   and wait, as at a cold start).
+   the worker says so in its log and, with ``seq serve --rollout wait`` (the default), keeps serving the old
+   version and switches when the old version's episodes have ended; with ``--rollout cut`` it switches at
+   once and cuts the old version's live episodes with reason ``rollout`` (the robot gets the retryable
+   NotReady, as for a drain cut). Either way the old version is unloaded before the new one loads: new
+   episodes meanwhile get NOT_READY and wait, as at a cold start.
 
 Both versions share the deployment's usage meter and capture store. A load that fails again leaves the
 deployment failed (health NOT_SERVING), as a failed load at start does.
@@ -24,11 +29,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from sequence_ai_ros.worker.config import ROLLOUT_MODES
 from sequence_ai_ros.worker.runtime import DeploymentRuntime, describe
 
 LOG = logging.getLogger(__name__)
 #: How often (s) a rollout checks whether the old version's episodes have ended.
 POLL_S = 0.2
+#: With ``--rollout cut``: how long (s) the cut episodes may take to end (their end hook, capture commit)
+#: before the old version is unloaded anyway (which ends what is left with reason ``shutdown``).
+CUT_WAIT_S = 10.0
 
 
 class Rollouts:
@@ -39,22 +48,34 @@ class Rollouts:
     :param make: ``(record, definition, old runtime) -> new runtime`` sharing the old one's usage and store.
     :param adopt: called with a runtime that starts to be served (state callbacks, metrics, health).
     :param stopping: set when the worker stops: rollouts give up.
+    :param mode: ``wait`` or ``cut``: what to do when the new version cannot load beside the old one
+        (see the module docstring; ``seq serve --rollout``).
+    :param cut: ``(runtime, reason) -> n``: cut the live episode streams of ``runtime`` with ``reason``; the
+        number cut (needed for ``mode='cut'``).
+    :raises ValueError: for another mode, or ``cut`` mode without ``cut``.
     """
 
     def __init__(self, runtimes: dict[str, DeploymentRuntime], load: Callable[[str], tuple[Any, Any]],
                  make: Callable[[Any, Any, DeploymentRuntime], DeploymentRuntime],
-                 adopt: Callable[[DeploymentRuntime], None], stopping: threading.Event) -> None:
+                 adopt: Callable[[DeploymentRuntime], None], stopping: threading.Event, *, mode: str = 'wait',
+                 cut: Callable[[DeploymentRuntime, str], int] | None = None) -> None:
+        if mode not in ROLLOUT_MODES or (mode == 'cut' and cut is None):
+            raise ValueError(f'rollout mode must be one of {ROLLOUT_MODES} (cut needs a cut callable), got {mode!r}')
         self._runtimes, self._load, self._make, self._adopt = runtimes, load, make, adopt
         self._stopping = stopping
+        self.mode = mode
+        self._cut = cut
         self._lock = threading.Lock()
         self._threads: dict[str, threading.Thread] = {}
         #: name -> what its rollout does now: ``loading``, ``waiting`` (for the old version's episodes),
-        #: ``switched``, ``failed``; for tests and logs
+        #: ``cutting`` (the old version's episodes), ``switched``, ``failed``; for tests and logs
         self.state: dict[str, str] = {}
         #: (name, old version, new version) of each completed switch, in order
         self.switched: list[tuple[str, int, int]] = []
         #: (name, version) of each version unloaded after a switch, in order
         self.unloaded: list[tuple[str, int]] = []
+        #: (name, version, episodes) of each cut of a version's live episodes (``mode='cut'``), in order
+        self.cuts: list[tuple[str, int, int]] = []
         self._held: set[DeploymentRuntime] = set()   # runtimes a rollout holds that are not (or no longer) served
 
     def check(self, versions: dict[str, int]) -> None:
@@ -87,9 +108,8 @@ class Rollouts:
         LOG.info('deployment %s: version %d registered while serving version %d; loading it beside', name,
                  rec.version, old.version)
         self.state[name] = 'loading'
-        new = self._make(rec, definition, old)
-        self._held.add(new)
-        new.ensure_loading()
+        new = self._new(rec, definition, old)
+        new.ensure_loading()            # its load and dry run: in seq-load-<name>, beside the old version
         if self._ready(new):
             if self._switch(name, old, new):
                 self._unload_when_idle(old)
@@ -97,15 +117,42 @@ class Rollouts:
         why = new.readiness()[3]
         new.close(timeout=1.0)
         self._held.discard(new)
-        self.state[name] = 'waiting'
-        LOG.warning('deployment %s: version %d cannot load beside version %d (%s); serving version %d and switching '
-                    'when its episodes have ended', name, rec.version, old.version, why, old.version)
-        if not self._wait_idle(old):
+        new = self._new(rec, definition, old)
+        new.load_gate = threading.Event()     # it loads once the old version is unloaded
+        if self.mode == 'cut':
+            self.state[name] = 'cutting'
+            LOG.warning('deployment %s: version %d cannot load beside version %d (%s); --rollout cut: switching at '
+                        'once, cutting the %d running episodes of version %d', name, rec.version, old.version, why,
+                        len(old.running_episodes()), old.version)
+            if not self._switch(name, old, new):
+                return
+            assert self._cut is not None
+            cut = self._cut(old, 'rollout')
+            self.cuts.append((name, old.version, cut))
+            self._wait_idle(old, CUT_WAIT_S)
+            self._unload(old)
+        else:
+            self.state[name] = 'waiting'
+            LOG.warning('deployment %s: version %d cannot load beside version %d (%s); serving version %d and '
+                        'switching when its episodes have ended', name, rec.version, old.version, why, old.version)
+            if not self._wait_idle(old):
+                new.close(timeout=1.0)
+                self._held.discard(new)
+                return
+            if not self._switch(name, old, new):   # new episodes wait for it (NOT_READY) while it loads
+                return
+            self._unload_when_idle(old)            # any episode that started meanwhile ends first
+        if self._stopping.is_set():                # the worker stops: it closes the served runtime
             return
+        new.load_gate.set()
+        new.ensure_loading()
+
+    def _new(self, rec: Any, definition: Any, old: DeploymentRuntime) -> DeploymentRuntime:
+        """A cold runtime of the new version, held by the rollout, that passes a dry run before it is ready."""
         new = self._make(rec, definition, old)
-        if self._switch(name, old, new):      # new episodes wait for it (NOT_READY) while it loads
-            self._unload_when_idle(old)       # any episode that started meanwhile ends first
-            new.ensure_loading()
+        new.dry_run_on_load = True
+        self._held.add(new)
+        return new
 
     def _ready(self, runtime: DeploymentRuntime) -> bool:
         deadline = time.monotonic() + runtime.load_timeout_s + 1.0
@@ -134,18 +181,23 @@ class Rollouts:
                  new.version, len(old.running_episodes()), old.version)
         return True
 
-    def _wait_idle(self, runtime: DeploymentRuntime) -> bool:
+    def _wait_idle(self, runtime: DeploymentRuntime, timeout_s: float = float('inf')) -> bool:
+        """Wait until ``runtime`` runs no episode; False when the worker stops or ``timeout_s`` passes first."""
+        deadline = time.monotonic() + timeout_s
         while runtime.running_episodes():
-            if self._stopping.wait(POLL_S):
+            if self._stopping.wait(POLL_S) or time.monotonic() > deadline:
                 return False
         return True
 
     def _unload_when_idle(self, old: DeploymentRuntime) -> None:
         if self._wait_idle(old):
-            old.close()
-            self._held.discard(old)
-            self.unloaded.append((old.name, old.version))
-            LOG.info('deployment %s: version %d unloaded', old.name, old.version)
+            self._unload(old)
+
+    def _unload(self, old: DeploymentRuntime) -> None:
+        old.close()       # ends what still runs on it (shutdown); under --isolation process its process ends
+        self._held.discard(old)
+        self.unloaded.append((old.name, old.version))
+        LOG.info('deployment %s: version %d unloaded', old.name, old.version)
 
     def close(self, timeout: float = 5.0) -> None:
         """After ``stopping`` is set: wait for the rollout threads, then close the runtimes they still held."""

@@ -61,6 +61,9 @@ DEFAULT_LOAD_TIMEOUT_S = ServerConfig.load_timeout_s
 #: A deployment process that dies more than this many times within :data:`RESTART_WINDOW_S` stays failed.
 MAX_RESTARTS = 5
 RESTART_WINDOW_S = 60.0
+#: The episode id of the dry inference a restarted deployment process, or a rollout's new version, passes
+#: before it serves robots.
+DRY_RUN_EPISODE = 'seq-dry-run'
 
 
 def describe(exc: BaseException) -> str:
@@ -220,12 +223,18 @@ class DeploymentRuntime:
         #: times the deployment process was restarted after a crash, exit or hang (``--isolation process``)
         self.restarts = 0
         self._restart_times: list[float] = []
+        #: a load that is not allowed to start yet: while set and not yet open, :meth:`ensure_loading` leaves the
+        #: policy cold (robots get NOT_READY). A rollout holds a new version so while the old one unloads.
+        self.load_gate: threading.Event | None = None
+        #: run one dry inference after load, before the policy is ready (a rollout's new version: it serves
+        #: robots only once an inference on the synthetic observation of ``seq deploy`` passed)
+        self.dry_run_on_load = False
 
     # -- warming ------------------------------------------------------------------------------------------
     def ensure_loading(self) -> None:
-        """Start loading in ``seq-load-<name>`` if the policy is cold; never blocks."""
+        """Start loading in ``seq-load-<name>`` if the policy is cold (and :attr:`load_gate` is open); never blocks."""
         with self._lock:
-            if self._state != 'cold':
+            if self._state != 'cold' or (self.load_gate is not None and not self.load_gate.is_set()):
                 return
             self._state = 'warming'
             self._load_started = time.monotonic()
@@ -246,8 +255,8 @@ class DeploymentRuntime:
             load = getattr(instance, 'load', None)
             if callable(load):
                 load()
-            if isinstance(instance, RemotePolicy) and self.restarts:
-                self._dry_run(instance)      # a restarted process serves again only after a good dry run
+            if self.dry_run_on_load or (isinstance(instance, RemotePolicy) and self.restarts):
+                self._dry_run(instance)      # a restarted process or a new version serves after a good dry run
         except BaseException as exc:  # SystemExit/KeyboardInterrupt inside a policy are its failure too
             msg = f'policy {self.name!r} failed to load: {describe(exc)}'
             LOG.error('%s\n%s', msg, traceback.format_exc())
@@ -279,14 +288,15 @@ class DeploymentRuntime:
         except Exception as exc:  # a full disk: the counts wait in memory for the next flush
             LOG.error('usage of %s not written (kept for the next flush): %s', self.name, exc)
 
-    def _dry_run(self, instance: RemotePolicy) -> None:
+    def _dry_run(self, instance: Any) -> None:
         """One inference on the synthetic observation of ``seq deploy``; its chunk must fit the contract."""
         from sequence_ai_ros.worker.validate import synthetic_request
 
         inp = messages.unpack_observation(synthetic_request(self.contract), self.contract)
-        episode = Episode(id='seq-restart-dry-run', instruction='dry run after a restart', deployment=self.name)
+        episode = Episode(id=DRY_RUN_EPISODE, instruction='dry run before serving', deployment=self.name)
         out = instance.infer(inp, episode)
-        instance.forget(episode.id)
+        if isinstance(instance, RemotePolicy):
+            instance.forget(episode.id)
         actions = out.actions if isinstance(out, Result) else out
         messages.pack_chunk(np.asarray(actions), self.contract, request_id=1, episode_id=episode.id, robot_time_s=0.0)
 

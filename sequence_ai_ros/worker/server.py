@@ -241,7 +241,9 @@ class WorkerServer:
         self._housekeeping.start()
         if registry is not None:   # seq delete reads which deployments have episodes running
             self._live = LiveFile(registry.home, lambda: list(self.runtimes), self.servicer.open_streams)
-            self._rollouts = Rollouts(self.runtimes, registry.load, self._next_runtime, self._adopt, self._stop)
+            self._rollouts = Rollouts(self.runtimes, self._load_version, self._next_runtime, self._adopt, self._stop,
+                                      mode=config.rollout,
+                                      cut=lambda runtime, reason: self.servicer.shutdown_streams(reason, runtime))
         if config.warm:
             for runtime in runtimes.values():
                 runtime.ensure_loading()
@@ -365,12 +367,18 @@ class WorkerServer:
                 LOG.info('deployment %s was deleted: no longer served', name)
             return gone
 
+    def _load_version(self, name: str) -> tuple[Any, PolicyDefinition]:
+        """The registry's validated import of ``name``'s current version, as at start (``--isolation``'s importer)."""
+        assert self._registry is not None
+        return self._registry.load(name, importer(self.config, name))
+
     def _next_runtime(self, rec: Any, definition: PolicyDefinition, old: DeploymentRuntime) -> DeploymentRuntime:
         """The runtime of a new version of ``old``'s deployment: same usage meter and capture store, cold."""
         runtime = DeploymentRuntime(old.name, rec.version, definition, old.usage, capture_store=old.capture_store,
                                     max_pending=self.config.max_pending,
                                     inference_timeout_s=self.config.inference_timeout_s,
-                                    load_timeout_s=self.config.load_timeout_s, eta_hint_s=rec.load_s or None)
+                                    load_timeout_s=self.config.load_timeout_s, eta_hint_s=rec.load_s or None,
+                                    record=rec)
         runtime.metrics = self.metrics
         return runtime
 

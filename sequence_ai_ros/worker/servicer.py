@@ -245,7 +245,13 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
                 f'{" without the token" if anonymous else ""} (max_streams_per_client); end one first')
 
     async def Label(self, request: pb.LabelRequest, context: grpc.aio.ServicerContext) -> pb.LabelReply:  # noqa: N802
-        """Store (success, notes) with a captured episode; ok=False with the reason otherwise."""
+        """Store (success, notes) for an episode in this worker's store; ok=False (why) when it cannot.
+
+        It cannot when capture is off for the deployment or the store cannot be written.
+
+        An episode this worker never ran is labelled too (its replica was stopped and the balancer sent the
+        call here); the reply says so, and the stores merge labels by episode id at export and stats.
+        """
         try:
             limits.check_label(request)
             runtime = self._runtime(request.deployment)
@@ -257,13 +263,16 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
                                                    f'{clip(request.episode_id)!r} was not captured, the label is not '
                                                    'stored')
         try:
-            await asyncio.get_running_loop().run_in_executor(None, store.label, request.episode_id, request.success,
-                                                             request.notes)
+            known = await asyncio.get_running_loop().run_in_executor(None, store.label, request.episode_id,
+                                                                     request.success, request.notes)
         except (LookupError, CaptureError, ValueError) as exc:
             return pb.LabelReply(ok=False, message=f'label of episode {clip(request.episode_id)!r} not stored: '
                                                    f'{clip(str(exc), 300)}')
-        return pb.LabelReply(ok=True, message=f'episode {clip(request.episode_id)!r} labelled '
-                                              f'{"success" if request.success else "failure"}')
+        what = f'episode {clip(request.episode_id)!r} labelled {"success" if request.success else "failure"}'
+        if not known:   # its replica was unreachable: the balancer sent the label to this one
+            what += (' (this worker did not run it: the label is kept here and merged by episode id when the '
+                     'replicas\' stores are exported or counted together, --store per store)')
+        return pb.LabelReply(ok=True, message=what)
 
     def open_streams(self, deployment: str | None = None) -> int:
         """Return the number of Episode streams open now (of ``deployment`` only, when given)."""
@@ -272,9 +281,14 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
                 return len(self._streams)
             return sum(1 for stream in self._streams if stream.runtime.name == deployment)
 
-    def shutdown_streams(self, reason: str = 'shutdown') -> None:
-        """Tell every open episode stream to end (``reason``: ``shutdown``, ``drain_timeout``) and close."""
+    def shutdown_streams(self, reason: str = 'shutdown', runtime: Any = None) -> int:
+        """Tell open episode streams to end (``reason``: ``shutdown``, ``drain_timeout``, ``rollout``) and close.
+
+        :param runtime: only the streams served by this runtime (a deployment's version); None: every stream.
+        :returns: how many streams were told.
+        """
         with self._streams_lock:
-            streams = list(self._streams)
+            streams = [s for s in self._streams if runtime is None or s.runtime is runtime]
         for stream in streams:
             stream.shutdown(reason)
+        return len(streams)
