@@ -53,6 +53,7 @@ from sequence_ai_ros.protocol.pipeline import TailSplicer
 from sequence_ai_ros.worker.boundary import refuse
 from sequence_ai_ros.worker.metrics import UnderrunWatch
 from sequence_ai_ros.worker.runtime import ActiveEpisode, DeploymentRuntime, describe
+from sequence_ai_ros.worker.scheduler import LoopFuture
 
 LOG = logging.getLogger(__name__)
 _CLOSED = object()
@@ -70,10 +71,11 @@ _PENDING = object()
 #: (``sleep(0)``), never timed sleeps: a sub-millisecond asyncio timer costs a whole millisecond on an idle
 #: loop (epoll's timeout is in ms, rounded up), which put ~1 ms into the round trip's tail.
 QUICK_WAIT_S = 0.0002
-#: The quick wait of a deployment process's inference (s): none. Its round trip to the process (~0.1 ms
-#: for the wire payload) outlasts :data:`QUICK_WAIT_S`, and polling through it keeps the loop thread taking the
-#: GIL from the inference thread, which needs it to read the answer: the loop sleeps instead and the inference
-#: thread wakes it once (:meth:`EpisodeCallHandler._await_inference`).
+#: The quick wait of a deployment process's inference run by the inference thread (s): none. Polling would keep
+#: the loop thread taking the GIL from the inference thread, which needs it to read the answer: the loop sleeps
+#: instead and the inference thread wakes it once (:meth:`EpisodeCallHandler._await_inference`). One sent from
+#: the loop itself (:class:`~sequence_ai_ros.worker.scheduler.LoopFuture`) is polled for :data:`QUICK_WAIT_S`:
+#: each pass's ``select(0)`` reads the process's answer as it comes.
 QUICK_WAIT_ISOLATED_S = 0.0
 
 
@@ -399,7 +401,8 @@ class EpisodeCallHandler:
         if self._end_seen.is_set():
             raise _EndArrived(started=False)
         future = runtime.submit(active, req, inp)
-        result = await _quick_wait(future, QUICK_WAIT_ISOLATED_S if runtime.isolated else QUICK_WAIT_S)
+        quick = QUICK_WAIT_ISOLATED_S if runtime.isolated and not isinstance(future, LoopFuture) else QUICK_WAIT_S
+        result = await _quick_wait(future, quick)
         if self._end_seen.is_set():   # it came during the quick wait: whatever the result, it is not sent
             raise _EndArrived(started=not self._end_dropped, counted=bool(self._end_dropped))
         if result is _PENDING:

@@ -68,14 +68,17 @@ class Channel:
     """Frames over a Unix stream socket: ``u32 length`` then the payload; one frame in flight each way.
 
     Reads go into one reusable buffer (grown to the largest frame), so a payload is valid until the next
-    :meth:`recv`. File descriptors (``SCM_RIGHTS``) ride with a frame's first bytes.
+    read. File descriptors (``SCM_RIGHTS``) ride with a frame's first bytes. A frame is read whole by
+    :meth:`recv` (blocking), or piecewise by :meth:`poll` (never blocking: an event loop's reader), and a
+    frame :meth:`poll` began, :meth:`recv` finishes.
 
-    :param sock: a connected ``AF_UNIX`` ``SOCK_STREAM`` socket.
+    :param sock: a connected ``AF_UNIX`` ``SOCK_STREAM`` socket (blocking).
     """
 
     def __init__(self, sock: socket.socket, size: int = 1 << 16) -> None:
         self.sock = sock
         self._buf = bytearray(size)
+        self._got = 0           # bytes of the next frame read so far
 
     def send(self, parts: Sequence[bytes | memoryview], fds: Sequence[int] = ()) -> None:
         """Send one frame made of ``parts`` (and ``fds``), in one ``sendmsg`` when the socket takes it all.
@@ -90,35 +93,55 @@ class Channel:
             self.sock.sendall(memoryview(b''.join(msg))[sent:])
 
     def recv(self) -> tuple[memoryview, list[int]]:
-        """Read one frame: its payload (a view of the buffer, valid until the next call) and any fds.
+        """Read one frame: its payload (a view of the buffer, valid until the next read) and any fds.
 
         :raises EOFError: when the peer closed the socket.
         :raises OSError: when the socket fails.
         """
-        view = memoryview(self._buf)
-        got, anc, _, _ = self.sock.recvmsg_into([view], _FD_SPACE)
-        fds = _fds(anc)
-        if not got:
-            _close_fds(fds)
+        fds: list[int] = []
+        if not self._got:
+            got, anc, _, _ = self.sock.recvmsg_into([memoryview(self._buf)], _FD_SPACE)
+            fds = _fds(anc)
+            if not got:
+                _close_fds(fds)
+                raise EOFError('the peer closed the connection')
+            self._got = got
+        frame = self._frame()
+        while frame is None:
+            self._read(0)
+            frame = self._frame()
+        return frame, fds
+
+    def poll(self) -> memoryview | None:
+        """Read what has arrived, without blocking; return a frame's payload once it is whole, else None.
+
+        :raises EOFError: when the peer closed the socket.
+        :raises OSError: when the socket fails.
+        """
+        try:
+            self._read(socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return None
+        return self._frame()
+
+    def _read(self, flags: int) -> None:
+        k = self.sock.recv_into(memoryview(self._buf)[self._got:], 0, flags)
+        if not k:
             raise EOFError('the peer closed the connection')
-        while got < 4:
-            got += self._more(view, got, 4)
+        self._got += k
+
+    def _frame(self) -> memoryview | None:
+        if self._got < 4:
+            return None
         (n,) = _U32.unpack_from(self._buf, 0)
         if 4 + n > len(self._buf):
             grown = bytearray(max(4 + n, 2 * len(self._buf)))
-            grown[:got] = view[:got]
-            view.release()
+            grown[:self._got] = memoryview(self._buf)[:self._got]
             self._buf = grown
-            view = memoryview(grown)
-        while got < 4 + n:
-            got += self._more(view, got, 4 + n)
-        return view[4:4 + n], fds
-
-    def _more(self, view: memoryview, got: int, want: int) -> int:
-        k = self.sock.recv_into(view[got:want])
-        if not k:
-            raise EOFError('the peer closed the connection')
-        return k
+        if self._got < 4 + n:
+            return None
+        self._got = 0           # one frame in flight each way: nothing follows it yet
+        return memoryview(self._buf)[4:4 + n]
 
 
 def _fds(anc: list[tuple[int, int, bytes]]) -> list[int]:

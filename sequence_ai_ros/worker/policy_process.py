@@ -11,9 +11,11 @@ segfault or a hang in one policy fails only that deployment's robots; the worker
 - :func:`deploy_check`: ``seq deploy``'s import, fingerprint and dry run in a deployment process under one
   deadline (a busy loop or ``sleep`` at import cannot outlast it; ``os._exit(7)`` is named).
 - :class:`RemotePolicy`: the policy object as the runtime and scheduler see it; every call is one
-  round trip. Arrays travel through shared memory (``memfd`` segments, reused once the policy no longer
-  references a call's arrays), never pickled; the policy gets views of them
-  (:mod:`~sequence_ai_ros.worker.policy_host`).
+  round trip, made by the calling thread (:meth:`PolicyProcess.call`) or, for an inference when the
+  deployment's inference thread is idle, straight from the worker's event loop, which reads the answer as
+  it comes (:meth:`PolicyProcess.start`): no hop through the inference thread. Arrays travel through
+  shared memory (``memfd`` segments, reused once the policy no longer references a call's arrays), never
+  pickled; the policy gets views of them (:mod:`~sequence_ai_ros.worker.policy_host`).
 
 Errors: a policy's exception comes back as :class:`RemoteError` (its text is the policy's own
 ``Type: message``); a process that dies or is killed raises :class:`PolicyProcessDied`, naming the
@@ -22,6 +24,7 @@ deployment, the step and the exit code or signal.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import logging
 import mmap
@@ -33,6 +36,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +105,9 @@ class PolicyProcess:
         self._next_segment = 0
         self._dead: str | None = None
         self.step = 'starting'
+        #: while a call started from an event loop runs: that loop (it reads the answer) and who gets it
+        self._reading: asyncio.AbstractEventLoop | None = None
+        self._done: Callable[[str | None, Any], None] | None = None
 
     @property
     def pid(self) -> int:
@@ -143,6 +150,112 @@ class PolicyProcess:
         if status == 'contract':        # the policy found the request malformed (ContractViolation)
             raise ContractViolation(value)
         return value
+
+    def start(self, loop: asyncio.AbstractEventLoop, done: Callable[[str | None, Any], None], command: str,
+              *args: Any, ended: tuple[str, ...] = (), step: str = '') -> bool:
+        """Send ``command(*args)`` from ``loop``'s thread without waiting; ``done`` gets the answer.
+
+        ``loop`` reads the answer as it arrives and calls ``done(status, value)`` there: ``('ok', value)``,
+        ``('err', 'Type: message')`` or ``('contract', message)``. When the process dies meanwhile, ``done(None,
+        PolicyProcessDied)`` is called from a thread of its own, once the exit status is known.
+
+        :return: False, having sent nothing, when another call runs, the process is dead or the arguments do not
+            pickle (:meth:`call` then answers as usual).
+        """
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if self._dead is not None:
+                self._lock.release()
+                return False
+            header, pickler = wire.encode_call((command, args, ended))
+        except Exception:
+            self._lock.release()
+            return False
+        self.step = step or command
+        fds: list[int] = []
+        self._done, self._reading = done, loop
+        try:
+            head, fds = self._place(pickler)
+            loop.add_reader(self._sock.fileno(), self._on_readable)
+            self._channel.send([head, header], fds)
+        except (OSError, ValueError) as exc:
+            self._fail_started(exc)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return True
+
+    def _on_readable(self) -> None:
+        """The loop's reader while a started call runs: hand its answer on (loop thread)."""
+        try:
+            payload = self._channel.poll()
+            if payload is None:
+                return
+            released, (status, value) = wire.parse_reply(payload)
+            del payload
+        except Exception as exc:    # the process ended, or its answer cannot be read: it is done for
+            self._fail_started(exc)
+            return
+        done = self._end_started()
+        self._free.extend(k for k in released if k in self._segments)
+        self._lock.release()
+        if done is not None:
+            done(status, value)
+
+    def _end_started(self) -> Callable[[str | None, Any], None] | None:
+        loop, self._reading = self._reading, None
+        done, self._done = self._done, None
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.remove_reader(self._sock.fileno())
+            except (ValueError, OSError):       # the socket is already closed
+                pass
+        return done
+
+    def _fail_started(self, exc: BaseException) -> None:
+        """A started call's process died: name how (its exit status, waited for off the loop), then tell ``done``."""
+        done = self._end_started()
+
+        def settle() -> None:
+            try:
+                died = self._died(self.step, exc)
+            finally:
+                self._lock.release()
+            if done is not None:
+                done(None, died)
+
+        threading.Thread(target=settle, name=f'seq-died-{self.name}', daemon=True).start()
+
+    def _let_go(self) -> None:
+        """Before the socket closes: the loop of a started call stops reading it (an fd number is reused)."""
+        loop = self._reading
+        if loop is None or loop.is_closed():
+            return
+        if not loop.is_running():        # nobody reads it any more: the call fails here
+            self._fail_started(EOFError('closed'))
+            return
+        try:
+            here = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            here = False
+        if here:
+            self._fail_started(EOFError('closed'))
+            return
+        done = threading.Event()
+
+        def remove() -> None:
+            try:
+                if self._reading is loop:
+                    self._fail_started(EOFError('closed'))
+            finally:
+                done.set()
+
+        try:
+            loop.call_soon_threadsafe(remove)
+        except RuntimeError:
+            return
+        done.wait(2.0)
 
     def _place(self, pickler: wire.CallPickler) -> tuple[bytes, list[int]]:
         """Copy the call's arrays into a free segment (a new one when none fits); return the call's head and fds.
@@ -224,6 +337,7 @@ class PolicyProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        self._let_go()
         self._sock.close()
         for segment in self._segments.values():
             try:
@@ -267,6 +381,15 @@ class RemotePolicy:
     def infer(self, inp: Any, episode: Any) -> Any:
         """One chunk for ``inp`` (the policy's ``infer`` in the process)."""
         return self.process.call('infer', inp, _ident(episode), ended=self._take_ended(), step='inferring')
+
+    def start_infer(self, loop: asyncio.AbstractEventLoop, inp: Any, episode: Any,
+                    done: Callable[[str | None, Any], None]) -> bool:
+        """Start :meth:`infer` from ``loop``'s thread; ``done`` gets the answer (:meth:`PolicyProcess.start`)."""
+        ended = self._take_ended()
+        if self.process.start(loop, done, 'infer', inp, _ident(episode), ended=ended, step='inferring'):
+            return True
+        self._ended.extendleft(reversed(ended))    # not sent: the next call takes them
+        return False
 
     def infer_batch(self, inputs: list[Any], episodes: list[Any]) -> list[Any]:
         """One chunk (or a :class:`RemoteError`) per input (the policy's ``infer_batch`` in the process)."""

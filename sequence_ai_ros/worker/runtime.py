@@ -18,6 +18,7 @@ is discarded, and EpisodeEnded never waits for an inference (:meth:`DeploymentRu
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import logging
 import threading
@@ -229,6 +230,9 @@ class DeploymentRuntime:
         #: run one dry inference after load, before the policy is ready (a rollout's new version: it serves
         #: robots only once an inference on the synthetic observation of ``seq deploy`` passed)
         self.dry_run_on_load = False
+        #: the worker's event loop (set by the server): a request submitted there while the inference thread is
+        #: idle goes to the deployment process from the loop, which also reads the answer (:meth:`submit`)
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     # -- warming ------------------------------------------------------------------------------------------
     def ensure_loading(self) -> None:
@@ -478,8 +482,55 @@ class DeploymentRuntime:
             inp = self.decode(req)
         episode = active.episode
         instance = self._instance
+        if isinstance(instance, RemotePolicy) and self.batching is None:
+            future = self._start(instance, inp, episode)
+            if future is not None:
+                return future
         return self.scheduler.submit(episode.id, lambda: self._call(instance, inp, episode), payload=(inp, episode),
                                      ended=lambda: active.ending)
+
+    def _start(self, instance: RemotePolicy, inp: messages.PolicyInput,
+               episode: Episode) -> concurrent.futures.Future | None:
+        """On the event loop, with the inference thread idle: send the request to the deployment process from here.
+
+        The loop reads the answer and settles the future (a
+        :class:`~sequence_ai_ros.worker.scheduler.LoopFuture`) as :meth:`_call` would; the request holds the
+        inference thread's slot meanwhile. None: the thread runs it (not on the loop, busy, or a call running).
+        """
+        loop = self.loop
+        if loop is None or episode.reason is not None:
+            return None
+        try:
+            if asyncio.get_running_loop() is not loop:
+                return None
+        except RuntimeError:
+            return None
+        job = self.scheduler.borrow(episode.id)
+        if job is None:
+            return None
+        start = time.perf_counter()
+
+        def done(status: str | None, value: Any) -> None:
+            elapsed = time.perf_counter() - start
+            self.usage.add(inference_s=elapsed)
+            if status == 'ok':
+                self.scheduler.give_back(job, elapsed, result=(value, elapsed))
+            elif status is None:                # died (a thread of its own): this deployment restarts
+                self.restart(instance, str(value))
+                self.scheduler.give_back(job, elapsed, exception=PolicyException(str(value)))
+            elif status == 'contract':
+                LOG.warning('policy %s refused episode %s request %d: %s', self.name, episode.id, inp.request_id,
+                            value)
+                self.scheduler.give_back(job, elapsed, exception=ContractViolation(value))
+            else:
+                LOG.warning('policy %s raised on episode %s request %d: %s', self.name, episode.id,
+                            inp.request_id, value)
+                self.scheduler.give_back(job, elapsed, exception=PolicyException(value))
+
+        if instance.start_infer(loop, inp, episode, done):
+            return job.future
+        self.scheduler.give_back(job)
+        return None
 
     def decode(self, req: pb.ObservationRequest, nbytes: int | None = None) -> messages.PolicyInput:
         """Check the request's size and decode it against the contract (images decoded: the costly part).
