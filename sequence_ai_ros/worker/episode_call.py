@@ -27,8 +27,9 @@ The episode ends exactly once (:meth:`ActiveEpisode.end`) with reason:
 Threads: none of its own. :meth:`EpisodeCallHandler.replies` is a coroutine on the worker's event loop
 (``seq-grpc-loop``, gRPC asyncio); a reader *task* moves incoming messages into an inbox (:class:`_Inbox`) so that
 idle and start time can be measured without blocking on the network. Inference runs on the deployment's
-inference thread and is awaited; capture writes and episode ends (hook wait, commit) run on the loop's
-small bounded executor (``seq-io``), so an open stream costs no thread at all.
+inference thread, or is sent to its deployment process from the loop itself, and is awaited; capture writes
+and episode ends (hook wait, commit) run on the loop's small bounded executor (``seq-io``), so an open stream
+costs no thread at all.
 """
 
 from __future__ import annotations

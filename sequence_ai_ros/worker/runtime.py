@@ -6,7 +6,9 @@ Threads owned here:
   client asks (handshake, Ready or an episode), without blocking the caller. Loading is not billed.
 - ``seq-infer-<name>``: the :class:`~sequence_ai_ros.worker.scheduler.InferenceScheduler`; every call into
   the policy object after loading (``infer``, or ``infer_batch`` for a policy declaring
-  :class:`~sequence_ai_ros.policy.api.Batching`, and the ``@seq.on_episode`` hook) runs there.
+  :class:`~sequence_ai_ros.policy.api.Batching`, and the ``@seq.on_episode`` hook) runs there, except that a
+  deployment process's inference is sent from the worker's event loop while this thread is idle, in the
+  thread's slot (:meth:`DeploymentRuntime.submit`; calls stay one at a time).
 
 Episodes are keyed by episode id: each has its own :class:`~sequence_ai_ros.policy.Episode` (with its
 ``state`` dict), so one robot never resets another, and an episode ends exactly once (:meth:`ActiveEpisode.end`).

@@ -1,7 +1,8 @@
 """Inference with per-episode fairness: one thread per deployment, round-robin over episodes, batched on request.
 
 Every call into the policy object (infer, infer_batch and the ``@seq.on_episode`` hook) runs on the
-deployment's single thread ``seq-infer-<name>``, so a policy never sees concurrent calls. A policy without
+deployment's single thread ``seq-infer-<name>``, or in its slot (a borrowed slot, below), so a policy never
+sees concurrent calls. A policy without
 :class:`~sequence_ai_ros.policy.api.Batching` gets one request per call (serialized). A batching policy gets
 up to ``max_batch_size`` pending requests (of different episodes, oldest first) in one call; the thread waits
 until ``max_wait_s`` after the oldest pending request's arrival for the batch to fill, never longer.
