@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import mmap
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -147,3 +148,35 @@ def test_arrays_a_policy_keeps_never_change_under_it_and_shared_memory_stays_bou
         assert 1 <= len(segments) <= (wire.MAX_HELD + 1 if keep else 1)
     finally:
         policy.close()
+
+
+def test_a_frame_arrives_whole_whether_read_piecewise_without_blocking_or_at_once():
+    import socket
+    import struct
+
+    ours, theirs = socket.socketpair()
+    try:
+        channel = wire.Channel(ours, size=64)
+        big = bytes(range(256)) * 40                       # larger than the channel's first buffer
+        frame = struct.pack('<I', len(big)) + big
+        assert channel.poll() is None                      # nothing yet: never blocks
+        theirs.sendall(frame[:3])
+        assert channel.poll() is None                      # not even the length
+        theirs.sendall(frame[3:2000])
+        assert channel.poll() is None
+        theirs.sendall(frame[2000:])
+        deadline = time.monotonic() + 10
+        while (got := channel.poll()) is None and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert got is not None and bytes(got) == big
+        theirs.sendall(frame[:100])                        # begun piecewise, finished by a blocking read
+        assert channel.poll() is None
+        theirs.sendall(frame[100:])
+        payload, fds = channel.recv()
+        assert bytes(payload) == big and fds == []
+        theirs.close()
+        with pytest.raises(EOFError):
+            channel.recv()
+    finally:
+        ours.close()
+        theirs.close()
