@@ -262,14 +262,14 @@ class PolicyProcess:
 
         The fds (a new segment's) go with the call; the caller closes them once sent.
         """
+        fds: list[int] = []
         if not pickler.arrays:
-            seg, copy, size, fds = -1, False, 0, []
+            seg, copy, size = -1, False, 0
         else:
             fit = [k for k in self._free if len(self._segments[k]) >= pickler.size]
             if fit:
                 seg = min(fit, key=lambda k: len(self._segments[k]))
                 self._free.remove(seg)
-                fds = []
             else:
                 seg, fd = self._new_segment(pickler.size)
                 fds = [fd]
