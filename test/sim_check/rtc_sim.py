@@ -23,10 +23,12 @@ LeRobot step runs in the LeRobot venv (``--venv``), fully offline (``HF_HUB_OFFL
    from the same noise in each condition), one warm-up episode on ``train_tasks[0]`` first.
 
 It prints, per condition: success, median and p90 time to success (from the first commanded action),
-underruns, the seam figures of the node's episode lines (``max_seam_gap``: the new chunk's row against the
-old chunk's own row for the same step, read where the old chunk had not run out; ``max_seam_jump``: the step
-between the last command and the new chunk's first), the chunk round trip and the model's own compute time
-per call (the wrapper's log). Nothing is judged: it is a measurement (exit 0 unless a step fails).
+underruns, the prefix error of every request (the wrapper's log: the served chunk against ``chunk_tail`` over
+the rows the robot runs meanwhile, what RTC in-paints), the seam figures of the node's episode lines
+(``max_seam_gap``: the new chunk's row against the old chunk's own row for the same step, where the old chunk
+has one; ``max_seam_jump``: the step between the last command and the new chunk's first), the chunk round
+trip and the model's own compute time per call. Nothing is judged: it is a measurement (exit 0 unless a step
+fails). About 20 minutes on two cores the first time (lerobot-train about 10 of them), 6 from the cache.
 """
 
 from __future__ import annotations
@@ -79,12 +81,15 @@ RECIPE = ['--policy.type=smolvla', f'--policy.chunk_size={sim.CHUNK}', f'--polic
 RTC_CONFIG = {'enabled': True, 'execution_horizon': sim.CHUNK // 2}
 COMPUTE_S = 0.5 * sim.CHUNK_S
 #: The harness's policy.py: the lerobot template's class (its policy.py, moved beside it as lerobot_policy.py),
-#: every inference call padded to COMPUTE_S with a sleep; each call's own compute time goes to the worker's log.
+#: every inference call padded to COMPUTE_S with a sleep. Each call logs its own compute time and, per request,
+#: the prefix error max |chunk[:k] - chunk_tail[:k]| over k = min(tail rows, expected delay) (-1: no tail): the
+#: rows the robot runs while the chunk is computed, which RTC in-paints.
 WRAPPER = '''"""make rtc-sim's wrapper: the lerobot template, each inference padded to {compute_s} s (compute-bound)."""
 
 import sys
 import time
 
+import numpy as np
 from lerobot_policy import LeRobot
 
 COMPUTE_S = {compute_s}
@@ -97,7 +102,12 @@ class ComputeBound(LeRobot):
         t0 = time.monotonic()
         out = super().infer_batch(inputs, episodes)
         took = time.monotonic() - t0
-        print(f'rtc-sim compute_ms {{took * 1e3:.1f}} rows {{len(inputs)}}', file=sys.stderr, flush=True)
+        for inp, chunk in zip(inputs, out):
+            tail = np.asarray(inp.chunk_tail) if inp.chunk_tail is not None else np.zeros((0, 0))
+            k = min(len(tail), int(inp.expected_delay_actions), len(chunk) if hasattr(chunk, '__len__') else 0)
+            err = float(np.abs(chunk[:k] - tail[:k]).max()) if k else -1.0
+            print(f'rtc-sim compute_ms {{took * 1e3:.1f}} rows {{len(inputs)}} tail {{len(tail)}} '
+                  f'delay {{inp.expected_delay_actions}} prefix_err {{err:.5f}}', file=sys.stderr, flush=True)
         time.sleep(max(0.0, COMPUTE_S - took))
         return out
 '''
@@ -202,12 +212,15 @@ def seam(line: str, key: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
-def compute_ms(log: Path) -> list[float]:
-    """Every inference call's own compute time (ms) the wrappers logged, in order."""
-    return [float(x) for x in re.findall(r'rtc-sim compute_ms (\S+)', log.read_text(errors='replace'))]
+def wrapper_lines(log: Path) -> list[tuple[float, float]]:
+    """(compute ms, prefix error) of every request the wrappers logged, in order (error -1: no tail)."""
+    return [(float(a), float(b)) for a, b in re.findall(r'rtc-sim compute_ms (\S+) .*? prefix_err (\S+)',
+                                                       log.read_text(errors='replace'))]
 
 
-def row(eps: list, figures: dict, served: Served, calls: list[float]) -> dict:
+def row(eps: list, figures: dict, served: Served, logged: list[tuple[float, float]]) -> dict:
+    calls = [ms for ms, _ in logged]
+    prefix = [e for _, e in logged if e >= 0]
     r = dict(summarize(eps), **figures, rtc=served.rtc, compute_s=served.compute_s)
     gaps = [g for e in eps if (g := seam(e.node_line, 'max_seam_gap')) is not None]
     jumps = [j for e in eps if (j := seam(e.node_line, 'max_seam_jump')) is not None]
@@ -217,13 +230,16 @@ def row(eps: list, figures: dict, served: Served, calls: list[float]) -> dict:
              latency_p50_ms=statistics.median(e.latency_p50_ms for e in eps) if eps else None,
              compute_p50_ms=float(np.percentile(calls, 50)) if calls else None,
              compute_p95_ms=float(np.percentile(calls, 95)) if calls else None,
-             compute_over=sum(x > served.compute_s * 1e3 for x in calls) if served.compute_s else 0, calls=len(calls))
+             compute_over=sum(x > served.compute_s * 1e3 for x in calls) if served.compute_s else 0, calls=len(calls),
+             prefix_err_median=statistics.median(prefix) if prefix else None,
+             prefix_err_max=max(prefix) if prefix else None)
     return r
 
 
 def table(rows: dict[str, dict]) -> list[str]:
     head = (f'{"condition":18s} {"RTC":>3s} {"compute":>7s} {"solved":>7s} {"median s":>8s} {"p90 s":>6s} '
-            f'{"seam gap med/max":>16s} {"seam jump med/max":>17s} {"underruns":>9s} {"underrun_s":>10s} '
+            f'{"prefix err med/max":>18s} {"seam gap med/max":>16s} {"seam jump med/max":>17s} {"underruns":>9s} '
+            f'{"underrun_s":>10s} '
             f'{"rtt p50":>7s} {"model ms p50/p95":>16s} {"overruns":>8s} {"load":>5s}')
     out = [head, '-' * len(head)]
     f = sim.fmt
@@ -232,7 +248,8 @@ def table(rows: dict[str, dict]) -> list[str]:
         compute = f'{r["compute_s"] * 1e3:.0f} ms' if r.get('compute_s') else '-'
         out.append(
             f'{name:18s} {rtc:>3s} {compute:>7s} {r["success"]:>3d}/{r["n"]:<3d} {f(r["median_s"]):>8s} '
-            f'{f(r["p90_s"]):>6s} {f(r.get("seam_gap_median"), ".4f"):>7s}/{f(r.get("seam_gap_max"), ".4f"):<8s} '
+            f'{f(r["p90_s"]):>6s} {f(r.get("prefix_err_median"), ".4f"):>8s}/{f(r.get("prefix_err_max"), ".4f"):<9s} '
+            f'{f(r.get("seam_gap_median"), ".4f"):>7s}/{f(r.get("seam_gap_max"), ".4f"):<8s} '
             f'{f(r.get("seam_jump_median"), ".4f"):>8s}/{f(r.get("seam_jump_max"), ".4f"):<8s} '
             f'{r["underruns"]:9d} {r["underrun_s"]:10.3f} {f(r.get("latency_p50_ms"), ".1f"):>7s} '
             f'{f(r.get("compute_p50_ms"), ".1f"):>7s}/{f(r.get("compute_p95_ms"), ".1f"):<8s} '
@@ -316,11 +333,10 @@ def main() -> int:
                 cond = sim.Condition(served.name, 0.0, args.seeds)
                 c.step(f'{served.name}: RTC {"on" if served.rtc else "off"}, inference padded to '
                        f'{served.compute_s * 1e3:.0f} ms, {cond.seeds} held-out seeds')
-                before = len(compute_ms(server.log_path))
+                before = len(wrapper_lines(server.log_path))
                 eps, figures, _ = sim.run_condition(c, cond, port, operator, load, ros_env,
                                                     deployment=served.deployment, node_params=node_params)
-                calls = compute_ms(server.log_path)[before:]
-                rows[served.name] = row(eps, figures, served, calls)
+                rows[served.name] = row(eps, figures, served, wrapper_lines(server.log_path)[before:])
                 all_eps += [dataclasses.asdict(e) for e in eps]
                 r = rows[served.name]
                 c.step(f'  {r["success"]}/{r["n"]} solved, median {sim.fmt(r["median_s"])} s, seam gap median '
@@ -341,9 +357,10 @@ def main() -> int:
              f'lerobot-train in {built.get("train_s", 0) / 60:.0f} min) through policy_node + seq serve, RTC on and '
              f'off (chunk {sim.CHUNK} at {round(1 / DT)} Hz = {sim.CHUNK_S:.2f} s; {os.cpu_count()} cores; '
              f'{built.get("versions", "")}) ===',
-             'time to success: from the first commanded action (s); seam gap and jump: the per-episode maxima of '
-             'the node\'s episode lines (action units: m, effort), their median and largest over episodes; '
-             'model ms: each inference call\'s own compute before the padding', *table(rows),
+             'time to success: from the first commanded action (s); prefix err: per request, the worker\'s '
+             'max |chunk[:k] - chunk_tail[:k]|, k = min(tail rows, expected delay) (action units: m, effort); '
+             'seam gap and jump: the per-episode maxima of the node\'s episode lines, their median and largest over '
+             'episodes; model ms: each inference call\'s own compute before the padding', *table(rows),
              f'load average at the end: {load1:.2f} {load5:.2f} {load15:.2f}']
     lines.append('step times: ' + ', '.join(f'{k} {v:.0f}s' for k, v in c.timings.items() if v >= 5))
     lines.append(f'rtc-sim took {time.monotonic() - c.t0:.0f} s'
