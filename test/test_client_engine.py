@@ -139,8 +139,11 @@ def test_stale_rows_are_skipped_by_counting_executed_actions():
 
 
 def _jittered_request(late: float) -> tuple[Rig, OutRequest]:
-    """A rig on the clock (as policy_node and next_action run) whose row 0 ran ``late`` s long: the next
-    request's observation step is 7 +- a little; chunk 0 is ramp(0), so a row's value is its step."""
+    """Return a rig on the clock (as policy_node and next_action run) and its second request.
+
+    Row 0 ran ``late`` s long, so the request's observation step is 7 +- a little; chunk 0 is ramp(0), so a
+    row's value is its step.
+    """
     rig = Rig(t=10, fixed_step=False)
     rig.tick()
     rig.reply(ramp(0))
@@ -158,9 +161,11 @@ def _inpainted(req: OutRequest, offset: float = 0.0) -> np.ndarray:
 
 @pytest.mark.parametrize('late', [0.0003, -0.0003, 0.0])
 def test_the_tail_starts_at_the_observation_step_when_ticks_jitter(late):
-    """Row 0 of chunk_tail is the old chunk's row at the observation step (7.003 or 6.997: row 7), as row 0
-    of the answer is: an in-painting answer then joins with no gap and the arm moves one row per tick across
-    the seam, whichever way the tick jittered (the next whole row would skip a row when it ran late)."""
+    """Row 0 of chunk_tail is the old chunk's row at the observation step (7.003 or 6.997: row 7).
+
+    Row 0 of the answer is that step too: an in-painting answer joins with no gap and the arm moves one row per
+    tick across the seam, whichever way the tick jittered (the next whole row would skip a row when it ran late).
+    """
     rig, req = _jittered_request(late)
     assert req.observation_step == pytest.approx(7.0, abs=0.01)
     assert float(req.chunk_tail[0, 0]) == 7.0
@@ -174,9 +179,11 @@ def test_the_tail_starts_at_the_observation_step_when_ticks_jitter(late):
 
 
 def test_the_seam_gap_is_read_where_the_old_chunk_has_a_row():
-    """The gap compares the new chunk with the old one's own row for the same step: a new chunk 5 above the
-    tail read within the old one's rows is a gap of 5; read past the old one's last row (which it would
-    hold), the same step is a jump and no gap."""
+    """The gap compares the new chunk with the old one's own row for the same step, where it has one.
+
+    A new chunk 5 above the tail read within the old one's rows is a gap of 5; read past the old one's last
+    row (which it would hold), the same step is a jump and no gap.
+    """
     rig, req = _jittered_request(-0.0003)
     rig.reply(_inpainted(req, offset=5.0), request=req)                 # read within the old rows
     rig.tick()
