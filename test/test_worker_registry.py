@@ -230,6 +230,15 @@ def test_cli_deploy_deployments_usage_delete(tmp_path, seq_home, capsys):
     assert code == 2 and "no deployment 'good'" in err
 
 
+def test_a_seq_home_that_cannot_be_created_is_a_typed_error(tmp_path, monkeypatch, capsys):
+    path = write(tmp_path, 'good', GOOD)
+    (tmp_path / 'file').write_text('')           # $SEQ_HOME below a file (as below a folder the user cannot write)
+    monkeypatch.setenv('SEQ_HOME', str(tmp_path / 'file' / 'home'))
+    code, _, err = run(capsys, 'deploy', str(path))
+    assert code == 2 and err.startswith('seq deploy: error: $SEQ_HOME ') and str(tmp_path / 'file' / 'home') in err, err
+    assert 'Traceback' not in err
+
+
 def test_cli_init_copies_a_template(tmp_path, capsys, monkeypatch):
     code, out, _ = run(capsys, 'init', '--list')
     templates = [line.split()[0] for line in out.splitlines() if line.strip()]
