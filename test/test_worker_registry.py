@@ -224,6 +224,7 @@ def test_cli_deploy_deployments_usage_delete(tmp_path, seq_home, capsys):
         assert re.search(r'capture:good\s+1000 bytes stored', out), out
     code, _, err = run(capsys, 'delete', 'good')   # field data: not removed without being asked (no terminal here)
     assert code == 2 and 'pass --yes' in err and '--keep-data' in err and capture.exists() and Registry().list()
+    assert err.startswith('seq delete: error: good has 1000 bytes of captured field data'), err   # as every error
     code, out, _ = run(capsys, 'delete', 'good', '--yes')
     assert code == 0 and not capture.exists() and Registry().list() == []
     code, _, err = run(capsys, 'delete', 'good')
