@@ -209,6 +209,10 @@ def test_the_dockerfile_builds_the_image_the_pods_expect():
     envs = re.findall(r'SEQ_HOME=(\S+)', text)
     assert envs[0] == init['command'][2].rstrip('/.') and envs[-1] == next(
         e['value'] for e in worker['env'] if e['name'] == 'SEQ_HOME')   # deployed at build, copied at start
+    # `seq deploy` runs as that user and writes the build-time $SEQ_HOME: a root-owned /opt would refuse it
+    deploy_at = next(i for i, ln in enumerate(lines) if 'seq deploy' in ln)
+    owned = [m.groups() for ln in lines[:deploy_at] for m in re.finditer(r'install -d -o (\d+) -g (\d+) (\S+)', ln)]
+    assert (*user[-1].split(':'), envs[0]) in owned, owned
     exposed = {int(p) for ln in lines if ln.startswith('EXPOSE ') for p in ln.split()[1:]}
     assert {p['containerPort'] for p in worker['ports']} == exposed
     root = DEPLOY.parent
