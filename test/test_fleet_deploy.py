@@ -143,6 +143,9 @@ def test_the_custom_resources_route_and_scrape_the_worker_service():
     assert virtual['spec']['gateways'] == [gateway['metadata']['name']]
     assert set(virtual['spec']['hosts']) <= {h for s in gateway['spec']['servers'] for h in s['hosts']}
     assert all(s['tls']['mode'] == 'SIMPLE' for s in gateway['spec']['servers'])   # robots outside: TLS
+    envoy = {d['kind']: d for d in docs('gateway-envoy.yaml')}     # and through Envoy Gateway: their token in TLS
+    assert all(ln['protocol'] == 'HTTPS' and ln['tls']['mode'] == 'Terminate' and ln['tls']['certificateRefs']
+               for ln in envoy['Gateway']['spec']['listeners'])
     grpc_port = next(p['port'] for p in service['spec']['ports'] if p['name'] == 'grpc')
     prefixes = {m['uri']['prefix'] for r in virtual['spec']['http'] for m in r['match']}
     assert prefixes == {'/sequence_ai.v1.PolicyService/', '/grpc.health.v1.Health/'}
