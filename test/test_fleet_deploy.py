@@ -73,6 +73,9 @@ def test_manifests_agree_with_the_worker():
     assert parsed.port == ports['grpc'] and parsed.metrics_port == ports['metrics'] and parsed.warm
     # kubelet's gRPC probes send no token and no TLS: they ask the plaintext, health-only probe port
     assert parsed.probe_port == ports['probe'] and parsed.token_file
+    # robots reach the pods through a gateway or a sidecar: the worker sees its address, one for every robot, so
+    # a per-address cap would cap the pod; admission is the token and --max-streams
+    assert parsed.max_streams_per_client == 0
     assert container['readinessProbe']['grpc'] == {'port': ports['probe'], 'service': parsed.names[0]}
     assert container['startupProbe']['grpc'] == {'port': ports['probe'], 'service': parsed.names[0]}
     assert container['livenessProbe']['grpc'] == {'port': ports['probe']}
