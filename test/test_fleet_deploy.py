@@ -261,6 +261,30 @@ def test_haproxy_config_renders_and_haproxy_accepts_it(tmp_path):
                           timeout=30).returncode != 0, shlex.join([haproxy, '-c'])
 
 
+def test_the_hand_run_recipe_in_the_haproxy_template_passes_haproxys_check(tmp_path):
+    """The template's own recipe for a hand-run fleet of three passes HAProxy's check.
+
+    With exactly the variables it names (replica 1's pattern repeated for 2 and 3), HAProxy accepts the
+    shipped file as it is.
+    """
+    from sequence_ai_ros.worker.fleet import HAPROXY_CONFIG
+
+    template = HAPROXY_CONFIG.read_text()
+    comment = re.sub(r'\\\n#', ' ', template)       # the recipe's lines continued with a backslash, joined
+    recipe = next(ln for ln in comment.splitlines() if ln.startswith('#') and 'haproxy -f haproxy.cfg' in ln)
+    env = dict(kv.split('=', 1) for kv in recipe.lstrip('# ').split() if '=' in kv)
+    for k in (2, 3):
+        env |= {name.replace('_1', f'_{k}'): value for name, value in env.items() if name.endswith('_1')}
+    assert {'SEQ_LB_BIND', 'SEQ_REPLICA_3', 'SEQ_AGENT_3'} <= set(env), recipe
+    haproxy = shutil.which('haproxy') or ('/usr/sbin/haproxy' if Path('/usr/sbin/haproxy').exists() else None)
+    if haproxy is None:
+        pytest.skip('HAProxy is not installed (as root: make haproxy): the config syntax check needs it')
+    (tmp_path / 'haproxy.cfg').write_text(template)
+    check = subprocess.run([haproxy, '-c', '-f', str(tmp_path / 'haproxy.cfg')], env=env, capture_output=True,
+                           text=True, timeout=30)
+    assert check.returncode == 0, (env, check.stdout + check.stderr)
+
+
 def test_grafana_dashboard_queries_only_metrics_the_worker_exports():
     pytest.importorskip('prometheus_client', reason='prometheus_client is not installed')
     from sequence_ai_ros.worker.metrics import PrometheusMetrics
