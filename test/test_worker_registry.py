@@ -224,10 +224,20 @@ def test_cli_deploy_deployments_usage_delete(tmp_path, seq_home, capsys):
         assert re.search(r'capture:good\s+1000 bytes stored', out), out
     code, _, err = run(capsys, 'delete', 'good')   # field data: not removed without being asked (no terminal here)
     assert code == 2 and 'pass --yes' in err and '--keep-data' in err and capture.exists() and Registry().list()
+    assert err.startswith('seq delete: error: good has 1000 bytes of captured field data'), err   # as every error
     code, out, _ = run(capsys, 'delete', 'good', '--yes')
     assert code == 0 and not capture.exists() and Registry().list() == []
     code, _, err = run(capsys, 'delete', 'good')
     assert code == 2 and "no deployment 'good'" in err
+
+
+def test_a_seq_home_that_cannot_be_created_is_a_typed_error(tmp_path, monkeypatch, capsys):
+    path = write(tmp_path, 'good', GOOD)
+    (tmp_path / 'file').write_text('')           # $SEQ_HOME below a file (as below a folder the user cannot write)
+    monkeypatch.setenv('SEQ_HOME', str(tmp_path / 'file' / 'home'))
+    code, _, err = run(capsys, 'deploy', str(path))
+    assert code == 2 and err.startswith('seq deploy: error: $SEQ_HOME ') and str(tmp_path / 'file' / 'home') in err, err
+    assert 'Traceback' not in err
 
 
 def test_cli_init_copies_a_template(tmp_path, capsys, monkeypatch):

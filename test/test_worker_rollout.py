@@ -11,6 +11,7 @@ which version, and which process, served it.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -149,7 +150,9 @@ def test_a_version_that_cannot_load_beside_waits_for_the_old_versions_episodes(t
         assert third.end().HasField('ended')
 
 
-def test_with_rollout_cut_the_old_versions_episodes_are_cut_typed_and_the_switch_is_at_once(tmp_path, seq_home):
+def test_with_rollout_cut_the_old_versions_episodes_are_cut_typed_and_the_switch_is_at_once(tmp_path, seq_home,
+                                                                                            caplog):
+    caplog.set_level(logging.INFO, logger='sequence_ai_ros.worker.rollout')
     marker = tmp_path / 'memory-taken'
     policy = write(tmp_path / 'arm' / 'policy.py', 1.0)
     deploy(policy)
@@ -176,6 +179,9 @@ def test_with_rollout_cut_the_old_versions_episodes_are_cut_typed_and_the_switch
         assert second.end().HasField('ended')
     runs = {r['episode_id']: r for r in CaptureStore(seq_home / 'capture' / 'arm', 'arm').runs()}
     assert (runs['first']['reason'], runs['first']['version']) == ('rollout', 1)
+    switched = [r.getMessage() for r in caplog.records if 'new episodes get version 2' in r.getMessage()]
+    assert switched == ['deployment arm: new episodes get version 2; its 1 running episodes on version 1 are cut '
+                        '(--rollout cut)'], switched     # the log says what happens to them: no "finish"
 
 
 def test_a_rollout_under_process_isolation_loads_the_new_version_in_its_own_process(tmp_path, seq_home):

@@ -195,8 +195,8 @@ def cmd_delete(args: argparse.Namespace) -> int:
     running = running_episodes(registry.home).get(rec.name, {})
     if running and not args.force:
         where = ', '.join(f'{n} on seq serve pid {pid}' for pid, n in sorted(running.items()))
-        print(f'error: {rec.name} has episodes running ({where}): deleting it now would lose their capture. Wait '
-              'for them to end, or pass --force', file=sys.stderr)
+        print(f'seq delete: error: {rec.name} has episodes running ({where}): deleting it now would lose their '
+              'capture. Wait for them to end, or pass --force', file=sys.stderr)
         return 2
     stored = _capture_bytes(registry.home).get(rec.name, 0)
     keep = args.keep_data
@@ -204,8 +204,8 @@ def cmd_delete(args: argparse.Namespace) -> int:
         question = (f'{rec.name} has {stored} bytes of captured field data in {registry.capture_dir(rec.name)}; '
                     'remove it too? [y/N] ')
         if not sys.stdin.isatty():
-            print(f'error: {question.split(";")[0]}: pass --yes to remove it with the deployment, or --keep-data to '
-                  'keep it', file=sys.stderr)
+            print(f'seq delete: error: {question.split(";")[0]}: pass --yes to remove it with the deployment, or '
+                  '--keep-data to keep it', file=sys.stderr)
             return 2
         if input(question).strip().lower() not in ('y', 'yes'):
             keep = True

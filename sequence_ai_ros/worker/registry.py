@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import json
 import os
@@ -99,10 +100,24 @@ class Registry:
             raise ConfigError(f'registry {self.file}: a JSON object is required')
         return data
 
+    def ensure_home(self) -> None:
+        """Create $SEQ_HOME when it is missing.
+
+        :raises ConfigError: when it cannot be created or written (a folder of another user, a path below a
+            file), naming it.
+        """
+        try:
+            self.home.mkdir(parents=True, exist_ok=True)
+            if not os.access(self.home, os.W_OK | os.X_OK):
+                raise PermissionError(errno.EACCES, 'not writable by this user')
+        except OSError as exc:
+            raise ConfigError(f'$SEQ_HOME {self.home} cannot be created or written ({exc}): set SEQ_HOME to a '
+                              'folder this user may write') from None
+
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         """Serialize read-modify-write of the registry between processes (``flock`` on a lock file)."""
-        self.home.mkdir(parents=True, exist_ok=True)
+        self.ensure_home()
         with open(self.home / '.deployments.lock', 'w') as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
@@ -111,7 +126,7 @@ class Registry:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def _write(self, data: dict[str, dict[str, Any]]) -> None:
-        self.home.mkdir(parents=True, exist_ok=True)
+        self.ensure_home()
         fd, tmp = tempfile.mkstemp(prefix='.deployments.', dir=self.home)
         try:
             with os.fdopen(fd, 'w') as f:
@@ -217,12 +232,13 @@ def deploy(path: str | Path, name: str | None = None, home: str | Path | None = 
     :return: the record and the dry run's figures.
     :raises DeploymentError: when the policy does not import (SystemExit at import included), its contract is
         invalid, or the dry run fails or exceeds ``dry_timeout_s``.
-    :raises ConfigError: for an invalid name.
+    :raises ConfigError: for an invalid name, or a $SEQ_HOME that cannot be created or written.
     """
     from sequence_ai_ros.worker.validate import dry_run
 
     path = Path(path).expanduser().resolve()
     name = check_name(name or (path.parent.name if path.name == 'policy.py' else path.stem))
+    Registry(home).ensure_home()              # before the dry run, which may take minutes
     if isolation == 'process' and dry:
         from sequence_ai_ros.worker.policy_process import deploy_check
 

@@ -124,7 +124,7 @@ class Rollouts:
             LOG.warning('deployment %s: version %d cannot load beside version %d (%s); --rollout cut: switching at '
                         'once, cutting the %d running episodes of version %d', name, rec.version, old.version, why,
                         len(old.running_episodes()), old.version)
-            if not self._switch(name, old, new):
+            if not self._switch(name, old, new, cutting=True):
                 return
             assert self._cut is not None
             cut = self._cut(old, 'rollout')
@@ -163,8 +163,11 @@ class Rollouts:
             runtime.ready_event.wait(POLL_S)
         return False
 
-    def _switch(self, name: str, old: DeploymentRuntime, new: DeploymentRuntime) -> bool:
-        """Serve ``new`` in place of ``old``; False (``new`` closed) when the deployment was deleted meanwhile."""
+    def _switch(self, name: str, old: DeploymentRuntime, new: DeploymentRuntime, cutting: bool = False) -> bool:
+        """Serve ``new`` in place of ``old``; False (``new`` closed) when the deployment was deleted meanwhile.
+
+        :param cutting: ``--rollout cut`` is about to cut ``old``'s running episodes (the log says so).
+        """
         if self._runtimes.get(name) is not old or self._stopping.is_set():
             new.close(timeout=1.0)
             self._held.discard(new)
@@ -177,8 +180,10 @@ class Rollouts:
         self._held.add(old)
         self.state[name] = 'switched'
         self.switched.append((name, old.version, new.version))
-        LOG.info('deployment %s: new episodes get version %d; %d running episodes finish on version %d', name,
-                 new.version, len(old.running_episodes()), old.version)
+        then = ('its %d running episodes on version %d are cut (--rollout cut)' if cutting else
+                '%d running episodes finish on version %d')
+        LOG.info('deployment %s: new episodes get version %d; ' + then, name, new.version,
+                 len(old.running_episodes()), old.version)
         return True
 
     def _wait_idle(self, runtime: DeploymentRuntime, timeout_s: float = float('inf')) -> bool:
