@@ -26,7 +26,7 @@ from sequence_ai_ros.client.outcome import RunOutcome
 from sequence_ai_ros.client.pacing import ThreadGuard
 from sequence_ai_ros.client.sampling import TelemetryBuffer
 from sequence_ai_ros.client.session import Connection, EpisodeCall, TlsLike, resolve_endpoint
-from sequence_ai_ros.client.settings import EpisodeSettings
+from sequence_ai_ros.client.settings import EpisodeSettings, check_space
 from sequence_ai_ros.client.steps import Step, StepLedger
 from sequence_ai_ros.exceptions import CaptureError, ContractViolation, EpisodeStateError, NotReady
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
@@ -266,17 +266,18 @@ class Policy:
         """
         self._check_open()
         given = EpisodeSettings(instruction=instruction, max_seconds=max_seconds, max_actions=max_actions,
-                                prefetch=prefetch, smooth_seam=smooth_seam, expect_action_space=expect_action_space,
+                                prefetch=prefetch, smooth_seam=smooth_seam,
+                                expect_action_space=check_space('expect_action_space', expect_action_space),
                                 control_period=control_period, chunk_timeout=chunk_timeout, aggregate=aggregate,
                                 temporal_ensemble_coeff=temporal_ensemble_coeff)
         if settings is not None:
             if given != EpisodeSettings():
                 raise TypeError('begin_episode(): pass settings= or the separate options, not both')
             given = settings
-        return self._open(given, episode_id)
+        return self._open(given, episode_id).engine.episode_id
 
     def _open(self, settings: EpisodeSettings, episode_id: str | None, fixed_step: bool = False,
-              implicit: bool = False) -> str:
+              implicit: bool = False) -> _OpenEpisode:
         self._check_open()
         with self._lock:
             if self._episode is not None:
@@ -305,7 +306,7 @@ class Policy:
             self._episode = episode
             self._last_episode_id = eid
             stream.start()
-            return eid
+            return episode
 
     def next_action(self, observation: Observation | Mapping[str, Any], now: float | None = None, *,
                     grid_index: int | None = None) -> Action | None:
@@ -347,19 +348,21 @@ class Policy:
                 raise
             if self._opens_next(ep):
                 self._open(EpisodeSettings(), None, implicit=True)
-            elif ep is not None and ep is not self._idle_raised and self._ended_idle(ep):
+            elif ep is not None and ep is not self._idle_raised and (idle := self._idle_end(ep)) is not None:
                 self._idle_raised = ep       # once: the calls after it hold, until end_episode()
-                raise ep.engine.outcome().error
+                raise idle
             if grid_index is not None and self._episode is not None:
                 self._episode.ledger.warn_overruns = False   # the caller's own grid: it counts its skips
             return self._tick(obs, time.monotonic() if now is None else now, grid_index)
 
     @staticmethod
-    def _ended_idle(ep: _OpenEpisode) -> bool:
-        """True when the worker ended ``ep`` for idleness: its EpisodeStateError, then its EpisodeEnded."""
+    def _idle_end(ep: _OpenEpisode) -> EpisodeStateError | None:
+        """The EpisodeStateError the worker ended ``ep`` with for idleness (then its EpisodeEnded came), else None."""
         out = ep.engine.outcome()
-        return (out is not None and out.reason == 'error' and isinstance(out.error, EpisodeStateError)
-                and ep.stream.ended.is_set())
+        if out is not None and out.reason == 'error' and isinstance(out.error, EpisodeStateError) \
+                and ep.stream.ended.is_set():
+            return out.error
+        return None
 
     def _opens_next(self, ep: _OpenEpisode | None) -> bool:
         """True when next_action() opens an episode: none open, or an implicit one ended by interrupt/idle timeout."""
@@ -368,7 +371,7 @@ class Policy:
         out = ep.engine.outcome()
         if not ep.implicit or out is None:
             return False
-        return out.reason == 'interrupted' or self._ended_idle(ep)
+        return out.reason == 'interrupted' or self._idle_end(ep) is not None
 
     def report_command(self, commanded: Any, clamped: bool = False, *, hold_reason: str = '') -> None:
         """Complete this tick's record with what the robot really commanded for the action next_action returned.
@@ -492,7 +495,8 @@ class Policy:
         self._check_open()
         checks.positive('max_seconds', max_seconds, required=True)
         settings = EpisodeSettings(instruction=instruction, max_seconds=max_seconds, prefetch=prefetch,
-                                   smooth_seam=smooth_seam, expect_action_space=expect_action_space,
+                                   smooth_seam=smooth_seam,
+                                   expect_action_space=check_space('expect_action_space', expect_action_space),
                                    control_period=control_period, chunk_timeout=chunk_timeout, aggregate=aggregate,
                                    temporal_ensemble_coeff=temporal_ensemble_coeff)
         return self._drive(observe, act, settings, pin=True, until=until, on_underrun=on_underrun,
@@ -520,7 +524,8 @@ class Policy:
         """
         self._check_open()
         settings = EpisodeSettings(instruction=instruction or '', max_seconds=max_seconds, max_actions=max_actions,
-                                   prefetch=prefetch, smooth_seam=smooth_seam, expect_action_space=expect_action_space,
+                                   prefetch=prefetch, smooth_seam=smooth_seam,
+                                   expect_action_space=check_space('expect_action_space', expect_action_space),
                                    control_period=control_period, chunk_timeout=chunk_timeout, aggregate=aggregate,
                                    temporal_ensemble_coeff=temporal_ensemble_coeff)
         return self._drive(observe, act, settings, pin=instruction is not None, until=None, on_underrun=on_underrun,

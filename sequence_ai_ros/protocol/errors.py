@@ -11,7 +11,7 @@ import grpc
 from sequence_ai_ros import exceptions as exc
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 
-_TABLE: tuple[tuple[int, type[exc.SequenceAIError], grpc.StatusCode], ...] = (
+_TABLE: tuple[tuple[pb.ErrorCode, type[exc.SequenceAIError], grpc.StatusCode], ...] = (
     (pb.UNKNOWN_DEPLOYMENT, exc.UnknownDeployment, grpc.StatusCode.NOT_FOUND),
     (pb.PROTOCOL_VERSION, exc.ProtocolVersionError, grpc.StatusCode.FAILED_PRECONDITION),
     (pb.CONTRACT_VIOLATION, exc.ContractViolation, grpc.StatusCode.INVALID_ARGUMENT),
@@ -23,7 +23,7 @@ _TABLE: tuple[tuple[int, type[exc.SequenceAIError], grpc.StatusCode], ...] = (
 )
 
 
-def code_for(error: BaseException) -> int:
+def code_for(error: BaseException) -> pb.ErrorCode:
     """Return the ``ErrorCode`` for an exception (POLICY_EXCEPTION for anything unknown)."""
     for code, cls, _ in _TABLE:
         if type(error) is cls:
@@ -52,8 +52,8 @@ def from_error(msg: pb.Error) -> exc.SequenceAIError:
     :class:`~exc.Draining` when the replica is stopping.
     """
     if msg.refusal and msg.code == pb.OVERLOADED:
-        cls = exc.Draining if msg.refusal == 'draining' else exc.Overloaded
-        return cls(msg.message, refusal=msg.refusal)
+        refused = exc.Draining if msg.refusal == 'draining' else exc.Overloaded
+        return refused(msg.message, refusal=msg.refusal)
     cls = next((c for code, c, _ in _TABLE if code == msg.code), exc.SequenceAIError)
     return cls(msg.message)
 
@@ -68,8 +68,8 @@ def from_rpc_error(error: grpc.RpcError) -> exc.SequenceAIError:
     # Aborts from the worker prefix details with "[ERROR_CODE] ".
     if details and details.startswith('['):
         name = details[1:details.find(']')]
-        number = pb.ErrorCode.Value(name) if name in pb.ErrorCode.keys() else 0
-        return from_error(pb.Error(code=number, message=details[details.find(']') + 2:]))
+        code = name if name in pb.ErrorCode.keys() else pb.ERROR_CODE_UNSPECIFIED   # protobuf takes a name
+        return from_error(pb.Error(code=code, message=details[details.find(']') + 2:]))
     cls = next((c for _, c, s in _TABLE if s == status), exc.SequenceAIError)
     return cls(f'{status.name}: {details}')
 

@@ -327,10 +327,10 @@ class EpisodeCallHandler:
                     if self._end_seen.is_set():   # unread behind the episode's end: never started, unanswered
                         self.runtime.count_at_end(dropped=1)
                         continue
-                    reply = await self._observe(item.observation, nbytes)
+                    answer = await self._observe(item.observation, nbytes)
                     last = time.monotonic()           # a slow inference is activity until its reply
-                    if reply is not None:
-                        yield reply
+                    if answer is not None:
+                        yield answer
                         await self._capture_request()   # after the reply went out: off the round trip
                 elif kind == 'telemetry':
                     if self.active is not None:   # live underruns, whether captured or not
@@ -507,6 +507,8 @@ class EpisodeCallHandler:
     async def _end_episode(self, reason: str, stats: dict[str, Any] | None) -> str:
         """End the episode (hook, capture commit, usage); return '' or why a write failed (the robot is told)."""
         active = self.active
+        if active is None:      # callers end only a started episode
+            return ''
         try:
             await self._io(lambda: active.end(reason, stats, wait=True))
         except Exception as exc:  # a full disk (usage, index): the episode has ended; EpisodeEnded names it

@@ -86,7 +86,8 @@ class HealthAgent:
         serving = health_pb2.HealthCheckResponse.SERVING
         try:
             for service in self.services:
-                reply: Any = self._stub.Check(health_pb2.HealthCheckRequest(service=service),
+                # types-grpcio-health-checking's HealthStub declares no method
+                reply: Any = self._stub.Check(health_pb2.HealthCheckRequest(service=service),  # type: ignore[attr-defined]
                                               timeout=CHECK_TIMEOUT_S, metadata=self._metadata)
                 if reply.status != serving:
                     return 'drain'

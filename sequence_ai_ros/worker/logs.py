@@ -110,7 +110,7 @@ class RateLimitFilter(logging.Filter):
             self._seen.move_to_end(key)
             while len(self._seen) > MAX_KEYS:
                 self._seen.popitem(last=False)
-        if held:
+        if held and last is not None:     # held counts records since a written one (at ``last``)
             record.msg = f'{record.msg} ({held} more like this in the last {now - last:.1f} s)'
         return True
 

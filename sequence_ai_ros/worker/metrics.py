@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import math
 import threading
@@ -80,6 +81,16 @@ MAX_TELEMETRY_GAP_S = 5.0
 def package_version() -> str:
     """Return the worker's package version (``sequence_ai_ros.__version__``, as EpisodeStarted reports it)."""
     return sequence_ai_ros.__version__
+
+
+def _queue_depth(runtime: Any) -> int:
+    """``seq_queue_depth`` of a deployment's runtime: its requests waiting for inference."""
+    return runtime.scheduler.queue_depth
+
+
+def _active_episodes(runtime: Any) -> int:
+    """``seq_active_episodes`` of a deployment's runtime: its episodes in progress."""
+    return len(runtime.running_episodes())
 
 
 class MetricsSink:
@@ -195,11 +206,11 @@ class PrometheusMetrics(MetricsSink):
                 family.labels(name)
             self._versions[name] = str(getattr(runtime, 'version', ''))
             build.labels(package_version(), name, self._versions[name]).set(1)
-            queue.labels(name).set_function(lambda r=runtime: r.scheduler.queue_depth)
-            active.labels(name).set_function(lambda r=runtime: len(r.running_episodes()))
-            streams.labels(name).set_function(lambda n=name: open_streams(n))
+            queue.labels(name).set_function(functools.partial(_queue_depth, runtime))
+            active.labels(name).set_function(functools.partial(_active_episodes, runtime))
+            streams.labels(name).set_function(functools.partial(open_streams, name))
             if runtime.capture_store is not None:
-                capture.labels(name).set_function(lambda n=name, r=runtime: self._capture_bytes(n, r))
+                capture.labels(name).set_function(functools.partial(self._capture_bytes, name, runtime))
         self._server = BoundedServer('metrics', self._serve, host, port)
         self.port: int = self._server.port
 
@@ -257,8 +268,8 @@ class PrometheusMetrics(MetricsSink):
         name = runtime.name
         if name not in self._served:
             return
-        self._queue.labels(name).set_function(lambda r=runtime: r.scheduler.queue_depth)
-        self._active.labels(name).set_function(lambda r=runtime: len(r.running_episodes()))
+        self._queue.labels(name).set_function(functools.partial(_queue_depth, runtime))
+        self._active.labels(name).set_function(functools.partial(_active_episodes, runtime))
         old = self._versions.get(name)
         if old is not None:
             with contextlib.suppress(KeyError):

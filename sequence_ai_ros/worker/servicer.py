@@ -46,7 +46,7 @@ FORWARDED_METADATA = 'x-forwarded-for'
 
 def _metadata(context: grpc.aio.ServicerContext, key: str) -> str:
     for k, v in context.invocation_metadata() or ():
-        if k == key:
+        if k == key and isinstance(v, str):     # bytes only under a ``-bin`` key
             return v
     return ''
 
@@ -84,7 +84,7 @@ def add_to_server(servicer: PolicyServicer, server: grpc.aio.Server) -> None:
     Episode requests are parsed by :func:`~sequence_ai_ros.worker.episode_call.parse_request`, which also
     hands over each request's size on the wire, so the contract's size limit costs no re-encoding.
     """
-    handlers = {
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
         'Handshake': grpc.unary_unary_rpc_method_handler(
             servicer.Handshake, request_deserializer=pb.HandshakeRequest.FromString,
             response_serializer=pb.HandshakeReply.SerializeToString),
