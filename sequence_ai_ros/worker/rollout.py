@@ -66,7 +66,8 @@ class Rollouts:
         self.mode = mode
         self._cut = cut
         self._lock = threading.Lock()
-        self._threads: dict[str, threading.Thread] = {}
+        self._threads: dict[str, threading.Thread] = {}   # name -> its rollout thread, while it runs
+        self._wanted: dict[str, int] = {}                 # name -> the version registered when last checked
         #: name -> what its rollout does now: ``loading``, ``waiting`` (for the old version's episodes),
         #: ``cutting`` (the old version's episodes), ``switched``, ``failed``; for tests and logs
         self.state: dict[str, str] = {}
@@ -79,18 +80,38 @@ class Rollouts:
         self._held: set[DeploymentRuntime] = set()   # runtimes a rollout holds that are not (or no longer) served
 
     def check(self, versions: dict[str, int]) -> None:
-        """Start a rollout for each served deployment whose registered version (``versions``) is another."""
+        """Start a rollout for each served deployment whose registered version (``versions``) is another.
+
+        A deployment already rolling out is not started twice: its rollout looks at the registered version
+        again when it ends, and rolls out again when another one was registered meanwhile (``seq deploy``
+        twice in a row: the second version is not left unserved).
+        """
         for name, runtime in list(self._runtimes.items()):
             version = versions.get(name)
-            if version is None or version == runtime.version:
+            if version is None:
                 continue
             with self._lock:
-                running = self._threads.get(name)
-                if running is not None and running.is_alive():
+                self._wanted[name] = version
+                if version == runtime.version or name in self._threads:
                     continue
-                thread = threading.Thread(target=self._roll, args=(name,), name=f'seq-rollout-{name}', daemon=True)
+                thread = threading.Thread(target=self._rolls, args=(name,), name=f'seq-rollout-{name}', daemon=True)
                 self._threads[name] = thread
             thread.start()
+
+    def _rolls(self, name: str) -> None:
+        """Roll ``name`` out until no other version was registered while its last rollout ran."""
+        while True:
+            with self._lock:
+                target = self._wanted.get(name)
+            try:
+                self._roll(name)
+            finally:
+                with self._lock:
+                    again = not self._stopping.is_set() and self._wanted.get(name) != target
+                    if not again:
+                        self._threads.pop(name, None)
+            if not again:
+                return
 
     def _roll(self, name: str) -> None:
         old = self._runtimes.get(name)
@@ -113,6 +134,10 @@ class Rollouts:
         if self._ready(new):
             if self._switch(name, old, new):
                 self._unload_when_idle(old)
+            return
+        if self._stopping.is_set():   # the worker stops: not a version that cannot load beside the old one
+            new.close(timeout=1.0)
+            self._held.discard(new)
             return
         why = new.readiness()[3]
         new.close(timeout=1.0)
@@ -201,7 +226,9 @@ class Rollouts:
 
     def close(self, timeout: float = 5.0) -> None:
         """After ``stopping`` is set: wait for the rollout threads, then close the runtimes they still held."""
-        for thread in list(self._threads.values()):
+        with self._lock:
+            threads = list(self._threads.values())
+        for thread in threads:
             thread.join(timeout)
         for runtime in list(self._held):
             runtime.close(timeout=1.0)
