@@ -232,8 +232,8 @@ class WorkerServer:
             local = '127.0.0.1' if config.host in ('0.0.0.0', '::', '') else config.host
             creds = (grpc.ssl_channel_credentials(_read_pem(config.tls[0])) if config.tls is not None else None)
             try:
-                self.agent = HealthAgent(f'{local}:{self.port}', sorted(runtimes), config.host, config.agent_port,
-                                         token=config.token, credentials=creds)
+                self.agent = HealthAgent(f'{local}:{self.port}', lambda: sorted(self.runtimes), config.host,
+                                         config.agent_port, token=config.token, credentials=creds)
             except BaseException:
                 self._abandon_start(runtimes.values())
                 raise

@@ -1,0 +1,66 @@
+"""``seq delete`` beside a running worker of several deployments: what the worker keeps serving and unloads.
+
+- The HAProxy agent answers for the deployments served now: deleting one does not drain the replica for the
+  others.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from test_worker_support import channel, wait_for, wait_ready
+
+from sequence_ai_ros.cli import main as seq_main
+from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
+from sequence_ai_ros.worker import create_server
+from sequence_ai_ros.worker.registry import deploy
+
+POLICY = '''
+import numpy as np
+
+import sequence_ai_ros.policy as seq
+
+NAMES = ['a', 'b']
+
+
+@seq.policy(action_space='joint_absolute', action_names=NAMES, dt=0.05, chunk_length=4,
+            observation=seq.ObservationContract(state_names=NAMES))
+class Valued:
+    def infer(self, inp, episode):
+        return np.array([[{value}, 0.0]] * 4, np.float32)
+'''
+
+
+def write(path: Path, value: float) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(POLICY.format(value=value))
+    return path
+
+
+def agent(port: int) -> str:
+    with socket.create_connection(('127.0.0.1', port), timeout=10) as s:
+        s.settimeout(10)
+        return s.recv(64).decode().strip()
+
+
+def ended(pid: int) -> bool:
+    """True when process ``pid`` is gone (or a zombie, exited and not yet reaped)."""
+    try:
+        return Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[0] == 'Z'
+    except (OSError, IndexError):
+        return True
+
+
+def test_deleting_one_deployment_leaves_the_replica_ready_for_the_others(tmp_path, seq_home):
+    deploy(write(tmp_path / 'arm' / 'policy.py', 1.0))
+    deploy(write(tmp_path / 'hand' / 'policy.py', 2.0))
+    with create_server(['arm', 'hand'], home=seq_home, agent_port=0, warm=True) as server, \
+            channel(server.port) as ch:
+        stub = pb_grpc.PolicyServiceStub(ch)
+        assert wait_ready(stub, 'arm').ready and wait_ready(stub, 'hand').ready
+        wait_for(lambda: agent(server.agent.port) == 'up ready', timeout=10, what='the agent up')
+        assert seq_main(['delete', 'arm', '--yes']) == 0
+        wait_ready(stub, 'hand')                        # a lookup: the worker retires arm
+        assert list(server.runtimes) == ['hand']
+        assert agent(server.agent.port) == 'up ready'   # hand is still served: HAProxy keeps sending its robots
