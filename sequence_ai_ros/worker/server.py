@@ -16,7 +16,8 @@ coroutine each, no thread per stream); ``seq-io`` is its executor, a fixed pool 
 blocking work (capture files, SQLite, image decoding, episode-end hooks awaited); the per-deployment
 threads of :mod:`sequence_ai_ros.worker.runtime`; ``seq-housekeeping`` (usage flush every 10 s, capture
 retention at start and hourly); served from a registry, ``seq-live`` (:mod:`~sequence_ai_ros.worker.live`:
-which deployments have episodes running, for ``seq delete``); with ``agent_port``, ``seq-agent``; with
+which deployments have episodes running, for ``seq delete``) and, for a deployment ``seq delete`` removed,
+``seq-retire-<name>`` until its running episodes ended; with ``agent_port``, ``seq-agent``; with
 ``metrics_port``, prometheus_client's HTTP thread. With ``probe_port``, a second plaintext gRPC server on the
 same loop serves the health service alone (:mod:`~sequence_ai_ros.worker.probe`), for probes that send no
 token and no TLS. The thread count does not grow with open streams, and nothing grown by a burst is kept.
@@ -192,6 +193,7 @@ class WorkerServer:
         self._registry = registry
         self._registry_mtime: float | None = None
         self._retire_lock = threading.Lock()
+        self._retired: list[DeploymentRuntime] = []   # deleted deployments whose policy is not unloaded yet
         self._live: LiveFile | None = None
         self._rollouts: Rollouts | None = None
         if registry is not None:
@@ -334,7 +336,8 @@ class WorkerServer:
 
         Cheap when nothing changed (one ``stat`` of deployments.json); called before each deployment lookup,
         so the next Handshake or episode of a deleted deployment gets UNKNOWN_DEPLOYMENT, and its usage row
-        and capture directory are not re-created.
+        and capture directory are not re-created. A retired deployment's policy is unloaded once its running
+        episodes (``seq delete --force``) ended.
 
         :returns: the names retired by this call.
         """
@@ -349,23 +352,40 @@ class WorkerServer:
                 return []
             self._registry_mtime = mtime
             try:
-                versions = {r.name: r.version for r in self._registry.list()} if mtime != -1 else {}
-                names = set(versions)
+                records = {r.name: r for r in self._registry.list()} if mtime != -1 else {}
             except Exception as exc:  # a registry being rewritten: look again at the next lookup
                 LOG.debug('registry unreadable: %s', exc)
                 self._registry_mtime = None
                 return []
-            if self._rollouts is not None:   # a version registered while serving (seq deploy again)
-                self._rollouts.check(versions)
-            gone = [name for name in self.runtimes if name not in names]
+            gone = [name for name in list(self.runtimes) if name not in records]
             for name in gone:
                 runtime = self.runtimes.pop(name)
+                runtime.on_state_change = None
                 runtime.usage.retire()
                 if runtime.capture_store is not None:
                     runtime.capture_store.retire()
                 self._set_health(name, health_pb2.HealthCheckResponse.SERVICE_UNKNOWN)
                 LOG.info('deployment %s was deleted: no longer served', name)
+                self._retire(runtime)
+            if self._rollouts is not None:   # a version registered while serving (seq deploy again)
+                self._rollouts.check({name: rec.version for name, rec in records.items()})
             return gone
+
+    def _retire(self, runtime: DeploymentRuntime) -> None:
+        """Unload a deleted deployment's policy once its running episodes ended (``seq-retire-<name>``)."""
+        def close_when_idle() -> None:
+            while runtime.running_episodes():
+                if self._stop.wait(0.2):
+                    return              # the worker stops: stop() closes it
+            with self._retire_lock:
+                if runtime not in self._retired:
+                    return
+                self._retired.remove(runtime)
+            runtime.close()
+            LOG.info('deployment %s: deleted version %d unloaded', runtime.name, runtime.version)
+
+        self._retired.append(runtime)
+        threading.Thread(target=close_when_idle, name=f'seq-retire-{runtime.name}', daemon=True).start()
 
     def _load_version(self, name: str) -> tuple[Any, PolicyDefinition]:
         """The registry's validated import of ``name``'s current version, as at start (``--isolation``'s importer)."""
@@ -472,7 +492,9 @@ class WorkerServer:
             self._rollouts.close()
         if self._live is not None:
             self._live.close()
-        for runtime in self.runtimes.values():
+        with self._retire_lock:
+            retired, self._retired = self._retired, []
+        for runtime in [*self.runtimes.values(), *retired]:
             runtime.close()
         self.metrics.close()
         if self.agent is not None:

@@ -2,14 +2,17 @@
 
 - The HAProxy agent answers for the deployments served now: deleting one does not drain the replica for the
   others.
+- A deleted deployment's policy is unloaded (under ``--isolation process`` its deployment process ends) once the
+  episodes ``--force`` left running have ended; nothing of it outlives them.
 """
 
 from __future__ import annotations
 
 import socket
+import threading
 from pathlib import Path
 
-from test_worker_support import channel, wait_for, wait_ready
+from test_worker_support import Stream, channel, state_request, wait_for, wait_ready
 
 from sequence_ai_ros.cli import main as seq_main
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
@@ -64,3 +67,25 @@ def test_deleting_one_deployment_leaves_the_replica_ready_for_the_others(tmp_pat
         wait_ready(stub, 'hand')                        # a lookup: the worker retires arm
         assert list(server.runtimes) == ['hand']
         assert agent(server.agent.port) == 'up ready'   # hand is still served: HAProxy keeps sending its robots
+
+
+def test_a_deleted_deployment_is_unloaded_once_its_forced_episodes_end(tmp_path, seq_home):
+    deploy(write(tmp_path / 'arm' / 'policy.py', 1.0))
+    deploy(write(tmp_path / 'hand' / 'policy.py', 2.0))
+    with create_server(['arm', 'hand'], home=seq_home, isolation='process', warm=True) as server, \
+            channel(server.port) as ch:
+        stub = pb_grpc.PolicyServiceStub(ch)
+        assert wait_ready(stub, 'arm', timeout=60).ready and wait_ready(stub, 'hand', timeout=60).ready
+        arm = server.runtimes['arm']
+        pid = arm._instance.process.process.pid            # arm's deployment process
+        running = Stream(stub, 'arm', 'running')
+        assert running.start().HasField('started')
+        assert seq_main(['delete', 'arm', '--force', '--yes']) == 0
+        wait_ready(stub, 'hand')                           # a lookup: the worker retires arm
+        assert 'arm' not in server.runtimes
+        assert running.ask(state_request(1, [0.0, 0.0], ['a', 'b'])).HasField('chunk')   # --force: it goes on
+        assert not ended(pid)
+        assert running.end().HasField('ended')
+        wait_for(lambda: ended(pid), timeout=30, what="the deleted deployment's process to end")
+        wait_for(lambda: not any(t.name == 'seq-infer-arm' for t in threading.enumerate()), timeout=30,
+                 what="the deleted deployment's inference thread to stop")
