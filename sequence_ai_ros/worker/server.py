@@ -336,8 +336,10 @@ class WorkerServer:
 
         Cheap when nothing changed (one ``stat`` of deployments.json); called before each deployment lookup,
         so the next Handshake or episode of a deleted deployment gets UNKNOWN_DEPLOYMENT, and its usage row
-        and capture directory are not re-created. A retired deployment's policy is unloaded once its running
-        episodes (``seq delete --force``) ended.
+        and capture directory are not re-created. A deployment deleted and registered again since the last
+        look (its record is not the served one's: a lower version, or the same version deployed at another
+        time) was deleted all the same: it is retired too, never served as the new registration's version.
+        A retired deployment's policy is unloaded once its running episodes (``seq delete --force``) ended.
 
         :returns: the names retired by this call.
         """
@@ -357,7 +359,8 @@ class WorkerServer:
                 LOG.debug('registry unreadable: %s', exc)
                 self._registry_mtime = None
                 return []
-            gone = [name for name in list(self.runtimes) if name not in records]
+            gone = [name for name, runtime in list(self.runtimes.items())
+                    if name not in records or not _same_lineage(records[name], runtime)]
             for name in gone:
                 runtime = self.runtimes.pop(name)
                 runtime.on_state_change = None
@@ -365,7 +368,11 @@ class WorkerServer:
                 if runtime.capture_store is not None:
                     runtime.capture_store.retire()
                 self._set_health(name, health_pb2.HealthCheckResponse.SERVICE_UNKNOWN)
-                LOG.info('deployment %s was deleted: no longer served', name)
+                if name in records:
+                    LOG.info('deployment %s was deleted and registered again: no longer served (restart the worker '
+                             'to serve the new registration)', name)
+                else:
+                    LOG.info('deployment %s was deleted: no longer served', name)
                 self._retire(runtime)
             if self._rollouts is not None:   # a version registered while serving (seq deploy again)
                 self._rollouts.check({name: rec.version for name, rec in records.items()})
@@ -510,6 +517,18 @@ class WorkerServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _same_lineage(record: Any, runtime: DeploymentRuntime) -> bool:
+    """True when ``record``, the registry's, is the served runtime's version or a later deploy of it.
+
+    A lower version, or the same version deployed at another time, is a registration made after a ``seq delete``
+    (versions start again at 1): another deployment under the same name.
+    """
+    served = runtime.record
+    if served is None or record.version > runtime.version:
+        return True
+    return record.version == runtime.version and record.deployed_at == served.deployed_at
 
 
 def _runtime(name: str, version: int, definition: PolicyDefinition, usage_path: Path | None,

@@ -4,6 +4,8 @@
   others.
 - A deleted deployment's policy is unloaded (under ``--isolation process`` its deployment process ends) once the
   episodes ``--force`` left running have ended; nothing of it outlives them.
+- A deployment deleted and registered again before the worker looked (versions start again at 1) is not
+  served as the new registration's version 1: the worker retires what it served.
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ import socket
 import threading
 from pathlib import Path
 
+import grpc
 from test_worker_support import Stream, channel, state_request, wait_for, wait_ready
 
 from sequence_ai_ros.cli import main as seq_main
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
 from sequence_ai_ros.worker import create_server
-from sequence_ai_ros.worker.registry import deploy
+from sequence_ai_ros.worker.registry import Registry, deploy
 
 POLICY = '''
 import numpy as np
@@ -89,3 +92,18 @@ def test_a_deleted_deployment_is_unloaded_once_its_forced_episodes_end(tmp_path,
         wait_for(lambda: ended(pid), timeout=30, what="the deleted deployment's process to end")
         wait_for(lambda: not any(t.name == 'seq-infer-arm' for t in threading.enumerate()), timeout=30,
                  what="the deleted deployment's inference thread to stop")
+
+
+def test_a_deployment_deleted_and_registered_again_unseen_is_not_served_as_the_new_version(tmp_path, seq_home):
+    policy = write(tmp_path / 'arm' / 'policy.py', 1.0)
+    deploy(policy)
+    with create_server(['arm'], home=seq_home, warm=True) as server, channel(server.port) as ch:
+        stub = pb_grpc.PolicyServiceStub(ch)
+        assert wait_ready(stub, 'arm').ready
+        assert seq_main(['delete', 'arm', '--yes']) == 0
+        deploy(write(policy, 2.0))                  # no lookup in between: the worker never saw the gap
+        assert Registry().get('arm').version == 1   # the new registration's version 1 is another content
+        stream = Stream(stub, 'arm', 'after')
+        assert stream.start() is None                # the call fails: arm (as served) was deleted
+        assert stream.error.code() == grpc.StatusCode.NOT_FOUND and 'UNKNOWN_DEPLOYMENT' in stream.error.details()
+        assert 'arm' not in server.runtimes
