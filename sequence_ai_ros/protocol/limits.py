@@ -270,7 +270,9 @@ def check_handshake(req: Any) -> None:
 
 
 def check_label(req: Any) -> None:
-    """Check a LabelRequest (its deployment is looked up among the served ones)."""
+    """Check a LabelRequest (its deployment is looked up among the served ones); it names an episode."""
+    if not req.episode_id:
+        raise LimitViolation('episode_id', 'not empty: the episode the label is for')
     check_id(req.episode_id, 'episode_id')
     check_text(req.notes, 'notes')
 

@@ -250,7 +250,9 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         It cannot when capture is off for the deployment or the store cannot be written.
 
         An episode this worker never ran is labelled too (its replica was stopped and the balancer sent the
-        call here); the reply says so, and the stores merge labels by episode id at export and stats.
+        call here); the reply says so, and the stores merge labels by episode id at export and stats. A caller
+        without the token (``anonymous_streams``) may label only episodes this worker ran: labels of unseen
+        episodes would let it fill the store's index.
         """
         try:
             limits.check_label(request)
@@ -262,10 +264,15 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
             return pb.LabelReply(ok=False, message=f'capture is off for deployment {runtime.name!r}: episode '
                                                    f'{clip(request.episode_id)!r} was not captured, the label is not '
                                                    'stored')
+        anonymous = self.token is not None and not self._authenticated(context)
         try:
             known = await asyncio.get_running_loop().run_in_executor(None, store.label, request.episode_id,
-                                                                     request.success, request.notes)
-        except (LookupError, CaptureError, ValueError) as exc:
+                                                                     request.success, request.notes, not anonymous)
+        except LookupError as exc:
+            return pb.LabelReply(ok=False, message=f'label of episode {clip(request.episode_id)!r} not stored: '
+                                                   f'{clip(str(exc), 300)}; only a caller with the token may label '
+                                                   'an episode this worker did not run')
+        except (CaptureError, ValueError) as exc:
             return pb.LabelReply(ok=False, message=f'label of episode {clip(request.episode_id)!r} not stored: '
                                                    f'{clip(str(exc), 300)}')
         what = f'episode {clip(request.episode_id)!r} labelled {"success" if request.success else "failure"}'
