@@ -39,13 +39,13 @@ import concurrent.futures
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from google.protobuf.message import DecodeError
 
 import sequence_ai_ros
-from sequence_ai_ros.exceptions import EpisodeStateError, NotReady, SequenceAIError
+from sequence_ai_ros.exceptions import EpisodeStateError, NotReady, SequenceAIError, UnknownDeployment
 from sequence_ai_ros.protocol import errors, limits
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import clip
@@ -208,11 +208,15 @@ class EpisodeCallHandler:
     :param idle_timeout_s: end the episode after this many seconds without a message (s).
     :param start_timeout_s: close the stream when no EpisodeStart came within this many seconds (s).
     :param client: who holds the stream (an address), for the per-client cap and logs.
+    :param before_start: called (on the executor) before an episode starts, with the runtime; False: the
+        deployment is no longer served (``seq delete``), and the EpisodeStart gets UNKNOWN_DEPLOYMENT.
     """
 
     def __init__(self, runtime: DeploymentRuntime, episode_id: str, idle_timeout_s: float,
-                 start_timeout_s: float = float('inf'), client: str = '') -> None:
+                 start_timeout_s: float = float('inf'), client: str = '',
+                 before_start: Callable[[DeploymentRuntime], bool] | None = None) -> None:
         self.runtime = runtime
+        self.before_start = before_start
         self.episode_id = episode_id
         self.idle_timeout_s = idle_timeout_s
         self.start_timeout_s = start_timeout_s
@@ -370,6 +374,9 @@ class EpisodeCallHandler:
             return _error(EpisodeStateError(f'EpisodeStart names episode {clip(start.episode_id)!r} but the '
                                             f'stream was opened for {clip(self.episode_id)!r} (x-episode-id)'))
         eid = self.episode_id or start.episode_id or uuid.uuid4().hex
+        if self.before_start is not None and not await self._io(self.before_start, self.runtime):
+            return _error(UnknownDeployment(f'deployment {self.runtime.name!r} was deleted (seq delete) since this '
+                                            'stream opened: it is not served here any more'))
         self._started_at = time.monotonic()
         self.runtime.ensure_loading()
         try:

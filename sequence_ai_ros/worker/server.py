@@ -242,7 +242,8 @@ class WorkerServer:
         self._housekeeping = threading.Thread(target=self._housekeep, name='seq-housekeeping', daemon=True)
         self._housekeeping.start()
         if registry is not None:   # seq delete reads which deployments have episodes running
-            self._live = LiveFile(registry.home, lambda: list(self.runtimes), self.servicer.open_streams)
+            self._live = LiveFile(registry.home, self._live_names, self.servicer.open_streams)
+            self.servicer.before_start = self._before_start
             self._rollouts = Rollouts(self.runtimes, self._load_version, self._next_runtime, self._adopt, self._stop,
                                       mode=config.rollout,
                                       cut=lambda runtime, reason: self.servicer.shutdown_streams(reason, runtime))
@@ -377,6 +378,23 @@ class WorkerServer:
             if self._rollouts is not None:   # a version registered while serving (seq deploy again)
                 self._rollouts.check({name: rec.version for name, rec in records.items()})
             return gone
+
+    def _live_names(self) -> list[str]:
+        """The deployments the live file counts streams of: the served ones, and deleted ones still running."""
+        with self._retire_lock:
+            retired = [r.name for r in self._retired]
+        return [*self.runtimes, *retired]
+
+    def _before_start(self, runtime: DeploymentRuntime) -> bool:
+        """Before an episode of ``runtime`` starts: list its stream in the live file, then look at the registry.
+
+        In this order, ``seq delete`` either sees the episode (and refuses without ``--force``) or has removed the
+        deployment before it starts (False: the start is refused, UNKNOWN_DEPLOYMENT).
+        """
+        if self._live is not None:
+            self._live.update()
+        self.retire_deleted()
+        return self.runtimes.get(runtime.name) is not None
 
     def _retire(self, runtime: DeploymentRuntime) -> None:
         """Unload a deleted deployment's policy once its running episodes ended (``seq-retire-<name>``)."""

@@ -128,6 +128,8 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         self.on_refused: Any = None
         #: called before each lookup: retires deployments deleted from the registry (``seq delete``)
         self.before_lookup: Callable[[], None] | None = None
+        #: called (blocking, on the executor) before an episode starts: False when its deployment was deleted
+        self.before_start: Callable[[DeploymentRuntime], bool] | None = None
         #: set on SIGTERM: new episodes are refused (``draining``) while the open ones finish
         self.drain = Drain(self.open_streams)
 
@@ -182,7 +184,7 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         client = client_of(context, self.config.proxy_socket is not None)
         anonymous = self.token is not None and not self._authenticated(context)
         stream = EpisodeCallHandler(runtime, _metadata(context, EPISODE_ID_METADATA), self.idle_timeout_s,
-                                    self.config.start_timeout_s, client)
+                                    self.config.start_timeout_s, client, before_start=self.before_start)
         refused = 'draining' if self.drain.draining else self._admit(stream, (client, anonymous))
         if refused:   # a typed refusal in the stream (drain.py: a balancer resets an aborted call)
             if self.on_refused is not None:

@@ -6,6 +6,8 @@
   episodes ``--force`` left running have ended; nothing of it outlives them.
 - A deployment deleted and registered again before the worker looked (versions start again at 1) is not
   served as the new registration's version 1: the worker retires what it served.
+- ``seq delete`` right after a robot was told its episode started refuses (the worker lists the episode before
+  it starts it), and an EpisodeStart on a stream opened before a forced delete is refused, typed.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import grpc
 from test_worker_support import Stream, channel, state_request, wait_for, wait_ready
 
 from sequence_ai_ros.cli import main as seq_main
+from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
 from sequence_ai_ros.worker import create_server
 from sequence_ai_ros.worker.registry import Registry, deploy
@@ -107,3 +110,37 @@ def test_a_deployment_deleted_and_registered_again_unseen_is_not_served_as_the_n
         assert stream.start() is None                # the call fails: arm (as served) was deleted
         assert stream.error.code() == grpc.StatusCode.NOT_FOUND and 'UNKNOWN_DEPLOYMENT' in stream.error.details()
         assert 'arm' not in server.runtimes
+
+
+def test_seq_delete_refuses_right_after_a_robot_was_told_its_episode_started(tmp_path, seq_home, capsys):
+    """Attack: ``seq delete`` (no --force) just after EpisodeStarted deleted the deployment in 4 of 5 tries.
+
+    The worker's live file was polled every 0.2 s, so an episode started within that time was not listed.
+    """
+    deploy(write(tmp_path / 'arm' / 'policy.py', 1.0))
+    with create_server(['arm'], home=seq_home, warm=True) as server, channel(server.port) as ch:
+        stub = pb_grpc.PolicyServiceStub(ch)
+        assert wait_ready(stub, 'arm').ready
+        for k in range(5):
+            stream = Stream(stub, 'arm', f'ep-{k}')
+            assert stream.start().HasField('started')
+            assert seq_main(['delete', 'arm', '--yes']) == 2, capsys.readouterr()
+            assert 'arm has episodes running' in capsys.readouterr().err
+            assert [r.name for r in Registry().list()] == ['arm']
+            assert stream.end().HasField('ended')
+            stream.close()
+
+
+def test_an_episode_start_on_a_stream_opened_before_a_forced_delete_is_refused(tmp_path, seq_home):
+    deploy(write(tmp_path / 'arm' / 'policy.py', 1.0))
+    with create_server(['arm'], home=seq_home, warm=True) as server, channel(server.port) as ch:
+        stub = pb_grpc.PolicyServiceStub(ch)
+        assert wait_ready(stub, 'arm').ready
+        stream = Stream(stub, 'arm', 'late')                 # opened, no EpisodeStart yet
+        assert wait_for(lambda: server.servicer.open_streams('arm') == 1, what='the stream to be admitted')
+        assert seq_main(['delete', 'arm', '--force', '--yes']) == 0
+        reply = stream.start()
+        assert reply.HasField('error') and reply.error.code == pb.UNKNOWN_DEPLOYMENT, reply
+        assert 'was deleted' in reply.error.message
+        stream.close()
+        assert server.runtimes == {}
