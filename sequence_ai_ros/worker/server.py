@@ -246,7 +246,8 @@ class WorkerServer:
             self.servicer.before_start = self._before_start
             self._rollouts = Rollouts(self.runtimes, self._load_version, self._next_runtime, self._adopt, self._stop,
                                       mode=config.rollout,
-                                      cut=lambda runtime, reason: self.servicer.shutdown_streams(reason, runtime))
+                                      cut=lambda runtime, reason: self.servicer.shutdown_streams(reason, runtime),
+                                      held=lambda: self.servicer.drain.draining)
         if config.warm:
             for runtime in runtimes.values():
                 runtime.ensure_loading()

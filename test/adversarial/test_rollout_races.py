@@ -1,4 +1,6 @@
-"""Rollouts under rapid deploys and stops: ``seq deploy`` twice in a row, SIGTERM while a new version loads.
+"""Rollouts under rapid deploys, drains and stops.
+
+``seq deploy`` twice in a row, a deploy during a drain, a stop while a new version loads.
 
 The policy's actions are its version's value; its ``load()`` can be held at a gate (a file) so that a test
 decides when a version's load ends, and tells when it has begun (a second file).
@@ -7,6 +9,7 @@ decides when a version's load ends, and tells when it has begun (a second file).
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 
 from test_worker_support import Stream, channel, state_request, wait_for, wait_ready
@@ -104,3 +107,38 @@ def test_a_stop_while_a_new_version_loads_is_not_reported_as_a_version_that_cann
         gate.unlink(missing_ok=True)
     assert not [r.getMessage() for r in caplog.records if 'cannot load beside' in r.getMessage()]
     assert server._rollouts.state.get('arm') == 'loading'       # given up as it was, not 'waiting'
+
+
+def test_a_deploy_during_a_drain_neither_cuts_the_draining_episodes_nor_loads_the_new_version(tmp_path, seq_home):
+    """Attack: with --rollout cut, a version deployed while the worker drained (SIGTERM) cut its episodes.
+
+    The episodes the drain lets finish were cut with reason rollout, and the new version was loaded in a worker
+    about to exit.
+    """
+    from test_worker_rollout import write as write_memory_bound
+
+    marker = tmp_path / 'memory-taken'
+    policy = write(tmp_path / 'arm' / 'policy.py', 1.0)
+    deploy(policy)
+    with create_server(['arm'], home=seq_home, rollout='cut') as server, channel(server.port) as ch:
+        stub = pb_grpc.PolicyServiceStub(ch)
+        assert wait_ready(stub, 'arm').ready
+        live = Stream(stub, 'arm', 'live')
+        assert live.start().HasField('started')
+        left: list[int] = []
+        drain = threading.Thread(target=lambda: left.append(server.drain(60.0)), name='drain')
+        drain.start()
+        wait_for(lambda: server.servicer.drain.draining, what='the drain to begin')
+        deploy(write_memory_bound(policy, 2.0, str(marker), wait_s=1.0))   # cannot load beside version 1
+        marker.touch()
+        server.retire_deleted()                         # the worker's look at the registry (housekeeping)
+        wait_for(lambda: not any(t.is_alive() for t in list(server._rollouts._threads.values())), timeout=60,
+                 what='no rollout running')
+        reply = live.ask(state_request(1, [0.0, 0.0], ['a', 'b']))
+        assert reply.HasField('chunk'), reply           # the draining episode goes on, on version 1
+        assert float(codec.from_tensor(reply.chunk.actions)[0, 0]) == 1.0
+        assert live.end().HasField('ended')
+        drain.join(timeout=30)
+        assert left == [0]                              # it ended within the drain: nothing was cut
+        assert server._rollouts.cuts == [] and server._rollouts.switched == []
+        assert server.runtimes['arm'].version == 1
