@@ -22,6 +22,7 @@ import grpc
 
 from sequence_ai_ros.exceptions import (
     CaptureError,
+    Draining,
     Overloaded,
     ProtocolVersionError,
     Unauthenticated,
@@ -184,7 +185,8 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         client = client_of(context, self.config.proxy_socket is not None)
         anonymous = self.token is not None and not self._authenticated(context)
         stream = EpisodeCallHandler(runtime, _metadata(context, EPISODE_ID_METADATA), self.idle_timeout_s,
-                                    self.config.start_timeout_s, client, before_start=self.before_start)
+                                    self.config.start_timeout_s, client, before_start=self.before_start,
+                                    start_refusal=self._start_refusal)
         refused = 'draining' if self.drain.draining else self._admit(stream, (client, anonymous))
         if refused:   # a typed refusal in the stream (drain.py: a balancer resets an aborted call)
             if self.on_refused is not None:
@@ -202,6 +204,13 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         finally:
             stream.on_done()
             self._release(stream, (client, anonymous))
+
+    def _start_refusal(self) -> Draining | None:
+        """The refusal of an EpisodeStart on a stream admitted before the drain began (counted), or None."""
+        refusal = self.drain.refusal()
+        if refusal is not None and self.on_refused is not None:
+            self.on_refused('draining')
+        return refusal
 
     def _authenticated(self, context: grpc.aio.ServicerContext) -> bool:
         """True when the call carries ``authorization: Bearer <token>`` (compared in constant time)."""
