@@ -8,12 +8,18 @@
   served as the new registration's version 1: the worker retires what it served.
 - ``seq delete`` right after a robot was told its episode started refuses (the worker lists the episode before
   it starts it), and an EpisodeStart on a stream opened before a forced delete is refused, typed.
+- An episode started while ``seq delete`` asks whether to remove the field data is seen after the answer.
 """
 
 from __future__ import annotations
 
+import os
+import pty
 import socket
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import grpc
@@ -144,3 +150,48 @@ def test_an_episode_start_on_a_stream_opened_before_a_forced_delete_is_refused(t
         assert 'was deleted' in reply.error.message
         stream.close()
         assert server.runtimes == {}
+
+
+def _read_until(fd: int, text: str, timeout: float = 30.0) -> str:
+    out = b''
+    deadline = time.monotonic() + timeout
+    os.set_blocking(fd, False)
+    while text.encode() not in out:
+        assert time.monotonic() < deadline, out
+        try:
+            out += os.read(fd, 4096)
+        except BlockingIOError:
+            time.sleep(0.02)
+    return out.decode()
+
+
+def test_an_episode_started_while_seq_delete_asks_is_seen_after_the_answer(tmp_path, seq_home):
+    """Attack: ``seq delete`` looked at the running episodes before its prompt only.
+
+    A robot started an episode while the operator read the question; the "y" then deleted the deployment and
+    removed the field data that episode was writing.
+    """
+    deploy(write(tmp_path / 'arm' / 'policy.py', 1.0))
+    blob = Registry().capture_dir('arm') / 'episodes' / 'e1' / 'blob'
+    blob.parent.mkdir(parents=True)
+    blob.write_bytes(b'x' * 1000)                          # field data of an earlier episode: delete asks
+    with create_server(['arm'], home=seq_home, warm=True) as server, channel(server.port) as ch:
+        stub = pb_grpc.PolicyServiceStub(ch)
+        assert wait_ready(stub, 'arm').ready
+        master, slave = pty.openpty()                      # a terminal: seq delete asks
+        proc = subprocess.Popen([sys.executable, '-m', 'sequence_ai_ros.cli', 'delete', 'arm'], stdin=slave,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ})
+        os.close(slave)
+        try:
+            assert 'remove it too? [y/N]' in _read_until(proc.stdout.fileno(), '[y/N]')
+            stream = Stream(stub, 'arm', 'while-asked')
+            assert stream.start().HasField('started')
+            os.write(master, b'y\n')
+            assert proc.wait(timeout=60) == 2
+            assert 'arm has episodes running' in proc.stderr.read().decode()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            os.close(master)
+        assert [r.name for r in Registry().list()] == ['arm'] and blob.is_file()
+        assert stream.end().HasField('ended')
