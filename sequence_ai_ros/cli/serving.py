@@ -186,17 +186,14 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
     Refused (exit 2) while a worker of this ``$SEQ_HOME`` runs episodes of it, unless ``--force``; captured
     data is removed only with ``--yes`` or a "y" at the prompt (a terminal), and kept with ``--keep-data``.
+    The running episodes are looked at again after the prompt, just before the deletion: one a robot started
+    while the question was asked is seen.
     """
-    from sequence_ai_ros.worker.live import running_episodes
     from sequence_ai_ros.worker.registry import Registry
 
     registry = Registry()
     rec = registry.get(args.name)
-    running = running_episodes(registry.home).get(rec.name, {})
-    if running and not args.force:
-        where = ', '.join(f'{n} on seq serve pid {pid}' for pid, n in sorted(running.items()))
-        print(f'seq delete: error: {rec.name} has episodes running ({where}): deleting it now would lose their '
-              'capture. Wait for them to end, or pass --force', file=sys.stderr)
+    if _refuse_running(registry, rec.name, args.force):
         return 2
     stored = _capture_bytes(registry.home).get(rec.name, 0)
     keep = args.keep_data
@@ -209,11 +206,26 @@ def cmd_delete(args: argparse.Namespace) -> int:
             return 2
         if input(question).strip().lower() not in ('y', 'yes'):
             keep = True
+        if _refuse_running(registry, rec.name, args.force):   # an episode may have started while we asked
+            return 2
     rec = registry.delete(args.name, keep_data=keep)
     data = (f'its captured data kept in {registry.capture_dir(rec.name)}' if keep and stored else
             'its capture' if stored else 'no captured data')
     print(f'deleted {rec.name} (version {rec.version}) with its usage, {data}; {rec.path} is left as is')
     return 0
+
+
+def _refuse_running(registry: Any, name: str, force: bool) -> bool:
+    """Print why and return True when a worker of ``registry``'s home runs episodes of ``name`` (and not ``force``)."""
+    from sequence_ai_ros.worker.live import running_episodes
+
+    running = running_episodes(registry.home).get(name, {})
+    if running and not force:
+        where = ', '.join(f'{n} on seq serve pid {pid}' for pid, n in sorted(running.items()))
+        print(f'seq delete: error: {name} has episodes running ({where}): deleting it now would lose their '
+              'capture. Wait for them to end, or pass --force', file=sys.stderr)
+        return True
+    return False
 
 
 def _capture_bytes(home: Path) -> dict[str, int]:

@@ -115,9 +115,9 @@ class ServerConfig:
         and without the token are capped apart, so token-less streams from an address never take that
         address's slots from token holders (e.g. robots behind the same NAT or balancer).
     :param anonymous_streams: with a ``token``: how many Episode streams callers *without* the token may hold
-        in total (they may then also handshake, ask readiness and label; a *wrong* token is still
-        UNAUTHENTICATED). The other ``max_streams - anonymous_streams`` slots are kept for streams carrying
-        the token, so an anonymous flood gets OVERLOADED while token holders keep that headroom.
+        in total (they may then also handshake, ask readiness and label the episodes this worker ran; a *wrong*
+        token is still UNAUTHENTICATED). The other ``max_streams - anonymous_streams`` slots are kept for streams
+        carrying the token, so an anonymous flood gets OVERLOADED while token holders keep that headroom.
         0 (default): a caller without the token gets nothing (UNAUTHENTICATED).
     :param proxy_socket: a Unix socket path the worker also listens on, for a balancer in front of it (``seq
         fleet``'s HAProxy): only calls that come in through it have their ``x-forwarded-for`` read as the

@@ -17,8 +17,10 @@ file changes: before a lookup and by housekeeping). For a new version, a ``seq-r
    NotReady, as for a drain cut). Either way the old version is unloaded before the new one loads: new
    episodes meanwhile get NOT_READY and wait, as at a cold start.
 
-Both versions share the deployment's usage meter and capture store. A load that fails again leaves the
-deployment failed (health NOT_SERVING), as a failed load at start does.
+A draining worker (SIGTERM: it stops once its episodes end) starts no rollout, and one in progress gives up
+(the new version is closed): a drain's episodes are never cut for a rollout, nor a new version loaded by a
+worker about to exit. Both versions share the deployment's usage meter and capture store. A load that fails
+again leaves the deployment failed (health NOT_SERVING), as a failed load at start does.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ class Rollouts:
     :param make: ``(record, definition, old runtime) -> new runtime`` sharing the old one's usage and store.
     :param adopt: called with a runtime that starts to be served (state callbacks, metrics, health).
     :param stopping: set when the worker stops: rollouts give up.
+    :param held: returns True while no rollout may start or go on (the worker drains before it stops): no new
+        version is loaded, switched to, or cuts the episodes the drain lets finish.
     :param mode: ``wait`` or ``cut``: what to do when the new version cannot load beside the old one
         (see the module docstring; ``seq serve --rollout``).
     :param cut: ``(runtime, reason) -> n``: cut the live episode streams of ``runtime`` with ``reason``; the
@@ -58,15 +62,18 @@ class Rollouts:
     def __init__(self, runtimes: dict[str, DeploymentRuntime], load: Callable[[str], tuple[Any, Any]],
                  make: Callable[[Any, Any, DeploymentRuntime], DeploymentRuntime],
                  adopt: Callable[[DeploymentRuntime], None], stopping: threading.Event, *, mode: str = 'wait',
-                 cut: Callable[[DeploymentRuntime, str], int] | None = None) -> None:
+                 cut: Callable[[DeploymentRuntime, str], int] | None = None,
+                 held: Callable[[], bool] = lambda: False) -> None:
         if mode not in ROLLOUT_MODES or (mode == 'cut' and cut is None):
             raise ValueError(f'rollout mode must be one of {ROLLOUT_MODES} (cut needs a cut callable), got {mode!r}')
         self._runtimes, self._load, self._make, self._adopt = runtimes, load, make, adopt
         self._stopping = stopping
+        self._held_now = held
         self.mode = mode
         self._cut = cut
         self._lock = threading.Lock()
-        self._threads: dict[str, threading.Thread] = {}
+        self._threads: dict[str, threading.Thread] = {}   # name -> its rollout thread, while it runs
+        self._wanted: dict[str, int] = {}                 # name -> the version registered when last checked
         #: name -> what its rollout does now: ``loading``, ``waiting`` (for the old version's episodes),
         #: ``cutting`` (the old version's episodes), ``switched``, ``failed``; for tests and logs
         self.state: dict[str, str] = {}
@@ -79,18 +86,40 @@ class Rollouts:
         self._held: set[DeploymentRuntime] = set()   # runtimes a rollout holds that are not (or no longer) served
 
     def check(self, versions: dict[str, int]) -> None:
-        """Start a rollout for each served deployment whose registered version (``versions``) is another."""
+        """Start a rollout for each served deployment whose registered version (``versions``) is another.
+
+        A deployment already rolling out is not started twice: its rollout looks at the registered version
+        again when it ends, and rolls out again when another one was registered meanwhile (``seq deploy``
+        twice in a row: the second version is not left unserved).
+        """
+        if self._giving_up():
+            return
         for name, runtime in list(self._runtimes.items()):
             version = versions.get(name)
-            if version is None or version == runtime.version:
+            if version is None:
                 continue
             with self._lock:
-                running = self._threads.get(name)
-                if running is not None and running.is_alive():
+                self._wanted[name] = version
+                if version == runtime.version or name in self._threads:
                     continue
-                thread = threading.Thread(target=self._roll, args=(name,), name=f'seq-rollout-{name}', daemon=True)
+                thread = threading.Thread(target=self._rolls, args=(name,), name=f'seq-rollout-{name}', daemon=True)
                 self._threads[name] = thread
             thread.start()
+
+    def _rolls(self, name: str) -> None:
+        """Roll ``name`` out until no other version was registered while its last rollout ran."""
+        while True:
+            with self._lock:
+                target = self._wanted.get(name)
+            try:
+                self._roll(name)
+            finally:
+                with self._lock:
+                    again = not self._giving_up() and self._wanted.get(name) != target
+                    if not again:
+                        self._threads.pop(name, None)
+            if not again:
+                return
 
     def _roll(self, name: str) -> None:
         old = self._runtimes.get(name)
@@ -113,6 +142,10 @@ class Rollouts:
         if self._ready(new):
             if self._switch(name, old, new):
                 self._unload_when_idle(old)
+            return
+        if self._giving_up():   # the worker drains or stops: not a version that cannot load beside the old one
+            new.close(timeout=1.0)
+            self._held.discard(new)
             return
         why = new.readiness()[3]
         new.close(timeout=1.0)
@@ -142,10 +175,14 @@ class Rollouts:
             if not self._switch(name, old, new):   # new episodes wait for it (NOT_READY) while it loads
                 return
             self._unload_when_idle(old)            # any episode that started meanwhile ends first
-        if self._stopping.is_set():                # the worker stops: it closes the served runtime
+        if self._giving_up():                      # the worker stops: it closes the served runtime
             return
         new.load_gate.set()
         new.ensure_loading()
+
+    def _giving_up(self) -> bool:
+        """True once the worker drains or stops: rollouts start nothing more."""
+        return self._stopping.is_set() or self._held_now()
 
     def _new(self, rec: Any, definition: Any, old: DeploymentRuntime) -> DeploymentRuntime:
         """A cold runtime of the new version, held by the rollout, that passes a dry run before it is ready."""
@@ -156,7 +193,7 @@ class Rollouts:
 
     def _ready(self, runtime: DeploymentRuntime) -> bool:
         deadline = time.monotonic() + runtime.load_timeout_s + 1.0
-        while not self._stopping.is_set() and time.monotonic() < deadline:
+        while not self._giving_up() and time.monotonic() < deadline:
             state = runtime.readiness()[2]
             if state in ('ready', 'failed'):
                 return state == 'ready'
@@ -168,7 +205,7 @@ class Rollouts:
 
         :param cutting: ``--rollout cut`` is about to cut ``old``'s running episodes (the log says so).
         """
-        if self._runtimes.get(name) is not old or self._stopping.is_set():
+        if self._runtimes.get(name) is not old or self._giving_up():
             new.close(timeout=1.0)
             self._held.discard(new)
             self.state[name] = 'failed'
@@ -190,7 +227,7 @@ class Rollouts:
         """Wait until ``runtime`` runs no episode; False when the worker stops or ``timeout_s`` passes first."""
         deadline = time.monotonic() + timeout_s
         while runtime.running_episodes():
-            if self._stopping.wait(POLL_S) or time.monotonic() > deadline:
+            if self._stopping.wait(POLL_S) or self._held_now() or time.monotonic() > deadline:
                 return False
         return True
 
@@ -206,7 +243,9 @@ class Rollouts:
 
     def close(self, timeout: float = 5.0) -> None:
         """After ``stopping`` is set: wait for the rollout threads, then close the runtimes they still held."""
-        for thread in list(self._threads.values()):
+        with self._lock:
+            threads = list(self._threads.values())
+        for thread in threads:
             thread.join(timeout)
         for runtime in list(self._held):
             runtime.close(timeout=1.0)

@@ -22,6 +22,7 @@ import grpc
 
 from sequence_ai_ros.exceptions import (
     CaptureError,
+    Draining,
     Overloaded,
     ProtocolVersionError,
     Unauthenticated,
@@ -128,6 +129,8 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         self.on_refused: Any = None
         #: called before each lookup: retires deployments deleted from the registry (``seq delete``)
         self.before_lookup: Callable[[], None] | None = None
+        #: called (blocking, on the executor) before an episode starts: False when its deployment was deleted
+        self.before_start: Callable[[DeploymentRuntime], bool] | None = None
         #: set on SIGTERM: new episodes are refused (``draining``) while the open ones finish
         self.drain = Drain(self.open_streams)
 
@@ -182,7 +185,8 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         client = client_of(context, self.config.proxy_socket is not None)
         anonymous = self.token is not None and not self._authenticated(context)
         stream = EpisodeCallHandler(runtime, _metadata(context, EPISODE_ID_METADATA), self.idle_timeout_s,
-                                    self.config.start_timeout_s, client)
+                                    self.config.start_timeout_s, client, before_start=self.before_start,
+                                    start_refusal=self._start_refusal)
         refused = 'draining' if self.drain.draining else self._admit(stream, (client, anonymous))
         if refused:   # a typed refusal in the stream (drain.py: a balancer resets an aborted call)
             if self.on_refused is not None:
@@ -200,6 +204,13 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         finally:
             stream.on_done()
             self._release(stream, (client, anonymous))
+
+    def _start_refusal(self) -> Draining | None:
+        """The refusal of an EpisodeStart on a stream admitted before the drain began (counted), or None."""
+        refusal = self.drain.refusal()
+        if refusal is not None and self.on_refused is not None:
+            self.on_refused('draining')
+        return refusal
 
     def _authenticated(self, context: grpc.aio.ServicerContext) -> bool:
         """True when the call carries ``authorization: Bearer <token>`` (compared in constant time)."""
@@ -250,7 +261,9 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         It cannot when capture is off for the deployment or the store cannot be written.
 
         An episode this worker never ran is labelled too (its replica was stopped and the balancer sent the
-        call here); the reply says so, and the stores merge labels by episode id at export and stats.
+        call here); the reply says so, and the stores merge labels by episode id at export and stats. A caller
+        without the token (``anonymous_streams``) may label only episodes this worker ran: labels of unseen
+        episodes would let it fill the store's index.
         """
         try:
             limits.check_label(request)
@@ -262,10 +275,15 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
             return pb.LabelReply(ok=False, message=f'capture is off for deployment {runtime.name!r}: episode '
                                                    f'{clip(request.episode_id)!r} was not captured, the label is not '
                                                    'stored')
+        anonymous = self.token is not None and not self._authenticated(context)
         try:
             known = await asyncio.get_running_loop().run_in_executor(None, store.label, request.episode_id,
-                                                                     request.success, request.notes)
-        except (LookupError, CaptureError, ValueError) as exc:
+                                                                     request.success, request.notes, not anonymous)
+        except LookupError as exc:
+            return pb.LabelReply(ok=False, message=f'label of episode {clip(request.episode_id)!r} not stored: '
+                                                   f'{clip(str(exc), 300)}; only a caller with the token may label '
+                                                   'an episode this worker did not run')
+        except (CaptureError, ValueError) as exc:
             return pb.LabelReply(ok=False, message=f'label of episode {clip(request.episode_id)!r} not stored: '
                                                    f'{clip(str(exc), 300)}')
         what = f'episode {clip(request.episode_id)!r} labelled {"success" if request.success else "failure"}'
