@@ -25,6 +25,10 @@ Operators already scrape Triton, vLLM and Ray Serve this way. Every series is la
                                                        crashed episode's too; telemetry flows while captured)
 ``seq_telemetry_underrun_seconds_total{deployment}``  counter  seconds held in underrun, from telemetry
 ``seq_capture_bytes{deployment}``           gauge      bytes in the deployment's capture store on disk
+``seq_rollout_failures_total{deployment}``  counter    versions registered while serving (``seq deploy``
+                                                       again) that failed to import, load or pass the dry
+                                                       run: the old version kept serving (or, after a
+                                                       switch for lack of memory, none does)
 ``seq_build_info{version,deployment,deployment_version}``  gauge  1: the worker's package version and each
                                                        served deployment's registered version
 ``process_*``, ``python_*``                 various    prometheus_client's process (CPU, memory, file
@@ -121,6 +125,9 @@ class MetricsSink:
     def refused_value(self, deployment: str, field: str) -> None:
         """Count a value the boundary refused (``field``: one of the schema's fields)."""
 
+    def rollout_failed(self, deployment: str) -> None:
+        """Count a version of ``deployment`` registered while serving that failed (it is not tried again)."""
+
     def close(self) -> None:
         """Stop serving metrics."""
 
@@ -178,6 +185,9 @@ class PrometheusMetrics(MetricsSink):
         prom.GCCollector(registry=reg)          # python_gc_*
         self._boundary = prom.Counter('seq_boundary_refused', 'Values from the wire refused at the boundary',
                                       ['deployment', 'field'], registry=reg)
+        self._rollout_failures = prom.Counter('seq_rollout_failures', 'Versions registered while serving that '
+                                              'failed to import, load or pass the dry run', ['deployment'],
+                                              registry=reg)
         self._served = frozenset(runtimes)
         self._expected = f'Bearer {token}'.encode() if token else None
         self._generate = prom.generate_latest
@@ -202,7 +212,8 @@ class PrometheusMetrics(MetricsSink):
             for field in (*FIELDS, 'other'):
                 self._boundary.labels(name, field)
             for family in (self._inference, self._batch, self._underruns, self._underrun_s, self._request_s,
-                           self._queue_s, self._first_chunk_s, self._live_underruns, self._live_underrun_s):
+                           self._queue_s, self._first_chunk_s, self._live_underruns, self._live_underrun_s,
+                           self._rollout_failures):
                 family.labels(name)
             self._versions[name] = str(getattr(runtime, 'version', ''))
             build.labels(package_version(), name, self._versions[name]).set(1)
@@ -314,6 +325,10 @@ class PrometheusMetrics(MetricsSink):
     def refused_value(self, deployment: str, field: str) -> None:
         """Count a value the boundary refused."""
         self._boundary.labels(self._deployment(deployment), field if field in FIELDS else 'other').inc()
+
+    def rollout_failed(self, deployment: str) -> None:
+        """Count a version that failed to roll out."""
+        self._rollout_failures.labels(self._deployment(deployment)).inc()
 
     def close(self) -> None:
         """Shut the HTTP endpoint down (timed join)."""

@@ -247,7 +247,8 @@ class WorkerServer:
             self._rollouts = Rollouts(self.runtimes, self._load_version, self._next_runtime, self._adopt, self._stop,
                                       mode=config.rollout,
                                       cut=lambda runtime, reason: self.servicer.shutdown_streams(reason, runtime),
-                                      held=lambda: self.servicer.drain.draining)
+                                      held=lambda: self.servicer.drain.draining,
+                                      failed=lambda name: self.metrics.rollout_failed(name))
         if config.warm:
             for runtime in runtimes.values():
                 runtime.ensure_loading()
