@@ -52,7 +52,15 @@ class _OpenEpisode:
         self.capture_error = ''     # the worker's word on why capture is on but this episode is not kept
 
     def told(self, out: RunOutcome) -> RunOutcome:
-        """``out`` with what the worker told at the start (``capture_error``), for every outcome read."""
+        """``out`` with what the worker told (``capture_error``, a refusal), for every outcome read.
+
+        An episode the worker refused and never started (a draining replica, while the client opened it again)
+        that ended otherwise than by the caller's interrupt or a bad observation (its ``max_seconds``, ``until``,
+        ``end_episode()``) ends with reason ``error`` and the refusal: it never ran.
+        """
+        refusal = self.stream.refusal
+        if refusal is not None and out.reason in ('completed', 'until', 'timeout'):
+            out = dataclasses.replace(out, reason='error', error=refusal)
         if not self.capture_error or out.capture_error:
             return out
         return dataclasses.replace(out, capture_error=self.capture_error)

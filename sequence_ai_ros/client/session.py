@@ -403,6 +403,9 @@ class EpisodeCall:
         self.dropped_telemetry = 0
         self.telemetry_rejected = 0     # frames the worker's capture refused (EpisodeEnded)
         self.telemetry_error = ''
+        #: the worker's refusal of the last call while the episode has not started (a draining replica, opened
+        #: again until DRAIN_RETRY_S); None once it started, or when none was refused
+        self.refusal: SequenceAIError | None = None
         tag = episode_id[:24]
         self._reader = threading.Thread(target=self._read_loop, name=f'seq-recv-{tag}', daemon=True)
         self._started = threading.Event()   # EpisodeStarted came: the worker accepted the episode
@@ -529,6 +532,7 @@ class EpisodeCall:
             refusal = self._one_call()
             if refusal is None:
                 return
+            self.refusal = refusal
             pause = min(DRAIN_RETRY_PAUSE_S * attempt, 1.0)
             if (not isinstance(refusal, Draining) or time.monotonic() + pause > deadline
                     or self._stop.wait(pause)):
@@ -554,6 +558,7 @@ class EpisodeCall:
                     with self._sent_lock:
                         self._started.set()
                         self._unstarted.clear()
+                    self.refusal = None
                     self._on_started(reply.started)
                 elif kind == 'error':
                     error = errors.from_error(reply.error)
