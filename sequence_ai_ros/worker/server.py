@@ -409,6 +409,7 @@ class WorkerServer:
                     return
                 self._retired.remove(runtime)
             runtime.close()
+            self.metrics.forget(runtime.name)    # its series go (counters too): it is never served again here
             LOG.info('deployment %s: deleted version %d unloaded', runtime.name, runtime.version)
 
         self._retired.append(runtime)
