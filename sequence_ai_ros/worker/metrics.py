@@ -48,7 +48,8 @@ non-finite or negative figure a robot reports is not counted.
 Each :class:`PrometheusMetrics` has its own registry (several workers may share a process, as in tests).
 The endpoint is a :class:`~sequence_ai_ros.worker.bounded_server.BoundedServer` (one thread, a bounded number
 of connections, each with a read deadline), bound where gRPC is; with the worker's token it answers only a
-scrape sending ``Authorization: Bearer <token>`` (Prometheus ``authorization: credentials_file``).
+scrape sending ``Authorization: Bearer <token>`` (Prometheus ``authorization: credentials_file``; the scheme in
+any case, :mod:`~sequence_ai_ros.worker.auth`).
 :class:`MetricsSink` is the no-op default that the runtime calls when metrics are off.
 """
 
@@ -57,7 +58,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import hmac
 import math
 import threading
 import time
@@ -68,6 +68,7 @@ import sequence_ai_ros
 from sequence_ai_ros.exceptions import MissingDependency
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.limits import FIELDS, OTHER_REASON, REASONS, reason_label
+from sequence_ai_ros.worker.auth import authorized
 from sequence_ai_ros.worker.bounded_server import BoundedServer
 from sequence_ai_ros.worker.drain import REFUSALS
 
@@ -193,7 +194,7 @@ class PrometheusMetrics(MetricsSink):
                                               'failed to import, load or pass the dry run', ['deployment'],
                                               registry=reg)
         self._served = set(runtimes)
-        self._expected = f'Bearer {token}'.encode() if token else None
+        self._token = token or None
         self._generate = prom.generate_latest
         self._queue = queue = prom.Gauge('seq_queue_depth', 'Requests waiting for inference', ['deployment'],
                                          registry=reg)
@@ -246,7 +247,7 @@ class PrometheusMetrics(MetricsSink):
         self._server.busy(writer)
         if len(request) < 2 or request[0] not in (b'GET', b'HEAD'):
             status, body = b'405 Method Not Allowed', b'GET /metrics\n'
-        elif self._expected is not None and not hmac.compare_digest(auth, self._expected):
+        elif self._token is not None and not authorized(auth, self._token):
             status, body = b'401 Unauthorized', b'this worker needs its token: Authorization: Bearer <token>\n'
         elif request[1].split(b'?')[0] not in (b'/metrics', b'/'):
             status, body = b'404 Not Found', b'GET /metrics\n'

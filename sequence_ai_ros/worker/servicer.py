@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import hmac
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -32,6 +31,7 @@ from sequence_ai_ros.protocol import AUTH_METADATA, DEPLOYMENT_METADATA, DRAININ
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
 from sequence_ai_ros.protocol.contract import PROTOCOL_VERSION, clip
+from sequence_ai_ros.worker.auth import authorized
 from sequence_ai_ros.worker.boundary import refuse
 from sequence_ai_ros.worker.config import ServerConfig
 from sequence_ai_ros.worker.drain import Drain, refuse_stream
@@ -227,9 +227,11 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         return refusal
 
     def _authenticated(self, context: grpc.aio.ServicerContext) -> bool:
-        """True when the call carries ``authorization: Bearer <token>`` (compared in constant time)."""
-        got = _metadata(context, AUTH_METADATA).encode()
-        return self.token is not None and hmac.compare_digest(got, f'Bearer {self.token}'.encode())
+        """True when the call carries ``authorization: Bearer <token>``.
+
+        The scheme in any case, the token in constant time (:func:`~sequence_ai_ros.worker.auth.authorized`).
+        """
+        return self.token is not None and authorized(_metadata(context, AUTH_METADATA), self.token)
 
     def _admit(self, stream: EpisodeCallHandler, key: tuple[str, bool]) -> str:
         """Take a slot for ``stream`` of ``key`` = (client, anonymous); return '' or the refusal's reason.
