@@ -61,11 +61,23 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    """``seq deploy NAME/policy.py``: validate (import, contract, dry run) and record; print how to serve."""
-    from sequence_ai_ros.worker.registry import deploy
+    """``seq deploy NAME/policy.py``: validate (import, contract, dry run) and record; print how to serve.
 
+    A folder whose content is the registered version's is not registered again (``unchanged: NAME version
+    N``, exit 0) unless ``--force``.
+    """
+    from sequence_ai_ros.worker.registry import Registry, deploy, unchanged
+
+    Registry().ensure_home()             # a $SEQ_HOME that cannot be written is named before anything runs
+    if not args.force:
+        same = unchanged(args.path, name=args.name, timeout_s=args.timeout, isolation=args.isolation)
+        if same is not None:
+            print(f'unchanged: {same.name} version {same.version} ({same.path}; content sha256 '
+                  f'{same.content_sha256[:12]}): nothing registered (--force registers it as a new version)')
+            return 0
     print(f'validating {args.path} ...', flush=True)
-    rec, figures = deploy(args.path, name=args.name, dry_timeout_s=args.timeout, isolation=args.isolation)
+    rec, figures = deploy(args.path, name=args.name, dry_timeout_s=args.timeout, isolation=args.isolation,
+                          force=True)
     print(f'ok: imports, contract {rec.action_space} D={rec.action_dim} T={rec.chunk_length} dt={rec.dt:g} s; '
           f'dry run load {figures.get("load_s", 0):.2f} s, inference {figures.get("infer_s", 0) * 1e3:.1f} ms')
     print(f'deployed {rec.name} version {rec.version} ({rec.path}; content sha256 {rec.content_sha256[:12]}: '
@@ -297,6 +309,9 @@ def add_parsers(sub: Any, groups: dict[str, Any]) -> None:
     p.add_argument('--isolation', choices=('process', 'none'), default='process',
                    help="where the checks run: 'process' (a deployment process, killed when the bound passes; "
                         "default) or 'none' (this process)")
+    p.add_argument('--force', action='store_true',
+                   help="register a new version even when the folder's content (policy.py, config.yaml, the "
+                        "artifacts) is the registered version's (default: 'unchanged', nothing registered)")
     p.set_defaults(func=cmd_deploy)
 
     p = sub.add_parser('serve', help='serve deployments to robots over gRPC')

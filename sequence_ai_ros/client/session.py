@@ -247,7 +247,12 @@ class Connection:
     def handshake(self, deployment: str, client_id: str, timeout: float) -> pb.Contract:
         """Send the handshake (which starts a cold worker warming) and return its contract message.
 
+        A draining replica refuses it (:class:`~sequence_ai_ros.exceptions.Draining`): it is sent again after
+        a pause, as a refused episode is, so a balancer sends it to another replica, for up to
+        :data:`DRAIN_RETRY_S` within ``timeout``.
+
         :raises ConnectionLost: when the worker is unreachable within ``timeout`` (s).
+        :raises Draining: when every try within that bound was refused by a draining replica.
         :raises UnknownDeployment, ProtocolVersionError, Unauthenticated: as the worker answers.
         """
         from sequence_ai_ros.protocol.contract import PROTOCOL_VERSION
@@ -255,7 +260,19 @@ class Connection:
         self.check_transport()
         req = pb.HandshakeRequest(deployment=deployment, protocol_version=PROTOCOL_VERSION,
                                   token=self.token or '', client_id=client_id)
-        return self._unary(self.stub.Handshake, req, timeout, wait_for_ready=True).contract
+        start = time.monotonic()
+        deadline = start + timeout
+        for attempt in itertools.count(1):
+            try:
+                return self._unary(self.stub.Handshake, req, max(0.001, deadline - time.monotonic()),
+                                   wait_for_ready=True).contract
+            except Draining as refusal:
+                pause = min(DRAIN_RETRY_PAUSE_S * attempt, 1.0)
+                if time.monotonic() + pause > min(deadline, start + DRAIN_RETRY_S):
+                    raise
+                LOG.info('handshake %s: %s; sending it again (attempt %d)', deployment, refusal, attempt + 1)
+                time.sleep(pause)
+        raise AssertionError('unreachable')   # the last attempt returns or raises
 
     def check_transport(self) -> None:
         """Fail fast, naming the TLS problem: a transport mismatch, or a certificate that is refused.
@@ -386,6 +403,9 @@ class EpisodeCall:
         self.dropped_telemetry = 0
         self.telemetry_rejected = 0     # frames the worker's capture refused (EpisodeEnded)
         self.telemetry_error = ''
+        #: the worker's refusal of the last call while the episode has not started (a draining replica, opened
+        #: again until DRAIN_RETRY_S); None once it started, or when none was refused
+        self.refusal: SequenceAIError | None = None
         tag = episode_id[:24]
         self._reader = threading.Thread(target=self._read_loop, name=f'seq-recv-{tag}', daemon=True)
         self._started = threading.Event()   # EpisodeStarted came: the worker accepted the episode
@@ -512,6 +532,7 @@ class EpisodeCall:
             refusal = self._one_call()
             if refusal is None:
                 return
+            self.refusal = refusal
             pause = min(DRAIN_RETRY_PAUSE_S * attempt, 1.0)
             if (not isinstance(refusal, Draining) or time.monotonic() + pause > deadline
                     or self._stop.wait(pause)):
@@ -537,6 +558,7 @@ class EpisodeCall:
                     with self._sent_lock:
                         self._started.set()
                         self._unstarted.clear()
+                    self.refusal = None
                     self._on_started(reply.started)
                 elif kind == 'error':
                     error = errors.from_error(reply.error)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import hmac
 import logging
 import os
 import threading
@@ -45,6 +44,7 @@ from sequence_ai_ros.home import usage_file
 from sequence_ai_ros.malloc_tuning import tune_malloc
 from sequence_ai_ros.policy.loader import PolicyDefinition, load_policy_file
 from sequence_ai_ros.protocol import AUTH_METADATA, errors, messages
+from sequence_ai_ros.worker.auth import authorized
 from sequence_ai_ros.worker.capture_hook import open_store
 from sequence_ai_ros.worker.config import ServerConfig, field_names
 from sequence_ai_ros.worker.drain import DRAIN_TIMEOUT_REASON
@@ -107,7 +107,7 @@ def raise_open_files_limit() -> int:
 class TokenInterceptor(grpc.aio.ServerInterceptor):
     """Fail every call whose metadata lacks ``authorization: Bearer <token>`` with UNAUTHENTICATED.
 
-    The comparison is constant-time (:func:`hmac.compare_digest`).
+    The scheme is matched in any case, the token in constant time (:func:`~sequence_ai_ros.worker.auth.authorized`).
 
     :param allow_anonymous: let calls with no ``authorization`` metadata at all pass (the servicer then keeps
         them to ``anonymous_streams`` slots); a wrong token still fails.
@@ -116,15 +116,14 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, token: str, *, allow_anonymous: bool = False) -> None:
         if not token:
             raise ConfigError('the token must not be empty')
-        self._expected = f'Bearer {token}'.encode()
+        self._token = token
         self._allow_anonymous = allow_anonymous
 
     async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
         """Pass authenticated calls on; answer the others with an aborting handler of the same kind."""
         got = next((v for k, v in details.invocation_metadata or () if k == AUTH_METADATA), '')
-        got_bytes = got.encode() if isinstance(got, str) else bytes(got)
         handler = await continuation(details)
-        if hmac.compare_digest(got_bytes, self._expected) or handler is None or (self._allow_anonymous and not got):
+        if authorized(got, self._token) or handler is None or (self._allow_anonymous and not got):
             return handler
         status, message = errors.abort_details(Unauthenticated(
             'missing or wrong token: send metadata "authorization: Bearer <token>"' if got else
@@ -247,7 +246,8 @@ class WorkerServer:
             self._rollouts = Rollouts(self.runtimes, self._load_version, self._next_runtime, self._adopt, self._stop,
                                       mode=config.rollout,
                                       cut=lambda runtime, reason: self.servicer.shutdown_streams(reason, runtime),
-                                      held=lambda: self.servicer.drain.draining)
+                                      held=lambda: self.servicer.drain.draining,
+                                      failed=lambda name: self.metrics.rollout_failed(name))
         if config.warm:
             for runtime in runtimes.values():
                 runtime.ensure_loading()
@@ -408,6 +408,7 @@ class WorkerServer:
                     return
                 self._retired.remove(runtime)
             runtime.close()
+            self.metrics.forget(runtime.name)    # its series go (counters too): it is never served again here
             LOG.info('deployment %s: deleted version %d unloaded', runtime.name, runtime.version)
 
         self._retired.append(runtime)
