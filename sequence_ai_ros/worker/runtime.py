@@ -229,6 +229,9 @@ class DeploymentRuntime:
         #: run one dry inference after load, before the policy is ready (a rollout's new version: it serves
         #: robots only once an inference on the synthetic observation of ``seq deploy`` passed)
         self.dry_run_on_load = False
+        #: what the last load (construct, ``load()``, dry run) raised; None while it has not failed, and when it
+        #: failed by passing ``load_timeout_s`` (a rollout tells an out-of-memory failure from the others)
+        self.load_error: BaseException | None = None
 
     # -- warming ------------------------------------------------------------------------------------------
     def ensure_loading(self) -> None:
@@ -238,6 +241,7 @@ class DeploymentRuntime:
                 return
             self._state = 'warming'
             self._load_started = time.monotonic()
+            self.load_error = None
             self._loader = threading.Thread(target=self._load, name=f'seq-load-{self.name}', daemon=True)
             self._loader.start()
         self._notify()
@@ -266,6 +270,7 @@ class DeploymentRuntime:
             with self._lock:
                 if self._state == 'warming':
                     self._state, self._message = 'failed', msg
+                    self.load_error = exc
         else:
             with self._lock:
                 late = self._state != 'warming'  # the load deadline passed: stay failed
