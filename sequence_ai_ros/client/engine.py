@@ -483,8 +483,9 @@ class EpisodeEngine:
             self.max_seam_jump = max(self.max_seam_jump, float(np.max(np.abs(raw - self._last_raw))))
             prev = self._prev_read
             p_old = live.origin + live.pos - prev[1] if prev is not None else -1.0
-            if prev is not None and 0.0 <= p_old < prev[0].shape[0] - _EPS:
-                # The discontinuity: the new chunk against the old one's own row for the same step.
+            if prev is not None and 0.0 <= p_old <= prev[0].shape[0] - 1 + _EPS:
+                # The discontinuity: the new chunk against the old one's own row for the same step. Past its
+                # last row the old chunk has none (it would hold that row), so a seam there is a jump only.
                 cont = resample.sample(prev[0], live.space, p_old, s, self._mask)
                 self.max_seam_gap = max(self.max_seam_gap, float(np.max(np.abs(raw - cont))))
         self._last_chunk = live.number
@@ -576,7 +577,11 @@ class EpisodeEngine:
         tail = None
         delay = 0
         if live is not None and remaining > _EPS:
-            tail = live.actions[max(0, int(math.ceil(origin - live.origin - 1e-7))):]
+            # Row 0 of the tail is the playing chunk's row nearest the observation step, as row 0 of the answer
+            # is that step: an in-painting policy (RTC) aligns the two row by row. On the clock the step is a
+            # whole one give or take the tick's jitter (7.003 or 6.997); the next whole row (ceil) would shift
+            # every in-painted row by one step whenever a tick ran a little late.
+            tail = live.actions[max(0, int(math.floor(origin - live.origin + 0.5))):]
         if live is not None or self._in_flight:
             # An upper estimate (the window's largest warm round trip, with a margin while they are few, the
             # cold one only before any: LatencyWindow.delay_s; + two ticks: a request leaves at a tick and

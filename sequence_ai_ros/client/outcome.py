@@ -36,7 +36,8 @@ class RunOutcome:
     :param dropped_telemetry: capture frames (telemetry) lost on the robot because the send queue was full
         (0 when nothing was lost or the episode was not captured).
     :param max_seam_gap: the largest per-dimension discontinuity at a seam: the new chunk's row against the
-        old chunk's own row for the same step (0 for a policy that in-paints the committed prefix, RTC).
+        old chunk's own row for the same step, over the seams where the old chunk has one (up to its last row)
+        (0 for a policy that in-paints the committed prefix, RTC).
     :param peak_in_flight: the most requests that were in flight at once (pipelining; 1 without).
     :param discarded: chunks received but never played (stale on arrival, or replaced before a tick read them).
     :param telemetry_rejected: capture telemetry frames the worker refused (wrong shape or dtype, NaN,
