@@ -27,7 +27,7 @@ DATASET ?= ../shared/data/g1_pick_bottle_v21
 export DATASET
 
 .PHONY: help setup build test lint demo bench bench-scale docs check-export check-lerobot check-sim flywheel \
-	train-image-act params-yaml clean haproxy egl
+	train-image-act rtc-sim params-yaml clean haproxy egl
 
 help:
 	@echo "make demo    run the main job end to end (set-up included)"
@@ -42,6 +42,7 @@ help:
 	@echo "make check-sim  drawer-open solved by a LeRobot ACT through policy_node + seq serve under link delay"
 	@echo "make train-image-act  the image ACT (64 px camera) check-sim serves when cached (~30-47 min, not in CI)"
 	@echo "make flywheel   push-v3: served episodes captured, labelled, exported, fine-tuned; success before/after"
+	@echo "make rtc-sim    drawer-open by a small SmolVLA served with RTC on and off, compute-bound (~20 min, not in CI)"
 
 setup: $(STAMP_VENV)
 build: $(STAMP_BUILD)
@@ -189,6 +190,19 @@ flywheel: $(STAMP_BUILD)
 	  exit 0; fi; \
 	venv=$$(bash test/lerobot_check/ensure_venv.sh "$$py" requirements-lerobot.txt "$(LEROBOT_CACHE)" | tail -n 1); \
 	$(ENV) && python test/sim_check/flywheel.py --venv "$$venv" --cache "$(LEROBOT_CACHE)" $(FLYWHEEL_ARGS)
+
+# Real-time chunking on drawer-open (not in CI; ~20 min cold on 2 cores, lerobot-train ~10 of them, ~6 warm): a
+# small SmolVLA (its backbone built from a small config in a local hub cache, HF_HUB_OFFLINE) trained by lerobot-train
+# on demos with the camera and all of joint_states, cached as check-sim's ACTs are; checked in-process, then
+# served through policy_node + seq serve with RTC on and off, each inference padded to half a chunk
+# (test/sim_check/rtc_sim.py). RTC_SIM_ARGS=... passes more.
+rtc-sim: $(STAMP_BUILD)
+	@py="$(LEROBOT_PYTHON)"; \
+	if [ -z "$$py" ] || ! "$$py" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then \
+	  echo "rtc-sim: SKIPPED: LeRobot >= 0.5 needs Python >= 3.12 and none was found (LEROBOT_PYTHON='$$py')"; \
+	  exit 0; fi; \
+	venv=$$(bash test/lerobot_check/ensure_venv.sh "$$py" requirements-lerobot.txt "$(LEROBOT_CACHE)" | tail -n 1); \
+	$(ENV) && python test/sim_check/rtc_sim.py --venv "$$venv" --cache "$(LEROBOT_CACHE)" $(RTC_SIM_ARGS)
 
 clean:
 	rm -rf build install log $(VENV) .venv-lerobot

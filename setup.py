@@ -1,7 +1,7 @@
 """Build of sequence_ai_ros: ament_python for colcon, and a plain pip package without ROS.
 
-Three install paths, one rule: the gRPC stubs (``protocol/sequence_ai_pb2*.py``, never committed) are
-generated here, at build time, by ``grpc_tools.protoc``:
+Three install paths, one rule: the gRPC stubs (``protocol/sequence_ai_pb2*.py`` and their type stubs
+``*.pyi``, never committed) are generated here, at build time, by ``grpc_tools.protoc``:
 
 - colcon (ament_python) runs this file with the grpcio-tools installed next to the grpcio and protobuf
   that will run the stubs (a stub from a newer grpcio-tools refuses to import beside an older runtime);
@@ -17,6 +17,7 @@ The worker and the client need no ROS: rclpy is imported only by ``sequence_ai_r
 import glob
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -29,15 +30,35 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PROTO = os.path.join(PACKAGE, 'protocol', 'sequence_ai.proto')
 
 
+def mypy_grpc_plugin() -> str | None:
+    """Return mypy-protobuf's ``protoc-gen-mypy_grpc`` (typed stubs of the gRPC module), or None.
+
+    Looked up on PATH (pip's isolated build puts its scripts there), then beside this Python. A dev venv
+    has it (requirements-dev.txt pins mypy-protobuf); a robot's colcon build and a plain ``pip install .``
+    may not, and then only ``sequence_ai_pb2_grpc.pyi`` is missing: the code runs the same.
+    """
+    found = shutil.which('protoc-gen-mypy_grpc')
+    beside = os.path.join(os.path.dirname(sys.executable), 'protoc-gen-mypy_grpc')
+    return found or (beside if os.access(beside, os.X_OK) else None)
+
+
 def generate_stubs() -> None:
-    """Run grpc_tools.protoc on the .proto when the stubs are missing or older than it."""
+    """Run grpc_tools.protoc on the .proto when a stub is missing or older than it.
+
+    Writes ``sequence_ai_pb2.py`` and its type stub ``sequence_ai_pb2.pyi`` (protoc's own ``--pyi_out``),
+    ``sequence_ai_pb2_grpc.py``, and ``sequence_ai_pb2_grpc.pyi`` when :func:`mypy_grpc_plugin` finds
+    mypy-protobuf's plugin.
+    """
     proto = os.path.join(HERE, PROTO)
-    out = proto.replace('.proto', '_pb2_grpc.py')
-    if os.path.exists(out) and os.path.getmtime(out) >= os.path.getmtime(proto):
+    base = proto[:-len('.proto')]
+    plugin = mypy_grpc_plugin()
+    outs = [base + '_pb2.py', base + '_pb2.pyi', base + '_pb2_grpc.py'] + ([base + '_pb2_grpc.pyi'] if plugin else [])
+    if all(os.path.exists(out) and os.path.getmtime(out) >= os.path.getmtime(proto) for out in outs):
         return
+    typed_grpc = [f'--plugin=protoc-gen-mypy_grpc={plugin}', '--mypy_grpc_out=.'] if plugin else []
     subprocess.check_call(
-        [sys.executable, '-m', 'grpc_tools.protoc', '-I.', '--python_out=.', '--grpc_python_out=.',
-         PROTO],
+        [sys.executable, '-m', 'grpc_tools.protoc', '-I.', '--python_out=.', '--pyi_out=.', '--grpc_python_out=.',
+         *typed_grpc, PROTO],
         cwd=HERE)
 
 
@@ -127,7 +148,8 @@ setup(
     version=package_version(),
     packages=find_packages(exclude=['test']),
     py_modules=['sequence_ai'],
-    package_data={PACKAGE: ['py.typed', 'protocol/*.proto', 'templates/*/*', 'node/*.yaml', 'worker/haproxy.cfg']},
+    package_data={PACKAGE: ['py.typed', 'protocol/*.proto', 'protocol/*.pyi', 'templates/*/*', 'node/*.yaml',
+                            'worker/haproxy.cfg']},
     include_package_data=True,
     data_files=data_files(),
     install_requires=['setuptools', *REQUIRES, *generated_requires()],

@@ -138,6 +138,64 @@ def test_stale_rows_are_skipped_by_counting_executed_actions():
     assert rig.engine.stats()['stale_actions'] == executed_since
 
 
+def _jittered_request(late: float) -> tuple[Rig, OutRequest]:
+    """Return a rig on the clock (as policy_node and next_action run) and its second request.
+
+    Row 0 ran ``late`` s long, so the request's observation step is 7 +- a little; chunk 0 is ramp(0), so a
+    row's value is its step.
+    """
+    rig = Rig(t=10, fixed_step=False)
+    rig.tick()
+    rig.reply(ramp(0))
+    rig.tick(step=rig.contract.dt + late)
+    while len(rig.sent) < 2:
+        rig.tick()
+    return rig, rig.sent[1]
+
+
+def _inpainted(req: OutRequest, offset: float = 0.0) -> np.ndarray:
+    """What an in-painting policy (RTC) answers: the tail's rows from row 0 on, continued (+ ``offset``)."""
+    first = float(req.chunk_tail[0, 0])
+    return np.stack([first + offset + np.arange(10), np.zeros(10)], axis=1).astype(np.float32)
+
+
+@pytest.mark.parametrize('late', [0.0003, -0.0003, 0.0])
+def test_the_tail_starts_at_the_observation_step_when_ticks_jitter(late):
+    """Row 0 of chunk_tail is the old chunk's row at the observation step (7.003 or 6.997: row 7).
+
+    Row 0 of the answer is that step too: an in-painting answer joins with no gap and the arm moves one row per
+    tick across the seam, whichever way the tick jittered (the next whole row would skip a row when it ran late).
+    """
+    rig, req = _jittered_request(late)
+    assert req.observation_step == pytest.approx(7.0, abs=0.01)
+    assert float(req.chunk_tail[0, 0]) == 7.0
+    rig.tick()
+    rig.tick()
+    rig.reply(_inpainted(req), request=req)
+    rows = [rig.tick().values[0] for _ in range(3)]
+    out = rig.engine.finish('completed')
+    assert np.diff([a.values[0] for a in rig.executed]).max() <= 1.01 and rows[-1] == pytest.approx(rows[0] + 2)
+    assert out.max_seam_jump <= 1.01 and out.max_seam_gap <= 0.01
+
+
+def test_the_seam_gap_is_read_where_the_old_chunk_has_a_row():
+    """The gap compares the new chunk with the old one's own row for the same step, where it has one.
+
+    A new chunk 5 above the tail read within the old one's rows is a gap of 5; read past the old one's last
+    row (which it would hold), the same step is a jump and no gap.
+    """
+    rig, req = _jittered_request(-0.0003)
+    rig.reply(_inpainted(req, offset=5.0), request=req)                 # read within the old rows
+    rig.tick()
+    assert rig.engine.finish('completed').max_seam_gap == pytest.approx(5.0, abs=0.01)
+    rig, req = _jittered_request(-0.0003)
+    rig.tick()
+    rig.tick()                                                          # old chunk read at 9.997: past row 9
+    rig.reply(_inpainted(req), request=req)
+    rig.tick()
+    assert rig.engine.finish('completed').max_seam_gap == 0.0
+
+
 def test_prefetch_lead_comes_from_warm_round_trips_not_the_cold_one():
     window = LatencyWindow(window=10)
     window.add(5.0)                                                  # cold spike

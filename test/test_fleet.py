@@ -245,7 +245,7 @@ def test_seq_fleet_starts_replicas_and_haproxy_in_one_command_and_stops_cleanly(
             socket.create_connection(('127.0.0.1', port), timeout=1).close()
 
 
-def test_a_fleet_keeps_its_logs_when_a_replica_crashed_and_refuses_overlapping_pins(seq_home: Path):
+def test_a_fleet_keeps_its_logs_when_a_replica_crashed_and_refuses_overlapping_pins(seq_home: Path, capsys):
     import os
     import signal
 
@@ -257,9 +257,14 @@ def test_a_fleet_keeps_its_logs_when_a_replica_crashed_and_refuses_overlapping_p
         Fleet(['replica_echo'], 2, metrics_ports=[1, 2, 3])
     # TLS replicas behind the shipped plaintext template would never come UP: refused before anything starts
     started = time.monotonic()
-    with pytest.raises(ConfigError, match='--tls-cert makes the replicas serve TLS.*plaintext h2'):
+    with pytest.raises(ConfigError, match='--tls-cert in the replicas.*makes the replicas serve TLS.*plaintext h2'):
         Fleet(['replica_echo'], 2, serve_args=['--tls-cert', 'c.pem', '--tls-key', 'k.pem'])
     assert time.monotonic() - started < 5, 'refused up front, not after ready_timeout_s'
+    capsys.readouterr()
+    tls = '--tls-cert c.pem --tls-key k.pem'
+    assert seq_main(['fleet', 'replica_echo', '--replicas', '2', '--serve-options', tls]) == 2
+    err = capsys.readouterr().err
+    assert 'seq fleet --serve-options' in err and 'serve_args --tls-cert' not in err, err   # the option the user gave
     assert seq_main(['deploy', str(POLICY), '--name', 'replica_echo']) == 0
     fleet = Fleet(['replica_echo'], 1, home=seq_home)
     try:

@@ -73,6 +73,9 @@ def test_manifests_agree_with_the_worker():
     assert parsed.port == ports['grpc'] and parsed.metrics_port == ports['metrics'] and parsed.warm
     # kubelet's gRPC probes send no token and no TLS: they ask the plaintext, health-only probe port
     assert parsed.probe_port == ports['probe'] and parsed.token_file
+    # robots reach the pods through a gateway or a sidecar: the worker sees its address, one for every robot, so
+    # a per-address cap would cap the pod; admission is the token and --max-streams
+    assert parsed.max_streams_per_client == 0
     assert container['readinessProbe']['grpc'] == {'port': ports['probe'], 'service': parsed.names[0]}
     assert container['startupProbe']['grpc'] == {'port': ports['probe'], 'service': parsed.names[0]}
     assert container['livenessProbe']['grpc'] == {'port': ports['probe']}
@@ -143,6 +146,9 @@ def test_the_custom_resources_route_and_scrape_the_worker_service():
     assert virtual['spec']['gateways'] == [gateway['metadata']['name']]
     assert set(virtual['spec']['hosts']) <= {h for s in gateway['spec']['servers'] for h in s['hosts']}
     assert all(s['tls']['mode'] == 'SIMPLE' for s in gateway['spec']['servers'])   # robots outside: TLS
+    envoy = {d['kind']: d for d in docs('gateway-envoy.yaml')}     # and through Envoy Gateway: their token in TLS
+    assert all(ln['protocol'] == 'HTTPS' and ln['tls']['mode'] == 'Terminate' and ln['tls']['certificateRefs']
+               for ln in envoy['Gateway']['spec']['listeners'])
     grpc_port = next(p['port'] for p in service['spec']['ports'] if p['name'] == 'grpc')
     prefixes = {m['uri']['prefix'] for r in virtual['spec']['http'] for m in r['match']}
     assert prefixes == {'/sequence_ai.v1.PolicyService/', '/grpc.health.v1.Health/'}
@@ -209,6 +215,10 @@ def test_the_dockerfile_builds_the_image_the_pods_expect():
     envs = re.findall(r'SEQ_HOME=(\S+)', text)
     assert envs[0] == init['command'][2].rstrip('/.') and envs[-1] == next(
         e['value'] for e in worker['env'] if e['name'] == 'SEQ_HOME')   # deployed at build, copied at start
+    # `seq deploy` runs as that user and writes the build-time $SEQ_HOME: a root-owned /opt would refuse it
+    deploy_at = next(i for i, ln in enumerate(lines) if 'seq deploy' in ln)
+    owned = [m.groups() for ln in lines[:deploy_at] for m in re.finditer(r'install -d -o (\d+) -g (\d+) (\S+)', ln)]
+    assert (*user[-1].split(':'), envs[0]) in owned, owned
     exposed = {int(p) for ln in lines if ln.startswith('EXPOSE ') for p in ln.split()[1:]}
     assert {p['containerPort'] for p in worker['ports']} == exposed
     root = DEPLOY.parent
@@ -249,6 +259,30 @@ def test_haproxy_config_renders_and_haproxy_accepts_it(tmp_path):
     env.pop('SEQ_LB_CONN_PER_CLIENT')
     assert subprocess.run([haproxy, '-c', '-f', str(tmp_path / 'h.cfg')], env=env, capture_output=True,
                           timeout=30).returncode != 0, shlex.join([haproxy, '-c'])
+
+
+def test_the_hand_run_recipe_in_the_haproxy_template_passes_haproxys_check(tmp_path):
+    """The template's own recipe for a hand-run fleet of three passes HAProxy's check.
+
+    With exactly the variables it names (replica 1's pattern repeated for 2 and 3), HAProxy accepts the
+    shipped file as it is.
+    """
+    from sequence_ai_ros.worker.fleet import HAPROXY_CONFIG
+
+    template = HAPROXY_CONFIG.read_text()
+    comment = re.sub(r'\\\n#', ' ', template)       # the recipe's lines continued with a backslash, joined
+    recipe = next(ln for ln in comment.splitlines() if ln.startswith('#') and 'haproxy -f haproxy.cfg' in ln)
+    env = dict(kv.split('=', 1) for kv in recipe.lstrip('# ').split() if '=' in kv)
+    for k in (2, 3):
+        env |= {name.replace('_1', f'_{k}'): value for name, value in env.items() if name.endswith('_1')}
+    assert {'SEQ_LB_BIND', 'SEQ_REPLICA_3', 'SEQ_AGENT_3'} <= set(env), recipe
+    haproxy = shutil.which('haproxy') or ('/usr/sbin/haproxy' if Path('/usr/sbin/haproxy').exists() else None)
+    if haproxy is None:
+        pytest.skip('HAProxy is not installed (as root: make haproxy): the config syntax check needs it')
+    (tmp_path / 'haproxy.cfg').write_text(template)
+    check = subprocess.run([haproxy, '-c', '-f', str(tmp_path / 'haproxy.cfg')], env=env, capture_output=True,
+                           text=True, timeout=30)
+    assert check.returncode == 0, (env, check.stdout + check.stderr)
 
 
 def test_grafana_dashboard_queries_only_metrics_the_worker_exports():

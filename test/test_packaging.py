@@ -178,9 +178,9 @@ def test_the_version_is_defined_once_and_package_xml_repeats_it():
 
 
 def test_the_long_sim_targets_skip_without_python_312_and_stay_out_of_ci():
-    """The flywheel and the image ACT's training (tens of minutes each) skip like check-sim; CI runs neither."""
+    """The flywheel, the image ACT's training and rtc-sim (tens of minutes each) skip like check-sim; CI runs none."""
     environ = {k: v for k, v in os.environ.items() if k != 'ROS_DISTRO'}
-    for target in ('flywheel', 'train-image-act'):
+    for target in ('flywheel', 'train-image-act', 'rtc-sim'):
         done = subprocess.run(['make', '--no-print-directory', target, 'LEROBOT_PYTHON=python3.11'],
                               cwd=REPO, env=environ, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr

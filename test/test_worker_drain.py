@@ -7,13 +7,20 @@ cut with reason ``drain_timeout``. The fleet's rolling restart through HAProxy i
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 
+import grpc
+import numpy as np
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from test_worker_support import POLICIES, Stream, channel, state_request, wait_for, wait_ready
+from test_worker_support import POLICIES, Stream, channel, handshake, state_request, wait_for, wait_ready
 
+from sequence_ai_ros.client import Observation, connect
 from sequence_ai_ros.exceptions import Draining, NotReady
 from sequence_ai_ros.protocol import errors as perrors
+from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
 from sequence_ai_ros.worker import serve_policy_file
 
@@ -64,3 +71,53 @@ def test_drain_returns_at_once_when_the_episodes_end():
         assert live.end().HasField('ended')
         drainer.join(timeout=15)
         assert not drainer.is_alive() and cut == [0]
+
+
+def test_a_draining_worker_refuses_the_handshake_typed_and_is_not_ready(caplog):
+    """The handshake is refused as Draining (the client sends it again, then raises it); Ready says draining."""
+    caplog.set_level(logging.INFO, logger='sequence_ai_ros.client.session')
+    with serve_policy_file(FAST, 'fast', dim=2) as server, channel(server.port) as ch:
+        endpoint = f'127.0.0.1:{server.port}'
+        stub = pb_grpc.PolicyServiceStub(ch)
+        with connect('fast', endpoint=endpoint) as before:       # connected while the worker serves
+            before.wait_until_ready(timeout=10)
+            assert before.ready()[0] is True
+            assert server.drain(1.0) == 0                         # no episode open: it returns at once, draining
+            with pytest.raises(grpc.RpcError) as refused:
+                handshake(stub, 'fast')
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            error = perrors.from_rpc_error(refused.value)
+            assert isinstance(error, Draining) and error.refusal == 'draining', error
+            reply = stub.Ready(pb.ReadyRequest(deployment='fast'), timeout=5)
+            assert (reply.ready, reply.state) == (False, 'draining') and 'draining' in reply.message, reply
+            assert before.ready()[0] is False
+            with pytest.raises(Draining):
+                before.wait_until_ready(timeout=1.0)
+        with pytest.raises(Draining):
+            connect('fast', endpoint=endpoint, timeout=2.0)
+        again = [r for r in caplog.records if r.name == 'sequence_ai_ros.client.session' and 'sending it again' in
+                 r.getMessage()]
+        assert again, 'the refused handshake was not sent again'
+
+
+def test_an_episode_refused_until_its_max_seconds_ran_out_ends_with_the_refusal_not_a_timeout():
+    """Its outcome names the refusal (reason error, Draining), and run() raises it, whatever max_seconds."""
+    observe = lambda: Observation(state=np.zeros(2, np.float32))    # noqa: E731
+    with serve_policy_file(FAST, 'fast', dim=2) as server:
+        with connect('fast', endpoint=f'127.0.0.1:{server.port}') as policy:
+            policy.wait_until_ready(timeout=10)
+            assert server.drain(1.0) == 0
+            policy.begin_episode(max_seconds=1.0)                 # shorter than the client's 5 s of retries
+            deadline = time.monotonic() + 10
+            while policy.episode_outcome() is None and time.monotonic() < deadline:
+                action = policy.next_action(observe())
+                assert action is None or action.hold               # nothing to act on: the episode never ran
+                time.sleep(0.02)
+            out = policy.end_episode()
+            assert out is not None and out.reason == 'error' and isinstance(out.error, Draining), out
+            assert (out.actions, out.chunks, out.worker_confirmed) == (0, 0, False)
+            assert 'error (Draining: this replica is draining' in str(out), str(out)
+            acted: list = []
+            with pytest.raises(Draining):
+                policy.run(observe, acted.append, max_actions=None, max_seconds=1.0)
+            assert acted == []

@@ -20,7 +20,7 @@ import time
 
 import pytest
 from test_worker_server import ECHO, echo_req
-from test_worker_support import Stream, channel, wait_ready
+from test_worker_support import Stream, channel, wait_for, wait_ready
 
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
@@ -112,13 +112,13 @@ def test_the_rate_limit_writes_one_warning_a_second_and_counts_the_rest():
     log.setLevel(logging.DEBUG)
     try:
         for k in range(10):
-            log.warning('queue full for %s', f'robot{k}')     # one message, whatever its arguments
+            log.warning('queue full for %s: %s', 'arm', f'robot{k}')   # one message, whatever its later arguments
             log.info('info %d', k)                           # below WARNING: never limited
         log.warning('another warning')                       # another message: its own budget
         now[0] += 0.99
-        log.warning('queue full for %s', 'robot10')
+        log.warning('queue full for %s: %s', 'arm', 'robot10')
         now[0] += 0.02                                       # 1.01 s after the first
-        log.warning('queue full for %s', 'robot11')
+        log.warning('queue full for %s: %s', 'arm', 'robot11')
     finally:
         log.removeHandler(handler)
     lines = out.getvalue().splitlines()
@@ -127,6 +127,86 @@ def test_the_rate_limit_writes_one_warning_a_second_and_counts_the_rest():
     assert '(10 more like this in the last 1.0 s)' in full[1]
     assert sum('info' in line for line in lines) == 10 and sum('another warning' in line for line in lines) == 1
     assert limit.suppressed == 10
+
+
+def _limited(limit: logs.RateLimitFilter, name: str) -> tuple[logging.Logger, io.StringIO, logging.Handler]:
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(logs.TextFormatter())
+    handler.addFilter(limit)
+    log = logging.getLogger(name)
+    log.propagate = False
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    return log, out, handler
+
+
+def test_one_deployments_warnings_never_hide_anothers():
+    """The first argument is part of what makes a warning the same: a bare '%s' too."""
+    now = [100.0]
+    limit = logs.RateLimitFilter(clock=lambda: now[0])
+    log, out, handler = _limited(limit, 'test_worker_logs.keys')
+    try:
+        for _ in range(3):
+            log.error('%s', "deployment 'arm' failed: its policy process died")
+            log.error('%s', "deployment 'hand' failed: its policy process died")
+            log.warning('policy %s raised on episode %s: %s', 'arm', 'e1', 'boom')
+            log.warning('policy %s raised on episode %s: %s', 'hand', 'e2', 'boom')
+            log.warning('policy %s raised on episode %s: %s', 'hand', 'e3', 'boom')   # another episode: the same
+        log.error('%s', 'x' * 5000 + 'a')          # only the first 200 characters count
+        log.error('%s', 'x' * 5000 + 'b')
+    finally:
+        log.removeHandler(handler)
+    lines = out.getvalue().splitlines()
+    assert sum("'arm' failed" in line for line in lines) == 1 and sum("'hand' failed" in line for line in lines) == 1
+    assert [line.split(': ', 1)[1] for line in lines if 'raised on episode' in line] == [
+        'policy arm raised on episode e1: boom', 'policy hand raised on episode e2: boom']
+    assert sum('xxx' in line for line in lines) == 1
+    assert limit.suppressed == 3 * 5 - 4 + 1
+
+
+def test_a_burst_that_ended_has_its_count_written_by_flush():
+    now = [100.0]
+    limit = logs.RateLimitFilter(clock=lambda: now[0])
+    log, out, handler = _limited(limit, 'test_worker_logs.flush')
+    try:
+        for k in range(4):
+            log.warning('queue full for %s: %s', 'arm', f'robot{k}')   # the first written, three held
+        now[0] += 0.5
+        assert limit.flush() == []                       # the burst may go on: nothing yet
+        now[0] += 0.6                                    # 1.1 s after the written one, and nothing came
+        [released] = limit.flush()
+        assert released.getMessage() == 'queue full for arm: robot3 (2 more like this in the last 1.1 s)'
+        assert limit.flush() == []                       # written once
+        log.warning('queue full for %s: %s', 'arm', 'robot4')   # within 1 s of the released one: held
+        now[0] += 1.0
+        assert [r.getMessage() for r in limit.flush()] == ['queue full for arm: robot4']   # alone: as it was
+    finally:
+        log.removeHandler(handler)
+    assert sum('queue full' in line for line in out.getvalue().splitlines()) == 1   # flush() returned the rest
+
+
+def test_configure_writes_the_count_of_a_burst_that_ended_by_itself():
+    """No later warning comes: the worker's handler writes the held count on its own, about a second later."""
+    out = io.StringIO()
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    handler = logs.configure('text', 'info', stream=out)
+    try:
+        log = logging.getLogger('test_worker_logs.burst')
+        for k in range(5):
+            log.warning('queue full for %s: %s', 'arm', f'robot{k}')
+        wait_for(lambda: 'more like this' in out.getvalue(), timeout=10, what='the burst\'s count to be written')
+    finally:
+        for f in handler.filters:
+            f.close()
+        root.removeHandler(handler)
+        for h in saved[0]:
+            root.addHandler(h)
+        root.setLevel(saved[1])
+    lines = [line for line in out.getvalue().splitlines() if 'queue full' in line]
+    assert len(lines) == 2 and lines[0].endswith('queue full for arm: robot0'), lines
+    assert re.search(r'queue full for arm: robot4 \(3 more like this in the last [\d.]+ s\)$', lines[1]), lines
 
 
 def test_configure_refuses_unknown_formats_and_levels():

@@ -164,3 +164,31 @@ def test_every_series_exists_at_zero_and_latency_underrun_build_and_process_metr
         wait_for(lambda: value(scrape(server.metrics_port), 'seq_episodes_ended_total', deployment='mlp',
                                reason='disconnect') == 1, what='the dropped episode to end')
         assert value(scrape(server.metrics_port), 'seq_telemetry_underruns_total', deployment='mlp') == 2
+
+
+def test_the_bearer_scheme_is_matched_in_any_case_and_the_token_exactly(tmp_path):
+    """HTTP authentication schemes are case-insensitive (RFC 9110 11.1): the metrics port and gRPC agree."""
+    import urllib.error
+
+    import grpc
+
+    fast = Path(__file__).resolve().parent / 'policies' / 'fast.py'
+    with serve_policy_file(fast, 'fast', dim=2, token='s3cret', metrics_port=0) as server, \
+            channel(server.port) as ch:
+        def status(value: str | None) -> int:
+            req = urllib.request.Request(f'http://127.0.0.1:{server.metrics_port}/metrics',
+                                         headers={'Authorization': value} if value is not None else {})
+            try:
+                return urllib.request.urlopen(req, timeout=5).status
+            except urllib.error.HTTPError as exc:
+                return exc.code
+
+        for good in ('Bearer s3cret', 'bearer s3cret', 'BEARER s3cret', 'bEaReR  s3cret'):
+            assert status(good) == 200, good
+        for bad in ('Bearer S3CRET', 'Basic s3cret', 's3cret', 'Bearers3cret', 'Bearer', '', None):
+            assert status(bad) == 401, bad
+        stub = pb_grpc.PolicyServiceStub(ch)
+        assert handshake(stub, 'fast', metadata=[('authorization', 'bearer s3cret')]).action_dim == 2
+        with pytest.raises(grpc.RpcError) as refused:
+            handshake(stub, 'fast', metadata=[('authorization', 'bearer S3CRET')])
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED

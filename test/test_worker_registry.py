@@ -54,7 +54,8 @@ def test_deploy_records_and_redeploy_bumps_the_version(tmp_path, seq_home):
     assert (rec.name, rec.version, rec.action_space, rec.action_dim, rec.chunk_length) == ('good', 1, 'joint_delta',
                                                                                            2, 4)
     assert figures['chunk_length'] == 4 and len(rec.sha256) == 64
-    assert deploy(path)[0].version == 2
+    assert deploy(path) == (rec, {})                             # the same content: nothing registered
+    assert deploy(path, force=True)[0].version == 2
     assert [r.version for r in Registry().list()] == [2]
     _, definition = Registry().load('good')
     assert definition.config == {'scale': 2.5}
@@ -208,7 +209,7 @@ def test_cli_deploy_deployments_usage_delete(tmp_path, seq_home, capsys):
     path = write(tmp_path, 'good', GOOD)
     code, out, _ = run(capsys, 'deploy', str(path))
     assert code == 0 and 'deployed good version 1' in out and 'seq serve good' in out
-    code, out, _ = run(capsys, 'deploy', str(path))
+    code, out, _ = run(capsys, 'deploy', str(path), '--force')
     assert 'version 2' in out
     code, out, err = run(capsys, 'deploy', str(write(tmp_path, 'bad', GOOD.replace('dt=0.05', 'dt=-1'))))
     assert code == 2 and 'dt must be a positive' in err
@@ -224,10 +225,48 @@ def test_cli_deploy_deployments_usage_delete(tmp_path, seq_home, capsys):
         assert re.search(r'capture:good\s+1000 bytes stored', out), out
     code, _, err = run(capsys, 'delete', 'good')   # field data: not removed without being asked (no terminal here)
     assert code == 2 and 'pass --yes' in err and '--keep-data' in err and capture.exists() and Registry().list()
+    assert err.startswith('seq delete: error: good has 1000 bytes of captured field data'), err   # as every error
     code, out, _ = run(capsys, 'delete', 'good', '--yes')
     assert code == 0 and not capture.exists() and Registry().list() == []
     code, _, err = run(capsys, 'delete', 'good')
     assert code == 2 and "no deployment 'good'" in err
+
+
+def test_seq_deploy_of_the_registered_content_says_unchanged_and_registers_nothing_unless_forced(
+        tmp_path, seq_home, capsys):
+    path = write(tmp_path, 'same', ARTIFACT, config='scale: 2.5\n')
+    (path.parent / 'ckpt').mkdir()
+    (path.parent / 'ckpt' / 'model.safetensors').write_bytes(b'\0' * 4096)
+    assert run(capsys, 'deploy', str(path))[0] == 0
+    registry = seq_home / 'deployments.json'
+    before = registry.read_text()
+    code, out, err = run(capsys, 'deploy', str(path))
+    assert code == 0 and out.startswith('unchanged: same version 1 ('), (out, err)
+    assert 'deployed' not in out and registry.read_text() == before            # nothing registered
+    for isolation in ('process', 'none'):
+        code, out, _ = run(capsys, 'deploy', str(path), '--isolation', isolation)
+        assert code == 0 and out.startswith('unchanged: same version 1 ('), out
+    code, out, _ = run(capsys, 'deploy', str(path), '--force')
+    assert code == 0 and 'deployed same version 2 (' in out, out
+    assert run(capsys, 'deploy', str(path))[1].startswith('unchanged: same version 2 (')
+    (path.parent / 'ckpt' / 'model.safetensors').write_bytes(b'\1' * 4096)   # another checkpoint: a new version
+    code, out, _ = run(capsys, 'deploy', str(path))
+    assert code == 0 and 'deployed same version 3 (' in out, out
+    (path.parent / 'config.yaml').write_text('scale: 3.0\n')
+    assert 'deployed same version 4 (' in run(capsys, 'deploy', str(path))[1]
+    other = write(tmp_path, 'elsewhere', ARTIFACT, config='scale: 3.0\n')    # the same content from another folder
+    (other.parent / 'ckpt').mkdir()
+    (other.parent / 'ckpt' / 'model.safetensors').write_bytes(b'\1' * 4096)
+    assert 'deployed same version 5 (' in run(capsys, 'deploy', str(other), '--name', 'same')[1]
+
+
+def test_a_seq_home_that_cannot_be_created_is_a_typed_error(tmp_path, monkeypatch, capsys):
+    path = write(tmp_path, 'good', GOOD)
+    (tmp_path / 'file').write_text('')           # $SEQ_HOME below a file (as below a folder the user cannot write)
+    monkeypatch.setenv('SEQ_HOME', str(tmp_path / 'file' / 'home'))
+    code, _, err = run(capsys, 'deploy', str(path))
+    assert code == 2 and err.startswith('seq deploy: error: $SEQ_HOME ') and str(tmp_path / 'file' / 'home') in err, err
+    assert 'Traceback' not in err
 
 
 def test_cli_init_copies_a_template(tmp_path, capsys, monkeypatch):

@@ -11,6 +11,7 @@ which version, and which process, served it.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -18,13 +19,15 @@ import pytest
 from test_worker_support import Stream, channel, state_request, wait_for, wait_ready
 
 from sequence_ai_ros.capture.store import CaptureStore
-from sequence_ai_ros.exceptions import NotReady
+from sequence_ai_ros.exceptions import DeploymentError, NotReady
 from sequence_ai_ros.protocol import codec
 from sequence_ai_ros.protocol import errors as perrors
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
 from sequence_ai_ros.worker import create_server
+from sequence_ai_ros.worker.policy_process import PolicyProcessDied, RemoteError
 from sequence_ai_ros.worker.registry import deploy
+from sequence_ai_ros.worker.rollout import out_of_memory
 
 POLICY = '''
 import os
@@ -149,7 +152,9 @@ def test_a_version_that_cannot_load_beside_waits_for_the_old_versions_episodes(t
         assert third.end().HasField('ended')
 
 
-def test_with_rollout_cut_the_old_versions_episodes_are_cut_typed_and_the_switch_is_at_once(tmp_path, seq_home):
+def test_with_rollout_cut_the_old_versions_episodes_are_cut_typed_and_the_switch_is_at_once(tmp_path, seq_home,
+                                                                                            caplog):
+    caplog.set_level(logging.INFO, logger='sequence_ai_ros.worker.rollout')
     marker = tmp_path / 'memory-taken'
     policy = write(tmp_path / 'arm' / 'policy.py', 1.0)
     deploy(policy)
@@ -176,6 +181,9 @@ def test_with_rollout_cut_the_old_versions_episodes_are_cut_typed_and_the_switch
         assert second.end().HasField('ended')
     runs = {r['episode_id']: r for r in CaptureStore(seq_home / 'capture' / 'arm', 'arm').runs()}
     assert (runs['first']['reason'], runs['first']['version']) == ('rollout', 1)
+    switched = [r.getMessage() for r in caplog.records if 'new episodes get version 2' in r.getMessage()]
+    assert switched == ['deployment arm: new episodes get version 2; its 1 running episodes on version 1 are cut '
+                        '(--rollout cut)'], switched     # the log says what happens to them: no "finish"
 
 
 def test_a_rollout_under_process_isolation_loads_the_new_version_in_its_own_process(tmp_path, seq_home):
@@ -203,3 +211,201 @@ def test_a_rollout_under_process_isolation_loads_the_new_version_in_its_own_proc
         wait_for(lambda: server._rollouts.unloaded == [('arm', 1)], timeout=30, what='version 1 to be unloaded')
         wait_for(lambda: ended(v1_pid), timeout=30, what="version 1's deployment process to end")
         assert served_by(new, 2) == (2.0, v2_pid) and new.end().HasField('ended')
+
+
+BROKEN = '''
+import os
+import time
+
+import numpy as np
+
+import sequence_ai_ros.policy as seq
+
+NAMES = ['a', 'b']
+VALUE = {value}
+FAIL = {fail!r}       # 'raise': load() raises; 'hang': the worker's dry run hangs; '': a good version
+ARMED = {armed!r}     # the failure is armed while this file exists (seq deploy's own checks pass before)
+LOADS = {loads!r}     # one line per load() of this version
+
+
+@seq.policy(action_space='joint_absolute', action_names=NAMES, dt=0.05, chunk_length=4,
+            observation=seq.ObservationContract(state_names=NAMES))
+class Broken:
+    def load(self):
+        with open(LOADS, 'a') as f:
+            f.write('load' + chr(10))
+        if FAIL == 'raise' and os.path.exists(ARMED):
+            raise RuntimeError('checkpoint shard 3 of 4 is missing')
+
+    def infer(self, inp, episode):
+        deadline = time.monotonic() + 30.0
+        while FAIL == 'hang' and episode.id == 'seq-dry-run' and os.path.exists(ARMED) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return np.array([[VALUE, os.getpid()]] * 4, np.float32)
+'''
+
+
+def write_broken(path: Path, value: float, fail: str, armed: Path, loads: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(BROKEN.format(value=value, fail=fail, armed=str(armed), loads=str(loads)))
+    return path
+
+
+def failures_counted(server) -> float:
+    """``seq_rollout_failures_total{deployment="arm"}`` in the worker's registry."""
+    return server.metrics.registry.get_sample_value('seq_rollout_failures_total', {'deployment': 'arm'})
+
+
+def loads(path: Path) -> int:
+    return len(path.read_text().split()) if path.exists() else 0
+
+
+def test_a_version_whose_load_raises_fails_alone_the_old_version_serves_on_and_a_good_one_rolls_out(
+        tmp_path, seq_home, caplog):
+    """Not "cannot load beside": with --rollout cut nothing is cut, and the failed version is never tried again."""
+    pytest.importorskip('prometheus_client', reason='prometheus_client is not installed (the [metrics] extra)')
+    caplog.set_level(logging.INFO, logger='sequence_ai_ros.worker.rollout')
+    armed, v2_loads = tmp_path / 'armed', tmp_path / 'v2-loads'
+    policy = write(tmp_path / 'arm' / 'policy.py', 1.0)
+    deploy(policy)
+    with create_server(['arm'], home=seq_home, rollout='cut', metrics_port=0) as server, channel(server.port) as ch:
+        stub = pb_grpc.PolicyServiceStub(ch)
+        assert wait_ready(stub, 'arm').ready
+        assert failures_counted(server) == 0.0                      # the series exists from the start
+        first = Stream(stub, 'arm', 'first')
+        assert first.start().started.deployment_version == 1 and ask(first, 1) == 1.0
+        deploy(write_broken(policy, 2.0, 'raise', armed, v2_loads))  # seq deploy's dry run passed
+        armed.write_text('the checkpoint is incomplete now')
+        loaded_at_deploy = loads(v2_loads)
+        stub.Ready(pb.ReadyRequest(deployment='arm'), timeout=5)     # a lookup: the worker sees version 2
+        wait_for(lambda: server._rollouts.state.get('arm') == 'failed', timeout=30, what='version 2 to fail')
+        [(name, version, why)] = server._rollouts.failures
+        assert (name, version) == ('arm', 2) and 'checkpoint shard 3 of 4 is missing' in why, why
+        assert server._rollouts.cuts == [] and server._rollouts.switched == [] and server._rollouts.unloaded == []
+        assert ask(first, 2) == 1.0                                 # never cut: version 1 answers it still
+        second = Stream(stub, 'arm', 'second')                      # and serves new episodes
+        assert second.start().started.deployment_version == 1 and ask(second, 1) == 1.0
+        assert failures_counted(server) == 1.0
+        errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        assert any('version 1 keeps serving' in e and 'checkpoint shard 3 of 4 is missing' in e for e in errors), errors
+        assert loads(v2_loads) == loaded_at_deploy + 1
+        registry = seq_home / 'deployments.json'
+        registry.write_text(registry.read_text())                   # the registry changes: the worker looks again
+        stub.Ready(pb.ReadyRequest(deployment='arm'), timeout=5)
+        assert 'arm' not in server._rollouts._threads and loads(v2_loads) == loaded_at_deploy + 1   # not tried again
+        deploy(write(policy, 3.0))                                  # a fixed version is rolled out
+        wait_for(lambda: serving_version(server, stub) == 3, timeout=30, what='version 3 to take new episodes')
+        third = Stream(stub, 'arm', 'third')
+        assert third.start().started.deployment_version == 3 and ask(third, 1) == 3.0
+        assert ask(first, 3) == 1.0                                 # running episodes finish on version 1
+        for stream in (first, second, third):
+            assert stream.end().HasField('ended')
+        wait_for(lambda: server._rollouts.unloaded == [('arm', 1)], timeout=30, what='version 1 to be unloaded')
+        assert failures_counted(server) == 1.0
+
+
+def test_a_version_whose_dry_run_hangs_past_the_load_timeout_fails_and_the_old_version_serves_on(tmp_path, seq_home):
+    """With --rollout wait, the end of the old version's episodes no longer switches to a version that hung."""
+    armed, v2_loads = tmp_path / 'armed', tmp_path / 'v2-loads'
+    armed.write_text('the dry run hangs')     # the worker's dry run only: seq deploy's has another episode id
+    policy = write(tmp_path / 'arm' / 'policy.py', 1.0)
+    deploy(policy)
+    try:
+        with create_server(['arm'], home=seq_home, load_timeout_s=6.0) as server, channel(server.port) as ch:
+            stub = pb_grpc.PolicyServiceStub(ch)
+            assert wait_ready(stub, 'arm').ready
+            first = Stream(stub, 'arm', 'first')
+            assert first.start().started.deployment_version == 1 and ask(first, 1) == 1.0
+            deploy(write_broken(policy, 2.0, 'hang', armed, v2_loads))
+            stub.Ready(pb.ReadyRequest(deployment='arm'), timeout=5)
+            wait_for(lambda: server._rollouts.state.get('arm') == 'failed', timeout=30, what='version 2 to fail')
+            [(_, version, why)] = server._rollouts.failures
+            assert version == 2 and 'load exceeded 6 s' in why, why
+            assert ask(first, 2) == 1.0 and first.end().HasField('ended')     # the old version's episodes end
+            wait_for(lambda: 'arm' not in server._rollouts._threads, what='the rollout to end')
+            assert server._rollouts.switched == [] and server._rollouts.unloaded == []   # no switch after them
+            second = Stream(stub, 'arm', 'second')
+            assert second.start().started.deployment_version == 1 and ask(second, 1) == 1.0
+            assert second.end().HasField('ended')
+            deploy(write(policy, 3.0))
+            wait_for(lambda: serving_version(server, stub) == 3, timeout=30, what='version 3 to take new episodes')
+            assert server._rollouts.switched == [('arm', 1, 3)]
+    finally:
+        armed.unlink(missing_ok=True)         # the hung dry run returns
+
+
+class OutOfMemoryError(RuntimeError):
+    """As torch names it (``torch.OutOfMemoryError``), without importing torch."""
+
+
+@pytest.mark.parametrize(('exc', 'oom'), [
+    (MemoryError(), True),
+    (OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB'), True),
+    (RuntimeError('CUDA error: out of memory'), True),
+    (RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory"), True),
+    (RemoteError('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB'), True),
+    (RemoteError('MemoryError'), True),
+    (RemoteError('RuntimeError: CUDA error: out of memory'), True),
+    (RuntimeError('checkpoint shard 3 of 4 is missing'), False),
+    (RemoteError("ModuleNotFoundError: No module named 'lerobot'"), False),
+    (RemoteError('DeploymentError: MemoryBank.yaml is missing'), False),
+    (ImportError('cannot import name X'), False),
+    (None, False),                                          # the load passed its deadline
+])
+def test_only_an_out_of_memory_failure_means_cannot_load_beside(exc, oom):
+    assert out_of_memory(exc) is oom
+
+
+def test_a_load_failure_raised_from_an_out_of_memory_error_is_out_of_memory():
+    try:
+        try:
+            raise OutOfMemoryError('CUDA out of memory')
+        except RuntimeError as inner:
+            raise DeploymentError('the checkpoint did not load') from inner
+    except DeploymentError as exc:
+        assert out_of_memory(exc)
+
+
+KILLED_AT_LOAD = '''
+import os
+import signal
+
+import numpy as np
+
+import sequence_ai_ros.policy as seq
+
+
+@seq.policy(action_space='joint_absolute', action_names=['a'], dt=0.05, chunk_length=4,
+            observation=seq.ObservationContract(state_names=['a']))
+class Killed:
+    def load(self):
+        if {killed}:
+            os.kill(os.getpid(), signal.SIGKILL)    # as the kernel's out-of-memory killer does
+        import time
+        time.sleep(30)
+
+    def infer(self, inp, episode):
+        return np.zeros((4, 1), np.float32)
+'''
+
+
+@pytest.mark.parametrize('killed', [True, False])
+def test_a_deployment_process_killed_by_sigkill_while_loading_is_out_of_memory_unless_the_worker_killed_it(
+        tmp_path, killed):
+    """The kernel's out-of-memory killer sends SIGKILL; the worker's own kill at the load timeout is not memory."""
+    import threading
+
+    from sequence_ai_ros.worker.policy_process import describe_policy_file
+
+    path = tmp_path / 'killed' / 'policy.py'
+    path.parent.mkdir()
+    path.write_text(KILLED_AT_LOAD.format(killed=killed))
+    instance = describe_policy_file(path, 'killed', 30.0).instantiate()
+    if not killed:
+        threading.Timer(0.5, instance.kill, kwargs={'why': 'load exceeded 0.5 s'}).start()
+    try:
+        with pytest.raises(PolicyProcessDied) as died:
+            instance.load()
+    finally:
+        instance.close(timeout=1.0)
+    assert out_of_memory(died.value) is killed, str(died.value)

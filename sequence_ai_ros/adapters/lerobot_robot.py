@@ -23,7 +23,7 @@ import numpy as np
 
 from sequence_ai_ros.exceptions import ContractViolation
 from sequence_ai_ros.protocol.contract import Contract
-from sequence_ai_ros.protocol.types import Action, Observation
+from sequence_ai_ros.protocol.types import Action, ImageLike, Observation
 
 #: The suffix LeRobot gives a motor's position in its observation and action keys.
 POSITION_SUFFIX = '.pos'
@@ -90,7 +90,7 @@ class LeRobotRobot:
         raw = self.robot.get_observation()
         try:
             state = np.array([float(raw[k]) for k in self._state_keys], dtype=np.float32)
-            images = {cam: np.asarray(raw[key]) for cam, key in self._camera_keys.items()}
+            images: dict[str, ImageLike] = {cam: np.asarray(raw[key]) for cam, key in self._camera_keys.items()}
         except KeyError as exc:
             raise ContractViolation(f'the robot observation has no {exc.args[0]!r}') from None
         return Observation(state=state, state_names=self.state_names, images=images, instruction=self.instruction)

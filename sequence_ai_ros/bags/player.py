@@ -198,7 +198,7 @@ class BagPlayer:
         for conn in self.connections:
             self._publishers[conn.id] = self.node.create_publisher(classes[conn.id], self._topic(conn.topic), qos)
         self._clock_pub = None
-        self._clock_type = None
+        self._clock_type: Any = None     # a message class, as message_class() returns it
         if clock:
             self._clock_type = message_class('rosgraph_msgs/msg/Clock')
             self._clock_pub = self.node.create_publisher(self._clock_type, '/clock', qos)

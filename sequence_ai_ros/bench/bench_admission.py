@@ -49,6 +49,7 @@ def _worker(proxy: Path, soft_limit: int | None = None) -> tuple[subprocess.Pope
     proc = subprocess.Popen([sys.executable, '-c', code, 'serve', str(POLICY), '--port', '0', '--warm',
                              '--proxy-socket', str(proxy)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             text=True)
+    assert proc.stdout is not None     # piped
     match = re.search(r'on 127\.0\.0\.1:(\d+)', proc.stdout.readline())
     if not match:
         proc.kill()

@@ -90,7 +90,9 @@ def start_server_process(code: str, *args: str) -> tuple[subprocess.Popen, str]:
     """
     proc = subprocess.Popen([sys.executable, '-c', code, *args], stdout=subprocess.PIPE, text=True)
     line: list[str] = []
-    reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), name='bench-read-port',
+    out = proc.stdout
+    assert out is not None     # piped
+    reader = threading.Thread(target=lambda: line.append(out.readline()), name='bench-read-port',
                               daemon=True)
     reader.start()
     reader.join(60)

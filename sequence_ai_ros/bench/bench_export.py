@@ -35,6 +35,7 @@ from sequence_ai_ros.datasets.lerobot_writer import export_lerobot
 from sequence_ai_ros.protocol import codec
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import CameraSpec, Contract, ObservationContract
+from sequence_ai_ros.protocol.spaces import ActionSpace
 
 DATASET = Path(os.environ.get('DATASET', Path(__file__).resolve().parents[3] / 'shared/data/g1_pick_bottle_v21'))
 FRAMES = {'h264': 300, 'av1': 120}
@@ -61,9 +62,10 @@ def _capture(root: Path, jpegs: list[bytes]) -> tuple[CaptureStore, list[float]]
     save_settings(root, CaptureSettings(rate=1.0, enabled=True, images=True, fps=30))
     store = CaptureStore(root, 'bench')
     names = tuple(f'j{i}' for i in range(7))
-    contract = Contract('joint_absolute', names, 1 / 30, 30,
+    contract = Contract(ActionSpace.JOINT_ABSOLUTE, names, 1 / 30, 30,
                         ObservationContract((CameraSpec('cam', 640, 480, 'jpeg'),), names))
     ep = store.begin('bench-episode', 'bench', contract)
+    assert ep is not None     # capture enabled at rate 1
     costs = []
     for i, data in enumerate(jpegs):
         img = pb.Image(key='cam', encoding='jpeg', width=640, height=480, channels=3, data=data)
@@ -109,8 +111,8 @@ class _EpisodeStream:
         deadline = time.monotonic() + 30
         while not stub.Ready(pb.ReadyRequest(deployment=deployment), timeout=5).ready and time.monotonic() < deadline:
             time.sleep(0.05)
-        self._replies = stub.Episode(self._requests(), metadata=[('x-episode-id', episode_id),
-                                                                  ('x-deployment', deployment)])
+        self._replies = stub.Episode(self._requests(), metadata=(('x-episode-id', episode_id),
+                                                                  ('x-deployment', deployment)))
         self._out.put(pb.EpisodeRequest(start=pb.EpisodeStart(episode_id=episode_id, instruction='bench')))
         next(self._replies)
         self._img = pb.Image(key='cam', encoding='jpeg', width=224, height=224, channels=3, data=jpeg)
@@ -233,9 +235,10 @@ def export_memory(tmp: Path, jpegs: list[bytes], minutes: float) -> dict[str, An
     save_settings(root, CaptureSettings(rate=1.0, enabled=True, images=True))
     store = CaptureStore(root, 'long')
     names = tuple(f'j{i}' for i in range(7))
-    contract = Contract('joint_absolute', names, 1 / 30, 30,
+    contract = Contract(ActionSpace.JOINT_ABSOLUTE, names, 1 / 30, 30,
                         ObservationContract((CameraSpec('cam', 640, 480, 'jpeg'),), names))
     ep = store.begin('long-episode', 'bench', contract)
+    assert ep is not None     # capture enabled at rate 1
     imgs = [pb.Image(key='cam', encoding='jpeg', width=640, height=480, channels=3, data=d) for d in jpegs]
     for start in range(0, n, 30):
         frames = []

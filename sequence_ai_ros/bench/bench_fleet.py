@@ -66,6 +66,7 @@ class Worker:
                                       '--warm', '--max-streams-per-client', '0', *args],
                                      stdout=subprocess.PIPE, stderr=self.log, text=True,
                                      env={**os.environ, **(env or {})})
+        assert self.proc.stdout is not None     # piped
         line = self.proc.stdout.readline()
         match = re.search(r':(\d+)', line)
         if not match:
@@ -127,8 +128,8 @@ class Robot:
                 raise RuntimeError(f'{deployment} not ready after 60 s')
             time.sleep(0.05)
         self._out: queue.Queue = queue.Queue()
-        self._call = stub.Episode(iter(self._out.get, None), metadata=[('x-episode-id', episode_id),
-                                                                       ('x-deployment', deployment)])
+        self._call = stub.Episode(iter(self._out.get, None), metadata=(('x-episode-id', episode_id),
+                                                                       ('x-deployment', deployment)))
         self._out.put(pb.EpisodeRequest(start=pb.EpisodeStart(episode_id=episode_id)))
         if not next(self._call).HasField('started'):
             raise RuntimeError('episode did not start')
@@ -235,6 +236,7 @@ def _batch_cost_here(repeats: int = 10) -> dict:
     import importlib.util
 
     spec = importlib.util.spec_from_file_location('seq_bench_mlp', MLP)
+    assert spec is not None and spec.loader is not None    # a .py file
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     policy = module.NumpyMLP()

@@ -16,6 +16,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -75,14 +76,14 @@ def main() -> dict:
             for robot in robots.values():
                 for _ in range(20):
                     robot.ask()
-            got = {mode: {'rtt': [], 'cpu': []} for mode in MODES}
+            got: dict[str, dict[str, list[float]]] = {mode: {'rtt': [], 'cpu': []} for mode in MODES}
             for _ in range(BLOCKS):
                 for mode in MODES:
                     pid = servers[mode][0].pid
                     c0 = _cpu(pid)
                     got[mode]['rtt'] += [robots[mode].ask() for _ in range(PER_BLOCK)]
                     got[mode]['cpu'].append((_cpu(pid) - c0) / PER_BLOCK)
-            row = {'load_1min_before': round(load, 2), 'load_1min_after': round(os.getloadavg()[0], 2)}
+            row: dict[str, Any] = {'load_1min_before': round(load, 2), 'load_1min_after': round(os.getloadavg()[0], 2)}
             for mode in MODES:
                 row[mode] = {'rtt_p50_ms': _pct(got[mode]['rtt'], 50), 'rtt_p99_ms': _pct(got[mode]['rtt'], 99),
                              'server_cpu_ms': 1e3 * float(np.median(got[mode]['cpu']))}

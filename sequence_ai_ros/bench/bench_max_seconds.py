@@ -14,10 +14,11 @@ from __future__ import annotations
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from sequence_ai_ros.client import Observation, connect
+from sequence_ai_ros.client import Action, Observation, Policy, connect
 
 POLICY = Path(__file__).resolve().parents[2] / 'test' / 'policies' / 'client_latency.py'
 INFERENCE_S, DT, T = 0.9, 0.02, 50
@@ -25,7 +26,7 @@ LIMITS_S = (3.0, 5.0)
 REPEATS = 2
 
 
-def _rtt_s(policy: object, n: int = 20) -> float:
+def _rtt_s(policy: Policy, n: int = 20) -> float:
     """Median seconds of one Ready round trip (unary, loopback)."""
     times = []
     for _ in range(n):
@@ -40,7 +41,7 @@ def main() -> dict:
     from sequence_ai_ros.worker import serve_policy_file
 
     server = serve_policy_file(POLICY, deployment='lat', port=0, mean_s=INFERENCE_S, dt=DT, chunk_length=T)
-    rows = []
+    rows: list[dict[str, Any]] = []
     try:
         runtime = server.runtimes['lat']
         with connect('lat', endpoint=f'127.0.0.1:{server.port}') as policy:
@@ -52,9 +53,9 @@ def main() -> dict:
             print('  max_seconds  returned_s  overshoot_ms  bound_ms  within  reason   chunks  confirmed')
             for limit in LIMITS_S:
                 for _ in range(REPEATS):
-                    acted: list[float] = []
+                    acted: list[Action] = []
 
-                    def observe(acted: list[float] = acted) -> Observation:
+                    def observe(acted: list[Action] = acted) -> Observation:
                         return Observation(state=np.array([len(acted), 0], np.float32))
 
                     t0 = time.monotonic()

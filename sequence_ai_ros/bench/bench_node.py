@@ -199,7 +199,7 @@ def run(mode: str = 'streaming') -> dict[str, Any]:
     else:
         node.create_subscription(JointState, '/bench/command', on_command, 100)
     node.create_subscription(DiagnosticArray, '/diagnostics', diags.append, 10)
-    act = ActionClient(node, Act, '/policy_node/act')
+    act: ActionClient[Any, Any, Any] = ActionClient(node, Act, '/policy_node/act')   # untyped messages
     try:
         with tempfile.TemporaryDirectory() as tmp:
             worker, endpoint = start_server_process(WORKER, str(hold), json.dumps(list(JOINTS)))
@@ -217,9 +217,10 @@ def run(mode: str = 'streaming') -> dict[str, Any]:
                 raise RuntimeError('the node did not come up: ' + (Path(tmp) / 'node.log').read_text()[-2000:])
             ps = psutil.Process(node_proc.pid)
             goal_future = act.send_goal_async(Act.Goal(instruction='hold', max_seconds=EPISODE_S))
-            if not _spin_until(executor, goal_future.done, 30) or not goal_future.result().accepted:
+            handle = goal_future.result() if _spin_until(executor, goal_future.done, 30) else None
+            if handle is None or not handle.accepted:
                 raise RuntimeError('goal not accepted')
-            result_future = goal_future.result().get_result_async()
+            result_future = handle.get_result_async()
             _spin_until(executor, lambda: len(received) > 0, 15)
             t0 = time.monotonic()
             _spin_until(executor, lambda: time.monotonic() - t0 > WARMUP_S, WARMUP_S + 1)
@@ -229,7 +230,8 @@ def run(mode: str = 'streaming') -> dict[str, Any]:
             cpu = ps.cpu_percent(None)
             rss_mb = ps.memory_info().rss / 2 ** 20
             window = slice(n0, max(n0, len(received) - 5))
-            result = result_future.result().result if result_future.done() else None
+            done = result_future.result() if result_future.done() else None
+            result = done.result if done is not None else None
             if len(received) < 2:
                 raise RuntimeError(f'no commands received (result {result}); node output: '
                                    + (Path(tmp) / 'node.log').read_text()[-2000:])
@@ -259,7 +261,7 @@ def run(mode: str = 'streaming') -> dict[str, Any]:
         for st in arr.status:
             if st.name.endswith(': control'):
                 node_diag = {kv.key: kv.value for kv in st.values}
-    out = {
+    out: dict[str, Any] = {
         'rate_hz': float((len(rcv) - 1) / (rcv[-1] - rcv[0])) if len(rcv) > 1 else 0.0,
         'commands': int(len(rcv)),
         'stamped_in_node': _stats_ms(stm, period) if len(stm) > 2 else {},
@@ -291,7 +293,7 @@ def _trajectory_figures(received: np.ndarray, wall: np.ndarray, stamps: np.ndarr
     multi = points > 1                         # chunk horizons (the single-point ones are holds)
     rcv, lead = received[multi], (stamps - wall)[multi] * 1e3
     gaps = np.diff(rcv) * 1e3 if len(rcv) > 1 else np.zeros(0)
-    out = {
+    out: dict[str, Any] = {
         'messages': int(multi.sum()), 'holds': int((~multi).sum()),
         'messages_per_s': float((len(rcv) - 1) / (rcv[-1] - rcv[0])) if len(rcv) > 1 else 0.0,
         'points_per_message_mean': float(points[multi].mean()) if multi.any() else 0.0,

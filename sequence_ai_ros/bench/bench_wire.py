@@ -25,10 +25,14 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sequence_ai_ros.bench.bench_client import start_server_process
+
+if TYPE_CHECKING:
+    from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 
 POLICY = Path(__file__).resolve().parents[2] / 'test' / 'policies' / 'wire.py'
 BLOCKS, PER_BLOCK = 4, 150            # 1 robot: 600 round trips each, in alternating blocks
@@ -99,7 +103,7 @@ class Ours:
         self._got = threading.Event()
         self.actions: np.ndarray | None = None
 
-        def on_chunk(msg: object) -> None:
+        def on_chunk(msg: pb.ActionChunk) -> None:
             self.actions = unpack_chunk(msg).actions
             self._got.set()
 
@@ -180,12 +184,12 @@ def _single(robot: Callable[[], float], n: int, server_pid: int) -> tuple[list[f
     return rtts, (time.process_time() - c0) / n, (_cpu(server_pid) - s0) / n
 
 
-def _fleet(make: Callable[[], object]) -> list[float]:
+def _fleet(make: Callable[[], Ours | Baseline]) -> list[float]:
     robots = [make() for _ in range(FLEET)]
     rtts: list[float] = []
     lock = threading.Lock()
 
-    def loop(robot: object, offset: float) -> None:
+    def loop(robot: Ours | Baseline, offset: float) -> None:
         start = time.monotonic() + offset
         k = 0
         while True:
@@ -235,7 +239,7 @@ def main() -> dict:
                 got[name]['server'].append(server)
         ours.close()
         base.close()
-        fleet = {'ours': [], 'baseline': []}
+        fleet: dict[str, list[float]] = {'ours': [], 'baseline': []}
         for _ in range(2):
             fleet['ours'] += _fleet(lambda: Ours(ours_port))
             fleet['baseline'] += _fleet(lambda: Baseline(base_port))

@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -103,6 +104,7 @@ def main(single_requests: int = 1000, robots: int = 16, rate_hz: float = 10.0, s
         proc = subprocess.Popen([sys.executable, '-c', 'import sys; from sequence_ai_ros.cli.serving import main; '
                                  'sys.exit(main())', 'serve', str(path), '--port', '0', '--warm'],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stdout is not None and proc.stderr is not None     # both piped
         try:
             line = proc.stdout.readline()
             match = re.search(r':(\d+)', line)
@@ -153,9 +155,10 @@ def main(single_requests: int = 1000, robots: int = 16, rate_hz: float = 10.0, s
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    figures = {'1 robot p50': _pct(single, 50), '1 robot p99': _pct(single, 99), '16 robots p99': _pct(lat, 99),
-               '16 robots p50': _pct(lat, 50), 'single_requests': len(single), 'concurrent_requests': len(lat),
-               'errors': errors}
+    figures: dict[str, Any] = {
+        '1 robot p50': _pct(single, 50), '1 robot p99': _pct(single, 99), '16 robots p99': _pct(lat, 99),
+        '16 robots p50': _pct(lat, 50), 'single_requests': len(single), 'concurrent_requests': len(lat),
+        'errors': errors}
     print(f'{"worker chunk round trip (ms)":<30} {"value":>8} {"target":>8}')
     for key in ('1 robot p50', '1 robot p99', '16 robots p50', '16 robots p99'):
         target = TARGETS.get(key)

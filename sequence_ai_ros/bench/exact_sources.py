@@ -75,7 +75,7 @@ def _wx200_joints(bag: str, dt: float) -> np.ndarray:
     with AnyReader([Path(bag)]) as reader:
         conns = [c for c in reader.connections if c.topic == '/wx200/joint_states']
         for conn, stamp, raw in reader.messages(connections=conns):
-            msg = reader.deserialize(raw, conn.msgtype)
+            msg: Any = reader.deserialize(raw, conn.msgtype)     # a sensor_msgs JointState
             names = list(msg.name)
             rows.append([msg.position[names.index(n)] for n in WX_JOINTS])
             stamps.append(stamp * 1e-9)

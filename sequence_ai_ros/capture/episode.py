@@ -154,7 +154,8 @@ class CapturedEpisode:
 
         :raises CaptureError: as :meth:`records`.
         """
-        return [(r.wall_time, r.message) for r in read_records(self.path / RECORDS_FILE) if r.kind == TELEMETRY]
+        return [(r.wall_time, r.message) for r in read_records(self.path / RECORDS_FILE)
+                if isinstance(r.message, pb.TelemetryFrame)]
 
 
 class EpisodeCapture:
@@ -271,11 +272,12 @@ class EpisodeCapture:
                 final_parent = self.store.root / 'episodes'
                 final_parent.mkdir(exist_ok=True)
                 self.dir_name = _free_name(final_parent, self.dir_name)
-                row = {'episode_id': self.episode_id, 'dir': self.dir_name, 'instruction': self.instruction,
-                       'started_at': self.started_at, 'ended_at': ended, 'reason': str(reason),
-                       'requests': self.requests, 'frames': self.frames,
-                       'bytes': self.bytes, 'images': self.images, 'fps': self.fps,
-                       'stats': {**dict(stats or {}), **(self.rejections() if self.rejected else {})}}
+                row: dict[str, Any] = {
+                    'episode_id': self.episode_id, 'dir': self.dir_name, 'instruction': self.instruction,
+                    'started_at': self.started_at, 'ended_at': ended, 'reason': str(reason),
+                    'requests': self.requests, 'frames': self.frames,
+                    'bytes': self.bytes, 'images': self.images, 'fps': self.fps,
+                    'stats': {**dict(stats or {}), **(self.rejections() if self.rejected else {})}}
                 meta = {**row, 'contract': contract_to_json(self.contract), 'format': FORMAT}
                 write_json_atomic(self.staging / META_FILE, meta)
                 final = final_parent / self.dir_name

@@ -82,7 +82,7 @@ class FrameChecker:
         if frame.HasField('policy_action'):
             _vector(frame.policy_action, 'policy_action', action_dim)
         self._pieces(frame, action_dim)
-        sizes = {}
+        sizes: dict[str, tuple[int, int]] = {}
         for image in frame.images:
             key = clip(image.key, 60)
             size = _image_size(image, key)

@@ -30,7 +30,10 @@ from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 
 HEADER = struct.Struct('<IBd')
 REQUEST, CHUNK, ERROR, TELEMETRY = 1, 2, 3, 4
-_TYPES = {REQUEST: pb.ObservationRequest, CHUNK: pb.ActionChunk, ERROR: pb.Error, TELEMETRY: pb.TelemetryFrame}
+#: A record's message: its type is its kind's (the table above).
+RecordMessage = pb.ObservationRequest | pb.ActionChunk | pb.Error | pb.TelemetryFrame
+_TYPES: dict[int, type[RecordMessage]] = {
+    REQUEST: pb.ObservationRequest, CHUNK: pb.ActionChunk, ERROR: pb.Error, TELEMETRY: pb.TelemetryFrame}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,22 +42,22 @@ class Record:
 
     :param kind: REQUEST, CHUNK, ERROR or TELEMETRY.
     :param wall_time: worker wall-clock time the record was received (s since the epoch).
-    :param message: the decoded protobuf message.
+    :param message: the decoded protobuf message, of the kind's type (narrow it with ``isinstance``).
     """
 
     kind: int
     wall_time: float
-    message: object
+    message: RecordMessage
 
 
-def encode_record(kind: int, wall_time: float, message: object) -> bytes:
+def encode_record(kind: int, wall_time: float, message: RecordMessage) -> bytes:
     """Return header + payload bytes for one record.
 
     :raises CaptureError: for an unknown kind.
     """
     if kind not in _TYPES:
         raise CaptureError(f'unknown record kind {kind}')
-    payload = message.SerializeToString()  # type: ignore[attr-defined]
+    payload = message.SerializeToString()
     return HEADER.pack(len(payload), kind, wall_time) + payload
 
 

@@ -201,7 +201,7 @@ class CaptureStore:
         status = self.status()
         return status['diagnostic'] if status['state'] == 'paused' else ''
 
-    def label(self, episode_id: str, success: bool, notes: str = '') -> bool:
+    def label(self, episode_id: str, success: bool, notes: str = '', unseen: bool = True) -> bool:
         """Store an episode's label (replacing an earlier one), captured or not; a running one gets it too.
 
         Any episode this worker ran is labelled (its label counts in ``seq policy stats``); a captured one
@@ -213,8 +213,11 @@ class CaptureStore:
         (:class:`~sequence_ai_ros.capture.store_set.StoreSet`) merge labels by episode id. Having no episode
         directory here, it lives in the index alone: a repair of a corrupt index does not bring it back.
 
+        :param unseen: store a label for an episode this store never saw; False refuses it (a caller without the
+            worker's token may label only episodes this worker ran: it cannot fill the index with labels).
         :returns: True when this store ran (or is running) the episode; False when the label is kept for an
             episode it never saw (or one past retention).
+        :raises LookupError: for an episode this store never saw, when ``unseen`` is False (nothing stored).
         :raises CaptureError: when the store cannot be written.
         """
         when = self.clock()
@@ -224,6 +227,8 @@ class CaptureStore:
             with self._lock:
                 running = any(ep.episode_id == episode_id for ep in self._active)
             known = row is not None or running or self.index.seen(episode_id)
+            if not known and not unseen:
+                raise LookupError(f'episode {episode_id!r} did not run on this worker')
             self.index.label(episode_id, bool(success), str(notes), when)
             if row is not None:
                 write_json_atomic(self.root / 'episodes' / row['dir'] / LABEL_FILE,

@@ -17,7 +17,9 @@ balancer sends the call to, normally the episode's own (the call carries ``x-epi
 while that replica is stopped, which stores the label for an episode it does not hold (it keeps such a label
 for the store's ``retention_days``, as long as an episode). Every episode read, and every run counted by
 :meth:`StoreSet.runs`, carries the newest label (largest ``labelled_at``) any store holds for its id; so a
-label given again later, on any replica, replaces an earlier one, as it does within one store.
+label given again later, on any replica, replaces an earlier one, as it does within one store. Two labels
+given at the same ``labelled_at`` are told apart by what they say, never by the order of the stores: a
+failure wins over a success, then the notes in code point order (:func:`newer_label`).
 
 Each store is checked before it is read: its episodes must be of the deployment asked for (the contract
 each episode was captured under names its deployment) and share a contract (state and action names,
@@ -40,6 +42,19 @@ from typing import Any
 from sequence_ai_ros.capture.episode import CapturedEpisode
 from sequence_ai_ros.capture.store import CaptureStore
 from sequence_ai_ros.exceptions import CaptureError, ConfigError
+
+
+def newer_label(label: dict[str, Any], other: dict[str, Any]) -> bool:
+    """True when ``label`` wins over ``other`` (two labels of one episode id): the later ``labelled_at``.
+
+    At the same ``labelled_at`` (two replicas storing conflicting labels at one instant), a failure wins over a
+    success, then the notes later in code point order: a total order, so the merged label never depends on
+    the order in which the stores are read.
+    """
+    def key(x: dict[str, Any]) -> tuple[float, bool, str]:
+        return float(x['labelled_at']), not x['success'], str(x.get('notes') or '')
+
+    return key(label) > key(other)
 
 
 class StoreSet:
@@ -115,7 +130,8 @@ class StoreSet:
         """Return the newest label of every episode id over the stores: ``{episode_id: label}``.
 
         A label is ``{'success': bool, 'notes': str, 'labelled_at': float}`` (s since the epoch); of two
-        labels for one id in two stores, the one with the larger ``labelled_at`` is kept.
+        labels for one id in two stores, the one with the larger ``labelled_at`` is kept (:func:`newer_label`:
+        the same whatever the order of the stores).
 
         :param stores: the stores to read (default those that pass the checks).
         :raises CaptureError: when no store can be read (a bad store is skipped: :attr:`skipped_stores`).
@@ -129,7 +145,7 @@ class StoreSet:
                 continue
             for eid, label in held.items():
                 seen = merged.get(eid)
-                if seen is None or label['labelled_at'] > seen['labelled_at']:
+                if seen is None or newer_label(label, seen):
                     merged[eid] = label
         return merged
 

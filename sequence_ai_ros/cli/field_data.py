@@ -170,7 +170,7 @@ def _fmt_time(t: float | None) -> str:
     return '-' if t is None else dt.datetime.fromtimestamp(t).strftime('%Y-%m-%d %H:%M:%S')
 
 
-def _fmt_bytes(n: int) -> str:
+def _fmt_bytes(n: float) -> str:
     for unit in ('B', 'kB', 'MB', 'GB'):
         if n < 1000 or unit == 'GB':
             return f'{n:.0f} {unit}' if unit == 'B' else f'{n:.1f} {unit}'

@@ -61,11 +61,23 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    """``seq deploy NAME/policy.py``: validate (import, contract, dry run) and record; print how to serve."""
-    from sequence_ai_ros.worker.registry import deploy
+    """``seq deploy NAME/policy.py``: validate (import, contract, dry run) and record; print how to serve.
 
+    A folder whose content is the registered version's is not registered again (``unchanged: NAME version
+    N``, exit 0) unless ``--force``.
+    """
+    from sequence_ai_ros.worker.registry import Registry, deploy, unchanged
+
+    Registry().ensure_home()             # a $SEQ_HOME that cannot be written is named before anything runs
+    if not args.force:
+        same = unchanged(args.path, name=args.name, timeout_s=args.timeout, isolation=args.isolation)
+        if same is not None:
+            print(f'unchanged: {same.name} version {same.version} ({same.path}; content sha256 '
+                  f'{same.content_sha256[:12]}): nothing registered (--force registers it as a new version)')
+            return 0
     print(f'validating {args.path} ...', flush=True)
-    rec, figures = deploy(args.path, name=args.name, dry_timeout_s=args.timeout, isolation=args.isolation)
+    rec, figures = deploy(args.path, name=args.name, dry_timeout_s=args.timeout, isolation=args.isolation,
+                          force=True)
     print(f'ok: imports, contract {rec.action_space} D={rec.action_dim} T={rec.chunk_length} dt={rec.dt:g} s; '
           f'dry run load {figures.get("load_s", 0):.2f} s, inference {figures.get("infer_s", 0) * 1e3:.1f} ms')
     print(f'deployed {rec.name} version {rec.version} ({rec.path}; content sha256 {rec.content_sha256[:12]}: '
@@ -186,17 +198,14 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
     Refused (exit 2) while a worker of this ``$SEQ_HOME`` runs episodes of it, unless ``--force``; captured
     data is removed only with ``--yes`` or a "y" at the prompt (a terminal), and kept with ``--keep-data``.
+    The running episodes are looked at again after the prompt, just before the deletion: one a robot started
+    while the question was asked is seen.
     """
-    from sequence_ai_ros.worker.live import running_episodes
     from sequence_ai_ros.worker.registry import Registry
 
     registry = Registry()
     rec = registry.get(args.name)
-    running = running_episodes(registry.home).get(rec.name, {})
-    if running and not args.force:
-        where = ', '.join(f'{n} on seq serve pid {pid}' for pid, n in sorted(running.items()))
-        print(f'error: {rec.name} has episodes running ({where}): deleting it now would lose their capture. Wait '
-              'for them to end, or pass --force', file=sys.stderr)
+    if _refuse_running(registry, rec.name, args.force):
         return 2
     stored = _capture_bytes(registry.home).get(rec.name, 0)
     keep = args.keep_data
@@ -204,16 +213,31 @@ def cmd_delete(args: argparse.Namespace) -> int:
         question = (f'{rec.name} has {stored} bytes of captured field data in {registry.capture_dir(rec.name)}; '
                     'remove it too? [y/N] ')
         if not sys.stdin.isatty():
-            print(f'error: {question.split(";")[0]}: pass --yes to remove it with the deployment, or --keep-data to '
-                  'keep it', file=sys.stderr)
+            print(f'seq delete: error: {question.split(";")[0]}: pass --yes to remove it with the deployment, or '
+                  '--keep-data to keep it', file=sys.stderr)
             return 2
         if input(question).strip().lower() not in ('y', 'yes'):
             keep = True
+        if _refuse_running(registry, rec.name, args.force):   # an episode may have started while we asked
+            return 2
     rec = registry.delete(args.name, keep_data=keep)
     data = (f'its captured data kept in {registry.capture_dir(rec.name)}' if keep and stored else
             'its capture' if stored else 'no captured data')
     print(f'deleted {rec.name} (version {rec.version}) with its usage, {data}; {rec.path} is left as is')
     return 0
+
+
+def _refuse_running(registry: Any, name: str, force: bool) -> bool:
+    """Print why and return True when a worker of ``registry``'s home runs episodes of ``name`` (and not ``force``)."""
+    from sequence_ai_ros.worker.live import running_episodes
+
+    running = running_episodes(registry.home).get(name, {})
+    if running and not force:
+        where = ', '.join(f'{n} on seq serve pid {pid}' for pid, n in sorted(running.items()))
+        print(f'seq delete: error: {name} has episodes running ({where}): deleting it now would lose their '
+              'capture. Wait for them to end, or pass --force', file=sys.stderr)
+        return True
+    return False
 
 
 def _capture_bytes(home: Path) -> dict[str, int]:
@@ -285,6 +309,9 @@ def add_parsers(sub: Any, groups: dict[str, Any]) -> None:
     p.add_argument('--isolation', choices=('process', 'none'), default='process',
                    help="where the checks run: 'process' (a deployment process, killed when the bound passes; "
                         "default) or 'none' (this process)")
+    p.add_argument('--force', action='store_true',
+                   help="register a new version even when the folder's content (policy.py, config.yaml, the "
+                        "artifacts) is the registered version's (default: 'unchanged', nothing registered)")
     p.set_defaults(func=cmd_deploy)
 
     p = sub.add_parser('serve', help='serve deployments to robots over gRPC')

@@ -16,9 +16,11 @@ the Python API runs :meth:`ObservationAdapter.state` on the caller's thread (che
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import io
 from collections.abc import Mapping, Sequence
+from typing import overload
 
 import numpy as np
 
@@ -69,6 +71,14 @@ def _size(image: ImageLike) -> tuple[int, int]:
     return int(arr.shape[1]), int(arr.shape[0])
 
 
+@overload
+def fit_image(image: np.ndarray, spec: CameraSpec | None, fit: str = DEFAULT_FIT) -> np.ndarray: ...
+
+
+@overload
+def fit_image(image: ImageLike, spec: CameraSpec | None, fit: str = DEFAULT_FIT) -> ImageLike: ...
+
+
 def fit_image(image: ImageLike, spec: CameraSpec | None, fit: str = DEFAULT_FIT) -> ImageLike:
     """Return ``image`` at the contract camera's size.
 
@@ -88,11 +98,12 @@ def fit_image(image: ImageLike, spec: CameraSpec | None, fit: str = DEFAULT_FIT)
     arr = _to_array(image)
     mono = arr.ndim == 2 or arr.shape[2] == 1
     pil = PILImage.fromarray(arr.reshape(arr.shape[0], arr.shape[1]) if mono else arr)
+    bilinear = PILImage.BILINEAR  # type: ignore[attr-defined]  # set at run time; Humble's Pillow 9.0 lacks Resampling
     if fit == 'resize':
-        return np.asarray(pil.resize((spec.width, spec.height), PILImage.BILINEAR))
+        return np.asarray(pil.resize((spec.width, spec.height), bilinear))
     w, h = pad_size(pil.width, pil.height, spec.width, spec.height)
     canvas = PILImage.new(pil.mode, (spec.width, spec.height))
-    canvas.paste(pil.resize((w, h), PILImage.BILINEAR), ((spec.width - w) // 2, (spec.height - h) // 2))
+    canvas.paste(pil.resize((w, h), bilinear), ((spec.width - w) // 2, (spec.height - h) // 2))
     return np.asarray(canvas)
 
 
@@ -135,8 +146,7 @@ class NameIndex:
             raise ContractViolation(f'{what} has an empty name field; {noun or "values "}are mapped by name and '
                                     'are never mapped by position')
         if len(set(given)) != len(given):
-            seen: set[str] = set()
-            dups = sorted({n for n in given if n in seen or seen.add(n)})
+            dups = sorted(n for n, count in collections.Counter(given).items() if count > 1)
             raise ContractViolation(f'{what} names {noun}{dups} more than once (names {list(given)}); a '
                                     'duplicated name has no unambiguous position')
 
@@ -191,7 +201,7 @@ class ObservationAdapter:
         :raises ContractViolation: for an undecodable image.
         """
         fitted = self.fit_frames(obs.images)
-        return obs if fitted is obs.images else dataclasses.replace(obs, images=fitted)
+        return obs if fitted is obs.images else dataclasses.replace(obs, images=dict(fitted))
 
     def fit_frames(self, images: Mapping[str, ImageLike]) -> Mapping[str, ImageLike]:
         """Return ``images`` with each contract camera's frame fitted to its size (the same mapping when all fit).

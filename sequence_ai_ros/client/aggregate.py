@@ -86,7 +86,8 @@ def offline(predictions: list[np.ndarray], coeff: float) -> np.ndarray:
     """
     log_w = -float(coeff) * np.arange(len(predictions), dtype=np.float64)
     w = np.exp(log_w - log_w.max())                          # scaled by the largest weight: no overflow
-    return (w[:, None] * np.stack(predictions).astype(np.float64)).sum(axis=0) / w.sum()
+    mean: np.ndarray = (w[:, None] * np.stack(predictions).astype(np.float64)).sum(axis=0) / w.sum()
+    return mean
 
 
 __all__ = ['coefficient', 'merge', 'offline']

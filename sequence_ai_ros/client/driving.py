@@ -17,7 +17,7 @@ from sequence_ai_ros.client import checks
 from sequence_ai_ros.client.outcome import RunOutcome
 from sequence_ai_ros.client.pacing import Pacer
 from sequence_ai_ros.client.settings import EpisodeSettings
-from sequence_ai_ros.exceptions import ContractViolation
+from sequence_ai_ros.exceptions import ContractViolation, EpisodeStateError
 
 if TYPE_CHECKING:
     from sequence_ai_ros.client.policy import ActFn, ObserveFn, Policy
@@ -33,8 +33,7 @@ def drive(policy: Policy, observe: ObserveFn, act: ActFn, settings: EpisodeSetti
     with policy._guard:
         policy.wait_until_ready()      # one Ready call when warm; waits out warming before the first action
         period = policy.contract.dt if settings.control_period is None else settings.control_period
-        policy._open(dataclasses.replace(settings, control_period=period), episode_id, fixed_step=True)
-        engine = policy._episode.engine
+        engine = policy._open(dataclasses.replace(settings, control_period=period), episode_id, fixed_step=True).engine
         holding = False              # set before on_underrun is called, so a raising hold is not repeated
         end_reason = 'interrupted'
         stop_at = None if settings.max_seconds is None else time.monotonic() + settings.max_seconds
@@ -77,7 +76,7 @@ def drive(policy: Policy, observe: ObserveFn, act: ActFn, settings: EpisodeSetti
                     pacer = Pacer(period, wake=policy._wake)
             # Hold first, then talk to the worker: the stop unwinds through on_underrun at once.
             out = engine.outcome()
-            if out.reason in ('interrupted', 'validate', 'error') and not holding:
+            if out is not None and out.reason in ('interrupted', 'validate', 'error') and not holding:
                 holding = True
                 if on_underrun is not None:
                     on_underrun()
@@ -95,6 +94,8 @@ def drive(policy: Policy, observe: ObserveFn, act: ActFn, settings: EpisodeSetti
             raise
         finally:
             out = policy.end_episode(end_reason)
+        if out is None:      # end_episode() answers None only when no episode was ever opened
+            raise EpisodeStateError('the episode act()/run() opened is gone')
         if out.reason == 'error' and out.error is not None:
             raise out.error
         return out

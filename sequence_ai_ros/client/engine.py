@@ -48,8 +48,8 @@ from sequence_ai_ros.client.steps import Step
 from sequence_ai_ros.exceptions import ActionSpaceMismatch, ContractViolation, PolicyException, SequenceAIError
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import ACT_TEMPORAL_ENSEMBLE_COEFF, Contract, check_aggregate
-from sequence_ai_ros.protocol.messages import unpack_chunk
-from sequence_ai_ros.protocol.spaces import ActionSpace
+from sequence_ai_ros.protocol.messages import Chunk, unpack_chunk
+from sequence_ai_ros.protocol.spaces import ActionSpace, position_mask
 from sequence_ai_ros.protocol.types import Action, Observation
 
 _EPS = 1e-9
@@ -57,7 +57,8 @@ _EPS = 1e-9
 GRID_EARLY = 0.05
 #: Without a fixed control_period, a tick this many measured periods after the previous one missed deadlines.
 UNPACED_STALL = 2.5
-_Live, _Pending = LiveChunk, Pending
+_Live = LiveChunk
+_Pending = Pending
 
 
 class EpisodeEngine:
@@ -83,7 +84,7 @@ class EpisodeEngine:
         self._latency, self._send, self._wake, self._clock = latency, send, wake, clock
         self._lock = threading.RLock()
         self._space = settings.expect_action_space or contract.action_space
-        self._mask = resample.position_mask(self._space, contract.action_dim)
+        self._mask = position_mask(self._space, contract.action_dim)
         self.aggregate = settings.aggregate or contract.aggregate
         coeff = settings.temporal_ensemble_coeff
         if coeff is None:
@@ -221,7 +222,7 @@ class EpisodeEngine:
         """Create this tick's Step (see client/steps.py) and return ``action``."""
         fresh = action is not None and not action.hold
         policy_action = None
-        if fresh:
+        if fresh and action is not None:
             policy_action = action.delta if action.delta is not None else action.values
         command = None if action is None else np.array(action.values, np.float32)
         pieces, self._pieces = (self._pieces if fresh else None), None
@@ -286,7 +287,7 @@ class EpisodeEngine:
             if self._wake is not None and (old is None or old.pos >= old.length - _EPS):
                 self._wake.set()      # nothing was playing: a paced caller acts now, not a period later
             if self.ensemble_coeff is not None:
-                self._live = self._folded(old, chunk, dt, skip, e_obs, msg.request_id)
+                self._live = self._folded(old, chunk, dt, skip, e_obs, msg.request_id, self.ensemble_coeff)
                 self._maybe_request()
                 return
             if old is not None and not old.read:
@@ -301,12 +302,13 @@ class EpisodeEngine:
                                origin=e_obs, request_id=msg.request_id)
             self._maybe_request()
 
-    def _folded(self, old: _Live | None, chunk, dt: float, skip: float, origin: float, request_id: int) -> _Live:
-        """The playing rows with ``chunk`` folded in (aggregate): from the new chunk's first step on."""
+    def _folded(self, old: _Live | None, chunk: Chunk, dt: float, skip: float, origin: float, request_id: int,
+                coeff: float) -> _Live:
+        """The playing rows with ``chunk`` folded in (aggregate, coefficient ``coeff``): from its first step on."""
         rows, counts = chunk.actions, np.ones(chunk.actions.shape[0], np.int64)
         if old is not None and old.counts is not None and old.pos < old.length - _EPS:
             offset = int(round(origin - old.origin))          # both whole steps (see _maybe_request)
-            rows, counts = ensemble.merge(old.actions, old.counts, chunk.actions, offset, self.ensemble_coeff,
+            rows, counts = ensemble.merge(old.actions, old.counts, chunk.actions, offset, coeff,
                                           extend=not chunk.done)
         return _Live(rows, chunk.action_space, dt, self.chunks - 1, chunk.done, skip, None, origin=origin,
                      request_id=request_id, read=False, counts=counts)
@@ -481,8 +483,9 @@ class EpisodeEngine:
             self.max_seam_jump = max(self.max_seam_jump, float(np.max(np.abs(raw - self._last_raw))))
             prev = self._prev_read
             p_old = live.origin + live.pos - prev[1] if prev is not None else -1.0
-            if prev is not None and 0.0 <= p_old < prev[0].shape[0] - _EPS:
-                # The discontinuity: the new chunk against the old one's own row for the same step.
+            if prev is not None and 0.0 <= p_old <= prev[0].shape[0] - 1 + _EPS:
+                # The discontinuity: the new chunk against the old one's own row for the same step. Past its
+                # last row the old chunk has none (it would hold that row), so a seam there is a jump only.
                 cont = resample.sample(prev[0], live.space, p_old, s, self._mask)
                 self.max_seam_gap = max(self.max_seam_gap, float(np.max(np.abs(raw - cont))))
         self._last_chunk = live.number
@@ -493,7 +496,7 @@ class EpisodeEngine:
             self._dry_since = None
         self._last_raw, self._last_values = raw, values
         self._emit_t, self._emit_step = now, s
-        return Action(values=values, action_space=live.space, names=self.contract.action_names,
+        return Action(values=values, action_space=live.space, names=tuple(self.contract.action_names),
                       chunk=live.number, index=live.pos, hold=False, delta=delta)
 
     def _measured(self, obs: Observation) -> np.ndarray | None:
@@ -519,7 +522,7 @@ class EpisodeEngine:
         else:
             return None
         delta = np.zeros_like(values) if self._space.is_delta else None
-        return Action(values=values, action_space=self._space, names=self.contract.action_names,
+        return Action(values=values, action_space=self._space, names=tuple(self.contract.action_names),
                       chunk=chunk, index=index, hold=True, delta=delta)
 
     def _maybe_request(self) -> None:
@@ -574,7 +577,11 @@ class EpisodeEngine:
         tail = None
         delay = 0
         if live is not None and remaining > _EPS:
-            tail = live.actions[max(0, int(math.ceil(origin - live.origin - 1e-7))):]
+            # Row 0 of the tail is the playing chunk's row nearest the observation step, as row 0 of the answer
+            # is that step: an in-painting policy (RTC) aligns the two row by row. On the clock the step is a
+            # whole one give or take the tick's jitter (7.003 or 6.997); the next whole row (ceil) would shift
+            # every in-painted row by one step whenever a tick ran a little late.
+            tail = live.actions[max(0, int(math.floor(origin - live.origin + 0.5))):]
         if live is not None or self._in_flight:
             # An upper estimate (the window's largest warm round trip, with a margin while they are few, the
             # cold one only before any: LatencyWindow.delay_s; + two ticks: a request leaves at a tick and

@@ -6,7 +6,7 @@ import dataclasses
 
 from sequence_ai_ros.exceptions import SequenceAIError
 
-#: Why an episode ends. ``error`` (a lost connection, a worker error, no chunk within the no-chunk deadline)
+#: Why an episode ends. ``error`` (a lost connection, a worker error or refusal, no chunk within the no-chunk deadline)
 #: is raised by act()/run() after the hold fires; loops that call next_action() themselves read it from
 #: :meth:`Policy.episode_outcome`. ``error`` is also the reason the worker is told when the caller's own
 #: code (observe, act, until, on_underrun) raised; act()/run() then re-raise the caller's exception.
@@ -36,7 +36,8 @@ class RunOutcome:
     :param dropped_telemetry: capture frames (telemetry) lost on the robot because the send queue was full
         (0 when nothing was lost or the episode was not captured).
     :param max_seam_gap: the largest per-dimension discontinuity at a seam: the new chunk's row against the
-        old chunk's own row for the same step (0 for a policy that in-paints the committed prefix, RTC).
+        old chunk's own row for the same step, over the seams where the old chunk has one (up to its last row)
+        (0 for a policy that in-paints the committed prefix, RTC).
     :param peak_in_flight: the most requests that were in flight at once (pipelining; 1 without).
     :param discarded: chunks received but never played (stale on arrival, or replaced before a tick read them).
     :param telemetry_rejected: capture telemetry frames the worker refused (wrong shape or dtype, NaN,
@@ -55,7 +56,9 @@ class RunOutcome:
         was already captured, or is being captured by another worker sharing the store (a reconnect or a
         reused id); '' otherwise (a paused or full store is reported by the worker's diagnostics).
     :param error: the typed exception behind reason ``validate`` or ``error``; None otherwise, and for an
-        ``error`` that the caller's own code raised (that exception propagates from act()/run()).
+        ``error`` that the caller's own code raised (that exception propagates from act()/run()). An episode
+        the worker refused (:class:`~sequence_ai_ros.exceptions.Draining`, ``Overloaded``) and never started
+        has reason ``error`` and the refusal here, also when its ``max_seconds`` ran out during the retries.
     :param worker_confirmed: True when the worker answered the episode's end (EpisodeEnded): it heard the
         reason and these counts, and closed the episode. False when it did not answer within 2 s, the stream
         had already failed, or the end went out on a background thread (next_action opening the next episode).
@@ -103,5 +106,6 @@ class RunOutcome:
         if self.capture_error:
             notes.append(f'not captured: {self.capture_error}')
         tail = ''.join(f'; {n}' for n in notes)
+        why = f' ({type(self.error).__name__}: {self.error})' if self.error is not None else ''
         return (f'RunOutcome({self.actions} actions over {self.chunks} chunks in {self.elapsed_s:.1f}s, '
-                f'{self.reason}{tail})')
+                f'{self.reason}{why}{tail})')

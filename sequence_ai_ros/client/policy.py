@@ -25,10 +25,11 @@ from sequence_ai_ros.client.latency import LatencyWindow
 from sequence_ai_ros.client.outcome import RunOutcome
 from sequence_ai_ros.client.pacing import ThreadGuard
 from sequence_ai_ros.client.sampling import TelemetryBuffer
-from sequence_ai_ros.client.session import Connection, EpisodeCall, TlsLike, resolve_endpoint
-from sequence_ai_ros.client.settings import EpisodeSettings
+from sequence_ai_ros.client.session import DRAIN_RETRY_S, Connection, EpisodeCall, TlsLike, resolve_endpoint
+from sequence_ai_ros.client.settings import EpisodeSettings, check_space
 from sequence_ai_ros.client.steps import Step, StepLedger
-from sequence_ai_ros.exceptions import CaptureError, ContractViolation, EpisodeStateError, NotReady
+from sequence_ai_ros.exceptions import CaptureError, ContractViolation, Draining, EpisodeStateError, NotReady
+from sequence_ai_ros.protocol import DRAINING
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import Contract
 from sequence_ai_ros.protocol.spaces import ActionSpace
@@ -51,7 +52,15 @@ class _OpenEpisode:
         self.capture_error = ''     # the worker's word on why capture is on but this episode is not kept
 
     def told(self, out: RunOutcome) -> RunOutcome:
-        """``out`` with what the worker told at the start (``capture_error``), for every outcome read."""
+        """``out`` with what the worker told (``capture_error``, a refusal), for every outcome read.
+
+        An episode the worker refused and never started (a draining replica, while the client opened it again)
+        that ended otherwise than by the caller's interrupt or a bad observation (its ``max_seconds``, ``until``,
+        ``end_episode()``) ends with reason ``error`` and the refusal: it never ran.
+        """
+        refusal = self.stream.refusal
+        if refusal is not None and out.reason in ('completed', 'until', 'timeout'):
+            out = dataclasses.replace(out, reason='error', error=refusal)
         if not self.capture_error or out.capture_error:
             return out
         return dataclasses.replace(out, capture_error=self.capture_error)
@@ -160,7 +169,8 @@ class Policy:
         """Return (ready, eta_seconds) without blocking (one Ready call, 2 s deadline); asking starts a cold worker.
 
         Behind a balancer the replica of ``episode_id`` answers (default: the running episode's, else the one
-        the next episode opened without an id will get), so readiness is that of the replica it runs on.
+        the next episode opened without an id will get), so readiness is that of the replica it runs on. A
+        draining replica (stopping) is not ready: it takes no new episode.
 
         :raises ConnectionLost: when the worker is unreachable.
         :raises EpisodeStateError: when this Policy is closed.
@@ -173,25 +183,36 @@ class Policy:
     def wait_until_ready(self, timeout: float | None = None, episode_id: str | None = None) -> None:
         """Start a cold worker if need be and block until it is up (not billed).
 
+        A draining replica (stopping) is asked again, as a refused episode is opened again: behind a balancer
+        the next answer comes from another replica; :class:`Draining` is raised when every answer for
+        :data:`~sequence_ai_ros.client.session.DRAIN_RETRY_S` (or until ``timeout``) was ``draining``.
+
         :param timeout: seconds to wait (s); None uses ``ready_timeout``.
         :param episode_id: behind a balancer, wait for that episode's replica (default as :meth:`ready`).
         :raises NotReady: when the load failed, or it is not ready within ``timeout``.
+        :raises Draining: when the replica answering is draining, for the bound above.
         :raises ConnectionLost: when the worker is unreachable.
         :raises EpisodeStateError: when this Policy is closed.
         """
         self._check_open()
         bound = self.ready_timeout if timeout is None else timeout
-        deadline = time.monotonic() + bound
+        start = time.monotonic()
+        deadline = start + bound
         routing = self._routing_id(episode_id)
+        draining_since: float | None = None
         while True:
             reply = self._conn.ready(self.model, timeout=2.0, episode_id=routing)
+            self._ready = reply.ready
             if reply.ready:
-                self._ready = True
                 return
             if reply.state == 'failed':
                 # The worker's message says why (failed to load, or an inference exceeded its deadline).
                 raise NotReady(f'{self.model}: the deployment failed: {reply.message or "no reason given"}')
-            left = deadline - time.monotonic()
+            now = time.monotonic()
+            draining_since = (draining_since or now) if reply.state == DRAINING else None
+            left = deadline - now
+            if draining_since is not None and (left <= 0 or now - draining_since >= DRAIN_RETRY_S):
+                raise Draining(f'{self.model}: {reply.message or "the replica is draining"}', refusal=DRAINING)
             if left <= 0:
                 raise NotReady(f'{self.model}: not ready after {bound:g} s '
                                f'({reply.state}, eta {reply.eta_seconds:.1f} s)')
@@ -266,17 +287,18 @@ class Policy:
         """
         self._check_open()
         given = EpisodeSettings(instruction=instruction, max_seconds=max_seconds, max_actions=max_actions,
-                                prefetch=prefetch, smooth_seam=smooth_seam, expect_action_space=expect_action_space,
+                                prefetch=prefetch, smooth_seam=smooth_seam,
+                                expect_action_space=check_space('expect_action_space', expect_action_space),
                                 control_period=control_period, chunk_timeout=chunk_timeout, aggregate=aggregate,
                                 temporal_ensemble_coeff=temporal_ensemble_coeff)
         if settings is not None:
             if given != EpisodeSettings():
                 raise TypeError('begin_episode(): pass settings= or the separate options, not both')
             given = settings
-        return self._open(given, episode_id)
+        return self._open(given, episode_id).engine.episode_id
 
     def _open(self, settings: EpisodeSettings, episode_id: str | None, fixed_step: bool = False,
-              implicit: bool = False) -> str:
+              implicit: bool = False) -> _OpenEpisode:
         self._check_open()
         with self._lock:
             if self._episode is not None:
@@ -305,7 +327,7 @@ class Policy:
             self._episode = episode
             self._last_episode_id = eid
             stream.start()
-            return eid
+            return episode
 
     def next_action(self, observation: Observation | Mapping[str, Any], now: float | None = None, *,
                     grid_index: int | None = None) -> Action | None:
@@ -347,19 +369,21 @@ class Policy:
                 raise
             if self._opens_next(ep):
                 self._open(EpisodeSettings(), None, implicit=True)
-            elif ep is not None and ep is not self._idle_raised and self._ended_idle(ep):
+            elif ep is not None and ep is not self._idle_raised and (idle := self._idle_end(ep)) is not None:
                 self._idle_raised = ep       # once: the calls after it hold, until end_episode()
-                raise ep.engine.outcome().error
+                raise idle
             if grid_index is not None and self._episode is not None:
                 self._episode.ledger.warn_overruns = False   # the caller's own grid: it counts its skips
             return self._tick(obs, time.monotonic() if now is None else now, grid_index)
 
     @staticmethod
-    def _ended_idle(ep: _OpenEpisode) -> bool:
-        """True when the worker ended ``ep`` for idleness: its EpisodeStateError, then its EpisodeEnded."""
+    def _idle_end(ep: _OpenEpisode) -> EpisodeStateError | None:
+        """The EpisodeStateError the worker ended ``ep`` with for idleness (then its EpisodeEnded came), else None."""
         out = ep.engine.outcome()
-        return (out is not None and out.reason == 'error' and isinstance(out.error, EpisodeStateError)
-                and ep.stream.ended.is_set())
+        if out is not None and out.reason == 'error' and isinstance(out.error, EpisodeStateError) \
+                and ep.stream.ended.is_set():
+            return out.error
+        return None
 
     def _opens_next(self, ep: _OpenEpisode | None) -> bool:
         """True when next_action() opens an episode: none open, or an implicit one ended by interrupt/idle timeout."""
@@ -368,7 +392,7 @@ class Policy:
         out = ep.engine.outcome()
         if not ep.implicit or out is None:
             return False
-        return out.reason == 'interrupted' or self._ended_idle(ep)
+        return out.reason == 'interrupted' or self._idle_end(ep) is not None
 
     def report_command(self, commanded: Any, clamped: bool = False, *, hold_reason: str = '') -> None:
         """Complete this tick's record with what the robot really commanded for the action next_action returned.
@@ -492,7 +516,8 @@ class Policy:
         self._check_open()
         checks.positive('max_seconds', max_seconds, required=True)
         settings = EpisodeSettings(instruction=instruction, max_seconds=max_seconds, prefetch=prefetch,
-                                   smooth_seam=smooth_seam, expect_action_space=expect_action_space,
+                                   smooth_seam=smooth_seam,
+                                   expect_action_space=check_space('expect_action_space', expect_action_space),
                                    control_period=control_period, chunk_timeout=chunk_timeout, aggregate=aggregate,
                                    temporal_ensemble_coeff=temporal_ensemble_coeff)
         return self._drive(observe, act, settings, pin=True, until=until, on_underrun=on_underrun,
@@ -520,7 +545,8 @@ class Policy:
         """
         self._check_open()
         settings = EpisodeSettings(instruction=instruction or '', max_seconds=max_seconds, max_actions=max_actions,
-                                   prefetch=prefetch, smooth_seam=smooth_seam, expect_action_space=expect_action_space,
+                                   prefetch=prefetch, smooth_seam=smooth_seam,
+                                   expect_action_space=check_space('expect_action_space', expect_action_space),
                                    control_period=control_period, chunk_timeout=chunk_timeout, aggregate=aggregate,
                                    temporal_ensemble_coeff=temporal_ensemble_coeff)
         return self._drive(observe, act, settings, pin=instruction is not None, until=None, on_underrun=on_underrun,

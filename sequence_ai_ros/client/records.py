@@ -86,7 +86,7 @@ class LiveChunk:
     @property
     def length(self) -> int:
         """Rows (T)."""
-        return self.actions.shape[0]
+        return len(self.actions)
 
 
 __all__ = ['CHUNK_TIMEOUT_COVERS', 'CHUNK_TIMEOUT_MIN_S', 'MAX_IN_FLIGHT', 'MIN_LEAD_FRACTION', 'LiveChunk',

@@ -33,16 +33,17 @@ from sequence_ai_ros.protocol.spaces import ActionSpace, position_mask
 
 def interpolate(actions: np.ndarray, p: float) -> np.ndarray:
     """Return float32 (D,): rows linearly interpolated at position ``p`` (chunk steps), held past the end."""
-    last = actions.shape[0] - 1
+    last = len(actions) - 1
     if p <= 0:
-        return actions[0].copy()
+        return np.copy(actions[0])
     if p >= last:
-        return actions[last].copy()
+        return np.copy(actions[last])
     i = int(math.floor(p))
     f = p - i
     if f == 0.0:
-        return actions[i].copy()
-    return ((1.0 - f) * actions[i].astype(np.float64) + f * actions[i + 1].astype(np.float64)).astype(np.float32)
+        return np.copy(actions[i])
+    return np.asarray((1.0 - f) * actions[i].astype(np.float64) + f * actions[i + 1].astype(np.float64),
+                      dtype=np.float32)
 
 
 def integrate(actions: np.ndarray, p: float, s: float) -> np.ndarray:
@@ -74,7 +75,7 @@ def sample(actions: np.ndarray, space: ActionSpace, p: float, s: float, mask: np
     """
     i = int(math.floor(p))
     if p == i and s == 1.0:
-        return actions[i].copy()
+        return np.copy(actions[i])
     mask = position_mask(space, actions.shape[1]) if mask is None else mask
     out = np.empty(actions.shape[1], dtype=np.float32)
     if mask.any():

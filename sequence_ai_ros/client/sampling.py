@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from sequence_ai_ros.protocol.types import Observation
+from sequence_ai_ros.protocol.types import ImageLike, Observation
 
 #: Share of a cell a time may fall short of its cell's start and still count in it. Times on an exact grid
 #: (the node stamps its ticks ``start + k * period``) carry float error of about ulp(t): 1.2e-10 s at a
@@ -92,7 +92,7 @@ class TelemetrySample:
     state: np.ndarray
     action: np.ndarray | None
     hold: bool
-    images: dict = dataclasses.field(default_factory=dict)
+    images: dict[str, ImageLike] = dataclasses.field(default_factory=dict)
     policy_action: np.ndarray | None = None
     clamped: bool = False
     grid_index: int = 0

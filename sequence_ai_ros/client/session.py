@@ -19,6 +19,7 @@ Every unary call
 from __future__ import annotations
 
 import contextlib
+import enum
 import itertools
 import logging
 import os
@@ -26,9 +27,9 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import grpc
 
@@ -48,11 +49,29 @@ from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
 from sequence_ai_ros.protocol.contract import Contract
 from sequence_ai_ros.protocol.messages import observation_request_bytes
-from sequence_ai_ros.protocol.types import Observation
+from sequence_ai_ros.protocol.types import ImageLike, Observation
 
 LOG = logging.getLogger(__name__)
-_CLOSE = object()
-_WAKE = object()   # wakes a call's request iterator (its call was refused: it ends)
+
+
+class _Signal(enum.Enum):
+    """Outbox items that are not messages.
+
+    CLOSE ends a call's request iterator; WAKE wakes it (its call was refused: it ends).
+    """
+
+    CLOSE = 'close'
+    WAKE = 'wake'
+
+
+_Request = TypeVar('_Request')
+_Reply = TypeVar('_Reply')
+#: What an episode's outbox carries besides a :class:`_Signal`: requests, telemetry batches, EpisodeEnd.
+_Outgoing = OutRequest | list[TelemetrySample] | pb.EpisodeEnd
+#: Fits a record's camera frames to the contract (:meth:`.ObservationAdapter.fit_frames`).
+_FitFrames = Callable[[Mapping[str, ImageLike]], Mapping[str, ImageLike]]
+
+
 #: How long (s) an episode a draining replica refused is opened again before Draining reaches the caller.
 DRAIN_RETRY_S = 5.0
 #: Pause before it is opened again (s), times the attempt number (at most 1 s).
@@ -199,8 +218,8 @@ class Connection:
                                                   response_deserializer=pb.EpisodeReply.FromString)
         self.metadata: tuple[tuple[str, str], ...] = ((AUTH_METADATA, f'Bearer {token}'),) if token else ()
 
-    def _unary(self, method: Callable, request: object, timeout: float, wait_for_ready: bool = False,
-               episode_id: str = '', attempts: int = 1) -> object:
+    def _unary(self, method: grpc.UnaryUnaryMultiCallable[_Request, _Reply], request: _Request, timeout: float,
+               wait_for_ready: bool = False, episode_id: str = '', attempts: int = 1) -> _Reply:
         """Call ``method`` within ``timeout`` s in all; retry UNAVAILABLE up to ``attempts`` calls in all.
 
         With ``episode_id``, every attempt carries it as ``x-episode-id``, so a consistent-hash balancer sends
@@ -228,7 +247,12 @@ class Connection:
     def handshake(self, deployment: str, client_id: str, timeout: float) -> pb.Contract:
         """Send the handshake (which starts a cold worker warming) and return its contract message.
 
+        A draining replica refuses it (:class:`~sequence_ai_ros.exceptions.Draining`): it is sent again after
+        a pause, as a refused episode is, so a balancer sends it to another replica, for up to
+        :data:`DRAIN_RETRY_S` within ``timeout``.
+
         :raises ConnectionLost: when the worker is unreachable within ``timeout`` (s).
+        :raises Draining: when every try within that bound was refused by a draining replica.
         :raises UnknownDeployment, ProtocolVersionError, Unauthenticated: as the worker answers.
         """
         from sequence_ai_ros.protocol.contract import PROTOCOL_VERSION
@@ -236,7 +260,19 @@ class Connection:
         self.check_transport()
         req = pb.HandshakeRequest(deployment=deployment, protocol_version=PROTOCOL_VERSION,
                                   token=self.token or '', client_id=client_id)
-        return self._unary(self.stub.Handshake, req, timeout, wait_for_ready=True).contract
+        start = time.monotonic()
+        deadline = start + timeout
+        for attempt in itertools.count(1):
+            try:
+                return self._unary(self.stub.Handshake, req, max(0.001, deadline - time.monotonic()),
+                                   wait_for_ready=True).contract
+            except Draining as refusal:
+                pause = min(DRAIN_RETRY_PAUSE_S * attempt, 1.0)
+                if time.monotonic() + pause > min(deadline, start + DRAIN_RETRY_S):
+                    raise
+                LOG.info('handshake %s: %s; sending it again (attempt %d)', deployment, refusal, attempt + 1)
+                time.sleep(pause)
+        raise AssertionError('unreachable')   # the last attempt returns or raises
 
     def check_transport(self) -> None:
         """Fail fast, naming the TLS problem: a transport mismatch, or a certificate that is refused.
@@ -293,7 +329,7 @@ def _serialize_request(item: bytes | pb.EpisodeRequest) -> bytes:
 
 
 def _pack_telemetry(frames: list[TelemetrySample], contract: Contract,
-                    fit: Callable[[dict], Any] | None = None) -> tuple[pb.Telemetry, list[str]]:
+                    fit: _FitFrames | None = None) -> tuple[pb.Telemetry, list[str]]:
     """Pack telemetry records; images fitted as requests are (``fit``), then JPEG, the contract's cameras first.
 
     Every camera the robot observed goes, not only those the policy uses: a dataset captured for
@@ -315,7 +351,7 @@ def _pack_telemetry(frames: list[TelemetrySample], contract: Contract,
         if f.pieces is not None and f.piece_share is not None:
             frame.pieces.CopyFrom(codec.to_tensor(f.pieces, 'float32'))
             frame.piece_share.extend(float(x) for x in f.piece_share)
-        images = f.images
+        images: Mapping[str, ImageLike] = f.images
         if images and fit is not None:
             try:
                 images = fit(images)
@@ -351,26 +387,30 @@ class EpisodeCall:
                  on_chunk: Callable[[pb.ActionChunk], None], on_error: Callable[[SequenceAIError], None],
                  on_started: Callable[[pb.EpisodeStarted], None], client_id: str = '',
                  fit_images: Callable[[Observation], Observation] | None = None,
-                 fit_frames: Callable[[dict], Any] | None = None) -> None:
+                 fit_frames: _FitFrames | None = None) -> None:
         self._fit = fit_images or (lambda obs: obs)
         self._fit_frames = fit_frames
         self.conn, self.deployment, self.episode_id, self.contract = conn, deployment, episode_id, contract
         self._start = pb.EpisodeStart(episode_id=episode_id, instruction=instruction, client_id=client_id)
         self._on_chunk, self._on_error, self._on_started = on_chunk, on_error, on_started
-        self._outbox: queue.Queue = queue.Queue(maxsize=256)
+        self._outbox: queue.Queue[_Outgoing | _Signal] = queue.Queue(maxsize=256)
         self._stop = threading.Event()
         self._closing = threading.Event()
         self.ended = threading.Event()
         self.captured = False
         self._call_lock = threading.Lock()
-        self._call: grpc.Future | None = None
+        self._call: grpc.Call | None = None
         self.dropped_telemetry = 0
         self.telemetry_rejected = 0     # frames the worker's capture refused (EpisodeEnded)
         self.telemetry_error = ''
+        #: the worker's refusal of the last call while the episode has not started (a draining replica, opened
+        #: again until DRAIN_RETRY_S); None once it started, or when none was refused
+        self.refusal: SequenceAIError | None = None
         tag = episode_id[:24]
         self._reader = threading.Thread(target=self._read_loop, name=f'seq-recv-{tag}', daemon=True)
         self._started = threading.Event()   # EpisodeStarted came: the worker accepted the episode
-        self._unstarted: list[Any] = []      # sent on calls the worker refused before the start: sent again
+        # sent on calls the worker refused before the start: sent again
+        self._unstarted: list[bytes | pb.EpisodeRequest] = []
         self._sent_lock = threading.Lock()
 
     def start(self) -> None:
@@ -407,7 +447,7 @@ class EpisodeCall:
             self.ended.wait(timeout)
         self._stop.set()
         try:
-            self._outbox.put_nowait(_CLOSE)
+            self._outbox.put_nowait(_Signal.CLOSE)
         except queue.Full:
             pass                      # the request iterator also ends on _stop
         with self._call_lock:
@@ -424,7 +464,7 @@ class EpisodeCall:
             self._stop.set()
             self._on_error(error)
 
-    def _pack(self, item: object) -> bytes | pb.EpisodeRequest:
+    def _pack(self, item: _Outgoing) -> bytes | pb.EpisodeRequest:
         if isinstance(item, OutRequest):
             return observation_request_bytes(
                 self._fit(item.obs), self.contract, episode_id=self.episode_id, request_id=item.request_id,
@@ -442,7 +482,7 @@ class EpisodeCall:
             msg.telemetry.CopyFrom(packed)
         return msg
 
-    def _requests(self, refused: threading.Event):  # noqa: ANN202 - consumed by gRPC's request thread
+    def _requests(self, refused: threading.Event) -> Iterator[bytes | pb.EpisodeRequest]:
         """One call's requests: EpisodeStart, what refused calls sent before (again), then the outbox.
 
         Until the worker accepts the episode, what is sent is kept, so that a call opened again after a
@@ -460,9 +500,9 @@ class EpisodeCall:
                 if self._stop.is_set() or refused.is_set():
                     return
                 continue
-            if item is _CLOSE:
+            if item is _Signal.CLOSE:
                 return
-            if item is _WAKE:
+            if item is _Signal.WAKE:
                 if refused.is_set():
                     return
                 continue
@@ -492,6 +532,7 @@ class EpisodeCall:
             refusal = self._one_call()
             if refusal is None:
                 return
+            self.refusal = refusal
             pause = min(DRAIN_RETRY_PAUSE_S * attempt, 1.0)
             if (not isinstance(refusal, Draining) or time.monotonic() + pause > deadline
                     or self._stop.wait(pause)):
@@ -507,9 +548,9 @@ class EpisodeCall:
         with self._call_lock:
             if self._stop.is_set():
                 return None
-            self._call = self.conn.episode_stream(self._requests(refused), metadata=md)
+            call = self._call = self.conn.episode_stream(self._requests(refused), metadata=md)
         try:
-            for reply in self._call:
+            for reply in call:
                 kind = reply.WhichOneof('kind')
                 if kind == 'chunk':
                     self._on_chunk(reply.chunk)
@@ -517,6 +558,7 @@ class EpisodeCall:
                     with self._sent_lock:
                         self._started.set()
                         self._unstarted.clear()
+                    self.refusal = None
                     self._on_started(reply.started)
                 elif kind == 'error':
                     error = errors.from_error(reply.error)
@@ -524,7 +566,7 @@ class EpisodeCall:
                         refusal = error
                         refused.set()
                         with contextlib.suppress(queue.Full):
-                            self._outbox.put_nowait(_WAKE)
+                            self._outbox.put_nowait(_Signal.WAKE)
                     else:
                         self._fail(error)
                 elif kind == 'ended':

@@ -27,7 +27,7 @@ def check_positive(name: str, value: object, *, required: bool = False) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f'{name} must be a number, got {type(value).__name__} {value!r}')
-    if not (value > 0 and value != float('inf')):     # NaN fails the first test
+    if value != value or value <= 0 or value == float('inf'):     # value != value: NaN
         raise ValueError(f'{name} must be a positive finite number, got {value!r}')
 
 
@@ -78,7 +78,12 @@ def _rows(name: str, value: Any) -> int:
     return int(value)
 
 
-def _space(name: str, value: Any) -> ActionSpace | None:
+def check_space(name: str, value: object) -> ActionSpace | None:
+    """Return an optional action space as an :class:`ActionSpace`: None, an ActionSpace, or its name.
+
+    :raises TypeError: for anything else.
+    :raises ValueError: for an unknown name (the message starts with ``name``).
+    """
     if value is None or isinstance(value, ActionSpace):
         return value
     if not isinstance(value, str):
@@ -97,7 +102,7 @@ def _aggregate(name: str, value: Any) -> str | None:
     if value not in AGGREGATES:
         raise ValueError(f'{name} must be one of {", ".join(AGGREGATES)} (or None: as the contract declares), '
                          f'got {value!r}')
-    return value
+    return str(value)
 
 
 def _coeff(name: str, value: Any) -> float | None:
@@ -114,7 +119,7 @@ def _coeff(name: str, value: Any) -> float | None:
 #: ``(option name, value)`` and returns the value normalised, or raises TypeError/ValueError naming the option.
 CHECKS: dict[str, Callable[[str, Any], Any]] = {
     'text': _text, 'limit': _limit, 'steps': _steps, 'period': _period, 'flag': _flag, 'rows': _rows,
-    'space': _space, 'aggregate': _aggregate, 'coeff': _coeff,
+    'space': check_space, 'aggregate': _aggregate, 'coeff': _coeff,
 }
 
 
@@ -172,4 +177,4 @@ class EpisodeSettings:
             object.__setattr__(self, field.name, check(field.name, getattr(self, field.name)))
 
 
-__all__ = ['CHECKS', 'MAX_CONTROL_PERIOD_S', 'MIN_CONTROL_PERIOD_S', 'EpisodeSettings', 'check_positive']
+__all__ = ['CHECKS', 'MAX_CONTROL_PERIOD_S', 'MIN_CONTROL_PERIOD_S', 'EpisodeSettings', 'check_positive', 'check_space']

@@ -218,5 +218,5 @@ class StepLedger:
             self._on_target(self._target)     # the robot changed the target (a clamp): integrate onto its own
         if not step.clamped and step.policy_action is not None and step.hold_reason == '' \
                 and np.array_equal(command, (before + step.policy_action).astype(np.float32)):
-            return step.policy_action.copy()      # unchanged: the policy's own increment, bit for bit
-        return (command - before).astype(np.float32)
+            return np.copy(step.policy_action)      # unchanged: the policy's own increment, bit for bit
+        return np.asarray(command - before, dtype=np.float32)

@@ -59,10 +59,10 @@ def plan(chosen: list[CapturedEpisode], fps: float | None, images: bool | None) 
     :param images: True/False, or None for "whenever the episodes were captured with frames".
     :raises ExportError: when no episode carries a contract.
     """
-    ref = next((e for e in chosen if e.contract is not None), None)
-    if ref is None:
+    found = next(((e, e.contract) for e in chosen if e.contract is not None), None)
+    if found is None:
         raise ExportError('the captured episodes carry no contract; cannot name the state and action features')
-    contract = ref.contract
+    ref, contract = found
     skipped: list[tuple[str, str]] = []
     keep = []
     for e in chosen:

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from sequence_ai_ros.capture.episode import contract_to_json
-from sequence_ai_ros.capture.records import CHUNK, ERROR, REQUEST, TELEMETRY
 from sequence_ai_ros.capture.store import CaptureStore
 from sequence_ai_ros.datasets.export_common import check_out, finish, select, staging_dir
 from sequence_ai_ros.exceptions import CaptureError, ContractViolation
@@ -38,13 +37,13 @@ from sequence_ai_ros.protocol.limits import json_safe
 from sequence_ai_ros.protocol.spaces import ActionSpace
 
 
-def _tensor(t: pb.Tensor) -> list | None:
+def _tensor(t: pb.Tensor) -> list[Any] | dict[str, str] | None:
     if not t.dtype:
         return None
     try:
         return codec.from_tensor(t).tolist()
     except ContractViolation as exc:
-        return {'invalid': str(exc)}  # type: ignore[return-value]
+        return {'invalid': str(exc)}
 
 
 def _images(images: Any, keep: bool) -> list[dict[str, Any]]:
@@ -111,18 +110,18 @@ def export_jsonl(store: CaptureStore, out: str | Path, *, since: float | None = 
                 frame_index = 0
                 for rec in records:
                     msg = rec.message
-                    if rec.kind == REQUEST:
+                    if isinstance(msg, pb.ObservationRequest):
                         if pending is not None:
                             _write(freq, pending)
                         pending = _request_row(ep.episode_id, rec.wall_time, msg, images)
                         counts['requests'] += 1
-                    elif rec.kind == CHUNK and pending is not None:
+                    elif isinstance(msg, pb.ActionChunk) and pending is not None:
                         pending['chunk'] = _chunk(msg)
                         pending['timings'] = {'queue_wait_ms': msg.timings.queue_wait_ms,
                                               'inference_ms': msg.timings.inference_ms}
-                    elif rec.kind == ERROR and pending is not None:
+                    elif isinstance(msg, pb.Error) and pending is not None:
                         pending['error'] = {'code': pb.ErrorCode.Name(msg.code), 'message': msg.message}
-                    elif rec.kind == TELEMETRY:
+                    elif isinstance(msg, pb.TelemetryFrame):
                         _write(ftel, {'episode_id': ep.episode_id, 'frame_index': frame_index,
                                       'robot_time_s': msg.robot_time_s, 'state': _tensor(msg.state),
                                       'action': _tensor(msg.action) if msg.HasField('action') else None,

@@ -59,7 +59,7 @@ import numpy as np
 
 from sequence_ai_ros.capture.episode import RECORDS_FILE, CapturedEpisode
 from sequence_ai_ros.capture.frame_check import FrameChecker
-from sequence_ai_ros.capture.records import TELEMETRY, read_records
+from sequence_ai_ros.capture.records import read_records
 from sequence_ai_ros.exceptions import ContractViolation
 from sequence_ai_ros.protocol import codec
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
@@ -119,7 +119,7 @@ class _Record:
 
 def _frames(episode: CapturedEpisode) -> Iterator[pb.TelemetryFrame]:
     for rec in read_records(episode.path / RECORDS_FILE):
-        if rec.kind == TELEMETRY:
+        if isinstance(rec.message, pb.TelemetryFrame):
             yield rec.message
 
 
@@ -339,7 +339,7 @@ def _reduce(records: list[_Record], first: int, space: ActionSpace, action_dim: 
                     continue
                 w = overlap if velocity else overlap / (r.b - r.a)
             clamped_any |= r.clamped
-            if r.fresh:
+            if r.fresh and r.cmd is not None:      # fresh: a command that was not a hold
                 fresh_any = True
                 action += w * r.cmd
             if r.pol is not None and (r.fresh or r.cmd is None):   # a dry or refused tick keeps the policy's

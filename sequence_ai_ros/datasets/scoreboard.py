@@ -23,10 +23,11 @@ from typing import Any
 import numpy as np
 
 from sequence_ai_ros.capture.episode import RECORDS_FILE
-from sequence_ai_ros.capture.records import CHUNK, REQUEST, TELEMETRY, read_records
+from sequence_ai_ros.capture.records import read_records
 from sequence_ai_ros.capture.store import CaptureStore
 from sequence_ai_ros.exceptions import ContractViolation, ExportError, MissingDependency
 from sequence_ai_ros.protocol import codec
+from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 
 
 def _pyplot() -> Any:
@@ -113,13 +114,13 @@ def plot_episode(store: CaptureStore, episode_id: str, out: Path, max_dims: int 
     for rec in read_records(e.path / RECORDS_FILE):
         msg = rec.message
         try:
-            if rec.kind == TELEMETRY:
+            if isinstance(msg, pb.TelemetryFrame):
                 state = codec.from_tensor(msg.state, what='state') if msg.HasField('state') else None
                 cmd = codec.from_tensor(msg.action, what='action') if msg.HasField('action') else None
                 ticks.append((msg.robot_time_s, state, cmd, bool(msg.hold), bool(msg.clamped)))
-            elif rec.kind == REQUEST:
+            elif isinstance(msg, pb.ObservationRequest):
                 pending_t = msg.robot_time_s
-            elif rec.kind == CHUNK and msg.HasField('actions'):
+            elif isinstance(msg, pb.ActionChunk) and msg.HasField('actions'):
                 chunks.append((pending_t, msg.dt or (contract.dt if contract else 0.1),
                                codec.from_tensor(msg.actions, what='actions')))
         except ContractViolation:

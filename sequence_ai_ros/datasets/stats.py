@@ -129,10 +129,15 @@ class ImageStats:
         self.frames += 1
 
     def result(self) -> dict[str, np.ndarray]:
-        """Return min, max, mean, std, q01..q99 divided by 255, shaped (C, 1, 1), and ``count`` = [frames]."""
+        """Return min, max, mean, std, q01..q99 divided by 255, shaped (C, 1, 1), and ``count`` = [frames].
+
+        :raises ValueError: before any frame was added.
+        """
         counts = self._counts
+        if counts is None:
+            raise ValueError('image stats of no frame')
         values = np.arange(256, dtype=np.float64)
-        out: dict[str, list] = {}
+        out: dict[str, list[float]] = {}
         for c in range(counts.shape[0]):
             n = counts[c].sum()
             present = np.flatnonzero(counts[c])

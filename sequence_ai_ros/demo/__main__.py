@@ -28,9 +28,10 @@ def main(argv: list[str] | None = None) -> int:
     # kill, timeout and a CI cancel send SIGTERM/SIGHUP: unwind as for Ctrl-C, so every child is stopped
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, stop)
-    dataset: Path | None = args.dataset
-    if not (dataset / 'meta' / 'info.json').exists():
-        print(f'No LeRobot v2.1 dataset at {dataset}. Point the demo at one with\n'
+    given: Path = args.dataset
+    dataset: Path | None = given
+    if not (given / 'meta' / 'info.json').exists():
+        print(f'No LeRobot v2.1 dataset at {given}. Point the demo at one with\n'
               '    make demo DATASET=/path/to/lerobot_v2.1_dataset\n'
               'Running the full loop now on the `hold` template with a synthetic robot instead.', flush=True)
         dataset = None

@@ -117,7 +117,7 @@ def run(args: DemoArgs) -> dict:
         print(f'[{time.monotonic() - t_start:6.1f}s] {name}', flush=True)
 
     try:
-        if synthetic:
+        if args.dataset is None:     # synthetic
             step('no dataset: deploying the hold template with a synthetic robot')
             policy_dir = out / 'hold_g1'
             if not (policy_dir / 'policy.py').exists():
@@ -337,7 +337,8 @@ def explain_clamps(per_joint: dict[str, dict[str, int]], excess: dict[str, dict[
     """
     if not per_joint:
         return ''
-    own, policy = [], []
+    own: list[str] = []
+    policy: list[str] = []
     for joint, counts in sorted(per_joint.items()):
         rec = (excess or {}).get(joint, {})
         for kind in ('limit', 'step'):

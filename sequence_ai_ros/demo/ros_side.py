@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import rclpy
@@ -19,6 +20,9 @@ from rclpy.qos import QoSProfile, ReliabilityPolicy
 from sequence_ai_msgs.action import Act
 from sequence_ai_msgs.srv import Label
 from std_msgs.msg import Float64MultiArray
+
+if TYPE_CHECKING:
+    from rclpy.client import Client
 
 
 @dataclass
@@ -60,11 +64,12 @@ class Operator:
         self.control_worst: tuple[int, str] = (0, '')          # worst /diagnostics control level seen, its message
         self.control_values: dict[str, str] = {}               # the latest control status's values
         self.node.create_subscription(DiagnosticArray, '/diagnostics', self._on_diagnostics, 10)
-        self.act = ActionClient(self.node, Act, f'{base}/act')
-        self.label_client = self.node.create_client(Label, f'{base}/label')
+        # the message types are untyped (rosidl writes no stubs), so are the clients' type parameters
+        self.act: ActionClient[Any, Any, Any] = ActionClient(self.node, Act, f'{base}/act')
+        self.label_client: Client[Any, Any] = self.node.create_client(Label, f'{base}/label')
         from lifecycle_msgs.srv import GetState
 
-        self.get_state = self.node.create_client(GetState, f'{base}/get_state')
+        self.get_state: Client[Any, Any] = self.node.create_client(GetState, f'{base}/get_state')
         self.executor = SingleThreadedExecutor(context=context)
         self.executor.add_node(self.node)
         self._thread = threading.Thread(target=self._spin, name='demo-operator', daemon=True)
@@ -80,7 +85,7 @@ class Operator:
             self.commands.times.append(time.monotonic())
             self.commands.values.append(list(msg.data))
 
-    def _on_diagnostics(self, msg: object) -> None:
+    def _on_diagnostics(self, msg: Any) -> None:     # a diagnostic_msgs DiagnosticArray
         for status in msg.status:
             if status.name == self._control_name:
                 level = int.from_bytes(status.level, 'little') if isinstance(status.level, bytes) else int(status.level)
@@ -90,7 +95,7 @@ class Operator:
                         self.control_worst = (level, status.message)
 
     @staticmethod
-    def _wait(future: rclpy.task.Future, timeout: float, what: str) -> object:
+    def _wait(future: rclpy.task.Future, timeout: float, what: str) -> Any:    # an untyped ROS message
         deadline = time.monotonic() + timeout
         while not future.done():
             if time.monotonic() > deadline:

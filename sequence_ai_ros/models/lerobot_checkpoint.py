@@ -375,35 +375,35 @@ def plan(cfg: dict[str, Any], *, rename_map: dict[str, str] | None = None,
     cameras: dict[str, str] = {}
     padded: list[str] = []
     for key in ckpt_cams:
-        src = fed_by(key)
-        if key in own_pads or key in wanted_pad or src is None:
+        cam = fed_by(key)
+        if key in own_pads or key in wanted_pad or cam is None:
             padded.append(key)
             continue
-        cameras[camera_name(src)] = key
+        cameras[camera_name(cam)] = key
     _padding(kind, cfg, padded, list(cameras.values()))
     sizes = {k: (int(inputs[k]['shape'][-1]), int(inputs[k]['shape'][-2])) for k in ckpt_cams}
     # state features
     robot: dict[str, tuple[str, ...] | None] = {STATE_KEY: _names_of(state_names, 'state_names')
                                                 if state_names else None}
-    for key, names in (features or {}).items():
-        robot[key] = _names_of(names, f'features[{key!r}]')
+    for key, given in (features or {}).items():
+        robot[key] = _names_of(given, f'features[{key!r}]')
     state: dict[str, tuple[str, ...]] = {}
     used = set()
     for key, feat in inputs.items():
         if feat.get('type') == 'VISUAL':
             continue
-        src = fed_by(key)
-        if src is None or src not in robot:
+        feeder = fed_by(key)
+        if feeder is None or feeder not in robot:
             raise _refuse(kind, f'it is conditioned on {key}, which the robot does not send: '
-                                + _unsent_hint(key, src, rename, _dim(feat)))
-        names = robot[src]
+                                + _unsent_hint(key, feeder, rename, _dim(feat)))
+        names = robot[feeder]
         if names is None:
             names = tuple(f'state_{i}' for i in range(_dim(feat)))
         if len(names) != _dim(feat):
             raise ConfigError(f'the checkpoint\'s {key} has {_dim(feat)} dimensions; config.yaml names '
-                              f'{len(names)} joints for {src}')
+                              f'{len(names)} joints for {feeder}')
         state[key] = names
-        used.add(src)
+        used.add(feeder)
     idle = sorted(k for k, v in robot.items() if k not in used and (v is not None))
     if idle:
         named = ['state_names (the robot\'s observation.state)' if k == STATE_KEY else f'features[{k!r}]'

@@ -35,7 +35,7 @@ import importlib.util
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,7 @@ from sequence_ai_ros.models.lerobot_checkpoint import (
     read_config,
     resolve,
 )
+from sequence_ai_ros.protocol.types import ImageLike
 
 __all__ = ['IMAGE_PREFIX', 'STATE_KEY', 'LeRobotRunner', 'Raw', 'contract_for', 'missing', 'read_config', 'require',
            'resolve']
@@ -66,8 +67,9 @@ OFFLINE = {'HF_HUB_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1', 'TRANSFORMERS_OFFL
 LEROBOT_HINT = 'pip install -r requirements-lerobot.txt (LeRobot 0.6.x, Python >= 3.12)'
 #: RTC's leftover in robot units (a relative-action policy re-anchors it on the new state after preprocessing)
 LEFT_OVER_ABSOLUTE = 'prev_chunk_left_over_absolute'
-#: how close the robot's chunk_tail must be to the served rows (robot units) for RTC to guide from them
-TAIL_TOLERANCE = {'rtol': 1e-4, 'atol': 1e-4}
+#: how close the robot's chunk_tail must be to the served rows (robot units) for RTC to guide from them:
+#: np.allclose's rtol and atol both
+TAIL_TOLERANCE = 1e-4
 log = logging.getLogger(__name__)
 
 
@@ -140,7 +142,7 @@ def use_hub_cache(hub_cache: Path) -> None:
     os.environ['HF_HUB_CACHE'] = str(hub_cache)
     constants = sys.modules.get('huggingface_hub.constants')
     if constants is not None:
-        constants.HF_HUB_CACHE = str(hub_cache)
+        vars(constants)['HF_HUB_CACHE'] = str(hub_cache)     # the module's own global, as it set it
 
 
 def default_hub_cache() -> Path:
@@ -267,11 +269,12 @@ class LeRobotRunner:
             self.relative.action_names = getattr(policy.config, 'action_feature_names', None) or self.action_names
         self.policy, self.torch = policy, torch
 
-    def frames_batch(self, frames: Sequence[tuple[np.ndarray, dict[str, np.ndarray]]], task: str) -> dict[str, Any]:
+    def frames_batch(self, frames: Sequence[tuple[np.ndarray, Mapping[str, ImageLike]]], task: str) -> dict[str, Any]:
         """Return one episode's raw batch (before the preprocessor), leading batch axis 1.
 
         :param frames: (state float32 (D,), images per robot camera uint8 (H, W, 3)) oldest first; one frame,
-            or exactly the plan's history N (diffusion's n_obs_steps).
+            or exactly the plan's history N (diffusion's n_obs_steps). Images are arrays, as the worker
+            decodes them before a policy sees them (an observation's type also admits encoded bytes).
         :returns: each state feature of the plan (``observation.state``, ``observation.environment_state``...:
             its joints of the state vector) (1, D) or (1, N, D); each checkpoint camera fed by a robot camera
             (1, 3, H, W) or (1, N, 3, H, W) float32 in [0, 1] (padded ones are left out: the model pads them,
@@ -303,13 +306,17 @@ class LeRobotRunner:
 
         :returns: float32 (1, horizon, D) for diffusion; (1, chunk_size, max_action_dim) for the
             flow-matching policies (SmolVLA, pi0, pi0.5 sample their noise at that padded size).
+        :raises PolicyException: for a checkpoint without config.json (no shape to draw).
         """
+        plan = self.plan
+        if plan is None:
+            raise PolicyException(f'{self.checkpoint}: no config.json, so no noise shape')
         torch = self.torch
         gen = torch.Generator().manual_seed(int(seed))
-        shape = (1, self.plan.horizon, self.plan.action_dim)
-        if self.plan.policy_type in FLOW_MATCHING:
-            shape = (1, int(self.cfg.get('chunk_size') or self.plan.horizon),
-                     int(self.cfg.get('max_action_dim') or self.plan.action_dim))
+        shape = (1, plan.horizon, plan.action_dim)
+        if plan.policy_type in FLOW_MATCHING:
+            shape = (1, int(self.cfg.get('chunk_size') or plan.horizon),
+                     int(self.cfg.get('max_action_dim') or plan.action_dim))
         return torch.randn(shape, generator=gen, dtype=torch.float32).to(self.device)
 
     def forward(self, batch: dict[str, Any], **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -419,7 +426,8 @@ class LeRobotRunner:
         start = previous.served - int(rows)
         if not isinstance(tail, (int, np.integer)) and previous.actions is not None:
             stored = previous.actions[start:previous.served]
-            if stored.shape != np.shape(tail) or not np.allclose(stored, tail, **TAIL_TOLERANCE):
+            if stored.shape != np.shape(tail) or not np.allclose(stored, tail, rtol=TAIL_TOLERANCE,
+                                                                  atol=TAIL_TOLERANCE):
                 if not self._mismatch_logged:
                     self._mismatch_logged = True
                     gap = (float(np.abs(stored - tail).max()) if stored.shape == np.shape(tail) else float('nan'))
@@ -435,7 +443,7 @@ class LeRobotRunner:
                 np.ascontiguousarray(previous.model[start:previous.served]))[None].to(self.device)
         return kwargs
 
-    def chunk(self, state: np.ndarray, images: dict[str, np.ndarray], task: str, steps: int) -> np.ndarray:
+    def chunk(self, state: np.ndarray, images: Mapping[str, ImageLike], task: str, steps: int) -> np.ndarray:
         """Return float32 (steps, D): the first ``steps`` actions of the policy's chunk for one frame."""
         _, actions = self.forward(self.frames_batch([(state, images)], task))
         return actions.reshape(-1, actions.shape[-1])[:steps].astype(np.float32)

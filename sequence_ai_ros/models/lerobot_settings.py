@@ -37,9 +37,10 @@ def _text(v: Any) -> Any:
 
 
 def _int(v: Any, low: int, high: int | None = None) -> Any:
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < low or (high is not None and v > high):
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
         return _BAD
-    return int(v)
+    n = int(v)
+    return _BAD if n < low or (high is not None and n > high) else n
 
 
 def _optional_int(low: int, high: int | None = None) -> Callable[[Any], Any]:
@@ -47,7 +48,7 @@ def _optional_int(low: int, high: int | None = None) -> Callable[[Any], Any]:
 
 
 def _positive(v: Any) -> Any:
-    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or not v > 0:
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or not float(v) > 0:
         return _BAD
     return float(v)
 

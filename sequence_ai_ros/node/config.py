@@ -59,7 +59,8 @@ def _check(obj: Any, prefix: str, group: str | None = None) -> None:
     :param group: the schema's prefix when it differs from ``prefix`` (a mapped group); default ``prefix``.
     :raises ConfigError: ``parameter <prefix><field>: <why>`` for the first field that fails.
     """
-    for field in schema_fields(type(obj), prefix if group is None else group):
+    cls: type = type(obj)     # a type is hashable (functools.cache's key); type(Any) does not say so
+    for field in schema_fields(cls, prefix if group is None else group):
         object.__setattr__(obj, field, SCHEMA.check(prefix + field, getattr(obj, field)))
 
 

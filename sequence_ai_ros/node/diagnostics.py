@@ -129,7 +129,8 @@ class Health:
 
     def control(self, jitter_p99_ms: float, window: Mapping[str, float]) -> tuple[int, list[str]]:
         """Level and reasons of the control status: tick jitter, skipped ticks, clamp share."""
-        c, reasons = self.cfg, []
+        c = self.cfg
+        reasons: list[str] = []
         levels = [self._grade(jitter_p99_ms, c.jitter_warn_ms, c.jitter_error_ms,
                               f'tick jitter p99 {jitter_p99_ms:.1f} ms', reasons)]
         skipped = window.get('ticks_skipped', 0)

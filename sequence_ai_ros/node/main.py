@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import rclpy
 from rclpy.exceptions import ParameterException
@@ -28,6 +28,9 @@ from rclpy.lifecycle import TransitionCallbackReturn
 
 from sequence_ai_ros.exceptions import ConfigError
 from sequence_ai_ros.stop_signals import on_stop_signals
+
+if TYPE_CHECKING:
+    from sequence_ai_ros.node.policy_node import PolicyNode
 
 #: GIL switch interval (s) while the node runs: a thread waiting for the GIL waits at most this long,
 #: which bounds the control thread's delay behind Python work in callbacks (CPython's default is 5 ms).
@@ -40,17 +43,18 @@ SERVICE_THREADS = 3
 
 
 def _init(args: Sequence[str] | None) -> rclpy.context.Context:
+    argv = None if args is None else list(args)
     context = rclpy.context.Context()
     try:
         from rclpy.signals import SignalHandlerOptions
 
-        rclpy.init(args=args, context=context, signal_handler_options=SignalHandlerOptions.NO)
+        rclpy.init(args=argv, context=context, signal_handler_options=SignalHandlerOptions.NO)
     except (ImportError, TypeError):  # older rclpy: its own handlers shut the context down on SIGINT
-        rclpy.init(args=args, context=context)
+        rclpy.init(args=argv, context=context)
     return context
 
 
-def autostart(node: object, stop: threading.Event) -> bool:
+def autostart(node: PolicyNode, stop: threading.Event) -> bool:
     """Configure (retrying every :data:`AUTOSTART_RETRY_S` s until ``stop``) and activate ``node``.
 
     :returns: True once the node is active.

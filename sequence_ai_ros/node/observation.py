@@ -287,7 +287,7 @@ class ObservationAssembler:
                 problems.append(f'{source} ({key}): {_stale(age, max_age)}')
             else:
                 images[key] = sample.value
-        if problems:
+        if problems or state is None:     # no state: a problem says why
             return Snapshot(None, problems, ages, state)
         obs = Observation(state=state, state_names=self.mapper.names, images=images, instruction=instruction,
                           timestamp=now)

@@ -221,8 +221,10 @@ class PolicyNode(LifecycleNode):
                                    f'(timeout {cfg.connect_timeout_s:g} s)')
         error = self.runner.connect_now()
         if not error:
+            contract = self.runner.contract
+            assert contract is not None     # connect_now() answers '' once connected, contract in hand
             try:
-                self.runner.validate(self.runner.contract)
+                self.runner.validate(contract)
             except SequenceAIError as exc:
                 error = f'the policy does not fit this node: {exc}'
                 self._replace_runner()
@@ -482,7 +484,7 @@ class PolicyNode(LifecycleNode):
             return
         ep = runner.episode
         stopped = ep is None or ep.stopped or ep.done.is_set()
-        invalid = not stopped and ep.stale_since is not None
+        invalid = ep is not None and not stopped and ep.stale_since is not None
         if values is None and runner.last_command is not None:
             # on_underrun 'stop' publishes no per-tick hold, but a stop must still replace the trajectory
             values = self.commands.hold_values(runner.last_command)

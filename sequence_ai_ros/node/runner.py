@@ -266,7 +266,9 @@ class Runner:
         try:
             connect = self._connect
             if connect is None:
-                from sequence_ai_ros.client import connect
+                from sequence_ai_ros.client import connect as client_connect
+
+                connect = client_connect
             policy = connect(cfg.model, endpoint=cfg.endpoint, token=cfg.token or None,
                              timeout=cfg.connect_timeout_s)
             contract = policy.contract
@@ -307,16 +309,17 @@ class Runner:
             note = f'not captured: {outcome.capture_error}'
             ep.message = f'{ep.message}; {note}' if ep.message else note
             self._log('warning', f'episode {ep.id} {note}')
-        self.last_result = EpisodeReport(
-            ep.id, final, ep.message, *(() if outcome is None else (
-                outcome.actions, outcome.chunks, outcome.underruns, outcome.underrun_s, outcome.max_seam_jump,
-                until - ep.started, outcome.latency_p50_ms, outcome.latency_p95_ms)), commands_sent=ep.sent,
-            ticks_held=ep.held, ticks_skipped=ep.skipped,
-            dropped_telemetry=outcome.dropped_telemetry if outcome is not None else 0,
-            telemetry_rejected=outcome.telemetry_rejected if outcome is not None else 0,
-            telemetry_error=outcome.telemetry_error if outcome is not None else '',
-            max_seam_gap=outcome.max_seam_gap if outcome is not None else 0.0,
-            peak_in_flight=outcome.peak_in_flight if outcome is not None else 0)
+        report = EpisodeReport(ep.id, final, ep.message, commands_sent=ep.sent, ticks_held=ep.held,
+                               ticks_skipped=ep.skipped)
+        if outcome is not None:
+            report = dataclasses.replace(
+                report, actions=outcome.actions, chunks=outcome.chunks, underruns=outcome.underruns,
+                underrun_s=outcome.underrun_s, max_seam_jump=outcome.max_seam_jump, elapsed_s=until - ep.started,
+                latency_p50_ms=outcome.latency_p50_ms, latency_p95_ms=outcome.latency_p95_ms,
+                dropped_telemetry=outcome.dropped_telemetry, telemetry_rejected=outcome.telemetry_rejected,
+                telemetry_error=outcome.telemetry_error, max_seam_gap=outcome.max_seam_gap,
+                peak_in_flight=outcome.peak_in_flight)
+        self.last_result = report
         self._log('info', episode_line(self.last_result, outcome))
         if self.last_result.telemetry_rejected:
             self.telemetry_rejected += self.last_result.telemetry_rejected
@@ -361,13 +364,15 @@ class Runner:
         if not self.accepting:
             raise NotReady('the node is not active (lifecycle): activate it first (autostart:=true, or '
                            '`ros2 lifecycle set <node> activate`)')
-        if settings.max_seconds is None:
+        max_seconds = settings.max_seconds
+        if max_seconds is None:
             raise ConfigError('max_seconds is required and must be > 0')
         goal_at = time.monotonic()
         with self._lock:
             running = self.episode
             if self._starting or (running is not None and not running.done.is_set()):
-                busy = 'an episode is starting' if self._starting else f'episode {running.id} is running'
+                busy = ('an episode is starting' if self._starting or running is None
+                        else f'episode {running.id} is running')
                 raise EpisodeStateError(f'{busy}; one episode at a time per node')
             policy, contract = self.policy, self.contract
             if policy is None or contract is None:
@@ -384,7 +389,7 @@ class Runner:
             with self._lock:
                 self._starting = False
         started = time.monotonic()
-        ep = EpisodeRun(str(eid), settings.instruction, settings.max_seconds, started, goal_at=goal_at,
+        ep = EpisodeRun(str(eid), settings.instruction, max_seconds, started, goal_at=goal_at,
                         last_tick=started, accounted_until=started, grid=self.grid)
         if ep.grid is not None:
             ep.first_index = ep.accounted_index = ep.grid.index_at(started)

@@ -23,8 +23,14 @@ DEFAULT_PORT = 50551
 EPISODE_ID_METADATA = 'x-episode-id'
 DEPLOYMENT_METADATA = 'x-deployment'
 AUTH_METADATA = 'authorization'
+#: Trailing metadata of a call the worker refused (a draining replica's Handshake): ``Error.refusal``'s value.
+REFUSAL_METADATA = 'x-refusal'
+#: A stopping replica's refusal (``Error.refusal``, the Handshake's :data:`REFUSAL_METADATA`) and its
+#: ``ReadyReply.state``.
+DRAINING = 'draining'
 
 __all__ = [
     'PROTOCOL_VERSION', 'DEFAULT_PORT', 'EPISODE_ID_METADATA', 'DEPLOYMENT_METADATA', 'AUTH_METADATA',
+    'REFUSAL_METADATA', 'DRAINING',
     'ActionSpace', 'Action', 'CameraSpec', 'Contract', 'Observation', 'ObservationContract',
 ]

@@ -11,6 +11,7 @@ import io
 import math
 
 import numpy as np
+import numpy.typing as npt
 
 from sequence_ai_ros.exceptions import ContractViolation
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
@@ -33,7 +34,7 @@ def _clip(text: object, limit: int = 100) -> str:
     return text if len(text) <= limit else f'{text[:limit]}...(+{len(text) - limit} chars)'
 
 
-def to_tensor(array: np.ndarray | list | tuple, dtype: str | None = None, out: pb.Tensor | None = None) -> pb.Tensor:
+def to_tensor(array: npt.ArrayLike, dtype: str | None = None, out: pb.Tensor | None = None) -> pb.Tensor:
     """Pack an array into a ``Tensor``.
 
     :param array: any array-like; converted to ``dtype`` when given.
@@ -129,7 +130,7 @@ def image_payload(key: str, image: np.ndarray | bytes, encoding: str = 'jpeg',
         raise ContractViolation(f'image {key!r}: shape {arr.shape} is empty; width and height must be >= 1')
     height, width, channels = arr.shape
     if encoding == 'raw':
-        view = memoryview(np.ascontiguousarray(arr)).cast('B')
+        view = np.ascontiguousarray(arr).data.cast('B')
         return encoding, width, height, channels, view.toreadonly()
     if encoding in ('jpeg', 'png'):
         from PIL import Image as PILImage

@@ -54,7 +54,7 @@ def _names(value: object, what: str) -> tuple[str, ...]:
     if isinstance(value, (str, bytes)):
         raise ContractViolation(f'{what} must be a list of names, not the single string {clip(value, 40)!r}')
     try:
-        return tuple(value)  # type: ignore[arg-type]
+        return tuple(value)  # type: ignore[arg-type]  # any object: one that is not iterable raises TypeError
     except TypeError:
         raise ContractViolation(f'{what} must be a list of names, got {type(value).__name__}') from None
 
@@ -100,10 +100,11 @@ class ObservationContract:
         padded camera that is empty, repeated or also demanded.
     """
 
-    cameras: tuple[CameraSpec, ...] = ()
-    state_names: tuple[str, ...] = ()
+    # sequences as given (a list, a tuple...); __post_init__ keeps them as tuples
+    cameras: Sequence[CameraSpec] = ()
+    state_names: Sequence[str] = ()
     history: int = 1
-    padded_cameras: tuple[str, ...] = ()
+    padded_cameras: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, 'cameras', tuple(self.cameras))
@@ -158,7 +159,7 @@ class Contract:
     """
 
     action_space: ActionSpace
-    action_names: tuple[str, ...]
+    action_names: Sequence[str]          # as given; __post_init__ keeps a tuple
     dt: float
     chunk_length: int
     observation: ObservationContract = dataclasses.field(default_factory=ObservationContract)

@@ -9,9 +9,10 @@ from __future__ import annotations
 import grpc
 
 from sequence_ai_ros import exceptions as exc
+from sequence_ai_ros.protocol import DRAINING, REFUSAL_METADATA
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 
-_TABLE: tuple[tuple[int, type[exc.SequenceAIError], grpc.StatusCode], ...] = (
+_TABLE: tuple[tuple[pb.ErrorCode, type[exc.SequenceAIError], grpc.StatusCode], ...] = (
     (pb.UNKNOWN_DEPLOYMENT, exc.UnknownDeployment, grpc.StatusCode.NOT_FOUND),
     (pb.PROTOCOL_VERSION, exc.ProtocolVersionError, grpc.StatusCode.FAILED_PRECONDITION),
     (pb.CONTRACT_VIOLATION, exc.ContractViolation, grpc.StatusCode.INVALID_ARGUMENT),
@@ -23,7 +24,7 @@ _TABLE: tuple[tuple[int, type[exc.SequenceAIError], grpc.StatusCode], ...] = (
 )
 
 
-def code_for(error: BaseException) -> int:
+def code_for(error: BaseException) -> pb.ErrorCode:
     """Return the ``ErrorCode`` for an exception (POLICY_EXCEPTION for anything unknown)."""
     for code, cls, _ in _TABLE:
         if type(error) is cls:
@@ -52,14 +53,18 @@ def from_error(msg: pb.Error) -> exc.SequenceAIError:
     :class:`~exc.Draining` when the replica is stopping.
     """
     if msg.refusal and msg.code == pb.OVERLOADED:
-        cls = exc.Draining if msg.refusal == 'draining' else exc.Overloaded
-        return cls(msg.message, refusal=msg.refusal)
+        refused = exc.Draining if msg.refusal == DRAINING else exc.Overloaded
+        return refused(msg.message, refusal=msg.refusal)
     cls = next((c for code, c, _ in _TABLE if code == msg.code), exc.SequenceAIError)
     return cls(msg.message)
 
 
 def from_rpc_error(error: grpc.RpcError) -> exc.SequenceAIError:
-    """Translate a failed call's status into the typed exception (ConnectionLost when unreachable)."""
+    """Translate a failed call's status into the typed exception (ConnectionLost when unreachable).
+
+    A call the worker refused carries the refusal in its trailing metadata (:data:`REFUSAL_METADATA`): a
+    draining replica's Handshake is :class:`~exc.Draining`, as its in-stream refusal is.
+    """
     status = error.code() if hasattr(error, 'code') else grpc.StatusCode.UNKNOWN
     details = error.details() if hasattr(error, 'details') else str(error)
     if status in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
@@ -68,13 +73,28 @@ def from_rpc_error(error: grpc.RpcError) -> exc.SequenceAIError:
     # Aborts from the worker prefix details with "[ERROR_CODE] ".
     if details and details.startswith('['):
         name = details[1:details.find(']')]
-        number = pb.ErrorCode.Value(name) if name in pb.ErrorCode.keys() else 0
-        return from_error(pb.Error(code=number, message=details[details.find(']') + 2:]))
+        code = name if name in pb.ErrorCode.keys() else pb.ERROR_CODE_UNSPECIFIED   # protobuf takes a name
+        return from_error(pb.Error(code=code, message=details[details.find(']') + 2:], refusal=_refusal(error)))
     cls = next((c for _, c, s in _TABLE if s == status), exc.SequenceAIError)
     return cls(f'{status.name}: {details}')
+
+
+def _refusal(error: grpc.RpcError) -> str:
+    """The :data:`REFUSAL_METADATA` of a failed call's trailing metadata ('' when none)."""
+    trailing = getattr(error, 'trailing_metadata', None)
+    for key, value in (trailing() if callable(trailing) else None) or ():
+        if key == REFUSAL_METADATA and isinstance(value, str):
+            return value
+    return ''
 
 
 def abort_details(error: BaseException) -> tuple[grpc.StatusCode, str]:
     """Return (status, details) for ``context.abort`` so that :func:`from_rpc_error` recovers the type."""
     code = code_for(error)
     return status_for(code), f'[{pb.ErrorCode.Name(code)}] {error}'
+
+
+def abort_trailers(error: BaseException) -> tuple[tuple[str, str], ...]:
+    """Return the trailing metadata of ``context.abort`` for ``error``: its refusal (an Overloaded's), if any."""
+    refusal = getattr(error, 'refusal', '') or ''
+    return ((REFUSAL_METADATA, refusal),) if refusal else ()

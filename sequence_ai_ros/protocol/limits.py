@@ -20,6 +20,10 @@ EpisodeEnd.reason                      printable, at most :data:`MAX_REASON` cha
 hold_reason                            '' or one of :data:`HOLD_REASONS`
 =====================================  ===================================================================
 
+Printable is Python's :meth:`str.isprintable`: no control character, and none of Unicode's line or paragraph
+separators, format characters (bidirectional overrides, zero-width characters) or spaces other than ' ', so an
+id can neither break a log line into two nor make a terminal show it in another order.
+
 A violation raises :class:`LimitViolation` (a :class:`~sequence_ai_ros.exceptions.ContractViolation`,
 CONTRACT_VIOLATION on the wire) naming the field and its limit; :data:`FIELDS` is the bounded set of field
 names a violation can carry (a metric label).
@@ -89,7 +93,6 @@ FIELDS = ('deployment', 'protocol_version', 'client_id', 'token', 'episode_id', 
           'params', 'frames', 'grid_index', 'step_span', 'hold_reason', 'reason', 'underrun_s', 'max_seam_jump',
           'latency_p95_ms', 'notes')
 
-_CONTROL = re.compile(r'[\x00-\x1f\x7f-\x9f]')
 _CONTROL_TEXT = re.compile(r'[\x00-\x08\x0b-\x1f\x7f-\x9f]')
 
 
@@ -109,8 +112,15 @@ def _shown(value: Any, n: int = 40) -> str:
 
 
 def printable(text: Any) -> str:
-    r"""Return ``str(text)`` with every control character escaped (ESC as ``\x1b``): safe for a terminal."""
-    return _CONTROL.sub(lambda m: f'\\x{ord(m.group()):02x}', str(text))
+    r"""Return ``str(text)`` with every character that is not printable escaped: safe for a terminal and a log line.
+
+    ESC becomes ``\x1b``, a line separator ``\u2028`` (see :meth:`str.isprintable`).
+    """
+    shown = str(text)
+    if shown.isprintable():
+        return shown
+    return ''.join(c if c.isprintable() else f'\\x{ord(c):02x}' if ord(c) < 0x100 else f'\\u{ord(c):04x}'
+                   if ord(c) < 0x10000 else f'\\U{ord(c):08x}' for c in shown)
 
 
 def check_name(value: str, field: str, limit: int = MAX_NAME, empty: bool = False) -> str:
@@ -122,8 +132,8 @@ def check_name(value: str, field: str, limit: int = MAX_NAME, empty: bool = Fals
 
 
 def check_id(value: str, field: str, limit: int = MAX_ID) -> str:
-    """Check an id or short label: printable (no control characters), at most ``limit`` characters."""
-    if len(value) > limit or _CONTROL.search(value):
+    """Check an id or short label: printable (:meth:`str.isprintable`), at most ``limit`` characters."""
+    if len(value) > limit or not value.isprintable():
         raise LimitViolation(field, f'printable, at most {limit} characters', _shown(value))
     return value
 
@@ -260,7 +270,9 @@ def check_handshake(req: Any) -> None:
 
 
 def check_label(req: Any) -> None:
-    """Check a LabelRequest (its deployment is looked up among the served ones)."""
+    """Check a LabelRequest (its deployment is looked up among the served ones); it names an episode."""
+    if not req.episode_id:
+        raise LimitViolation('episode_id', 'not empty: the episode the label is for')
     check_id(req.episode_id, 'episode_id')
     check_text(req.notes, 'notes')
 

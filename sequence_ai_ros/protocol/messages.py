@@ -18,7 +18,7 @@ from sequence_ai_ros.protocol import codec
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import Contract, check_names, clip
 from sequence_ai_ros.protocol.spaces import ActionSpace
-from sequence_ai_ros.protocol.types import Observation
+from sequence_ai_ros.protocol.types import ImageLike, Observation
 
 #: Largest packed ``ActionChunk`` (bytes): the worker's ``grpc.max_send_message_length`` and the client's
 #: receive limit (``sequence_ai_ros.client.session.MAX_MESSAGE_BYTES``), 64 MiB.
@@ -133,7 +133,7 @@ def _field(number: int, size: int) -> bytes:
     return _varint(number << 3 | 2) + _varint(size)
 
 
-def _image_pieces(obs: Observation, contract: Contract, field: int, pieces: list) -> int:
+def _image_pieces(obs: Observation, contract: Contract, field: int, pieces: list[bytes | memoryview]) -> int:
     """Append the wire pieces of ``obs``'s images (repeated Image ``field``) to ``pieces``; return their size."""
     total = 0
     for cam in contract.observation.cameras:
@@ -169,7 +169,7 @@ def observation_request_bytes(obs: Observation, contract: Contract, *, episode_i
                  expected_delay_actions=expected_delay_actions, last_action=last_action,
                  observation_step=observation_step, tail_request_id=tail_request_id)
     small = req.SerializeToString()
-    pieces: list = [b'', small]
+    pieces: list[bytes | memoryview] = [b'', small]
     size = len(small) + _image_pieces(obs, contract, _OBSERVATION_IMAGES, pieces)
     for past in history:
         frame = pb.Frame(robot_time_s=past.timestamp)
@@ -208,8 +208,8 @@ class PolicyInput:
 
 
 def _unpack_images(images: Sequence[pb.Image], contract: Contract, max_pixels: int | None,
-                   what: str) -> dict[str, np.ndarray]:
-    out: dict[str, np.ndarray] = {}
+                   what: str) -> dict[str, ImageLike]:
+    out: dict[str, ImageLike] = {}
     for img in images:
         spec = contract.observation.camera(img.key)
         if spec is None:
@@ -341,7 +341,7 @@ class Chunk:
     @property
     def covers_seconds(self) -> float:
         """T * dt (s)."""
-        return self.actions.shape[0] * self.dt
+        return len(self.actions) * self.dt
 
 
 def unpack_chunk(msg: pb.ActionChunk) -> Chunk:

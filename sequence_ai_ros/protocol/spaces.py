@@ -10,6 +10,8 @@ import enum
 
 import numpy as np
 
+from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
+
 
 class ActionSpace(str, enum.Enum):
     """The meaning of an action vector."""
@@ -49,7 +51,7 @@ class ActionSpace(str, enum.Enum):
             names = ', '.join(s.value for s in cls)
             raise ValueError(f'unknown action_space {value!r}; expected one of {names}') from None
 
-    def to_proto(self) -> int:
+    def to_proto(self) -> pb.ActionSpace:
         """Return the ``sequence_ai.v1.ActionSpace`` enum number."""
         return _TO_PROTO[self]
 
@@ -65,12 +67,12 @@ class ActionSpace(str, enum.Enum):
         raise ValueError(f'action_space {number} is unspecified or unknown')
 
 
-_TO_PROTO = {
-    ActionSpace.JOINT_ABSOLUTE: 1,
-    ActionSpace.JOINT_DELTA: 2,
-    ActionSpace.JOINT_VELOCITY: 3,
-    ActionSpace.EE_ABSOLUTE: 4,
-    ActionSpace.EE_DELTA: 5,
+_TO_PROTO: dict[ActionSpace, pb.ActionSpace] = {
+    ActionSpace.JOINT_ABSOLUTE: pb.JOINT_ABSOLUTE,
+    ActionSpace.JOINT_DELTA: pb.JOINT_DELTA,
+    ActionSpace.JOINT_VELOCITY: pb.JOINT_VELOCITY,
+    ActionSpace.EE_ABSOLUTE: pb.EE_ABSOLUTE,
+    ActionSpace.EE_DELTA: pb.EE_DELTA,
 }
 
 

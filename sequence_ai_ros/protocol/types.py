@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,7 +36,7 @@ class Observation:
     """
 
     state: np.ndarray
-    state_names: tuple[str, ...] = ()
+    state_names: Sequence[str] = ()      # as given; __post_init__ keeps a tuple
     images: dict[str, ImageLike] = dataclasses.field(default_factory=dict)
     instruction: str = ''
     timestamp: float = dataclasses.field(default_factory=time.monotonic)

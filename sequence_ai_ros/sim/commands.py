@@ -20,6 +20,7 @@ import dataclasses
 import threading
 
 import numpy as np
+import numpy.typing as npt
 
 from sequence_ai_ros.exceptions import ContractViolation
 
@@ -49,7 +50,7 @@ class Trajectory:
         return self.start_s + float(self.times_s[-1])
 
 
-def check_vector(values: np.ndarray, dim: int) -> np.ndarray:
+def check_vector(values: npt.ArrayLike, dim: int) -> np.ndarray:
     """Return ``values`` as float64 (dim,).
 
     :raises ContractViolation: for another size or a non-finite value.

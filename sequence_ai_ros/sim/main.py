@@ -28,7 +28,8 @@ def main(args: Sequence[str] | None = None) -> int:
     from sequence_ai_ros.sim.node import SimRobot
 
     context = rclpy.context.Context()
-    rclpy.init(args=args, context=context, signal_handler_options=SignalHandlerOptions.NO)
+    rclpy.init(args=None if args is None else list(args), context=context,
+               signal_handler_options=SignalHandlerOptions.NO)
     stop = threading.Event()
     on_stop_signals(stop.set)
     try:

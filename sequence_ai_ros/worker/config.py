@@ -115,9 +115,9 @@ class ServerConfig:
         and without the token are capped apart, so token-less streams from an address never take that
         address's slots from token holders (e.g. robots behind the same NAT or balancer).
     :param anonymous_streams: with a ``token``: how many Episode streams callers *without* the token may hold
-        in total (they may then also handshake, ask readiness and label; a *wrong* token is still
-        UNAUTHENTICATED). The other ``max_streams - anonymous_streams`` slots are kept for streams carrying
-        the token, so an anonymous flood gets OVERLOADED while token holders keep that headroom.
+        in total (they may then also handshake, ask readiness and label the episodes this worker ran; a *wrong*
+        token is still UNAUTHENTICATED). The other ``max_streams - anonymous_streams`` slots are kept for streams
+        carrying the token, so an anonymous flood gets OVERLOADED while token holders keep that headroom.
         0 (default): a caller without the token gets nothing (UNAUTHENTICATED).
     :param proxy_socket: a Unix socket path the worker also listens on, for a balancer in front of it (``seq
         fleet``'s HAProxy): only calls that come in through it have their ``x-forwarded-for`` read as the
@@ -132,11 +132,11 @@ class ServerConfig:
         inside the worker process (its import is first tried, bounded, in a deployment process, so a hang or
         exit at import is reported); a crash there ends the worker and every deployment's robots.
     :param rollout: when a version registered while serving (``seq deploy`` again) cannot load beside the
-        running one (two versions need twice the model's memory): ``wait`` (default) keeps serving the old
-        version and switches when its episodes have ended; ``cut`` cuts the old version's live episodes
-        (reason ``rollout``: the robot gets the retryable NotReady) and switches at once. A version that
-        loads beside the old one is switched to without a cut either way
-        (:mod:`~sequence_ai_ros.worker.rollout`).
+        running one (its load ran out of memory: two versions need twice the model's memory): ``wait``
+        (default) keeps serving the old version and switches when its episodes have ended; ``cut`` cuts the
+        old version's live episodes (reason ``rollout``: the robot gets the retryable NotReady) and switches
+        at once. A version that loads beside the old one is switched to without a cut either way; one that
+        fails otherwise is never switched to (:mod:`~sequence_ai_ros.worker.rollout`).
     :param agent_port: answer HAProxy ``agent-check`` probes on this port with the gRPC health of the served
         deployments (:mod:`~sequence_ai_ros.worker.health_agent`); None: no agent.
     :param probe_port: serve ``grpc.health.v1.Health`` alone, in plaintext and without the token, on this port
@@ -185,8 +185,9 @@ class ServerConfig:
                           "own process, restarted when it crashes or hangs) or 'none' "
                           '(inside the worker) (default {default})', 'MODE', rule='isolation')
     rollout: str = _opt('wait', '--rollout', "when a new version registered while serving cannot load beside the "
-                        "running one: 'wait' (serve the old one until its episodes end, then switch) or 'cut' "
-                        "(cut its episodes, reason rollout, and switch at once) (default {default})", 'MODE',
+                        "running one (out of memory): 'wait' (serve the old one until its episodes end, then "
+                        "switch) or 'cut' (cut its episodes, reason rollout, and switch at once) (default {default})",
+                        'MODE',
                         rule='rollout')
     metrics_port: int | None = _opt(None, '--metrics-port', 'serve Prometheus metrics on this port at /metrics '
                                     '(default: off; 0 picks a free one)', 'PORT', rule='optional_port')

@@ -9,8 +9,9 @@ robot to close its side, and only then ends the call.
 
 Drain (:class:`Drain`, :meth:`~sequence_ai_ros.worker.server.WorkerServer.drain`): on SIGTERM the worker
 refuses new episodes with ``refusal="draining"`` (the client retries them: :class:`~sequence_ai_ros.exceptions.
-Draining`), turns every deployment's gRPC health NOT_SERVING (so the HAProxy agent answers ``drain`` and a
-Kubernetes readiness probe fails: a same-id reconnect is hashed to another replica), and lets the live
+Draining`), refuses a Handshake the same way (its trailing metadata) and answers Ready with ``ready=False``,
+state ``draining``, turns every deployment's gRPC health NOT_SERVING (so the HAProxy agent answers ``drain``
+and a Kubernetes readiness probe fails: a same-id reconnect is hashed to another replica), and lets the live
 episodes finish for up to ``drain_timeout_s``; what is still open then is cut with reason ``drain_timeout``.
 """
 
@@ -25,14 +26,14 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from sequence_ai_ros.exceptions import Draining, Overloaded
-from sequence_ai_ros.protocol import errors
+from sequence_ai_ros.protocol import DRAINING, errors
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 
 LOG = logging.getLogger(__name__)
 #: Longest wait (s) for a refused robot to close its side of the call after the refusal was sent.
 LINGER_S = 2.0
 #: Why a stream may be refused (``Error.refusal``, the ``reason`` label of ``seq_streams_refused_total``).
-REFUSALS = ('max_streams', 'anonymous', 'per_client', 'draining')
+REFUSALS = ('max_streams', 'anonymous', 'per_client', DRAINING)
 #: Episode-end reason of an episode still running when the drain timeout passed.
 DRAIN_TIMEOUT_REASON = 'drain_timeout'
 
@@ -97,7 +98,7 @@ class Drain:
         if not self._started.is_set():
             return None
         return Draining('this replica is draining (stopping): no new episodes; open the episode again (a balancer '
-                        'sends it to another replica)', refusal='draining')
+                        'sends it to another replica)', refusal=DRAINING)
 
     def begin(self) -> None:
         """Refuse new episodes from now on (idempotent)."""

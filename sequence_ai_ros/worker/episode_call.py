@@ -40,18 +40,19 @@ import concurrent.futures
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from google.protobuf.message import DecodeError
 
 import sequence_ai_ros
-from sequence_ai_ros.exceptions import EpisodeStateError, NotReady, SequenceAIError
+from sequence_ai_ros.exceptions import EpisodeStateError, NotReady, SequenceAIError, UnknownDeployment
 from sequence_ai_ros.protocol import errors, limits
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import clip
 from sequence_ai_ros.protocol.pipeline import TailSplicer
 from sequence_ai_ros.worker.boundary import refuse
+from sequence_ai_ros.worker.drain import LINGER_S
 from sequence_ai_ros.worker.metrics import UnderrunWatch
 from sequence_ai_ros.worker.runtime import ActiveEpisode, DeploymentRuntime, describe
 from sequence_ai_ros.worker.scheduler import LoopFuture
@@ -207,11 +208,20 @@ class EpisodeCallHandler:
     :param idle_timeout_s: end the episode after this many seconds without a message (s).
     :param start_timeout_s: close the stream when no EpisodeStart came within this many seconds (s).
     :param client: who holds the stream (an address), for the per-client cap and logs.
+    :param before_start: called (on the executor) before an episode starts, with the runtime; False: the
+        deployment is no longer served (``seq delete``), and the EpisodeStart gets UNKNOWN_DEPLOYMENT.
+    :param start_refusal: called (on the loop) when EpisodeStart arrives: the refusal of a new episode (the
+        worker drains), or None. A refused start gets it as the stream's answer, and the stream then ends
+        once the robot closed its side (bounded), as a stream refused when it opened does.
     """
 
     def __init__(self, runtime: DeploymentRuntime, episode_id: str, idle_timeout_s: float,
-                 start_timeout_s: float = float('inf'), client: str = '') -> None:
+                 start_timeout_s: float = float('inf'), client: str = '',
+                 before_start: Callable[[DeploymentRuntime], bool] | None = None,
+                 start_refusal: Callable[[], SequenceAIError | None] | None = None) -> None:
         self.runtime = runtime
+        self.before_start = before_start
+        self.start_refusal = start_refusal
         self.episode_id = episode_id
         self.idle_timeout_s = idle_timeout_s
         self.start_timeout_s = start_timeout_s
@@ -328,10 +338,10 @@ class EpisodeCallHandler:
                     if self._end_seen.is_set():   # unread behind the episode's end: never started, unanswered
                         self.runtime.count_at_end(dropped=1)
                         continue
-                    reply = await self._observe(item.observation, nbytes)
+                    answer = await self._observe(item.observation, nbytes)
                     last = time.monotonic()           # a slow inference is activity until its reply
-                    if reply is not None:
-                        yield reply
+                    if answer is not None:
+                        yield answer
                         await self._capture_request()   # after the reply went out: off the round trip
                 elif kind == 'telemetry':
                     if self.active is not None:   # live underruns, whether captured or not
@@ -342,6 +352,11 @@ class EpisodeCallHandler:
                     elif self.active.recorder.active:
                         await self._io(self.active.recorder.add_telemetry, list(item.telemetry.frames))
                 elif kind == 'start':
+                    refusal = self.start_refusal() if self.start_refusal is not None and self.active is None else None
+                    if refusal is not None:   # the stream opened before the drain began: refused as at its open
+                        yield _error(refusal)
+                        await self._linger()
+                        return
                     yield await self._start(item.start)
                 elif kind == 'end':
                     for reply in await self._end(item.end):
@@ -352,6 +367,16 @@ class EpisodeCallHandler:
         finally:
             reader.cancel()
             self.on_done()
+
+    async def _linger(self, linger_s: float = LINGER_S) -> None:
+        """After a refusal: wait up to ``linger_s`` for the robot to close its side, ignoring what it sends."""
+        deadline = time.monotonic() + linger_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                if await self._inbox.get(left) is _CLOSED:
+                    return
+            except asyncio.TimeoutError:
+                return
 
     async def _close(self, reason: str, why: str) -> AsyncIterator[pb.EpisodeReply]:
         eid = self.active.episode.id if self.active is not None else self.episode_id
@@ -371,6 +396,9 @@ class EpisodeCallHandler:
             return _error(EpisodeStateError(f'EpisodeStart names episode {clip(start.episode_id)!r} but the '
                                             f'stream was opened for {clip(self.episode_id)!r} (x-episode-id)'))
         eid = self.episode_id or start.episode_id or uuid.uuid4().hex
+        if self.before_start is not None and not await self._io(self.before_start, self.runtime):
+            return _error(UnknownDeployment(f'deployment {self.runtime.name!r} was deleted (seq delete) since this '
+                                            'stream opened: it is not served here any more'))
         self._started_at = time.monotonic()
         self.runtime.ensure_loading()
         try:
@@ -527,6 +555,8 @@ class EpisodeCallHandler:
     async def _end_episode(self, reason: str, stats: dict[str, Any] | None) -> str:
         """End the episode (hook, capture commit, usage); return '' or why a write failed (the robot is told)."""
         active = self.active
+        if active is None:      # callers end only a started episode
+            return ''
         try:
             await self._io(lambda: active.end(reason, stats, wait=True))
         except Exception as exc:  # a full disk (usage, index): the episode has ended; EpisodeEnded names it

@@ -168,7 +168,7 @@ class Fleet:
     :raises MissingDependency: when HAProxy is not installed.
     :raises ConfigError: when a replica or HAProxy fails to start (their output is in the message), for
         pinned ports of the wrong count, out of range or used twice, or for TLS replicas (``--tls-cert`` in
-        ``serve_args``) behind the shipped plaintext template.
+        ``serve_args``, ``seq fleet --serve-options``) behind the shipped plaintext template.
     """
 
     def __init__(self, names: Sequence[str], replicas: int = 3, *, port: int = 0, home: str | Path | None = None,
@@ -198,11 +198,12 @@ class Fleet:
         if tls and haproxy_config is None:
             # the shipped template speaks plaintext h2 to the replicas (its health check too): TLS replicas
             # would never come UP, and the fleet would fail only after ready_timeout_s
-            raise ConfigError(f'serve_args {tls[0]} makes the replicas serve TLS, but the shipped HAProxy '
-                              f'template ({HAPROXY_CONFIG}) talks plaintext h2 to them and health-checks them '
-                              'so: they would never come UP. Terminate TLS at HAProxy instead (a `crt` on its '
-                              'bind line, in your own --haproxy-config), or give a template whose server lines '
-                              'use `ssl verify required ca-file ...` with `check-ssl`.')
+            raise ConfigError(f'{tls[0]} in the replicas\' seq serve options (seq fleet --serve-options, or '
+                              f'serve_args) makes the replicas serve TLS, but the shipped HAProxy template '
+                              f'({HAPROXY_CONFIG}) talks plaintext h2 to them and health-checks them so: they '
+                              'would never come UP. Terminate TLS at HAProxy instead (a `crt` on its bind line, in '
+                              'your own --haproxy-config), or give a template whose server lines use `ssl verify '
+                              'required ca-file ...` with `check-ssl`.')
         #: the replicas' token (``--token-file`` in serve_args): their agents answer only a probe sending it
         self._token = _token_in(serve_args)
         self.run_dir = Path(tempfile.mkdtemp(prefix='seq-fleet-'))

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -42,7 +42,8 @@ class HealthAgent:
     """Answer HAProxy agent-check probes with the gRPC health of ``services`` at ``target``.
 
     :param target: ``host:port`` of the replica's gRPC server.
-    :param services: health service names to require SERVING (the deployments).
+    :param services: health service names to require SERVING (the deployments), or a callable returning them
+        at each probe (the deployments served now: one ``seq delete`` removed is no longer required).
     :param host: bind address of the agent.
     :param port: TCP port; 0 picks a free one (see :attr:`port`).
     :param token: the worker's token, sent with the health calls and required first from every probe.
@@ -50,9 +51,9 @@ class HealthAgent:
     :raises ConfigError: when the port cannot be bound.
     """
 
-    def __init__(self, target: str, services: Sequence[str], host: str = '127.0.0.1', port: int = 0,
-                 token: str | None = None, credentials: grpc.ChannelCredentials | None = None) -> None:
-        self.services = list(services)
+    def __init__(self, target: str, services: Sequence[str] | Callable[[], Sequence[str]], host: str = '127.0.0.1',
+                 port: int = 0, token: str | None = None, credentials: grpc.ChannelCredentials | None = None) -> None:
+        self._services = services if callable(services) else tuple(services)
         self._metadata = [(AUTH_METADATA, f'Bearer {token}')] if token else None
         self._channel = (grpc.secure_channel(target, credentials) if credentials is not None
                          else grpc.insecure_channel(target))
@@ -81,12 +82,18 @@ class HealthAgent:
         writer.write((status + '\n').encode())
         await writer.drain()
 
+    @property
+    def services(self) -> list[str]:
+        """The health services a probe requires SERVING now."""
+        return list(self._services() if callable(self._services) else self._services)
+
     def status(self) -> str:
         """Return ``up ready``, ``drain`` or ``down`` (see the module docstring)."""
         serving = health_pb2.HealthCheckResponse.SERVING
         try:
             for service in self.services:
-                reply: Any = self._stub.Check(health_pb2.HealthCheckRequest(service=service),
+                # types-grpcio-health-checking's HealthStub declares no method
+                reply: Any = self._stub.Check(health_pb2.HealthCheckRequest(service=service),  # type: ignore[attr-defined]
                                               timeout=CHECK_TIMEOUT_S, metadata=self._metadata)
                 if reply.status != serving:
                     return 'drain'

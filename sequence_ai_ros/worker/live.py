@@ -66,14 +66,23 @@ class LiveFile:
         self.path = Path(home) / RUN_DIR / f'live-{os.getpid()}.json'
         self._names, self._open_streams = names, open_streams
         self._last: dict[str, int] | None = None
+        self._lock = threading.Lock()          # update() runs on seq-live and, at each episode start, on seq-io
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name='seq-live', daemon=True)
         self.update()
         self._thread.start()
 
     def update(self) -> None:
-        """Rewrite the file when the counts changed (a write failure is logged, never raised)."""
-        counts = {name: self._open_streams(name) for name in sorted(self._names())}
+        """Rewrite the file when the counts changed (a write failure is logged, never raised); any thread.
+
+        The worker calls it before an episode starts, so that ``seq delete`` sees every episode a robot was told
+        had started (the poll alone lags by up to :data:`POLL_S`).
+        """
+        with self._lock:
+            self._update()
+
+    def _update(self) -> None:
+        counts = {name: self._open_streams(name) for name in sorted(set(self._names()))}
         if counts == self._last:
             return
         try:

@@ -25,6 +25,10 @@ Operators already scrape Triton, vLLM and Ray Serve this way. Every series is la
                                                        crashed episode's too; telemetry flows while captured)
 ``seq_telemetry_underrun_seconds_total{deployment}``  counter  seconds held in underrun, from telemetry
 ``seq_capture_bytes{deployment}``           gauge      bytes in the deployment's capture store on disk
+``seq_rollout_failures_total{deployment}``  counter    versions registered while serving (``seq deploy``
+                                                       again) that failed to import, load or pass the dry
+                                                       run: the old version kept serving (or, after a
+                                                       switch for lack of memory, none does)
 ``seq_build_info{version,deployment,deployment_version}``  gauge  1: the worker's package version and each
                                                        served deployment's registered version
 ``process_*``, ``python_*``                 various    prometheus_client's process (CPU, memory, file
@@ -37,13 +41,15 @@ Operators already scrape Triton, vLLM and Ray Serve this way. Every series is la
 Label values come only from bounded sets: the served deployments, the error code names, the documented
 episode-end reasons (:data:`~sequence_ai_ros.protocol.limits.REASONS`; any other is ``other``), the
 refusals (:data:`~sequence_ai_ros.worker.drain.REFUSALS`) and the boundary's fields. Every labelled series
-exists at 0 from the start (``rate()``/``increase()`` see its first increment). A non-finite or negative
-figure a robot reports is not counted.
+exists at 0 from the start (``rate()``/``increase()`` see its first increment), and every series of a
+deployment ``seq delete`` removed goes once the worker unloaded it (:meth:`PrometheusMetrics.forget`). A
+non-finite or negative figure a robot reports is not counted.
 
 Each :class:`PrometheusMetrics` has its own registry (several workers may share a process, as in tests).
 The endpoint is a :class:`~sequence_ai_ros.worker.bounded_server.BoundedServer` (one thread, a bounded number
 of connections, each with a read deadline), bound where gRPC is; with the worker's token it answers only a
-scrape sending ``Authorization: Bearer <token>`` (Prometheus ``authorization: credentials_file``).
+scrape sending ``Authorization: Bearer <token>`` (Prometheus ``authorization: credentials_file``; the scheme in
+any case, :mod:`~sequence_ai_ros.worker.auth`).
 :class:`MetricsSink` is the no-op default that the runtime calls when metrics are off.
 """
 
@@ -51,7 +57,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
+import functools
 import math
 import threading
 import time
@@ -62,6 +68,7 @@ import sequence_ai_ros
 from sequence_ai_ros.exceptions import MissingDependency
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.limits import FIELDS, OTHER_REASON, REASONS, reason_label
+from sequence_ai_ros.worker.auth import authorized
 from sequence_ai_ros.worker.bounded_server import BoundedServer
 from sequence_ai_ros.worker.drain import REFUSALS
 
@@ -80,6 +87,16 @@ MAX_TELEMETRY_GAP_S = 5.0
 def package_version() -> str:
     """Return the worker's package version (``sequence_ai_ros.__version__``, as EpisodeStarted reports it)."""
     return sequence_ai_ros.__version__
+
+
+def _queue_depth(runtime: Any) -> int:
+    """``seq_queue_depth`` of a deployment's runtime: its requests waiting for inference."""
+    return runtime.scheduler.queue_depth
+
+
+def _active_episodes(runtime: Any) -> int:
+    """``seq_active_episodes`` of a deployment's runtime: its episodes in progress."""
+    return len(runtime.running_episodes())
 
 
 class MetricsSink:
@@ -109,6 +126,12 @@ class MetricsSink:
 
     def refused_value(self, deployment: str, field: str) -> None:
         """Count a value the boundary refused (``field``: one of the schema's fields)."""
+
+    def rollout_failed(self, deployment: str) -> None:
+        """Count a version of ``deployment`` registered while serving that failed (it is not tried again)."""
+
+    def forget(self, deployment: str) -> None:
+        """Drop every series of ``deployment``, which ``seq delete`` removed and the worker unloaded."""
 
     def close(self) -> None:
         """Stop serving metrics."""
@@ -167,8 +190,11 @@ class PrometheusMetrics(MetricsSink):
         prom.GCCollector(registry=reg)          # python_gc_*
         self._boundary = prom.Counter('seq_boundary_refused', 'Values from the wire refused at the boundary',
                                       ['deployment', 'field'], registry=reg)
-        self._served = frozenset(runtimes)
-        self._expected = f'Bearer {token}'.encode() if token else None
+        self._rollout_failures = prom.Counter('seq_rollout_failures', 'Versions registered while serving that '
+                                              'failed to import, load or pass the dry run', ['deployment'],
+                                              registry=reg)
+        self._served = set(runtimes)
+        self._token = token or None
         self._generate = prom.generate_latest
         self._queue = queue = prom.Gauge('seq_queue_depth', 'Requests waiting for inference', ['deployment'],
                                          registry=reg)
@@ -181,25 +207,29 @@ class PrometheusMetrics(MetricsSink):
         #: seconds a capture-store size is reused before the store is walked again
         self.capture_bytes_ttl_s = CAPTURE_BYTES_TTL_S
         self._lock = threading.Lock()
+        #: every family labelled by deployment, with the values of its other labels: each series exists at 0
+        #: from the start, and :meth:`forget` removes them all
+        self._by_deployment: list[tuple[Any, list[tuple[str, ...]]]] = [
+            (self._requests, [(outcome,) for outcome in OUTCOMES]),
+            (self._ended, [(reason,) for reason in (*REASONS, OTHER_REASON)]),
+            (self._boundary, [(field,) for field in (*FIELDS, 'other')])]
+        self._by_deployment += [(family, [()]) for family in (
+            self._inference, self._batch, self._underruns, self._underrun_s, self._request_s, self._queue_s,
+            self._first_chunk_s, self._live_underruns, self._live_underrun_s, self._rollout_failures)]
+        self._gauges = (queue, active, streams, capture)     # read from the runtime at scrape time
         for reason in REFUSALS:
             self._refused.labels(reason)
         for name, runtime in runtimes.items():   # every labelled series, at 0 from the start
-            for outcome in OUTCOMES:
-                self._requests.labels(name, outcome)
-            for reason in (*REASONS, OTHER_REASON):
-                self._ended.labels(name, reason)
-            for field in (*FIELDS, 'other'):
-                self._boundary.labels(name, field)
-            for family in (self._inference, self._batch, self._underruns, self._underrun_s, self._request_s,
-                           self._queue_s, self._first_chunk_s, self._live_underruns, self._live_underrun_s):
-                family.labels(name)
+            for family, rest in self._by_deployment:
+                for values in rest:
+                    family.labels(name, *values)
             self._versions[name] = str(getattr(runtime, 'version', ''))
             build.labels(package_version(), name, self._versions[name]).set(1)
-            queue.labels(name).set_function(lambda r=runtime: r.scheduler.queue_depth)
-            active.labels(name).set_function(lambda r=runtime: len(r.running_episodes()))
-            streams.labels(name).set_function(lambda n=name: open_streams(n))
+            queue.labels(name).set_function(functools.partial(_queue_depth, runtime))
+            active.labels(name).set_function(functools.partial(_active_episodes, runtime))
+            streams.labels(name).set_function(functools.partial(open_streams, name))
             if runtime.capture_store is not None:
-                capture.labels(name).set_function(lambda n=name, r=runtime: self._capture_bytes(n, r))
+                capture.labels(name).set_function(functools.partial(self._capture_bytes, name, runtime))
         self._server = BoundedServer('metrics', self._serve, host, port)
         self.port: int = self._server.port
 
@@ -217,7 +247,7 @@ class PrometheusMetrics(MetricsSink):
         self._server.busy(writer)
         if len(request) < 2 or request[0] not in (b'GET', b'HEAD'):
             status, body = b'405 Method Not Allowed', b'GET /metrics\n'
-        elif self._expected is not None and not hmac.compare_digest(auth, self._expected):
+        elif self._token is not None and not authorized(auth, self._token):
             status, body = b'401 Unauthorized', b'this worker needs its token: Authorization: Bearer <token>\n'
         elif request[1].split(b'?')[0] not in (b'/metrics', b'/'):
             status, body = b'404 Not Found', b'GET /metrics\n'
@@ -257,8 +287,8 @@ class PrometheusMetrics(MetricsSink):
         name = runtime.name
         if name not in self._served:
             return
-        self._queue.labels(name).set_function(lambda r=runtime: r.scheduler.queue_depth)
-        self._active.labels(name).set_function(lambda r=runtime: len(r.running_episodes()))
+        self._queue.labels(name).set_function(functools.partial(_queue_depth, runtime))
+        self._active.labels(name).set_function(functools.partial(_active_episodes, runtime))
         old = self._versions.get(name)
         if old is not None:
             with contextlib.suppress(KeyError):
@@ -303,6 +333,32 @@ class PrometheusMetrics(MetricsSink):
     def refused_value(self, deployment: str, field: str) -> None:
         """Count a value the boundary refused."""
         self._boundary.labels(self._deployment(deployment), field if field in FIELDS else 'other').inc()
+
+    def rollout_failed(self, deployment: str) -> None:
+        """Count a version that failed to roll out."""
+        self._rollout_failures.labels(self._deployment(deployment)).inc()
+
+    def forget(self, deployment: str) -> None:
+        """Remove every series of ``deployment`` (``seq delete``: it is no longer served), counters included.
+
+        Later reports naming it count under ``deployment=""``, as for a name never served.
+        """
+        if deployment not in self._served:
+            return
+        self._served.discard(deployment)
+        for family, rest in self._by_deployment:
+            for values in rest:
+                with contextlib.suppress(KeyError):
+                    family.remove(deployment, *values)
+        for gauge in self._gauges:
+            with contextlib.suppress(KeyError):
+                gauge.remove(deployment)
+        version = self._versions.pop(deployment, None)
+        if version is not None:
+            with contextlib.suppress(KeyError):
+                self._build.remove(package_version(), deployment, version)
+        with self._lock:
+            self._capture_cache.pop(deployment, None)
 
     def close(self) -> None:
         """Shut the HTTP endpoint down (timed join)."""

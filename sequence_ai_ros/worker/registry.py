@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import json
 import os
@@ -99,10 +100,24 @@ class Registry:
             raise ConfigError(f'registry {self.file}: a JSON object is required')
         return data
 
+    def ensure_home(self) -> None:
+        """Create $SEQ_HOME when it is missing.
+
+        :raises ConfigError: when it cannot be created or written (a folder of another user, a path below a
+            file), naming it.
+        """
+        try:
+            self.home.mkdir(parents=True, exist_ok=True)
+            if not os.access(self.home, os.W_OK | os.X_OK):
+                raise PermissionError(errno.EACCES, 'not writable by this user')
+        except OSError as exc:
+            raise ConfigError(f'$SEQ_HOME {self.home} cannot be created or written ({exc}): set SEQ_HOME to a '
+                              'folder this user may write') from None
+
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         """Serialize read-modify-write of the registry between processes (``flock`` on a lock file)."""
-        self.home.mkdir(parents=True, exist_ok=True)
+        self.ensure_home()
         with open(self.home / '.deployments.lock', 'w') as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
@@ -111,7 +126,7 @@ class Registry:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def _write(self, data: dict[str, dict[str, Any]]) -> None:
-        self.home.mkdir(parents=True, exist_ok=True)
+        self.ensure_home()
         fd, tmp = tempfile.mkstemp(prefix='.deployments.', dir=self.home)
         try:
             with os.fdopen(fd, 'w') as f:
@@ -201,10 +216,48 @@ class Registry:
         return rec, definition
 
 
+def _target(path: str | Path, name: str | None) -> tuple[Path, str]:
+    """The resolved policy file and the deployment name (default: its folder's, or the file's stem)."""
+    path = Path(path).expanduser().resolve()
+    return path, check_name(name or (path.parent.name if path.name == 'policy.py' else path.stem))
+
+
+def unchanged(path: str | Path, name: str | None = None, home: str | Path | None = None, *,
+              timeout_s: float = DRY_RUN_TIMEOUT_S, isolation: str = 'process') -> DeploymentRecord | None:
+    """Return the registered version of ``name`` when ``path`` holds exactly its content, else None.
+
+    Exactly: the same policy file, and policy.py, the config file and every artifact file hash as the
+    version's ``content_sha256`` (its artifacts' sizes and modification times are the recorded ones too, so
+    the worker serves it as it is). Nothing of the policy runs unless policy.py is the registered one; then
+    it is imported (with ``isolation`` and ``timeout_s``, as :func:`deploy` does) to find its config file and
+    artifacts, and those are hashed.
+
+    :raises DeploymentError: when that import fails.
+    :raises ConfigError: for an invalid name.
+    """
+    path, name = _target(path, name)
+    try:
+        rec = Registry(home).get(name)
+    except UnknownDeployment:
+        return None
+    if (not rec.content_sha256 or Path(rec.path).resolve() != path or not path.is_file()
+            or file_sha256(path) != rec.sha256):
+        return None
+    if isolation == 'process':
+        from sequence_ai_ros.worker.policy_process import describe_policy_file
+
+        definition = describe_policy_file(path, name, timeout_s)
+    else:
+        definition = load_policy_file(path)
+    if content.changes(definition, rec) or content.fingerprint(definition).content_sha256 != rec.content_sha256:
+        return None
+    return rec
+
+
 def deploy(path: str | Path, name: str | None = None, home: str | Path | None = None,
            dry: bool = True, dry_timeout_s: float = DRY_RUN_TIMEOUT_S,
-           isolation: str = 'process') -> tuple[DeploymentRecord, dict[str, float]]:
-    """Validate ``path`` and record it.
+           isolation: str = 'process', force: bool = False) -> tuple[DeploymentRecord, dict[str, float]]:
+    """Validate ``path`` and record it; a content equal to the registered version's is not registered again.
 
     :param path: the policy file (``NAME/policy.py``).
     :param name: deployment name; default the policy's directory name.
@@ -214,15 +267,21 @@ def deploy(path: str | Path, name: str | None = None, home: str | Path | None = 
         when the bound passes, so a hang at import cannot outlast it).
     :param isolation: ``process``: import and dry-run in a deployment process (a crash or ``os._exit``
         at import is named with its exit code); ``none``: in this process.
-    :return: the record and the dry run's figures.
+    :param force: register a new version even when ``path`` holds the registered version's content
+        (:func:`unchanged`); without it that version's record is returned, with no figures, and nothing is
+        registered (a worker serving it rolls nothing out).
+    :return: the record and the dry run's figures (empty when nothing was registered).
     :raises DeploymentError: when the policy does not import (SystemExit at import included), its contract is
         invalid, or the dry run fails or exceeds ``dry_timeout_s``.
-    :raises ConfigError: for an invalid name.
+    :raises ConfigError: for an invalid name, or a $SEQ_HOME that cannot be created or written.
     """
     from sequence_ai_ros.worker.validate import dry_run
 
-    path = Path(path).expanduser().resolve()
-    name = check_name(name or (path.parent.name if path.name == 'policy.py' else path.stem))
+    path, name = _target(path, name)
+    Registry(home).ensure_home()              # before the dry run, which may take minutes
+    same = None if force else unchanged(path, name, home, timeout_s=dry_timeout_s, isolation=isolation)
+    if same is not None:
+        return same, {}
     if isolation == 'process' and dry:
         from sequence_ai_ros.worker.policy_process import deploy_check
 

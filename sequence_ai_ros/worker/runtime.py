@@ -235,6 +235,9 @@ class DeploymentRuntime:
         #: the worker's event loop (set by the server): a request submitted there while the inference thread is
         #: idle goes to the deployment process from the loop, which also reads the answer (:meth:`submit`)
         self.loop: asyncio.AbstractEventLoop | None = None
+        #: what the last load (construct, ``load()``, dry run) raised; None while it has not failed, and when it
+        #: failed by passing ``load_timeout_s`` (a rollout tells an out-of-memory failure from the others)
+        self.load_error: BaseException | None = None
 
     # -- warming ------------------------------------------------------------------------------------------
     def ensure_loading(self) -> None:
@@ -244,6 +247,7 @@ class DeploymentRuntime:
                 return
             self._state = 'warming'
             self._load_started = time.monotonic()
+            self.load_error = None
             self._loader = threading.Thread(target=self._load, name=f'seq-load-{self.name}', daemon=True)
             self._loader.start()
         self._notify()
@@ -272,6 +276,7 @@ class DeploymentRuntime:
             with self._lock:
                 if self._state == 'warming':
                     self._state, self._message = 'failed', msg
+                    self.load_error = exc
         else:
             with self._lock:
                 late = self._state != 'warming'  # the load deadline passed: stay failed

@@ -16,7 +16,8 @@ coroutine each, no thread per stream); ``seq-io`` is its executor, a fixed pool 
 blocking work (capture files, SQLite, image decoding, episode-end hooks awaited); the per-deployment
 threads of :mod:`sequence_ai_ros.worker.runtime`; ``seq-housekeeping`` (usage flush every 10 s, capture
 retention at start and hourly); served from a registry, ``seq-live`` (:mod:`~sequence_ai_ros.worker.live`:
-which deployments have episodes running, for ``seq delete``); with ``agent_port``, ``seq-agent``; with
+which deployments have episodes running, for ``seq delete``) and, for a deployment ``seq delete`` removed,
+``seq-retire-<name>`` until its running episodes ended; with ``agent_port``, ``seq-agent``; with
 ``metrics_port``, prometheus_client's HTTP thread. With ``probe_port``, a second plaintext gRPC server on the
 same loop serves the health service alone (:mod:`~sequence_ai_ros.worker.probe`), for probes that send no
 token and no TLS. The thread count does not grow with open streams, and nothing grown by a burst is kept.
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import hmac
 import logging
 import os
 import threading
@@ -44,6 +44,7 @@ from sequence_ai_ros.home import usage_file
 from sequence_ai_ros.malloc_tuning import tune_malloc
 from sequence_ai_ros.policy.loader import PolicyDefinition, load_policy_file
 from sequence_ai_ros.protocol import AUTH_METADATA, errors, messages
+from sequence_ai_ros.worker.auth import authorized
 from sequence_ai_ros.worker.capture_hook import open_store
 from sequence_ai_ros.worker.config import ServerConfig, field_names
 from sequence_ai_ros.worker.drain import DRAIN_TIMEOUT_REASON
@@ -106,7 +107,7 @@ def raise_open_files_limit() -> int:
 class TokenInterceptor(grpc.aio.ServerInterceptor):
     """Fail every call whose metadata lacks ``authorization: Bearer <token>`` with UNAUTHENTICATED.
 
-    The comparison is constant-time (:func:`hmac.compare_digest`).
+    The scheme is matched in any case, the token in constant time (:func:`~sequence_ai_ros.worker.auth.authorized`).
 
     :param allow_anonymous: let calls with no ``authorization`` metadata at all pass (the servicer then keeps
         them to ``anonymous_streams`` slots); a wrong token still fails.
@@ -115,15 +116,14 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, token: str, *, allow_anonymous: bool = False) -> None:
         if not token:
             raise ConfigError('the token must not be empty')
-        self._expected = f'Bearer {token}'.encode()
+        self._token = token
         self._allow_anonymous = allow_anonymous
 
     async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
         """Pass authenticated calls on; answer the others with an aborting handler of the same kind."""
         got = next((v for k, v in details.invocation_metadata or () if k == AUTH_METADATA), '')
-        got_bytes = got.encode() if isinstance(got, str) else bytes(got)
         handler = await continuation(details)
-        if hmac.compare_digest(got_bytes, self._expected) or handler is None or (self._allow_anonymous and not got):
+        if authorized(got, self._token) or handler is None or (self._allow_anonymous and not got):
             return handler
         status, message = errors.abort_details(Unauthenticated(
             'missing or wrong token: send metadata "authorization: Bearer <token>"' if got else
@@ -192,6 +192,7 @@ class WorkerServer:
         self._registry = registry
         self._registry_mtime: float | None = None
         self._retire_lock = threading.Lock()
+        self._retired: list[DeploymentRuntime] = []   # deleted deployments whose policy is not unloaded yet
         self._live: LiveFile | None = None
         self._rollouts: Rollouts | None = None
         if registry is not None:
@@ -233,18 +234,21 @@ class WorkerServer:
             local = '127.0.0.1' if config.host in ('0.0.0.0', '::', '') else config.host
             creds = (grpc.ssl_channel_credentials(_read_pem(config.tls[0])) if config.tls is not None else None)
             try:
-                self.agent = HealthAgent(f'{local}:{self.port}', sorted(runtimes), config.host, config.agent_port,
-                                         token=config.token, credentials=creds)
+                self.agent = HealthAgent(f'{local}:{self.port}', lambda: sorted(self.runtimes), config.host,
+                                         config.agent_port, token=config.token, credentials=creds)
             except BaseException:
                 self._abandon_start(runtimes.values())
                 raise
         self._housekeeping = threading.Thread(target=self._housekeep, name='seq-housekeeping', daemon=True)
         self._housekeeping.start()
         if registry is not None:   # seq delete reads which deployments have episodes running
-            self._live = LiveFile(registry.home, lambda: list(self.runtimes), self.servicer.open_streams)
+            self._live = LiveFile(registry.home, self._live_names, self.servicer.open_streams)
+            self.servicer.before_start = self._before_start
             self._rollouts = Rollouts(self.runtimes, self._load_version, self._next_runtime, self._adopt, self._stop,
                                       mode=config.rollout,
-                                      cut=lambda runtime, reason: self.servicer.shutdown_streams(reason, runtime))
+                                      cut=lambda runtime, reason: self.servicer.shutdown_streams(reason, runtime),
+                                      held=lambda: self.servicer.drain.draining,
+                                      failed=lambda name: self.metrics.rollout_failed(name))
         if config.warm:
             for runtime in runtimes.values():
                 runtime.ensure_loading()
@@ -335,7 +339,10 @@ class WorkerServer:
 
         Cheap when nothing changed (one ``stat`` of deployments.json); called before each deployment lookup,
         so the next Handshake or episode of a deleted deployment gets UNKNOWN_DEPLOYMENT, and its usage row
-        and capture directory are not re-created.
+        and capture directory are not re-created. A deployment deleted and registered again since the last
+        look (its record is not the served one's: a lower version, or the same version deployed at another
+        time) was deleted all the same: it is retired too, never served as the new registration's version.
+        A retired deployment's policy is unloaded once its running episodes (``seq delete --force``) ended.
 
         :returns: the names retired by this call.
         """
@@ -350,23 +357,63 @@ class WorkerServer:
                 return []
             self._registry_mtime = mtime
             try:
-                versions = {r.name: r.version for r in self._registry.list()} if mtime != -1 else {}
-                names = set(versions)
+                records = {r.name: r for r in self._registry.list()} if mtime != -1 else {}
             except Exception as exc:  # a registry being rewritten: look again at the next lookup
                 LOG.debug('registry unreadable: %s', exc)
                 self._registry_mtime = None
                 return []
-            if self._rollouts is not None:   # a version registered while serving (seq deploy again)
-                self._rollouts.check(versions)
-            gone = [name for name in self.runtimes if name not in names]
+            gone = [name for name, runtime in list(self.runtimes.items())
+                    if name not in records or not _same_lineage(records[name], runtime)]
             for name in gone:
                 runtime = self.runtimes.pop(name)
+                runtime.on_state_change = None
                 runtime.usage.retire()
                 if runtime.capture_store is not None:
                     runtime.capture_store.retire()
                 self._set_health(name, health_pb2.HealthCheckResponse.SERVICE_UNKNOWN)
-                LOG.info('deployment %s was deleted: no longer served', name)
+                if name in records:
+                    LOG.info('deployment %s was deleted and registered again: no longer served (restart the worker '
+                             'to serve the new registration)', name)
+                else:
+                    LOG.info('deployment %s was deleted: no longer served', name)
+                self._retire(runtime)
+            if self._rollouts is not None:   # a version registered while serving (seq deploy again)
+                self._rollouts.check({name: rec.version for name, rec in records.items()})
             return gone
+
+    def _live_names(self) -> list[str]:
+        """The deployments the live file counts streams of: the served ones, and deleted ones still running."""
+        with self._retire_lock:
+            retired = [r.name for r in self._retired]
+        return [*self.runtimes, *retired]
+
+    def _before_start(self, runtime: DeploymentRuntime) -> bool:
+        """Before an episode of ``runtime`` starts: list its stream in the live file, then look at the registry.
+
+        In this order, ``seq delete`` either sees the episode (and refuses without ``--force``) or has removed the
+        deployment before it starts (False: the start is refused, UNKNOWN_DEPLOYMENT).
+        """
+        if self._live is not None:
+            self._live.update()
+        self.retire_deleted()
+        return self.runtimes.get(runtime.name) is not None
+
+    def _retire(self, runtime: DeploymentRuntime) -> None:
+        """Unload a deleted deployment's policy once its running episodes ended (``seq-retire-<name>``)."""
+        def close_when_idle() -> None:
+            while runtime.running_episodes():
+                if self._stop.wait(0.2):
+                    return              # the worker stops: stop() closes it
+            with self._retire_lock:
+                if runtime not in self._retired:
+                    return
+                self._retired.remove(runtime)
+            runtime.close()
+            self.metrics.forget(runtime.name)    # its series go (counters too): it is never served again here
+            LOG.info('deployment %s: deleted version %d unloaded', runtime.name, runtime.version)
+
+        self._retired.append(runtime)
+        threading.Thread(target=close_when_idle, name=f'seq-retire-{runtime.name}', daemon=True).start()
 
     def _load_version(self, name: str) -> tuple[Any, PolicyDefinition]:
         """The registry's validated import of ``name``'s current version, as at start (``--isolation``'s importer)."""
@@ -474,7 +521,9 @@ class WorkerServer:
             self._rollouts.close()
         if self._live is not None:
             self._live.close()
-        for runtime in self.runtimes.values():
+        with self._retire_lock:
+            retired, self._retired = self._retired, []
+        for runtime in [*self.runtimes.values(), *retired]:
             runtime.close()
         self.metrics.close()
         if self.agent is not None:
@@ -490,6 +539,18 @@ class WorkerServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _same_lineage(record: Any, runtime: DeploymentRuntime) -> bool:
+    """True when ``record``, the registry's, is the served runtime's version or a later deploy of it.
+
+    A lower version, or the same version deployed at another time, is a registration made after a ``seq delete``
+    (versions start again at 1): another deployment under the same name.
+    """
+    served = runtime.record
+    if served is None or record.version > runtime.version:
+        return True
+    return record.version == runtime.version and record.deployed_at == served.deployed_at
 
 
 def _runtime(name: str, version: int, definition: PolicyDefinition, usage_path: Path | None,

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import hmac
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -22,15 +21,17 @@ import grpc
 
 from sequence_ai_ros.exceptions import (
     CaptureError,
+    Draining,
     Overloaded,
     ProtocolVersionError,
     Unauthenticated,
     UnknownDeployment,
 )
-from sequence_ai_ros.protocol import AUTH_METADATA, DEPLOYMENT_METADATA, EPISODE_ID_METADATA, errors, limits
+from sequence_ai_ros.protocol import AUTH_METADATA, DEPLOYMENT_METADATA, DRAINING, EPISODE_ID_METADATA, errors, limits
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
 from sequence_ai_ros.protocol.contract import PROTOCOL_VERSION, clip
+from sequence_ai_ros.worker.auth import authorized
 from sequence_ai_ros.worker.boundary import refuse
 from sequence_ai_ros.worker.config import ServerConfig
 from sequence_ai_ros.worker.drain import Drain, refuse_stream
@@ -46,7 +47,7 @@ FORWARDED_METADATA = 'x-forwarded-for'
 
 def _metadata(context: grpc.aio.ServicerContext, key: str) -> str:
     for k, v in context.invocation_metadata() or ():
-        if k == key:
+        if k == key and isinstance(v, str):     # bytes only under a ``-bin`` key
             return v
     return ''
 
@@ -84,7 +85,7 @@ def add_to_server(servicer: PolicyServicer, server: grpc.aio.Server) -> None:
     Episode requests are parsed by :func:`~sequence_ai_ros.worker.episode_call.parse_request`, which also
     hands over each request's size on the wire, so the contract's size limit costs no re-encoding.
     """
-    handlers = {
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
         'Handshake': grpc.unary_unary_rpc_method_handler(
             servicer.Handshake, request_deserializer=pb.HandshakeRequest.FromString,
             response_serializer=pb.HandshakeReply.SerializeToString),
@@ -128,6 +129,8 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         self.on_refused: Any = None
         #: called before each lookup: retires deployments deleted from the registry (``seq delete``)
         self.before_lookup: Callable[[], None] | None = None
+        #: called (blocking, on the executor) before an episode starts: False when its deployment was deleted
+        self.before_start: Callable[[DeploymentRuntime], bool] | None = None
         #: set on SIGTERM: new episodes are refused (``draining``) while the open ones finish
         self.drain = Drain(self.open_streams)
 
@@ -142,7 +145,12 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         return runtime
 
     async def Handshake(self, request: pb.HandshakeRequest, context: grpc.aio.ServicerContext) -> pb.HandshakeReply:  # noqa: N802
-        """Check version (and body token), name the deployment, start warming, answer the contract."""
+        """Check version (and body token), name the deployment, start warming, answer the contract.
+
+        A draining replica refuses it: OVERLOADED with the refusal ``draining`` in the trailing metadata (the
+        client's :class:`~sequence_ai_ros.exceptions.Draining`, which it retries: a balancer sends the retry
+        to another replica); nothing is loaded or counted.
+        """
         try:
             if request.protocol_version != PROTOCOL_VERSION:
                 raise ProtocolVersionError(f'this worker speaks {PROTOCOL_VERSION}, the client sent '
@@ -151,10 +159,13 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
             if self.token is not None and request.token and request.token != self.token:
                 raise Unauthenticated('the handshake carries a wrong token')
             runtime = self._runtime(request.deployment)
+            draining = self.drain.refusal()
+            if draining is not None:
+                raise draining
         except Exception as exc:
             if isinstance(exc, limits.LimitViolation):
                 refuse(None, exc)
-            await context.abort(*errors.abort_details(exc))
+            await context.abort(*errors.abort_details(exc), trailing_metadata=errors.abort_trailers(exc))
         runtime.usage.add(sessions=1)
         runtime.ensure_loading()
         ready, eta, _, _ = runtime.readiness()
@@ -162,11 +173,17 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         return pb.HandshakeReply(contract=runtime.contract.to_proto(ready=ready, eta_seconds=eta))
 
     async def Ready(self, request: pb.ReadyRequest, context: grpc.aio.ServicerContext) -> pb.ReadyReply:  # noqa: N802
-        """Answer (ready, eta) without blocking; asking while cold starts the load."""
+        """Answer (ready, eta) without blocking; asking while cold starts the load.
+
+        A draining replica answers not ready, state ``draining`` (its message says so): it takes no new episode.
+        """
         try:
             runtime = self._runtime(request.deployment)
         except (UnknownDeployment, limits.LimitViolation) as exc:
             await context.abort(*errors.abort_details(exc))
+        draining = self.drain.refusal()
+        if draining is not None:
+            return pb.ReadyReply(ready=False, eta_seconds=0.0, state=DRAINING, message=str(draining))
         runtime.ensure_loading()
         ready, eta, state, message = runtime.readiness()
         return pb.ReadyReply(ready=ready, eta_seconds=eta, state=state, message=message)
@@ -182,8 +199,9 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         client = client_of(context, self.config.proxy_socket is not None)
         anonymous = self.token is not None and not self._authenticated(context)
         stream = EpisodeCallHandler(runtime, _metadata(context, EPISODE_ID_METADATA), self.idle_timeout_s,
-                                    self.config.start_timeout_s, client)
-        refused = 'draining' if self.drain.draining else self._admit(stream, (client, anonymous))
+                                    self.config.start_timeout_s, client, before_start=self.before_start,
+                                    start_refusal=self._start_refusal)
+        refused = DRAINING if self.drain.draining else self._admit(stream, (client, anonymous))
         if refused:   # a typed refusal in the stream (drain.py: a balancer resets an aborted call)
             if self.on_refused is not None:
                 self.on_refused(refused)
@@ -201,10 +219,19 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
             stream.on_done()
             self._release(stream, (client, anonymous))
 
+    def _start_refusal(self) -> Draining | None:
+        """The refusal of an EpisodeStart on a stream admitted before the drain began (counted), or None."""
+        refusal = self.drain.refusal()
+        if refusal is not None and self.on_refused is not None:
+            self.on_refused(DRAINING)
+        return refusal
+
     def _authenticated(self, context: grpc.aio.ServicerContext) -> bool:
-        """True when the call carries ``authorization: Bearer <token>`` (compared in constant time)."""
-        got = _metadata(context, AUTH_METADATA).encode()
-        return self.token is not None and hmac.compare_digest(got, f'Bearer {self.token}'.encode())
+        """True when the call carries ``authorization: Bearer <token>``.
+
+        The scheme in any case, the token in constant time (:func:`~sequence_ai_ros.worker.auth.authorized`).
+        """
+        return self.token is not None and authorized(_metadata(context, AUTH_METADATA), self.token)
 
     def _admit(self, stream: EpisodeCallHandler, key: tuple[str, bool]) -> str:
         """Take a slot for ``stream`` of ``key`` = (client, anonymous); return '' or the refusal's reason.
@@ -250,7 +277,9 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         It cannot when capture is off for the deployment or the store cannot be written.
 
         An episode this worker never ran is labelled too (its replica was stopped and the balancer sent the
-        call here); the reply says so, and the stores merge labels by episode id at export and stats.
+        call here); the reply says so, and the stores merge labels by episode id at export and stats. A caller
+        without the token (``anonymous_streams``) may label only episodes this worker ran: labels of unseen
+        episodes would let it fill the store's index.
         """
         try:
             limits.check_label(request)
@@ -262,10 +291,15 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
             return pb.LabelReply(ok=False, message=f'capture is off for deployment {runtime.name!r}: episode '
                                                    f'{clip(request.episode_id)!r} was not captured, the label is not '
                                                    'stored')
+        anonymous = self.token is not None and not self._authenticated(context)
         try:
             known = await asyncio.get_running_loop().run_in_executor(None, store.label, request.episode_id,
-                                                                     request.success, request.notes)
-        except (LookupError, CaptureError, ValueError) as exc:
+                                                                     request.success, request.notes, not anonymous)
+        except LookupError as exc:
+            return pb.LabelReply(ok=False, message=f'label of episode {clip(request.episode_id)!r} not stored: '
+                                                   f'{clip(str(exc), 300)}; only a caller with the token may label '
+                                                   'an episode this worker did not run')
+        except (CaptureError, ValueError) as exc:
             return pb.LabelReply(ok=False, message=f'label of episode {clip(request.episode_id)!r} not stored: '
                                                    f'{clip(str(exc), 300)}')
         what = f'episode {clip(request.episode_id)!r} labelled {"success" if request.success else "failure"}'

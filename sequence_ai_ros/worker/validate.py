@@ -22,14 +22,15 @@ from sequence_ai_ros.policy.api import DRY_RUN_DEPLOYMENT, Episode, Result
 from sequence_ai_ros.policy.loader import PolicyDefinition
 from sequence_ai_ros.protocol import messages
 from sequence_ai_ros.protocol.contract import Contract
-from sequence_ai_ros.protocol.types import Observation
+from sequence_ai_ros.protocol.types import ImageLike, Observation
 from sequence_ai_ros.worker.config import DRY_RUN_TIMEOUT_S
 
 
 def synthetic_observation(contract: Contract, timestamp: float = 0.0) -> Observation:
     """Return an observation that matches ``contract`` (zero state, black frames)."""
     obs = contract.observation
-    images = {c.key: np.zeros((c.height or 224, c.width or 224, 3), np.uint8) for c in obs.cameras}
+    images: dict[str, ImageLike] = {c.key: np.zeros((c.height or 224, c.width or 224, 3), np.uint8)
+                                    for c in obs.cameras}
     dim = obs.state_dim or contract.action_dim
     return Observation(state=np.zeros(dim, np.float32), state_names=obs.state_names, images=images,
                        instruction='seq deploy dry run', timestamp=timestamp)

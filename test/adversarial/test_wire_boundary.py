@@ -22,7 +22,7 @@ from test_worker_support import Stream, channel, handshake, state_request, wait_
 
 from sequence_ai_ros.capture.settings import CaptureSettings, save_settings
 from sequence_ai_ros.capture.store import CaptureStore
-from sequence_ai_ros.protocol import codec, limits
+from sequence_ai_ros.protocol import PROTOCOL_VERSION, codec, limits
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
 from sequence_ai_ros.worker import serve_policy_file
@@ -206,6 +206,38 @@ def test_terminal_escapes_in_a_reason_are_refused_and_free_text_is_never_a_label
     runs = {r['episode_id']: r['reason'] for r in CaptureStore(tmp_path / 'capture' / 'fast', 'fast').runs()}
     assert runs['esc'] == 'error' and runs['huge'] == 'error' and runs['free-7'] == 'operator stop 7'
     assert limits.printable('\x1b[2J') == '\\x1b[2J'
+
+
+def test_ids_that_would_split_or_reorder_a_log_line_are_refused(worker, caplog):
+    """Attack: an id with a line separator (U+2028) forged a second text log line; U+202E reordered it.
+
+    ``str.splitlines`` and log shippers split at U+2028; a terminal shows text after U+202E right to left. The
+    episode id, the client id and the reason were accepted as printable.
+    """
+    server = worker()
+    forged = 'ep\u20282030-01-01T00:00:00.000Z ERROR sequence_ai_ros.worker.server: forged'
+    ch, stub, _ = _stub(server)
+    with ch, caplog.at_level('INFO'):
+        for start, field in ((pb.EpisodeStart(episode_id=forged), 'episode_id'),
+                             (pb.EpisodeStart(episode_id='ep-rtl', client_id='robot\u202e7-tobor'), 'client_id'),
+                             (pb.EpisodeStart(episode_id='ep-nbsp\u00a0x'), 'episode_id')):
+            s = Stream(stub, 'fast', '')
+            s.send(start=start)
+            reply = s.recv()
+            assert reply.error.code == pb.CONTRACT_VIOLATION and field in reply.error.message, reply
+            s.close()
+        _, replies = _episode(stub, 'ep-reason', pb.EpisodeEnd(reason='done\u2029forged'))
+        assert any(r.HasField('error') and 'reason' in r.error.message for r in replies)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Handshake(pb.HandshakeRequest(deployment='fast', protocol_version=PROTOCOL_VERSION,
+                                               client_id='a\u2028b'), timeout=5)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert stub.Label(pb.LabelRequest(deployment='fast', episode_id='ep-reason', success=True,
+                                          notes='fine'), timeout=10).ok
+    logged = [r.getMessage() for r in caplog.records]
+    assert logged and not [m for m in logged if '\u2028' in m or '\u2029' in m or '\u202e' in m]
+    assert any('\\u2028' in m for m in logged)               # the refusal names it, escaped
+    assert limits.printable('a\u2028b\u202e') == 'a\\u2028b\\u202e'
 
 
 def test_metrics_need_the_token_and_idle_connections_cost_no_thread(worker, tmp_path):

@@ -3,6 +3,7 @@
 Run with the LeRobot venv's python (``make check-lerobot`` does)::
 
     tiny_smolvla.py --dataset V21 --out DIR [--rtc-horizon 10]
+    tiny_smolvla.py --hub DIR [--backbone JSON] [--words "open drawer"]   # the hub cache alone (make rtc-sim)
 
 Writes, under ``DIR`` (nothing is downloaded; ``HF_HUB_OFFLINE=1``):
 
@@ -18,12 +19,16 @@ Writes, under ``DIR`` (nothing is downloaded; ``HF_HUB_OFFLINE=1``):
   dataset's features (26-D state and action, camera ``cam_high`` at 640x480) and normalisation statistics
   (aggregated from ``meta/episodes_stats.jsonl``), RTC enabled with ``--rtc-horizon``.
 
-Prints the checkpoint directory, the hub cache and the parameter count as one JSON line.
+Prints the checkpoint directory, the hub cache and the parameter count as one JSON line. With ``--hub`` it
+writes only the hub cache, of a backbone sized by ``--backbone`` (:class:`Backbone`'s fields as JSON; the
+defaults are the tiny one) with ``--words`` added to the vocabulary, for ``lerobot-train`` to build its SmolVLA
+from (``make rtc-sim``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -39,13 +44,49 @@ WORDS = ('pick the bottle up cup object put it on table and place red blue green
 CAMERA = ('cam_high', 480, 640)   # name, height, width the checkpoint declares (the G1 dataset's own)
 
 
-def backbone(snapshot: Path) -> None:
-    """Write the tiny SmolVLM config and processor into ``snapshot`` (saved by the installed transformers)."""
+@dataclasses.dataclass(frozen=True)
+class Backbone:
+    """The SmolVLM backbone's sizes (a Llama text model, a SigLIP-style vision tower); defaults: the tiny one.
+
+    :param image: the vision tower's input size (px, square); :param patch: its patch size (px).
+    """
+
+    text_hidden: int = 32
+    text_intermediate: int = 64
+    text_layers: int = 2
+    text_heads: int = 4
+    text_kv_heads: int = 2
+    head_dim: int = 8
+    vision_hidden: int = 16
+    vision_intermediate: int = 32
+    vision_layers: int = 1
+    vision_heads: int = 2
+    image: int = 32
+    patch: int = 8
+
+
+def place(hub: Path, size: Backbone = Backbone(), words: tuple[str, ...] = ()) -> Path:
+    """Write the backbone into a hub cache ``hub`` as ``hf download REPO_ID --cache-dir hub`` lays it out.
+
+    :param words: more whole words for the vocabulary (beside :data:`WORDS`).
+    :returns: the snapshot directory.
+    """
+    repo_dir = hub / ('models--' + REPO_ID.replace('/', '--'))
+    snapshot = repo_dir / 'snapshots' / REVISION
+    snapshot.mkdir(parents=True, exist_ok=True)
+    (repo_dir / 'refs').mkdir(exist_ok=True)
+    (repo_dir / 'refs' / 'main').write_text(REVISION)
+    backbone(snapshot, size, words)
+    return snapshot
+
+
+def backbone(snapshot: Path, size: Backbone = Backbone(), words: tuple[str, ...] = ()) -> None:
+    """Write the SmolVLM config and processor into ``snapshot`` (saved by the installed transformers)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, SmolVLMConfig, SmolVLMImageProcessor, SmolVLMProcessor
     from transformers.models.smolvlm.video_processing_smolvlm import SmolVLMVideoProcessor
 
-    tokens = [*SPECIAL.values(), *EXTRA.values(), '<row_1_col_1>', '<video>', *WORDS]
+    tokens = [*SPECIAL.values(), *EXTRA.values(), '<row_1_col_1>', '<video>', *WORDS, *words]
     for r in range(1, 5):
         for c in range(1, 5):
             tokens.append(f'<row_{r}_col_{c}>')
@@ -54,18 +95,21 @@ def backbone(snapshot: Path) -> None:
     word.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok = PreTrainedTokenizerFast(tokenizer_object=word, **SPECIAL, extra_special_tokens=EXTRA)
     tok.add_special_tokens({'additional_special_tokens': list(EXTRA.values())})
-    image = SmolVLMImageProcessor(do_resize=False, do_image_splitting=False, size={'longest_edge': 32},
-                                  max_image_size={'longest_edge': 32})
-    video = SmolVLMVideoProcessor(size={'longest_edge': 32}, max_image_size={'longest_edge': 32})
-    image_seq_len = ((32 // 8) ** 2) // (2 ** 2)
+    edge = {'longest_edge': size.image}
+    image = SmolVLMImageProcessor(do_resize=False, do_image_splitting=False, size=edge, max_image_size=edge)
+    video = SmolVLMVideoProcessor(size=edge, max_image_size=edge)
+    image_seq_len = ((size.image // size.patch) ** 2) // (2 ** 2)
     SmolVLMProcessor(image_processor=image, tokenizer=tok, video_processor=video,
                      image_seq_len=image_seq_len).save_pretrained(snapshot)
     config = SmolVLMConfig(
-        vision_config={'hidden_size': 16, 'intermediate_size': 32, 'num_hidden_layers': 1,
-                       'num_attention_heads': 2, 'image_size': 32, 'patch_size': 8},
-        text_config={'model_type': 'llama', 'vocab_size': len(vocab), 'hidden_size': 32, 'intermediate_size': 64,
-                     'num_hidden_layers': 2, 'num_attention_heads': 4, 'num_key_value_heads': 2, 'head_dim': 8,
-                     'max_position_embeddings': 256, 'pad_token_id': vocab[SPECIAL['pad_token']]},
+        vision_config={'hidden_size': size.vision_hidden, 'intermediate_size': size.vision_intermediate,
+                       'num_hidden_layers': size.vision_layers, 'num_attention_heads': size.vision_heads,
+                       'image_size': size.image, 'patch_size': size.patch},
+        text_config={'model_type': 'llama', 'vocab_size': len(vocab), 'hidden_size': size.text_hidden,
+                     'intermediate_size': size.text_intermediate, 'num_hidden_layers': size.text_layers,
+                     'num_attention_heads': size.text_heads, 'num_key_value_heads': size.text_kv_heads,
+                     'head_dim': size.head_dim, 'max_position_embeddings': 256,
+                     'pad_token_id': vocab[SPECIAL['pad_token']]},
         image_token_id=vocab[EXTRA['image_token']], scale_factor=2, pad_token_id=vocab[SPECIAL['pad_token']])
     config.save_pretrained(snapshot)
 
@@ -94,20 +138,25 @@ def dataset_features(dataset: Path) -> tuple[dict, dict, dict]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('--dataset', type=Path, required=True)
-    parser.add_argument('--out', type=Path, required=True)
+    parser.add_argument('--dataset', type=Path)
+    parser.add_argument('--out', type=Path)
     parser.add_argument('--rtc-horizon', type=int, default=10)
+    parser.add_argument('--hub', type=Path, help='write only the backbone into this hub cache')
+    parser.add_argument('--backbone', type=json.loads, default={}, help='Backbone fields as JSON (with --hub)')
+    parser.add_argument('--words', default='', help='more vocabulary words, space separated (with --hub)')
     args = parser.parse_args()
+    if args.hub:
+        os.environ.update(HF_HUB_OFFLINE='1', TRANSFORMERS_OFFLINE='1')
+        snapshot = place(args.hub.resolve(), Backbone(**args.backbone), tuple(args.words.split()))
+        print(json.dumps({'snapshot': str(snapshot)}))
+        return 0
+    if args.dataset is None or args.out is None:
+        parser.error('--dataset and --out are required (or --hub)')
     out = args.out.resolve()
     hub = out / 'hub'
-    repo_dir = hub / ('models--' + REPO_ID.replace('/', '--'))
-    snapshot = repo_dir / 'snapshots' / REVISION
-    snapshot.mkdir(parents=True, exist_ok=True)
-    (repo_dir / 'refs').mkdir(exist_ok=True)
-    (repo_dir / 'refs' / 'main').write_text(REVISION)
     # before any Hugging Face import: everything resolves in this cache, offline
     os.environ.update(HF_HUB_OFFLINE='1', TRANSFORMERS_OFFLINE='1', HF_HUB_CACHE=str(hub))
-    backbone(snapshot)
+    place(hub)
 
     import torch
     from lerobot.policies.factory import make_pre_post_processors

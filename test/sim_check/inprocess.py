@@ -2,9 +2,11 @@
 
 Runs in the LeRobot venv. LeRobot 0.6's own path (``get_policy_class(...).from_pretrained``,
 ``make_pre_post_processors``, ``prepare_observation_for_inference``, ``select_action`` with its queue of
-``n_action_steps``, the postprocessor) drives :class:`sequence_ai_ros.sim.task.SimTask` step by step: the
-observation of each step is ``SimTask.measured()`` (``observation.state``) and ``SimTask.obs``
-(``observation.environment_state``), the one definition the ``sim_robot`` node publishes, and the action is
+``n_action_steps``, the postprocessor) drives :class:`sequence_ai_ros.sim.task.SimTask` step by step. The
+observation of each step is what the checkpoint's input features ask for, from the one definition the
+``sim_robot`` node publishes: ``observation.state`` is ``SimTask.measured()`` (4 dimensions: the ACTs) or
+``SimTask.state()`` (43: the VLA's, all of ``joint_states``), ``observation.environment_state`` is
+``SimTask.obs``, a camera (``observation.image``) the ``corner`` camera at the feature's size. The action is
 the absolute command the node would receive.
 
 Time to success counts from the first commanded action: success at step s (the first action is step 1) is
@@ -25,10 +27,30 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from sequence_ai_ros.sim.task import SimTask  # noqa: E402
+from sequence_ai_ros.sim.task import JOINT_NAMES, SimTask  # noqa: E402
 
 TASK = 'drawer-open-v3'
 INSTRUCTION = 'open the drawer'
+CAMERA = 'corner'
+
+
+def observe(task: SimTask, inputs: dict) -> dict:
+    """The observation the checkpoint's ``input_features`` ask for, read from ``task``.
+
+    :raises ValueError: for a feature this task cannot give.
+    """
+    out = {}
+    for key, feature in inputs.items():
+        shape = tuple(feature.shape)
+        if key == 'observation.state':
+            out[key] = (task.state() if shape == (len(JOINT_NAMES),) else task.measured()).astype(np.float32)
+        elif key == 'observation.environment_state':
+            out[key] = task.obs.astype(np.float32)
+        elif key == 'observation.image':
+            out[key] = task.render(CAMERA, shape[-1], shape[-2])
+        else:
+            raise ValueError(f'the checkpoint reads {key} {shape}, which the simulated task does not give')
+    return out
 
 
 def main() -> int:
@@ -60,8 +82,7 @@ def main() -> int:
         post.reset()
         success_step = -1
         while not task.truncated:
-            obs = {'observation.state': task.measured().astype(np.float32),
-                   'observation.environment_state': task.obs.astype(np.float32)}
+            obs = observe(task, cfg.input_features)
             batch = prepare_observation_for_inference(obs, torch.device('cpu'), INSTRUCTION, 'metaworld_sawyer')
             with torch.inference_mode():
                 action = post(policy.select_action(pre(batch)))

@@ -8,6 +8,7 @@ learned policy moves the arm. It works for any number of joints: list them in ``
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -35,7 +36,7 @@ class Hold:
     :param chunk_length: actions per chunk T.
     """
 
-    def __init__(self, joint_names: list[str] = DEFAULT_JOINTS, dt: float = 1 / 30, chunk_length: int = 30) -> None:
+    def __init__(self, joint_names: Sequence[str] = DEFAULT_JOINTS, dt: float = 1 / 30, chunk_length: int = 30) -> None:
         self.chunk_length = int(chunk_length)
 
     @classmethod

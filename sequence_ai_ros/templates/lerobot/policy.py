@@ -88,7 +88,8 @@ class LeRobot:
         assert path is not None
         self.runner = runtime.LeRobotRunner(
             path, given['device'], 'lerobot', robot_type=robot_type, hub_cache=_path(hub_cache),
-            hub_snapshots={repo: _path(d) for repo, d in given['hub_snapshots'].items()}, **_serving(given),
+            hub_snapshots={repo: runtime.resolve(d, HERE) for repo, d in given['hub_snapshots'].items()},
+            **_serving(given),
             action_names=given['action_names'])
         self.runner.check_hub_files()
         assert self.runner.plan is not None
@@ -137,7 +138,7 @@ class LeRobot:
         paths = [path]
         if (path / 'config.json').is_file():
             cache = _path(config.get('hub_cache')) or runtime.default_hub_cache()
-            snapshots = {repo: _path(d) for repo, d in (config.get('hub_snapshots') or {}).items()}
+            snapshots = {repo: runtime.resolve(d, HERE) for repo, d in (config.get('hub_snapshots') or {}).items()}
             for need in checkpoint_files.hub_needs(path, runtime.read_config(path)):
                 found, _ = checkpoint_files.locate(need, cache, snapshots)
                 if found is not None:
@@ -172,7 +173,7 @@ class LeRobot:
         runner = self.runner
         if runner.policy is None:
             self.load()
-        out: list[np.ndarray | PolicyException | ContractViolation] = [None] * len(inputs)  # type: ignore
+        out: dict[int, np.ndarray | PolicyException | ContractViolation] = {}     # by input
         live, batches, kwargs = [], [], []
         for i, (inp, episode) in enumerate(zip(inputs, episodes, strict=True)):
             frames = ([(obs.state, obs.images) for obs in inp.history]
@@ -200,7 +201,7 @@ class LeRobot:
             if runner.plan is not None and runner.plan.rtc_horizon is not None:
                 state['raw'] = runtime.Raw(model=model, served=self.steps, actions=actions)
             out[i] = actions[:self.steps].astype(np.float32)
-        return out
+        return [out[i] for i in range(len(inputs))]
 
     @seq.on_episode
     def end(self, episode: seq.Episode) -> None:

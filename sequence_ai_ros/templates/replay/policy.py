@@ -76,6 +76,7 @@ class Replay:
         if self.actions is None:
             self.load()
         actions = self.actions
+        assert actions is not None         # load() sets it
         now = inp.observation.timestamp
         if 't0' not in episode.state:
             error = np.abs(inp.observation.state - actions[0])

@@ -71,6 +71,7 @@ class Ridge:
         """Return one float32 (H, D) chunk per input (requests of different robots), in one matrix product."""
         if self.model is None:
             self.load()
+        assert self.model is not None      # load() sets it
         states = np.stack([inp.observation.state for inp in inputs])
         last = np.stack([inp.observation.state if inp.last_action is None else inp.last_action for inp in inputs])
         prev = np.stack([inp.history[-2].state if len(inp.history) >= 2 else inp.observation.state
