@@ -4,7 +4,9 @@ Payload: two raw 224x224x3 uint8 frames and a 26-d float32 state up; a float32 (
 0 ms policy (``test/policies/wire.py``). Both servers run in their own process on 127.0.0.1.
 
 - ours: the client's own episode path (:class:`~sequence_ai_ros.client.session.EpisodeCall`: packing on
-  gRPC's request thread, the Episode stream, ``seq-recv``) against ``seq``'s worker;
+  gRPC's request thread, the Episode stream, ``seq-recv``) against ``seq``'s worker, the policy in the worker
+  (``isolation='none'``, as the baseline's runs in its server; the ``isolation`` benchmark adds the
+  deployment process);
 - baseline: openpi-client 0.1.2's ``msgpack_numpy`` (imported alone; installed with --no-deps by
   ``make bench``), a minimal websockets server of ours, and openpi's WebsocketClientPolicy settings
   (sync client, ``compression=None``, ``max_size=None``; the server likewise).
@@ -61,7 +63,7 @@ asyncio.run(main())
 OURS_SERVER = (
     'import sys\n'
     'from sequence_ai_ros.worker import serve_policy_file\n'
-    "server = serve_policy_file(sys.argv[1], deployment='wire', port=0)\n"
+    "server = serve_policy_file(sys.argv[1], deployment='wire', port=0, isolation='none')\n"
     "print(f'serving grpc on 127.0.0.1:{server.port}', flush=True)\n"
     'server.wait()\n')
 

@@ -11,7 +11,7 @@ Layout (one concept per module):
   inference thread with per-episode round-robin, batching requests of different episodes when the policy
   declares ``seq.Batching``.
 - :mod:`.registry` and :mod:`.validate`: ``seq deploy`` (dry run) and the $SEQ_HOME registry.
-- :mod:`.policy_process` and :mod:`.policy_host`: the deployment process (``--isolation process``): each
+- :mod:`.policy_process` and :mod:`.policy_host`: the deployment process (``--isolation process``, the default): each
   deployment's policy code runs in its own process, restarted when it crashes or hangs.
 - :mod:`.usage`: metering.  :mod:`.capture_hook`: the bridge to :mod:`sequence_ai_ros.capture.store`.
 

@@ -125,11 +125,12 @@ class ServerConfig:
         socket is made owner-only (mode 0600): keep it in a directory only the balancer's user can reach.
     :param metrics_port: serve Prometheus metrics on ``http://host:metrics_port/metrics`` (0: a free port,
         see ``WorkerServer.metrics_port``); None: no metrics endpoint.
-    :param isolation: ``process``: each deployment's policy code (import, load, infer, hook) runs in its own
-        process, so a crash, ``os._exit``, segfault or hang fails only that deployment's robots (with a typed
-        error) and the worker restarts it; it adds ~0.4-0.5 ms to a round trip of the wire payload (``make
-        bench``: isolation). ``none`` (default): every policy runs inside the worker process (its import is
-        first tried, bounded, in a deployment process, so a hang or exit at import is reported).
+    :param isolation: ``process`` (default): each deployment's policy code (import, load, infer, hook) runs in
+        its own process, so a crash, ``os._exit``, segfault or hang fails only that deployment's robots (with a
+        typed error) and the worker restarts it; observations reach it through shared memory, which adds a
+        fraction of a millisecond to a round trip (``make bench``: isolation). ``none``: every policy runs
+        inside the worker process (its import is first tried, bounded, in a deployment process, so a hang or
+        exit at import is reported); a crash there ends the worker and every deployment's robots.
     :param rollout: when a version registered while serving (``seq deploy`` again) cannot load beside the
         running one (its load ran out of memory: two versions need twice the model's memory): ``wait``
         (default) keeps serving the old version and switches when its episodes have ended; ``cut`` cuts the
@@ -180,8 +181,8 @@ class ServerConfig:
     proxy_socket: str | None = _opt(None, '--proxy-socket', 'also listen on this Unix socket, for a balancer '
                                     '(seq fleet\'s HAProxy): only calls through it have their x-forwarded-for '
                                     'read as the client address (default: off)', 'PATH', rule='optional_path')
-    isolation: str = _opt('none', '--isolation', "where policy code runs: 'process' (each deployment in its "
-                          "own process, restarted when it crashes or hangs; ~0.5 ms per round trip) or 'none' "
+    isolation: str = _opt('process', '--isolation', "where policy code runs: 'process' (each deployment in its "
+                          "own process, restarted when it crashes or hangs) or 'none' "
                           '(inside the worker) (default {default})', 'MODE', rule='isolation')
     rollout: str = _opt('wait', '--rollout', "when a new version registered while serving cannot load beside the "
                         "running one (out of memory): 'wait' (serve the old one until its episodes end, then "

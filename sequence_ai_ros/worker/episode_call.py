@@ -27,8 +27,9 @@ The episode ends exactly once (:meth:`ActiveEpisode.end`) with reason:
 Threads: none of its own. :meth:`EpisodeCallHandler.replies` is a coroutine on the worker's event loop
 (``seq-grpc-loop``, gRPC asyncio); a reader *task* moves incoming messages into an inbox (:class:`_Inbox`) so that
 idle and start time can be measured without blocking on the network. Inference runs on the deployment's
-inference thread and is awaited; capture writes and episode ends (hook wait, commit) run on the loop's
-small bounded executor (``seq-io``), so an open stream costs no thread at all.
+inference thread, or is sent to its deployment process from the loop itself, and is awaited; capture writes
+and episode ends (hook wait, commit) run on the loop's small bounded executor (``seq-io``), so an open stream
+costs no thread at all.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from sequence_ai_ros.worker.boundary import refuse
 from sequence_ai_ros.worker.drain import LINGER_S
 from sequence_ai_ros.worker.metrics import UnderrunWatch
 from sequence_ai_ros.worker.runtime import ActiveEpisode, DeploymentRuntime, describe
+from sequence_ai_ros.worker.scheduler import LoopFuture
 
 LOG = logging.getLogger(__name__)
 _CLOSED = object()
@@ -71,9 +73,12 @@ _PENDING = object()
 #: (``sleep(0)``), never timed sleeps: a sub-millisecond asyncio timer costs a whole millisecond on an idle
 #: loop (epoll's timeout is in ms, rounded up), which put ~1 ms into the round trip's tail.
 QUICK_WAIT_S = 0.0002
-#: The quick wait of a deployment process's inference (s): its round trip to the process (~0.15 ms for the
-#: wire payload) outlasts :data:`QUICK_WAIT_S`, and the slow hand-off would add more than the trip itself.
-QUICK_WAIT_ISOLATED_S = 0.0015
+#: The quick wait of a deployment process's inference run by the inference thread (s): none. Polling would keep
+#: the loop thread taking the GIL from the inference thread, which needs it to read the answer: the loop sleeps
+#: instead and the inference thread wakes it once (:meth:`EpisodeCallHandler._await_inference`). One sent from
+#: the loop itself (:class:`~sequence_ai_ros.worker.scheduler.LoopFuture`) is polled for :data:`QUICK_WAIT_S`:
+#: each pass's ``select(0)`` reads the process's answer as it comes.
+QUICK_WAIT_ISOLATED_S = 0.0
 
 
 class _Failed:
@@ -195,12 +200,6 @@ class _EndArrived(Exception):  # noqa: N818 - a signal, not an error
         self.started, self.counted = started, counted
 
 
-def _consume(future: asyncio.Future) -> None:
-    """Retrieve an abandoned future's exception, so that asyncio does not log it as never retrieved."""
-    if not future.cancelled():
-        future.exception()
-
-
 class EpisodeCallHandler:
     """Serve one Episode call on the event loop.
 
@@ -234,6 +233,7 @@ class EpisodeCallHandler:
         self._to_capture: tuple[Any, ...] | None = None   # the request answered last, captured after its reply
         self._end_seen = asyncio.Event()   # the robot's EpisodeEnd has arrived (it may still wait in the inbox)
         self._end_dropped = 0              # queued requests the scheduler dropped when it arrived
+        self._waiter: asyncio.Future | None = None   # what _await_inference sleeps on (loop thread)
         self._cut = 'shutdown'             # the reason of a cut by the worker (shutdown, drain_timeout, rollout)
         self._started_at: float | None = None   # when EpisodeStart came (monotonic s): time to first chunk
         self._underruns = UnderrunWatch()  # underruns in this episode's telemetry, live
@@ -279,6 +279,7 @@ class EpisodeCallHandler:
         self._end_seen.set()
         if self.active is not None:
             self._end_dropped = self.active.end_arrived()
+        self._wake()
 
     async def _io(self, fn: Any, *args: Any) -> Any:
         """Run blocking work (capture files, SQLite, the end hook's wait) on the loop's bounded executor."""
@@ -429,7 +430,8 @@ class EpisodeCallHandler:
         if self._end_seen.is_set():
             raise _EndArrived(started=False)
         future = runtime.submit(active, req, inp)
-        result = await _quick_wait(future, QUICK_WAIT_ISOLATED_S if runtime.isolated else QUICK_WAIT_S)
+        quick = QUICK_WAIT_ISOLATED_S if runtime.isolated and not isinstance(future, LoopFuture) else QUICK_WAIT_S
+        result = await _quick_wait(future, quick)
         if self._end_seen.is_set():   # it came during the quick wait: whatever the result, it is not sent
             raise _EndArrived(started=not self._end_dropped, counted=bool(self._end_dropped))
         if result is _PENDING:
@@ -442,29 +444,47 @@ class EpisodeCallHandler:
 
     async def _await_inference(self, active: ActiveEpisode, req: pb.ObservationRequest,
                                future: concurrent.futures.Future) -> Any:
-        """Await the inference thread's ``future`` in slices (the deadline, a robot gone), or the episode's end."""
+        """Await the inference thread's ``future`` in slices (the deadline, a robot gone), or the episode's end.
+
+        One loop future per slice, woken by whichever comes first: the inference thread's done callback (one
+        ``call_soon_threadsafe``), the episode's end (:meth:`_end_arrived`) or the slice's timer. No task per
+        request, no self-pipe write beyond the one wake-up.
+        """
         runtime = self.runtime
-        waiting = asyncio.wrap_future(future)
-        end_seen = asyncio.ensure_future(self._end_seen.wait())
-        try:
-            while True:
-                done, _ = await asyncio.wait((waiting, end_seen), timeout=runtime.wait_slice_s,
-                                             return_when=asyncio.FIRST_COMPLETED)
-                if end_seen in done:
-                    # Not waited for: dropped from the queue (counted there), or running (its result discarded).
-                    waiting.add_done_callback(_consume)
-                    raise _EndArrived(started=not self._end_dropped, counted=bool(self._end_dropped))
-                if waiting in done:
-                    try:
-                        return waiting.result()
-                    except SequenceAIError as exc:
-                        runtime.on_failure(exc)
-                        raise
+        loop = self._loop
+
+        def wake(_: concurrent.futures.Future) -> None:     # the inference thread (or here, if already done)
+            try:
+                loop.call_soon_threadsafe(self._wake)
+            except RuntimeError:      # the loop has closed (the worker stopped): nobody waits any more
+                pass
+
+        future.add_done_callback(wake)
+        while True:
+            if self._end_seen.is_set():
+                # Not waited for: dropped from the queue (counted there), or running (its result discarded).
+                raise _EndArrived(started=not self._end_dropped, counted=bool(self._end_dropped))
+            if future.done():
+                try:
+                    return future.result()
+                except SequenceAIError as exc:
+                    runtime.on_failure(exc)
+                    raise
+            self._waiter = waiter = loop.create_future()
+            timer = loop.call_later(runtime.wait_slice_s, self._wake)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                self._waiter = None
+            if not (future.done() or self._end_seen.is_set()):
                 runtime.check_wait(active, req)
-        finally:
-            end_seen.cancel()
-            if not waiting.done():   # the RPC was cancelled meanwhile: its later exception is retrieved, not logged
-                waiting.add_done_callback(_consume)
+
+    def _wake(self) -> None:
+        """Wake :meth:`_await_inference` (loop thread): its inference is done, its episode ended or a slice passed."""
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     async def _observe(self, req: pb.ObservationRequest, nbytes: int | None = None) -> pb.EpisodeReply | None:
         """Serve one request: its chunk or a typed error; None when the episode's end arrived first (no reply)."""

@@ -1,16 +1,23 @@
 """The deployment process: imports, loads and runs one policy for the worker (``--isolation process``).
 
 The worker (:mod:`sequence_ai_ros.worker.policy_process`) starts ``python -m sequence_ai_ros.worker.policy_host
-FD PPID`` with one end of a Unix socket pair as ``FD``, and talks to it one call at a time:
+FD PPID`` with one end of a Unix socket pair as ``FD``, and talks to it one call at a time, in frames
+(``u32 length`` then the payload; :class:`Channel`, one ``sendmsg`` and usually one ``recvmsg`` each):
 
-- a call is a frame: ``u32 length`` then ``u32 header length``, the header (a protocol-5 pickle of
-  ``(command, arguments, ended episode ids)`` whose arrays are *out of band*), ``u32 n`` and ``n`` pairs
-  ``(u64 offset, u64 length)`` locating each array's bytes in the shared memory (a ``memfd`` the worker
-  maps too and hands over with ``SCM_RIGHTS`` when it grows). Observations' images and states are
-  therefore never pickled: the worker copies their bytes into the shared memory once, this process
-  copies them out once (the policy may keep them);
-- a reply is a frame holding a plain pickle of ``('ok', value)`` or ``('err', 'Type: message')``:
-  action chunks are small.
+- a call's payload: ``i32 segment`` (-1: no arrays), ``u32 copy``, ``u64 segment size``, ``u32 n`` and ``n``
+  ``i32`` ids of segments the worker dropped, then the header: a protocol-5 pickle of ``(command, arguments,
+  ended episode ids)`` in which every plain numpy array is a reference ``(offset, dtype, shape, writeable)``
+  into the call's *segment* (:class:`CallPickler`). A segment is shared memory (a ``memfd``) that the worker
+  maps too; a new one comes with its call as ``SCM_RIGHTS``. The worker copies the arrays' bytes into the
+  segment once; this process hands the policy *views* of them (:class:`Segments`), so observations'
+  images and states are neither pickled nor copied here;
+- a reply's payload: ``u32 n`` and ``n`` ``i32`` ids of segments the worker may write again, then a plain
+  pickle of ``('ok', value)`` or ``('err', 'Type: message')``: action chunks are small.
+
+A segment is written again only once nothing here references its arrays any more (the policy may keep
+them, in an episode's state or anywhere: then its segment stays out of use until they are gone), so what
+the policy holds never changes under it. While :data:`MAX_HELD` segments are held, a call's arrays are
+copied out instead (``copy``), and its segment is free again at once.
 
 Commands: ``describe`` (import the file; answer what the worker needs without importing it), ``load``
 (construct with the config and call ``load()``), ``infer``, ``infer_batch``, ``hook`` (the
@@ -24,6 +31,8 @@ with ``kill -9`` leaves no policy behind. Nothing here imports gRPC.
 
 from __future__ import annotations
 
+import array
+import io
 import logging
 import mmap
 import os
@@ -32,79 +41,276 @@ import socket
 import struct
 import sys
 import traceback
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
+from sequence_ai_ros.policy.api import Episode, Result
+
 _U32 = struct.Struct('<I')
-_PAIR = struct.Struct('<QQ')
-#: Alignment of each array in the shared memory (bytes).
+_I32 = struct.Struct('<i')
+#: A call's fixed head: segment id (-1: none), copy (0/1), segment size (bytes), number of dropped segments.
+_CALL = struct.Struct('<iIQI')
+#: Alignment of each array in a segment (bytes).
 ALIGN = 64
+#: Segments the policy may hold (by keeping arrays of their calls) before calls' arrays are copied instead.
+MAX_HELD = 16
+#: The dtype kinds whose arrays travel in a segment (others, e.g. object arrays, are pickled in the header).
+_SHARED_KINDS = frozenset('biufcmMSU')
+_FD_SPACE = socket.CMSG_SPACE(4 * array.array('i').itemsize)
 LOG = logging.getLogger('sequence_ai_ros.worker.policy_host')
 #: Set in a deployment process to the worker's pid.
 DEPLOYMENT_PROCESS_ENV = 'SEQ_DEPLOYMENT_PROCESS'
 
 
-def recv_exact(sock: socket.socket, n: int, into: bytearray | None = None) -> bytearray:
-    """Read exactly ``n`` bytes from ``sock``.
+class Channel:
+    """Frames over a Unix stream socket: ``u32 length`` then the payload; one frame in flight each way.
 
-    :raises EOFError: when the peer closed first.
+    Reads go into one reusable buffer (grown to the largest frame), so a payload is valid until the next
+    read. File descriptors (``SCM_RIGHTS``) ride with a frame's first bytes. A frame is read whole by
+    :meth:`recv` (blocking), or piecewise by :meth:`poll` (never blocking: an event loop's reader), and a
+    frame :meth:`poll` began, :meth:`recv` finishes.
+
+    :param sock: a connected ``AF_UNIX`` ``SOCK_STREAM`` socket (blocking).
     """
-    buf = into if into is not None else bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:n])
+
+    def __init__(self, sock: socket.socket, size: int = 1 << 16) -> None:
+        self.sock = sock
+        self._buf = bytearray(size)
+        self._got = 0           # bytes of the next frame read so far
+
+    def send(self, parts: Sequence[bytes | memoryview], fds: Sequence[int] = ()) -> None:
+        """Send one frame made of ``parts`` (and ``fds``), in one ``sendmsg`` when the socket takes it all.
+
+        :raises OSError: when the peer is gone.
+        """
+        msg = [_U32.pack(sum(len(p) for p in parts)), *parts]
+        anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array('i', fds))] if fds else []
+        sent = self.sock.sendmsg(msg, anc)
+        total = sum(len(p) for p in msg)
+        if sent < total:     # a full socket buffer or a signal: the rest (the fds went with the first bytes)
+            self.sock.sendall(memoryview(b''.join(msg))[sent:])
+
+    def recv(self) -> tuple[memoryview, list[int]]:
+        """Read one frame: its payload (a view of the buffer, valid until the next read) and any fds.
+
+        :raises EOFError: when the peer closed the socket.
+        :raises OSError: when the socket fails.
+        """
+        fds: list[int] = []
+        if not self._got:
+            got, anc, _, _ = self.sock.recvmsg_into([memoryview(self._buf)], _FD_SPACE)
+            fds = _fds(anc)
+            if not got:
+                _close_fds(fds)
+                raise EOFError('the peer closed the connection')
+            self._got = got
+        frame = self._frame()
+        while frame is None:
+            self._read(0)
+            frame = self._frame()
+        return frame, fds
+
+    def poll(self) -> memoryview | None:
+        """Read what has arrived, without blocking; return a frame's payload once it is whole, else None.
+
+        :raises EOFError: when the peer closed the socket.
+        :raises OSError: when the socket fails.
+        """
+        try:
+            self._read(socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return None
+        return self._frame()
+
+    def _read(self, flags: int) -> None:
+        k = self.sock.recv_into(memoryview(self._buf)[self._got:], 0, flags)
         if not k:
             raise EOFError('the peer closed the connection')
-        got += k
-    return buf
+        self._got += k
+
+    def _frame(self) -> memoryview | None:
+        if self._got < 4:
+            return None
+        (n,) = _U32.unpack_from(self._buf, 0)
+        if 4 + n > len(self._buf):
+            grown = bytearray(max(4 + n, 2 * len(self._buf)))
+            grown[:self._got] = memoryview(self._buf)[:self._got]
+            self._buf = grown
+        if self._got < 4 + n:
+            return None
+        self._got = 0           # one frame in flight each way: nothing follows it yet
+        return memoryview(self._buf)[4:4 + n]
 
 
-def send_frame(sock: socket.socket, payload: bytes) -> None:
-    """Send one frame: its length (u32), then ``payload``."""
-    sock.sendall(_U32.pack(len(payload)) + payload)
+def _fds(anc: list[tuple[int, int, bytes]]) -> list[int]:
+    fds: list[int] = []
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            ints = array.array('i')
+            ints.frombytes(data[:len(data) - len(data) % ints.itemsize])
+            fds.extend(ints)
+    return fds
 
 
-def recv_frame(sock: socket.socket) -> bytearray:
-    """Read one frame's payload (see :func:`send_frame`)."""
-    (n,) = _U32.unpack(recv_exact(sock, 4))
-    return recv_exact(sock, n)
+def _close_fds(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
-def encode_call(value: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
-    """Pickle ``value`` with its (contiguous) arrays out of band; return the header and the buffers."""
-    buffers: list[pickle.PickleBuffer] = []
-    header = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
-    return header, buffers
+def _shared_array(offset: int, dtype: str, shape: tuple[int, ...], writeable: bool) -> np.ndarray:
+    """Stand-in for an array in a call's segment: only :class:`CallLoader` builds these."""
+    raise pickle.UnpicklingError('a shared-memory array outside a deployment process call')
 
 
-def layout(buffers: list[pickle.PickleBuffer]) -> tuple[list[tuple[int, int]], int]:
-    """Offsets and lengths of ``buffers`` laid out in the shared memory (each :data:`ALIGN`-aligned), and the size."""
-    spans, at = [], 0
-    for b in buffers:
-        n = b.raw().nbytes
-        spans.append((at, n))
-        at += (n + ALIGN - 1) // ALIGN * ALIGN
-    return spans, at
+class CallPickler(pickle.Pickler):
+    """Pickle a call with its plain arrays laid out for a segment (:attr:`arrays`, :attr:`spans`, :attr:`size`).
+
+    Each array becomes ``(offset, dtype, shape, writeable)``; its bytes are copied into the segment by the
+    caller (:func:`fill`), each :data:`ALIGN`-aligned. A non-contiguous array is made contiguous first.
+    """
+
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file, protocol=5)
+        self.arrays: list[np.ndarray] = []
+        self.spans: list[tuple[int, int]] = []
+        self.size = 0
+
+    def reducer_override(self, obj: Any) -> Any:
+        """A plain array as a reference into the segment; anything else as pickle does it."""
+        if type(obj) is not np.ndarray or obj.dtype.kind not in _SHARED_KINDS or obj.dtype.fields is not None:
+            return NotImplemented
+        flat = np.ascontiguousarray(obj)
+        self.arrays.append(flat)
+        self.spans.append((self.size, flat.nbytes))
+        offset = self.size
+        self.size += (flat.nbytes + ALIGN - 1) // ALIGN * ALIGN
+        return _shared_array, (offset, obj.dtype.str, obj.shape, bool(obj.flags.writeable))
 
 
-def call_frame(header: bytes, spans: list[tuple[int, int]]) -> bytes:
-    """The frame payload of a call: header length, header, the spans."""
-    return b''.join((_U32.pack(len(header)), header, _U32.pack(len(spans)), *(_PAIR.pack(*s) for s in spans)))
+def encode_call(value: Any) -> tuple[bytes, CallPickler]:
+    """Pickle ``value`` with its arrays out of band; return the header and the pickler (its arrays, spans, size)."""
+    out = io.BytesIO()
+    pickler = CallPickler(out)
+    pickler.dump(value)
+    return out.getvalue(), pickler
 
 
-def parse_call(payload: bytearray, shm: mmap.mmap | None) -> Any:
-    """Unpickle a call, its arrays copied out of the shared memory (writable, owned by this process)."""
-    (hlen,) = _U32.unpack_from(payload, 0)
-    header = memoryview(payload)[4:4 + hlen]
-    (n,) = _U32.unpack_from(payload, 4 + hlen)
-    at = 8 + hlen
-    view = memoryview(shm) if shm is not None and n else None
-    buffers = []
-    for k in range(n):
-        off, length = _PAIR.unpack_from(payload, at + k * _PAIR.size)
-        assert view is not None
-        buffers.append(bytearray(view[off:off + length]))
-    return pickle.loads(header, buffers=buffers)
+def fill(segment: mmap.mmap, pickler: CallPickler) -> None:
+    """Copy the pickled call's arrays into ``segment`` at their offsets."""
+    if not pickler.arrays:
+        return
+    whole = np.frombuffer(segment, np.uint8)
+    for arr, (off, n) in zip(pickler.arrays, pickler.spans, strict=True):
+        if n:
+            whole[off:off + n] = arr.reshape(-1).view(np.uint8)
+    del whole
+
+
+class CallLoader(pickle.Unpickler):
+    """Unpickle a call header whose arrays are views of (or, with ``copy``, copies out of) a segment.
+
+    :param header: the pickled call.
+    :param segment: the call's segment, or None when it has no arrays.
+    :param copy: copy the arrays out (the segment is then free again at once).
+    """
+
+    def __init__(self, header: memoryview, segment: mmap.mmap | None, copy: bool) -> None:
+        super().__init__(io.BytesIO(header))
+        whole = None if segment is None else np.frombuffer(memoryview(segment), np.uint8)
+        #: what the call's views keep alive (None: no segment); nothing else references it once they are gone
+        self.owner = None if whole is None else whole.base
+        self._build = _array_builder(whole, copy)
+
+    def find_class(self, module: str, name: str) -> Any:
+        """The segment's array builder for :func:`_shared_array`; any other name as pickle finds it."""
+        if name == '_shared_array' and module == __name__:
+            return self._build
+        return super().find_class(module, name)
+
+
+def _array_builder(whole: np.ndarray | None, copy: bool) -> Any:
+    """``(offset, dtype, shape, writeable) -> array``: a view of ``whole`` (a copy with ``copy``)."""
+    def build(offset: int, dtype: str, shape: tuple[int, ...], writeable: bool) -> np.ndarray:
+        if whole is None:
+            raise pickle.UnpicklingError('an array without a shared-memory segment')
+        dt = _DTYPES.get(dtype)
+        if dt is None:
+            dt = _DTYPES[dtype] = np.dtype(dtype)
+        out = np.ndarray(shape, dt, whole, offset)
+        if copy:
+            out = out.copy()
+        if not writeable:
+            out.flags.writeable = False
+        return out
+
+    return build
+
+
+_DTYPES: dict[str, np.dtype] = {}
+
+
+class Segments:
+    """The deployment process's side of the shared memory: the segments by id, and which the policy still holds."""
+
+    def __init__(self) -> None:
+        self.maps: dict[int, mmap.mmap] = {}
+        #: per held segment, the buffer its calls' arrays view (referenced only from here once they are gone)
+        self.held: dict[int, Any] = {}
+        self._probe: dict[int, Any] = {0: object()}    # a value referenced only from its table, as a free one is
+
+    def parse(self, payload: memoryview, fds: list[int]) -> tuple[Any, int]:
+        """Unpickle a call (mapping a new segment, unmapping dropped ones); return its value and its segment id."""
+        seg, copy, size, ndropped = _CALL.unpack_from(payload, 0)
+        at = _CALL.size
+        for k in range(ndropped):
+            self._drop(_I32.unpack_from(payload, at + 4 * k)[0])
+        at += 4 * ndropped
+        if fds:
+            try:
+                old = self.maps.pop(seg, None)
+                if old is not None:
+                    old.close()
+                self.maps[seg] = mmap.mmap(fds[0], size)
+            finally:
+                _close_fds(fds)
+        loader = CallLoader(payload[at:], self.maps[seg] if seg >= 0 else None, bool(copy))
+        value = loader.load()
+        if seg >= 0 and not copy:
+            self.held[seg] = loader.owner
+        return value, seg
+
+    def release(self, seg: int) -> list[int]:
+        """After a call of segment ``seg``: the held segments nothing references any more, now free to write again."""
+        free = [seg] if seg >= 0 and seg not in self.held else []
+        if self.held:
+            unreferenced = sys.getrefcount(self._probe[0])
+            free += [k for k in list(self.held) if sys.getrefcount(self.held[k]) <= unreferenced]
+            for k in free:
+                self.held.pop(k, None)
+        return free
+
+    def _drop(self, seg: int) -> None:
+        mapped = self.maps.pop(seg, None)
+        self.held.pop(seg, None)
+        if mapped is not None:
+            try:
+                mapped.close()
+            except BufferError:   # still viewed (it was never handed back as free): unmapped when collected
+                pass
+
+
+def call_head(segment: int, copy: bool, size: int, dropped: list[int]) -> bytes:
+    """A call's head: its segment (-1: none), whether to copy its arrays out, the segment's size, dropped segments."""
+    return _CALL.pack(segment, int(copy), size, len(dropped)) + b''.join(_I32.pack(k) for k in dropped)
+
+
+def parse_reply(payload: memoryview) -> tuple[list[int], tuple[str, Any]]:
+    """A reply's released segment ids and its ``(status, value)``."""
+    (n,) = _U32.unpack_from(payload, 0)
+    released = [_I32.unpack_from(payload, 4 + 4 * k)[0] for k in range(n)]
+    return released, pickle.loads(payload[4 + 4 * n:])
 
 
 def describe_exc(exc: BaseException) -> str:
@@ -127,8 +333,6 @@ class Host:
 
     def episode(self, ident: tuple[str, str, str]) -> Any:
         """The Episode of ``(id, instruction, deployment)``, created at its first call."""
-        from sequence_ai_ros.policy.api import Episode
-
         episode = self.episodes.get(ident[0])
         if episode is None:
             episode = self.episodes[ident[0]] = Episode(id=ident[0], instruction=ident[1], deployment=ident[2])
@@ -202,10 +406,6 @@ class RemoteFailure:
 
 def _plain(out: Any) -> Any:
     """The policy's output as the worker can unpickle it: a Result of arrays, or an array."""
-    import numpy as np
-
-    from sequence_ai_ros.policy.api import Result
-
     if isinstance(out, Result):
         return Result(np.asarray(out.actions), bool(out.done))
     return np.asarray(out)
@@ -238,47 +438,48 @@ def _die_with_parent(ppid: int) -> None:
 def serve(sock: socket.socket) -> None:
     """Answer calls until the worker closes the socket."""
     host = Host()
-    shm: mmap.mmap | None = None
+    channel = Channel(sock)
+    segments = Segments()
     while True:
         try:
-            first, fds, _, _ = socket.recv_fds(sock, 4, 1)
-        except OSError:
+            payload, fds = channel.recv()
+        except (EOFError, OSError):
             return
-        if not first:
-            return
-        if fds:                           # the shared memory (re)mapped: a grown segment
-            if shm is not None:
-                shm.close()
-            shm = mmap.mmap(fds[0], os.fstat(fds[0]).st_size)
-            os.close(fds[0])
+        seg = -1
         try:
-            head = recv_exact(sock, 4 - len(first), bytearray(4 - len(first))) if len(first) < 4 else bytearray()
-            (n,) = _U32.unpack(bytes(first) + bytes(head))
-            payload = recv_exact(sock, n)
-        except EOFError:
-            return
-        if n == 0:                        # a bare shared-memory hand-over
-            continue
-        try:
-            command, args, ended = parse_call(payload, shm)
+            call, seg = segments.parse(payload, fds)
+            command, args, ended = call
+            del call
             try:
                 value = getattr(host, command)(*args)
             finally:       # after the call: a hook is sent along with its own episode's end
+                del args
                 for eid in ended:
                     host.episodes.pop(eid, None)
-            reply = pickle.dumps(('ok', value), protocol=5)
+            status = 'ok'
         except BaseException as exc:      # a policy's failure (SystemExit included) is an answer, not our end
             from sequence_ai_ros.exceptions import ContractViolation
 
             status = 'contract' if isinstance(exc, ContractViolation) else 'err'   # the robot's fault, typed so
-            try:
-                reply = pickle.dumps((status, describe_exc(exc)), protocol=5)
-            except Exception:
-                reply = pickle.dumps(('err', f'{type(exc).__name__} (unprintable)'), protocol=5)
+            value = _describe_safely(exc)
+        del payload
         try:
-            send_frame(sock, reply)
+            body = pickle.dumps((status, value), protocol=5)
+        except Exception as exc:          # an unpicklable answer is the policy's failure
+            body = pickle.dumps(('err', _describe_safely(exc)), protocol=5)
+        del value                         # before the segments are checked: the answer may view an input
+        released = segments.release(seg)
+        try:
+            channel.send([_U32.pack(len(released)) + b''.join(_I32.pack(k) for k in released), body])
         except OSError:
             return
+
+
+def _describe_safely(exc: BaseException) -> str:
+    try:
+        return describe_exc(exc)
+    except Exception:
+        return f'{type(exc).__name__} (unprintable)'
 
 
 def main(argv: list[str]) -> int:

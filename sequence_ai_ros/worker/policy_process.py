@@ -11,7 +11,11 @@ segfault or a hang in one policy fails only that deployment's robots; the worker
 - :func:`deploy_check`: ``seq deploy``'s import, fingerprint and dry run in a deployment process under one
   deadline (a busy loop or ``sleep`` at import cannot outlast it; ``os._exit(7)`` is named).
 - :class:`RemotePolicy`: the policy object as the runtime and scheduler see it; every call is one
-  round trip. Arrays travel through shared memory (a ``memfd``, grown on demand), never pickled whole.
+  round trip, made by the calling thread (:meth:`PolicyProcess.call`) or, for an inference when the
+  deployment's inference thread is idle, straight from the worker's event loop, which reads the answer as
+  it comes (:meth:`PolicyProcess.start`): no hop through the inference thread. Arrays travel through
+  shared memory (``memfd`` segments, reused once the policy no longer references a call's arrays), never
+  pickled; the policy gets views of them (:mod:`~sequence_ai_ros.worker.policy_host`).
 
 Errors: a policy's exception comes back as :class:`RemoteError` (its text is the policy's own
 ``Type: message``); a process that dies or is killed raises :class:`PolicyProcessDied`, naming the
@@ -20,6 +24,7 @@ deployment, the step and the exit code or signal.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import logging
 import mmap
@@ -31,6 +36,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +47,7 @@ from sequence_ai_ros.worker import policy_host as wire
 LOG = logging.getLogger(__name__)
 #: The isolation modes: ``process`` (each deployment in its own process) and ``none`` (in the worker).
 ISOLATION_MODES = ('process', 'none')
-#: First size of the shared memory for observations (bytes); it grows to the largest call.
+#: Smallest size of a shared-memory segment (bytes); a larger call gets a segment of its own size.
 SHM_START_BYTES = 1 << 20
 #: Bound of a deployment process's interpreter start-up (s), before the policy's own deadlines start.
 START_TIMEOUT_S = 60.0
@@ -80,6 +86,7 @@ class PolicyProcess:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (_PACKAGE_ROOT, os.environ.get('PYTHONPATH'))
                                                           if p))
+        env.setdefault('OMP_NUM_THREADS', '1')       # before numpy's import there
         try:
             self.process = subprocess.Popen(
                 [sys.executable, '-m', 'sequence_ai_ros.worker.policy_host', str(theirs.fileno()), str(os.getpid())],
@@ -90,11 +97,17 @@ class PolicyProcess:
         finally:
             theirs.close()
         self._sock = ours
+        self._channel = wire.Channel(ours)
         self._lock = threading.Lock()
-        self._shm: mmap.mmap | None = None
-        self._shm_fd = -1
+        self._segments: dict[int, mmap.mmap] = {}   # shared memory by id: free (in _free) or held by the policy
+        self._free: list[int] = []
+        self._dropped: list[int] = []                # closed here; the process unmaps them with the next call
+        self._next_segment = 0
         self._dead: str | None = None
         self.step = 'starting'
+        #: while a call started from an event loop runs: that loop (it reads the answer) and who gets it
+        self._reading: asyncio.AbstractEventLoop | None = None
+        self._done: Callable[[str | None, Any], None] | None = None
 
     @property
     def pid(self) -> int:
@@ -118,41 +131,172 @@ class PolicyProcess:
             if self._dead is not None:
                 raise PolicyProcessDied(self._dead)
             self.step = step or command
-            header, buffers = wire.encode_call((command, args, ended))
-            spans, size = wire.layout(buffers)
+            header, pickler = wire.encode_call((command, args, ended))
+            fds: list[int] = []
             try:
-                if buffers:
-                    self._fill(buffers, spans, size)
-                wire.send_frame(self._sock, wire.call_frame(header, spans))
-                status, value = pickle.loads(wire.recv_frame(self._sock))
+                head, fds = self._place(pickler)
+                self._channel.send([head, header], fds)
+                payload, _ = self._channel.recv()
+                released, (status, value) = wire.parse_reply(payload)
+                del payload
             except (OSError, EOFError, pickle.UnpicklingError) as exc:
                 raise self._died(self.step, exc) from None
+            finally:
+                for fd in fds:         # the process has its own copy now (or never will)
+                    os.close(fd)
+            self._free.extend(k for k in released if k in self._segments)
         if status == 'err':
             raise RemoteError(value)
         if status == 'contract':        # the policy found the request malformed (ContractViolation)
             raise ContractViolation(value)
         return value
 
-    def _fill(self, buffers: list[pickle.PickleBuffer], spans: list[tuple[int, int]], size: int) -> None:
-        if self._shm is None or size > len(self._shm):
-            self._grow(max(size, SHM_START_BYTES, 2 * len(self._shm) if self._shm is not None else 0))
-        assert self._shm is not None
-        view = memoryview(self._shm)
-        for buf, (off, n) in zip(buffers, spans, strict=True):
-            view[off:off + n] = buf.raw()
-        view.release()
+    def start(self, loop: asyncio.AbstractEventLoop, done: Callable[[str | None, Any], None], command: str,
+              *args: Any, ended: tuple[str, ...] = (), step: str = '') -> bool:
+        """Send ``command(*args)`` from ``loop``'s thread without waiting; ``done`` gets the answer.
 
-    def _grow(self, size: int) -> None:
-        fd = os.memfd_create(f'seq-{self.name}', os.MFD_CLOEXEC)
+        ``loop`` reads the answer as it arrives and calls ``done(status, value)`` there: ``('ok', value)``,
+        ``('err', 'Type: message')`` or ``('contract', message)``. When the process dies meanwhile, ``done(None,
+        PolicyProcessDied)`` is called from a thread of its own, once the exit status is known.
+
+        :return: False, having sent nothing, when another call runs, the process is dead or the arguments do not
+            pickle (:meth:`call` then answers as usual).
+        """
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if self._dead is not None:
+                self._lock.release()
+                return False
+            header, pickler = wire.encode_call((command, args, ended))
+        except Exception:
+            self._lock.release()
+            return False
+        self.step = step or command
+        fds: list[int] = []
+        self._done, self._reading = done, loop
+        try:
+            head, fds = self._place(pickler)
+            loop.add_reader(self._sock.fileno(), self._on_readable)
+            self._channel.send([head, header], fds)
+        except (OSError, ValueError) as exc:
+            self._fail_started(exc)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return True
+
+    def _on_readable(self) -> None:
+        """The loop's reader while a started call runs: hand its answer on (loop thread)."""
+        try:
+            payload = self._channel.poll()
+            if payload is None:
+                return
+            released, (status, value) = wire.parse_reply(payload)
+            del payload
+        except Exception as exc:    # the process ended, or its answer cannot be read: it is done for
+            self._fail_started(exc)
+            return
+        done = self._end_started()
+        self._free.extend(k for k in released if k in self._segments)
+        self._lock.release()
+        if done is not None:
+            done(status, value)
+
+    def _end_started(self) -> Callable[[str | None, Any], None] | None:
+        loop, self._reading = self._reading, None
+        done, self._done = self._done, None
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.remove_reader(self._sock.fileno())
+            except (ValueError, OSError):       # the socket is already closed
+                pass
+        return done
+
+    def _fail_started(self, exc: BaseException) -> None:
+        """A started call's process died: name how (its exit status, waited for off the loop), then tell ``done``."""
+        done = self._end_started()
+
+        def settle() -> None:
+            try:
+                died = self._died(self.step, exc)
+            finally:
+                self._lock.release()
+            if done is not None:
+                done(None, died)
+
+        threading.Thread(target=settle, name=f'seq-died-{self.name}', daemon=True).start()
+
+    def _let_go(self) -> None:
+        """Before the socket closes: the loop of a started call stops reading it (an fd number is reused)."""
+        loop = self._reading
+        if loop is None or loop.is_closed():
+            return
+        if not loop.is_running():        # nobody reads it any more: the call fails here
+            self._fail_started(EOFError('closed'))
+            return
+        try:
+            here = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            here = False
+        if here:
+            self._fail_started(EOFError('closed'))
+            return
+        done = threading.Event()
+
+        def remove() -> None:
+            try:
+                if self._reading is loop:
+                    self._fail_started(EOFError('closed'))
+            finally:
+                done.set()
+
+        try:
+            loop.call_soon_threadsafe(remove)
+        except RuntimeError:
+            return
+        done.wait(2.0)
+
+    def _place(self, pickler: wire.CallPickler) -> tuple[bytes, list[int]]:
+        """Copy the call's arrays into a free segment (a new one when none fits); return the call's head and fds.
+
+        The fds (a new segment's) go with the call; the caller closes them once sent.
+        """
+        fds: list[int] = []
+        if not pickler.arrays:
+            seg, copy, size = -1, False, 0
+        else:
+            fit = [k for k in self._free if len(self._segments[k]) >= pickler.size]
+            if fit:
+                seg = min(fit, key=lambda k: len(self._segments[k]))
+                self._free.remove(seg)
+            else:
+                seg, fd = self._new_segment(pickler.size)
+                fds = [fd]
+            wire.fill(self._segments[seg], pickler)
+            size = len(self._segments[seg])
+            held = len(self._segments) - len(self._free) - 1     # by the policy, besides this call's
+            copy = held >= wire.MAX_HELD        # the policy keeps many calls' arrays: this call's are copied out
+        dropped, self._dropped = self._dropped, []
+        return wire.call_head(seg, copy, size, dropped), fds
+
+    def _new_segment(self, size: int) -> tuple[int, int]:
+        """Map a new segment of at least ``size`` bytes; free ones too small for it are dropped (both sides)."""
+        size = max(size, SHM_START_BYTES)
+        size = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
+        for k in [k for k in self._free if len(self._segments[k]) < size]:
+            self._free.remove(k)
+            self._segments.pop(k).close()
+            self._dropped.append(k)
+        seg, self._next_segment = self._next_segment, self._next_segment + 1
+        fd = os.memfd_create(f'seq-{self.name}-{seg}', os.MFD_CLOEXEC)
         try:
             os.ftruncate(fd, size)
-            shm = mmap.mmap(fd, size)
-            socket.send_fds(self._sock, [wire._U32.pack(0)], [fd])   # a bare hand-over frame
-        finally:
+            self._segments[seg] = mmap.mmap(fd, size)
+        except OSError:
             os.close(fd)
-        if self._shm is not None:
-            self._shm.close()
-        self._shm = shm
+            raise
+        return seg, fd
 
     def _died(self, step: str, exc: BaseException | None = None) -> PolicyProcessDied:
         try:
@@ -193,10 +337,15 @@ class PolicyProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        self._let_go()
         self._sock.close()
-        if self._shm is not None:
-            self._shm.close()
-            self._shm = None
+        for segment in self._segments.values():
+            try:
+                segment.close()
+            except BufferError:   # a call still fills it (it fails): unmapped once that view is gone
+                pass
+        self._segments.clear()
+        self._free.clear()
 
 
 def _ident(episode: Any) -> tuple[str, str, str]:
@@ -232,6 +381,15 @@ class RemotePolicy:
     def infer(self, inp: Any, episode: Any) -> Any:
         """One chunk for ``inp`` (the policy's ``infer`` in the process)."""
         return self.process.call('infer', inp, _ident(episode), ended=self._take_ended(), step='inferring')
+
+    def start_infer(self, loop: asyncio.AbstractEventLoop, inp: Any, episode: Any,
+                    done: Callable[[str | None, Any], None]) -> bool:
+        """Start :meth:`infer` from ``loop``'s thread; ``done`` gets the answer (:meth:`PolicyProcess.start`)."""
+        ended = self._take_ended()
+        if self.process.start(loop, done, 'infer', inp, _ident(episode), ended=ended, step='inferring'):
+            return True
+        self._ended.extendleft(reversed(ended))    # not sent: the next call takes them
+        return False
 
     def infer_batch(self, inputs: list[Any], episodes: list[Any]) -> list[Any]:
         """One chunk (or a :class:`RemoteError`) per input (the policy's ``infer_batch`` in the process)."""

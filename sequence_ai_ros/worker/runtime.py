@@ -6,7 +6,9 @@ Threads owned here:
   client asks (handshake, Ready or an episode), without blocking the caller. Loading is not billed.
 - ``seq-infer-<name>``: the :class:`~sequence_ai_ros.worker.scheduler.InferenceScheduler`; every call into
   the policy object after loading (``infer``, or ``infer_batch`` for a policy declaring
-  :class:`~sequence_ai_ros.policy.api.Batching`, and the ``@seq.on_episode`` hook) runs there.
+  :class:`~sequence_ai_ros.policy.api.Batching`, and the ``@seq.on_episode`` hook) runs there, except that a
+  deployment process's inference is sent from the worker's event loop while this thread is idle, in the
+  thread's slot (:meth:`DeploymentRuntime.submit`; calls stay one at a time).
 
 Episodes are keyed by episode id: each has its own :class:`~sequence_ai_ros.policy.Episode` (with its
 ``state`` dict), so one robot never resets another, and an episode ends exactly once (:meth:`ActiveEpisode.end`).
@@ -18,6 +20,7 @@ is discarded, and EpisodeEnded never waits for an inference (:meth:`DeploymentRu
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import logging
 import threading
@@ -229,6 +232,9 @@ class DeploymentRuntime:
         #: run one dry inference after load, before the policy is ready (a rollout's new version: it serves
         #: robots only once an inference on the synthetic observation of ``seq deploy`` passed)
         self.dry_run_on_load = False
+        #: the worker's event loop (set by the server): a request submitted there while the inference thread is
+        #: idle goes to the deployment process from the loop, which also reads the answer (:meth:`submit`)
+        self.loop: asyncio.AbstractEventLoop | None = None
         #: what the last load (construct, ``load()``, dry run) raised; None while it has not failed, and when it
         #: failed by passing ``load_timeout_s`` (a rollout tells an out-of-memory failure from the others)
         self.load_error: BaseException | None = None
@@ -483,8 +489,55 @@ class DeploymentRuntime:
             inp = self.decode(req)
         episode = active.episode
         instance = self._instance
+        if isinstance(instance, RemotePolicy) and self.batching is None:
+            future = self._start(instance, inp, episode)
+            if future is not None:
+                return future
         return self.scheduler.submit(episode.id, lambda: self._call(instance, inp, episode), payload=(inp, episode),
                                      ended=lambda: active.ending)
+
+    def _start(self, instance: RemotePolicy, inp: messages.PolicyInput,
+               episode: Episode) -> concurrent.futures.Future | None:
+        """On the event loop, with the inference thread idle: send the request to the deployment process from here.
+
+        The loop reads the answer and settles the future (a
+        :class:`~sequence_ai_ros.worker.scheduler.LoopFuture`) as :meth:`_call` would; the request holds the
+        inference thread's slot meanwhile. None: the thread runs it (not on the loop, busy, or a call running).
+        """
+        loop = self.loop
+        if loop is None or episode.reason is not None:
+            return None
+        try:
+            if asyncio.get_running_loop() is not loop:
+                return None
+        except RuntimeError:
+            return None
+        job = self.scheduler.borrow(episode.id)
+        if job is None:
+            return None
+        start = time.perf_counter()
+
+        def done(status: str | None, value: Any) -> None:
+            elapsed = time.perf_counter() - start
+            self.usage.add(inference_s=elapsed)
+            if status == 'ok':
+                self.scheduler.give_back(job, elapsed, result=(value, elapsed))
+            elif status is None:                # died (a thread of its own): this deployment restarts
+                self.restart(instance, str(value))
+                self.scheduler.give_back(job, elapsed, exception=PolicyException(str(value)))
+            elif status == 'contract':
+                LOG.warning('policy %s refused episode %s request %d: %s', self.name, episode.id, inp.request_id,
+                            value)
+                self.scheduler.give_back(job, elapsed, exception=ContractViolation(value))
+            else:
+                LOG.warning('policy %s raised on episode %s request %d: %s', self.name, episode.id,
+                            inp.request_id, value)
+                self.scheduler.give_back(job, elapsed, exception=PolicyException(value))
+
+        if instance.start_infer(loop, inp, episode, done):
+            return job.future
+        self.scheduler.give_back(job)
+        return None
 
     def decode(self, req: pb.ObservationRequest, nbytes: int | None = None) -> messages.PolicyInput:
         """Check the request's size and decode it against the contract (images decoded: the costly part).

@@ -1,7 +1,8 @@
 """Inference with per-episode fairness: one thread per deployment, round-robin over episodes, batched on request.
 
 Every call into the policy object (infer, infer_batch and the ``@seq.on_episode`` hook) runs on the
-deployment's single thread ``seq-infer-<name>``, so a policy never sees concurrent calls. A policy without
+deployment's single thread ``seq-infer-<name>``, or in its slot (a borrowed slot, below), so a policy never
+sees concurrent calls. A policy without
 :class:`~sequence_ai_ros.policy.api.Batching` gets one request per call (serialized). A batching policy gets
 up to ``max_batch_size`` pending requests (of different episodes, oldest first) in one call; the thread waits
 until ``max_wait_s`` after the oldest pending request's arrival for the batch to fill, never longer.
@@ -16,6 +17,11 @@ that flag is up: :meth:`InferenceScheduler.drop` takes an ended episode's queued
 the thread skips any it still finds. A request already running is left to finish (a thread cannot be
 stopped); its caller discards the result. :meth:`InferenceScheduler.stats` counts both sides:
 ``requests_dropped_at_end`` and ``inferences_started_after_end`` (0 unless this rule is broken).
+
+Borrowed slot: a request whose deployment process can be asked straight from the event loop runs there when the
+thread is idle (:meth:`InferenceScheduler.borrow`): it holds the thread's slot, so the queue, the deadline and
+the episode rules apply to it as to a request the thread runs, and the thread starts nothing until it is given
+back (:meth:`InferenceScheduler.give_back`).
 
 Deadline: a Python thread cannot be killed, so a policy call that never returns would hold the thread
 forever. :meth:`InferenceScheduler.expire` (called by the waiting streams) detects a job that has run longer
@@ -55,6 +61,10 @@ class _Job:
         self.started: float | None = None
 
 
+class LoopFuture(Future):
+    """The future of a request run from the event loop (:meth:`InferenceScheduler.borrow`): settled there."""
+
+
 #: ``batch_call(payloads) -> results``: one result per payload, in order; an exception instance as a
 #: result fails only that request.
 BatchCall = Callable[[list[Any]], list[Any]]
@@ -85,6 +95,7 @@ class InferenceScheduler:
         self._control: collections.deque[_Job] = collections.deque()
         self._pending_keys: set[str] = set()
         self._current: list[_Job] = []
+        self._borrowed: _Job | None = None
         self._wedged: PolicyException | None = None
         self._dropped_at_end = 0
         self._started_after_end = 0
@@ -220,6 +231,50 @@ class InferenceScheduler:
         with self._lock:
             self._wedged = None
 
+    def borrow(self, key: str) -> _Job | None:
+        """Take the thread's slot for episode ``key``'s request, run elsewhere, when the thread is idle; else None.
+
+        Idle: nothing running, queued or borrowed, not wedged, not stopping, and ``key`` has no request pending.
+        The job's future is a :class:`LoopFuture`; until :meth:`give_back` the request counts as running
+        (:attr:`inferring`, :meth:`expire`) and the thread waits.
+        """
+        with self._lock:
+            if (self._current or self._jobs or self._control or self._borrowed is not None
+                    or self._wedged is not None or self._stop.is_set() or key in self._pending_keys):
+                return None
+            job = _Job(key, _borrowed_fn)
+            job.future = LoopFuture()
+            job.started = job.submitted
+            self._pending_keys.add(key)
+            self._current = [job]
+            self._borrowed = job
+            return job
+
+    def give_back(self, job: _Job, seconds: float | None = None, *, result: Any = None,
+                  exception: BaseException | None = None) -> None:
+        """Return a borrowed slot (any thread); settle its future with ``(result, 0.0)`` or ``exception``.
+
+        :param seconds: how long the request ran (reported to ``on_batch`` as a batch of one); None when it
+            never started.
+        """
+        with self._lock:
+            if self._borrowed is not job:
+                return
+            self._borrowed = None
+            if self._current and self._current[0] is job:
+                self._current = []
+            self._pending_keys.discard(job.key)
+            self._lock.notify_all()
+        if exception is not None:
+            _settle(job.future, exception=exception)
+        else:
+            _settle(job.future, result=(result, 0.0))
+        if seconds is not None and self.on_batch is not None:
+            try:
+                self.on_batch(1, seconds)
+            except Exception as exc:
+                LOG.warning('on_batch of %s failed: %s', self.name, exc)
+
     def _release(self, job: _Job) -> None:
         """Let the job's episode submit again: before its future settles, as its robot may answer at once."""
         if job.key is not None:
@@ -270,7 +325,8 @@ class InferenceScheduler:
     def _take(self) -> list[_Job] | None:
         """Under the lock: wait for work and return the next control job or request batch; None: stop."""
         while True:
-            while not (self._jobs or self._control or self._stop.is_set()):
+            # a borrowed slot runs a request elsewhere: nothing starts beside it
+            while not self._stop.is_set() and (self._borrowed is not None or not (self._jobs or self._control)):
                 self._lock.wait()
             if self._control:
                 return [self._control.popleft()]
@@ -334,6 +390,10 @@ class InferenceScheduler:
             self._thread.join(timeout)
             if self._thread.is_alive():
                 LOG.warning('inference thread of %s still busy after %.1f s', self.name, timeout)
+
+
+def _borrowed_fn() -> None:
+    raise RuntimeError('a borrowed request runs outside the inference thread')
 
 
 def _ended_error(job: _Job) -> EpisodeStateError:

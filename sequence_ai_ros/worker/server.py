@@ -199,6 +199,7 @@ class WorkerServer:
             self.servicer.before_lookup = self.retire_deleted
         for runtime in runtimes.values():
             runtime.on_state_change = self._on_state
+            runtime.loop = self._loop
             self._on_state(runtime)
         self.metrics: MetricsSink = MetricsSink()
         self.metrics_port: int | None = None
@@ -427,6 +428,7 @@ class WorkerServer:
                                     load_timeout_s=self.config.load_timeout_s, eta_hint_s=rec.load_s or None,
                                     record=rec)
         runtime.metrics = self.metrics
+        runtime.loop = self._loop
         return runtime
 
     def _adopt(self, runtime: DeploymentRuntime) -> None:

@@ -180,6 +180,53 @@ def test_episode_state_lives_in_the_deployment_process_per_episode(two):
     a.end(), b.end()
 
 
+def test_robots_asking_at_once_each_get_their_own_chunk_in_order(two):
+    """Requests sent from the event loop while the inference thread is idle, and queued ones it runs, alike."""
+    _, stub = two
+    robots = [Stream(stub, 'steady', f'many-{k}') for k in range(4)]
+    for robot in robots:
+        assert robot.start().HasField('started')
+    got: dict[int, list[tuple[float, float]]] = {k: [] for k in range(len(robots))}
+
+    def ask(k: int) -> None:
+        for rid in range(1, 26):
+            reply = robots[k].ask(req(rid, value=100 * k + rid))
+            first = codec.from_tensor(reply.chunk.actions)[0] if reply.HasField('chunk') else (-1.0, -1.0)
+            got[k].append((float(first[0]), float(first[1])))
+
+    threads = [threading.Thread(target=ask, args=(k,)) for k in range(len(robots))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    for k, robot in enumerate(robots):
+        assert got[k] == [(100 * k + rid, rid) for rid in range(1, 26)]   # its own value, its own episode's count
+        assert robot.end().HasField('ended')
+
+
+def test_stopping_the_worker_during_an_inference_ends_it_and_its_deployment_processes(seq_home, tmp_path):
+    deploy(write_policy(tmp_path, 'busy'), home=seq_home, dry_timeout_s=60)
+    server = create_server(['busy'], home=seq_home, idle_timeout_s=120, isolation='process')
+    ch = channel(server.port)
+    stub = pb_grpc.PolicyServiceStub(ch)
+    assert wait_ready(stub, 'busy', timeout=RESTART_WAIT_S).ready
+    process = server.runtimes['busy']._instance.process.process
+    robot = Stream(stub, 'busy', 'robot-busy')
+    assert robot.start().HasField('started')
+    robot.send(observation=req(1, hang='600'))
+    wait_for(lambda: server.runtimes['busy'].scheduler.inferring, 10, 'the inference running')
+    stopper = threading.Thread(target=server.stop, kwargs={'grace': 0.5})
+    stopper.start()
+    stopper.join(timeout=60)
+    assert not stopper.is_alive()
+    assert process.wait(timeout=10) is not None
+    replies = []
+    while (reply := robot.recv(timeout=10)) is not None:
+        replies.append(reply.WhichOneof('kind'))
+    assert 'chunk' not in replies
+    ch.close()
+
+
 def test_kill_9_of_a_deployment_process_while_idle_is_noticed_and_restarted(two):
     server, stub = two
     process = server.runtimes['crashy']._instance.process.process
