@@ -122,7 +122,10 @@ def test_interrupt_from_another_thread_stops_within_one_period(serve):
         stamp = {}
 
         def stop():
-            time.sleep(0.6)
+            # after a few actions: run() first waits for the deployment's load (its own process), however long
+            deadline = time.monotonic() + 30
+            while len(robot.actions) < 6 and time.monotonic() < deadline:
+                time.sleep(0.01)
             stamp['t'] = time.monotonic()
             policy.interrupt()
 
