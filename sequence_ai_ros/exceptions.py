@@ -61,7 +61,16 @@ class Draining(Overloaded):
 
 
 class NotReady(SequenceAIError):
-    """Raised when the policy is still warming (or failed to load) and cannot serve yet."""
+    """Raised when the policy is still warming (or failed to load) and cannot serve yet.
+
+    ``retry_after_s``: for a request the worker refused while the deployment loads (cold or warming), its
+    estimate of the time left (s): the request may be sent again then (an episode does, before its first
+    chunk); 0 when waiting will not help (the load failed, the worker stops, the episode was cut).
+    """
+
+    def __init__(self, message: str = '', retry_after_s: float = 0.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class EpisodeStateError(SequenceAIError):

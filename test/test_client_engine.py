@@ -24,7 +24,7 @@ from sequence_ai_ros.client.outcome import RunOutcome
 from sequence_ai_ros.client.pacing import Pacer, ThreadGuard
 from sequence_ai_ros.client.resample import blend_seam, position_mask, sample
 from sequence_ai_ros.client.sampling import GridSampler, History
-from sequence_ai_ros.exceptions import ActionSpaceMismatch, ContractViolation, PolicyException
+from sequence_ai_ros.exceptions import ActionSpaceMismatch, ContractViolation, NotReady, PolicyException
 from sequence_ai_ros.protocol import codec
 from sequence_ai_ros.protocol.contract import Contract, ObservationContract
 from sequence_ai_ros.protocol.messages import pack_chunk
@@ -45,9 +45,11 @@ class Rig:
         self.sent: list[OutRequest] = []
         settings.setdefault('control_period', dt)
         fixed_step = settings.pop('fixed_step', True)
+        ready_timeout = settings.pop('ready_timeout', None)
         self.latency = LatencyWindow() if latency is None else latency   # a connection's, shared by its episodes
         self.engine = EpisodeEngine(self.contract, EpisodeSettings(**settings), 'ep', self.latency,
-                                    send=self.sent.append, clock=lambda: self.now, fixed_step=fixed_step)
+                                    send=self.sent.append, clock=lambda: self.now, fixed_step=fixed_step,
+                                    ready_timeout=ready_timeout)
         self.executed: list = []
 
     def obs(self, state=(0.0, 0.0)) -> Observation:
@@ -407,6 +409,77 @@ def test_an_unanswered_request_ends_the_episode_with_error_at_the_chunk_timeout(
         if answered.sent and answered.engine.stats()['in_flight']:
             answered.reply(ramp(len(answered.executed)))
     assert answered.engine.outcome() is None
+
+
+def test_a_request_refused_while_the_deployment_warms_is_a_wait_then_a_newer_observation_goes():
+    """NOT_READY with the worker's estimate before the first chunk: hold ('waiting'), send again, then run.
+
+    dt 0.1 s; an estimate of 0.4 s is asked again after a quarter of it (0.1 s), one of 0.1 s after 0.025 s:
+    the first tick after that sends that tick's observation (not the refused one), and the chunk answering
+    it plays from row 0.
+    """
+    rig = Rig(t=10, max_seconds=5.0)
+    rig.tick(state=(0.0, 0.0))                                       # t = 0: request 1 leaves
+    assert [r.request_id for r in rig.sent] == [1]
+    assert rig.engine.on_not_ready(1, NotReady('policy is warming; ready in about 0.4 s', retry_after_s=0.4))
+    assert rig.engine.warming and rig.engine.stats()['in_flight'] == 0
+    assert rig.tick(state=(1.0, 0.0)).hold and len(rig.sent) == 1   # t = 0.1: the refusal came at 0.1
+    assert rig.engine.step.hold_reason == 'waiting'
+    rig.tick(state=(2.0, 0.0))                                       # t = 0.2: the newer observation goes
+    assert [r.request_id for r in rig.sent] == [1, 2] and rig.sent[-1].obs.state[0] == 2.0
+    assert rig.engine.on_not_ready(2, NotReady('policy is warming; ready in about 0.1 s', retry_after_s=0.1))
+    rig.tick(state=(3.0, 0.0))                                       # t = 0.3: refused at 0.3, 0.025 s to go
+    assert len(rig.sent) == 2 and rig.engine.step.hold_reason == 'waiting'
+    rig.tick(state=(4.0, 0.0))
+    assert [r.request_id for r in rig.sent] == [1, 2, 3] and rig.sent[-1].obs.state[0] == 4.0
+    rig.reply(ramp(0))                                               # the deployment served
+    assert not rig.engine.warming
+    for _ in range(5):
+        assert not rig.tick().hold
+    assert [a.values[0] for a in rig.executed] == [0.0, 1.0, 2.0, 3.0, 4.0]   # from row 0
+    out = rig.engine.finish('completed')
+    assert (out.reason, out.error, out.underruns, out.underrun_s) == ('completed', None, 0, 0.0)
+    # Once a chunk came, NOT_READY is no wait (a deployment restarting mid-episode): the caller fails it.
+    late = Rig(t=10)
+    late.tick()
+    late.reply(ramp(0))
+    while len(late.sent) < 2:
+        late.tick()
+    assert not late.engine.on_not_ready(2, NotReady('restarting', retry_after_s=1.0))
+    assert not Rig().engine.on_not_ready(7, NotReady('warming', retry_after_s=1.0))   # not a request in flight
+    failed = Rig(t=10)
+    failed.tick()
+    assert not failed.engine.on_not_ready(1, NotReady('failed to load', retry_after_s=0.0))   # waiting won't help
+
+
+@pytest.mark.parametrize('bound', ['max_seconds', 'ready_timeout', 'ended', 'interrupted'])
+def test_an_episode_that_ends_while_its_deployment_still_loads_ends_with_not_ready(bound):
+    """Bounded by max_seconds, else the connection's ready_timeout; ended by the caller it never ran either.
+
+    An interrupt keeps its own reason (the caller stopped it).
+    """
+    settings = {'max_seconds': 0.45} if bound == 'max_seconds' else {}
+    rig = Rig(t=10, ready_timeout=0.65 if bound == 'ready_timeout' else None, **settings)
+    rid = 0
+    while rig.engine.outcome() is None and rig.now < 2.0:
+        rig.tick()
+        if rig.sent and rig.sent[-1].request_id > rid:
+            rid = rig.sent[-1].request_id
+            assert rig.engine.on_not_ready(rid, NotReady("policy 'lat' is warming; ready in about 3.0 s",
+                                                         retry_after_s=3.0))
+        if bound in ('ended', 'interrupted') and rig.now >= 0.5:
+            rig.engine.finish('completed' if bound == 'ended' else 'interrupted')
+    out = rig.engine.outcome()
+    assert out is not None and out.actions == 0 and out.chunks == 0 and out.underruns == 0
+    assert rid >= 2        # sent again 0.2 s after each refusal (a quarter of 3 s is over the 0.2 s cap)
+    if bound == 'interrupted':
+        assert (out.reason, out.error) == ('interrupted', None)
+        return
+    assert out.reason == 'error' and isinstance(out.error, NotReady)
+    words = {'max_seconds': "within the episode's max_seconds (0.45 s) (waited 0.5 s)",
+             'ready_timeout': 'within ready_timeout (0.65 s) (waited 0.7 s)',
+             'ended': 'when the episode was ended (waited 0.5 s)'}[bound]
+    assert str(out.error) == f"deployment '' not ready {words}: policy 'lat' is warming; ready in about 3.0 s"
 
 
 def test_history_is_sampled_on_the_policy_dt_grid():

@@ -122,7 +122,10 @@ def test_interrupt_from_another_thread_stops_within_one_period(serve):
         stamp = {}
 
         def stop():
-            time.sleep(0.6)
+            # after a few actions: run() first waits for the deployment's load (its own process), however long
+            deadline = time.monotonic() + 30
+            while len(robot.actions) < 6 and time.monotonic() < deadline:
+                time.sleep(0.01)
             stamp['t'] = time.monotonic()
             policy.interrupt()
 
@@ -246,10 +249,9 @@ def test_connect_endpoint_token_and_typed_errors(serve, monkeypatch):
     monkeypatch.setenv('SEQ_ENDPOINT', endpoint)
     with connect('lat', token='s3cret') as policy:                  # endpoint from $SEQ_ENDPOINT
         assert policy.endpoint == endpoint and policy.contract.chunk_length == 10
-        policy.wait_until_ready()       # the handshake started the load (in a deployment process of its own)
-        assert policy.ready() == (True, 0.0)
         robot = CountingRobot()
         assert policy.run(robot.observe, robot.act, max_actions=12).actions == 12
+        assert policy.ready() == (True, 0.0)
     with pytest.raises(Unauthenticated):
         connect('lat', token='wrong')
     with pytest.raises(UnknownDeployment):
@@ -304,7 +306,6 @@ def test_a_stall_across_max_actions_never_counts_steps_past_the_limit(serve):
     """
     endpoint = serve(mean_s=0.005, dt=0.02, chunk_length=50)
     with connect('lat', endpoint=endpoint) as policy:
-        policy.wait_until_ready()       # a request while the deployment loads gets NOT_READY
         policy.begin_episode('reach', max_actions=30, max_seconds=10, control_period=0.02)
         obs = Observation(state=np.zeros(2, np.float32))
         indices = []

@@ -1120,7 +1120,6 @@ def test_a_resampled_joint_delta_run_commands_no_row_past_max_actions(serve):
 
     endpoint = serve(mean_s=0.005, dt=0.02, chunk_length=60, action_space='joint_delta')
     with connect('lat', endpoint=endpoint) as policy:
-        policy.wait_until_ready()       # a request while the deployment loads gets NOT_READY
         policy.begin_episode('reach', max_actions=31, max_seconds=10, control_period=0.1)
         obs = Observation(state=np.zeros(2, np.float32))
         deltas, last = [], None

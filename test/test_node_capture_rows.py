@@ -62,7 +62,9 @@ def _run_node_episode(tmp_path, *, rate_hz: float, seconds: float, space: str = 
                         ObservationAssembler(NAMES, 0.5, {'cam': 0.5}, joints_source='joint_states'))
         runner.accepting = True
         assert runner.connect_now() == ''
-        runner.policy.wait_until_ready(timeout=60)   # the deployment loaded (its own process)
+        # the script below acts at given ticks (stalls, late wake-ups, a dry stretch): they must meet a serving
+        # deployment, not an episode still holding while it loads (its own process)
+        runner.policy.wait_until_ready(timeout=60)
         counter = [0]
         sent: list = []     # (wake, fresh, published command, grid index) per tick
         dstate = {'was_dry': False, 'ctl': None}

@@ -126,7 +126,6 @@ def test_dropped_telemetry_is_counted_from_the_real_client_and_escalates(tmp_pat
         runner = Runner(cfg, commands, safety, assembler)
         runner.accepting = True
         assert runner.connect_now() == ''
-        runner.policy.wait_until_ready(timeout=60)   # the deployment loaded (its own process)
         runner.start(episode_settings('reach', 10.0))
         import time
 
@@ -196,7 +195,6 @@ def test_telemetry_the_worker_refuses_is_counted_logged_and_escalates(tmp_path):
         runner = Runner(cfg, commands, safety, assembler, log=lambda level, text: logged.append(f'{level}: {text}'))
         runner.accepting = True
         assert runner.connect_now() == ''
-        runner.policy.wait_until_ready(timeout=60)   # the deployment loaded (its own process)
         runner.start(episode_settings('reach', 10.0))
         import time
 

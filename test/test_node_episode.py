@@ -96,6 +96,26 @@ def test_interrupt_cancel_and_label(tmp_path, processes, probe):
     assert labels[result.episode_id]['success'] is False
 
 
+def test_an_act_goal_sent_while_the_deployment_warms_holds_then_runs(tmp_path, processes, probe):
+    """A goal right after activation, while the deployment still loads (4 s): it waits, then runs to its end.
+
+    The node's handshake (its configure) started the load; the goal is accepted while the worker still
+    warms, the arm holds until the first chunk (never an underrun) and the episode completes its 45 actions.
+    """
+    with serve_policy_file(RAMP, 'ramp', names=NAMES, step=0.002, chunk_length=90, load_s=4.0) as server:
+        proc = spawn_node(processes, tmp_path / 'node.log', _params(tmp_path, server.port))
+        probe.publish_joints(NAMES)
+        assert wait_for(lambda: any(s.connected for s in probe.status[-3:]), 30), node_log(proc)
+        assert wait_for(lambda: probe.lifecycle_state() == 'active', 10, step=0.05), node_log(proc)
+        assert server.runtimes['ramp'].readiness()[2] == 'warming'    # the goal goes before the load ends
+        handle = probe.send_goal(instruction='reach', max_seconds=30.0, max_actions=45)
+        assert handle.accepted
+        result = probe.result(handle, timeout=60)
+    assert (result.reason, result.message, result.actions) == ('completed', '', 45), result
+    assert result.chunks >= 1 and result.commands_sent >= 1 and result.ticks_held >= 1, result
+    assert result.underruns == 0 and result.underrun_s == 0.0, result     # the wait for the load is no underrun
+
+
 def test_clamps_are_counted_and_visible_in_diagnostics(tmp_path, processes, probe):
     lower, upper = [-1.0] * 4, [1.0, 1.0, 0.45, 1.0]
     with serve_policy_file(RAMP, 'ramp', names=NAMES, step=0.01, offset=0.5) as server:

@@ -238,7 +238,9 @@ def test_ticks_woken_late_keep_their_own_rows_on_the_control_grid(tmp_path):
                         ObservationAssembler(names, 0.5, {}, joints_source='joint_states'))
         runner.accepting = True
         assert runner.connect_now() == ''
-        runner.policy.wait_until_ready(timeout=60)   # the deployment loaded (its own process)
+        # the first command's tick must be among the late first twelve: the deployment serves before the
+        # episode begins, rather than the episode holding while it loads (its own process)
+        runner.policy.wait_until_ready(timeout=60)
         period = cfg.period_s
         grid = runner.grid = _ScriptedGrid(time.monotonic() + 0.05, period)
         runner.start(episode_settings('reach', 30.0))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sequence_ai_ros.exceptions import ContractViolation, UnknownDeployment
+from sequence_ai_ros.exceptions import ContractViolation, NotReady, UnknownDeployment
 from sequence_ai_ros.protocol import (
     ActionSpace,
     CameraSpec,
@@ -186,6 +186,11 @@ def test_errors_keep_their_type_across_the_wire():
     err = perrors.to_error(UnknownDeployment('no deployment "x"'), request_id=4)
     back = perrors.from_error(pb.Error.FromString(err.SerializeToString()))
     assert isinstance(back, UnknownDeployment) and 'no deployment' in str(back)
+    for retry, kept in ((2.5, 2.5), (0.0, 0.0), (float('nan'), 0.0), (float('inf'), 0.0), (-1.0, 0.0)):
+        err = perrors.to_error(NotReady('warming', retry_after_s=retry), request_id=2)
+        back = perrors.from_error(pb.Error.FromString(err.SerializeToString()))
+        assert isinstance(back, NotReady) and str(back) == 'warming' and back.retry_after_s == kept, retry
+    assert perrors.to_error(ContractViolation('bad')).retry_after_s == 0.0
     status, details = perrors.abort_details(ContractViolation('bad shape'))
     assert status.name == 'INVALID_ARGUMENT' and details.startswith('[CONTRACT_VIOLATION]')
 

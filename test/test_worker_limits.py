@@ -143,6 +143,7 @@ def test_hung_load_marks_the_deployment_failed_after_the_load_deadline():
         assert stream.start().HasField('started')
         reply = stream.ask(stuck_req(1))
         assert reply.error.code == pb.NOT_READY and 'load exceeded' in reply.error.message
+        assert reply.error.retry_after_s == 0.0             # failed: waiting will not help
         stream.close()
     finally:
         release(server)

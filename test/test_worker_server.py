@@ -269,7 +269,8 @@ def test_warming_is_not_blocking_and_observations_wait_for_ready(tmp_path):
             s = Stream(stub, 'echo', 'early')
             s.start()
             not_ready = s.ask(echo_req(1))
-            assert not_ready.error.code == pb.NOT_READY
+            assert not_ready.error.code == pb.NOT_READY and not_ready.error.request_id == 1
+            assert 0 < not_ready.error.retry_after_s <= 10.0    # the load's time left: the robot may ask again
             assert wait_ready(stub, 'echo').ready
             assert s.ask(echo_req(2)).HasField('chunk')
             s.end()

@@ -31,7 +31,7 @@ def drive(policy: Policy, observe: ObserveFn, act: ActFn, settings: EpisodeSetti
     """Run one act()/run() episode on ``policy``; the failure rules are :meth:`Policy.act`'s."""
     instruction = settings.instruction
     with policy._guard:
-        policy.wait_until_ready()      # one Ready call when warm; waits out warming before the first action
+        policy.wait_until_ready(episode_id=episode_id)   # warming waited out before the episode (its replica)
         period = policy.contract.dt if settings.control_period is None else settings.control_period
         engine = policy._open(dataclasses.replace(settings, control_period=period), episode_id, fixed_step=True).engine
         holding = False              # set before on_underrun is called, so a raising hold is not repeated

@@ -16,6 +16,14 @@ replaces the playing chunk with the new one. ``weighted_average`` and ``average`
 (within the in-flight bounds) and fold each arriving chunk into the rows still to play, step by step
 (ACT's temporal ensembling, :mod:`.aggregate`): row 0 of every answer is the whole step its observation
 fell in, so all chunks share one grid of steps, and stale rows are still skipped by count.
+
+Warming. An episode may begin while its deployment loads: the worker then answers its request NOT_READY
+with an estimate of the time left (:meth:`EpisodeEngine.on_not_ready`). Until the first chunk that is a
+wait, not a failure: the arm holds (reason ``waiting``, as before any first chunk: never an underrun) and a
+tick after the worker's estimate sends a newer observation. The wait is bounded by the episode's
+``max_seconds`` and the connection's ``ready_timeout``; an episode that ends before any chunk came, the
+deployment still loading, ends with reason ``error`` and a :class:`~sequence_ai_ros.exceptions.NotReady`
+naming the worker's state and the wait.
 """
 
 from __future__ import annotations
@@ -41,11 +49,18 @@ from sequence_ai_ros.client.records import (
     OutRequest,
     Pending,
     chunk_timeout_s,
+    ready_poll_s,
 )
 from sequence_ai_ros.client.sampling import History
 from sequence_ai_ros.client.settings import EpisodeSettings
 from sequence_ai_ros.client.steps import Step
-from sequence_ai_ros.exceptions import ActionSpaceMismatch, ContractViolation, PolicyException, SequenceAIError
+from sequence_ai_ros.exceptions import (
+    ActionSpaceMismatch,
+    ContractViolation,
+    NotReady,
+    PolicyException,
+    SequenceAIError,
+)
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import ACT_TEMPORAL_ENSEMBLE_COEFF, Contract, check_aggregate
 from sequence_ai_ros.protocol.messages import Chunk, unpack_chunk
@@ -74,13 +89,20 @@ class EpisodeEngine:
     :param clock: the robot's monotonic clock (s).
     :param fixed_step: advance exactly ``control_period`` per emitted action (act/run pacing) instead of
         by the clock (next_action).
+    :param ready_timeout: the longest wait (s) for a deployment that loads, from the episode's start (the
+        connection's ``ready_timeout``); None: only ``max_seconds`` bounds it.
     """
 
     def __init__(self, contract: Contract, settings: EpisodeSettings, episode_id: str, latency: LatencyWindow,
                  send: Callable[[OutRequest], None], wake: threading.Event | None = None,
-                 clock: Callable[[], float] = time.monotonic, *, fixed_step: bool = False) -> None:
+                 clock: Callable[[], float] = time.monotonic, *, fixed_step: bool = False,
+                 ready_timeout: float | None = None) -> None:
         self.contract, self.settings, self.episode_id = contract, settings, episode_id
         self.fixed_step = fixed_step
+        self.ready_timeout = ready_timeout
+        #: the worker's last NOT_READY while the deployment loads, until the episode's first chunk (None: none)
+        self._warming: NotReady | None = None
+        self._retry_at = 0.0       # no request before this time (the clock's s) while warming
         self._latency, self._send, self._wake, self._clock = latency, send, wake, clock
         self._lock = threading.RLock()
         self._space = settings.expect_action_space or contract.action_space
@@ -260,6 +282,7 @@ class EpisodeEngine:
             pending = self._in_flight.pop(msg.request_id, None)
             if self._outcome is not None or pending is None:
                 return
+            self._warming = None       # the deployment serves
             sent, e_obs = pending.sent, pending.origin
             self._serve_s.append(max(0.0, msg.timings.inference_ms) / 1000.0)
             self._latency.add(arrival - sent)
@@ -313,6 +336,31 @@ class EpisodeEngine:
         return _Live(rows, chunk.action_space, dt, self.chunks - 1, chunk.done, skip, None, origin=origin,
                      request_id=request_id, read=False, counts=counts)
 
+    def on_not_ready(self, request_id: int, error: NotReady) -> bool:
+        """Take the worker's NOT_READY for request ``request_id``; return True when it is a wait, not a failure.
+
+        A wait: no chunk has arrived yet, the request is the one in flight and the worker expects the
+        deployment ready in ``error.retry_after_s`` s (> 0: it loads). The request is forgotten, and the first
+        tick after :func:`~sequence_ai_ros.client.records.ready_poll_s` of that estimate sends a newer
+        observation; until then the arm holds (reason ``waiting``). Otherwise (a chunk came: a deployment
+        restarting mid-episode; a failed load) the caller fails the episode with the error, as for any other.
+        An episode that has already finished takes it as a wait (nothing more to do).
+        """
+        with self._lock:
+            if self._outcome is not None:
+                return True
+            if self.chunks or request_id not in self._in_flight or not error.retry_after_s > 0:
+                return False
+            del self._in_flight[request_id]
+            self._warming = error
+            self._retry_at = self._clock() + ready_poll_s(error.retry_after_s)
+            return True
+
+    @property
+    def warming(self) -> bool:
+        """True while the episode waits for its deployment to load (the worker said so; no chunk yet)."""
+        return self._warming is not None
+
     def fail(self, error: SequenceAIError) -> None:
         """End the episode; hold follows.
 
@@ -325,10 +373,19 @@ class EpisodeEngine:
     # -- any thread -------------------------------------------------------------------------------
 
     def finish(self, reason: str, error: SequenceAIError | None = None, now: float | None = None) -> RunOutcome:
-        """End the episode once with ``reason`` (later calls keep the first); return the outcome."""
+        """End the episode once with ``reason`` (later calls keep the first); return the outcome.
+
+        An episode that ends (``completed``, ``until``, ``timeout``) while it still waits for its deployment to
+        load ends with reason ``error`` and a NotReady naming the worker's state and the wait: it never ran.
+        """
         with self._lock:
             if self._outcome is None:
                 now = self._clock() if now is None else now
+                if self._warming is not None and reason in ('completed', 'until', 'timeout'):
+                    why = (f"within the episode's max_seconds ({self.settings.max_seconds:g} s)"
+                           if reason == 'timeout' and self.settings.max_seconds is not None
+                           else 'when the episode was ended')
+                    reason, error = 'error', self._not_ready(now, why)
                 self.executed += self._pending_advance(now)
                 self._emit_t = None
                 if self._dry_since is not None:
@@ -428,11 +485,19 @@ class EpisodeEngine:
                 self.executed = float(round(self.executed))
         self._emit_t = None
 
+    def _not_ready(self, now: float, why: str) -> NotReady:
+        """The NotReady an episode ends with when its deployment was still loading (``why``: which bound)."""
+        return NotReady(f'deployment {self.contract.deployment!r} not ready {why} (waited '
+                        f'{now - self._started:.1f} s): {self._warming}')
+
     def _check_limits(self, now: float) -> None:
         s = self.settings
         live = self._live
         if s.max_seconds is not None and now - self._started >= s.max_seconds:
             self.finish('timeout', now=now)
+        elif (self._warming is not None and self.ready_timeout is not None
+              and now - self._started >= self.ready_timeout):
+            self.finish('error', self._not_ready(now, f'within ready_timeout ({self.ready_timeout:g} s)'), now=now)
         elif s.max_actions is not None and self.executed >= s.max_actions - _EPS:
             self.finish('completed', now=now)
         elif live is not None and live.done and live.pos >= live.length - _EPS:
@@ -532,6 +597,8 @@ class EpisodeEngine:
         obs, history, e_obs, seq = self._last_obs
         if seq == self._used_seq:
             return
+        if self._warming is not None and self._clock() < self._retry_at:
+            return   # the deployment loads: a newer observation goes once the worker's estimate has passed
         if len(history) < self.contract.observation.history - 1:
             return   # the first chunk waits for N real frames ((N - 1) * dt): none is invented in their place
         live = self._live

@@ -24,6 +24,7 @@ from sequence_ai_ros.client.engine import MAX_IN_FLIGHT, EpisodeEngine
 from sequence_ai_ros.client.latency import LatencyWindow
 from sequence_ai_ros.client.outcome import RunOutcome
 from sequence_ai_ros.client.pacing import ThreadGuard
+from sequence_ai_ros.client.records import ready_poll_s
 from sequence_ai_ros.client.sampling import TelemetryBuffer
 from sequence_ai_ros.client.session import DRAIN_RETRY_S, Connection, EpisodeCall, TlsLike, resolve_endpoint
 from sequence_ai_ros.client.settings import EpisodeSettings, check_space
@@ -88,7 +89,8 @@ class Policy:
     :param token: the worker's token, or None.
     :param tls: None for plaintext, True for system roots, a PEM path, or grpc ChannelCredentials.
     :param timeout: seconds the handshake may take (the worker may still be starting) (s).
-    :param ready_timeout: default bound on :meth:`wait_until_ready` (s).
+    :param ready_timeout: default bound on :meth:`wait_until_ready` (s), and the longest an episode begun while
+        the deployment loads waits for it (with its own ``max_seconds``, whichever comes first).
     :param image_fit: how a camera frame of another size is fitted to the contract's: ``resize`` (default,
         as the node does) or ``pad`` (keep the aspect ratio), or ``{camera key: fit}``
         (:mod:`~sequence_ai_ros.client.adapter`).
@@ -216,7 +218,7 @@ class Policy:
             if left <= 0:
                 raise NotReady(f'{self.model}: not ready after {bound:g} s '
                                f'({reply.state}, eta {reply.eta_seconds:.1f} s)')
-            time.sleep(min(0.2, max(0.02, reply.eta_seconds / 4), left))
+            time.sleep(min(ready_poll_s(reply.eta_seconds), left))
 
     def close(self) -> None:
         """End the open episode (reason 'interrupted' if it is still running) and close the channel; idempotent."""
@@ -261,7 +263,12 @@ class Policy:
                       temporal_ensemble_coeff: float | None = None, settings: EpisodeSettings | None = None) -> str:
         """Open an episode (one Episode stream) and return its id; the first next_action() requests a chunk.
 
-        Optional: next_action() opens an episode with the default settings when none is open.
+        Optional: next_action() opens an episode with the default settings when none is open. An episode
+        begun while the deployment loads (right after connect(), or while it restarts) waits for it: its
+        next_action() calls hold (reason ``waiting``, never an underrun) until the first chunk; one that ends
+        before the deployment is ready (its ``max_seconds``, the connection's ``ready_timeout``, or
+        end_episode()) ends with reason 'error' and a NotReady naming the worker's state and the wait. A load
+        that failed ends it at once with that NotReady.
 
         :param instruction: the task, pinned for the episode.
         :param episode_id: its id (default a new uuid4 hex).
@@ -313,7 +320,7 @@ class Policy:
             holder: dict[str, Any] = {}
             engine = EpisodeEngine(self.contract, settings, eid, self.latency,
                                    send=lambda req: holder['stream'].send_request(req), wake=self._wake,
-                                   fixed_step=fixed_step)
+                                   fixed_step=fixed_step, ready_timeout=self.ready_timeout)
             engine.max_in_flight = self.max_in_flight
             coeff = '' if engine.aggregate != 'weighted_average' else f' (m={engine.ensemble_coeff:g})'
             LOG.info('episode %s: %s, aggregate %s%s, up to %d requests in flight', eid,
@@ -321,7 +328,8 @@ class Policy:
             stream = EpisodeCall(self._conn, self.model, eid, settings.instruction, self.contract,
                                  on_chunk=engine.on_chunk, on_error=engine.fail,
                                  on_started=lambda m: self._on_started(episode, m), client_id=self.client_id,
-                                 fit_images=self.adapter.images, fit_frames=self.adapter.fit_frames)
+                                 fit_images=self.adapter.images, fit_frames=self.adapter.fit_frames,
+                                 on_not_ready=engine.on_not_ready)
             holder['stream'] = stream
             episode = _OpenEpisode(engine, stream, implicit)
             self._episode = episode
@@ -333,8 +341,9 @@ class Policy:
                     grid_index: int | None = None) -> Action | None:
         """Return the action for *now* on the chunk's own timeline; never blocks (I/O runs on the episode's threads).
 
-        The seed's loop works as written (``policy.wait_until_ready(); while running:
-        robot.act(policy.next_action(observe()))``): when no episode is open, this call opens one with the
+        The seed's loop works as written (``while running: robot.act(policy.next_action(observe()))``, with
+        or without ``policy.wait_until_ready()`` first: an episode begun while the deployment loads holds until
+        it is ready, see :meth:`begin_episode`): when no episode is open, this call opens one with the
         default :class:`EpisodeSettings` (the first call after connect, after ``end_episode()``, and, for an
         episode opened this way, after ``interrupt()`` or after the worker ended it for idleness).
         :meth:`begin_episode` stays, optional, to pass settings; an episode it opened is the caller's to
@@ -483,6 +492,10 @@ class Policy:
             chunk_timeout: float | None = None, aggregate: str | None = None,
             temporal_ensemble_coeff: float | None = None) -> RunOutcome:
         """Drive the arm with ``instruction`` until the policy is done, ``until()``, timeout or interrupt.
+
+        A deployment still loading is waited for before the episode begins (:meth:`wait_until_ready`, bounded
+        by ``ready_timeout``; ``max_seconds`` counts from the episode's start), and again within the episode
+        should it load again before the first chunk (a restart: see :meth:`begin_episode`).
 
         Failures, decided once for act() and run():
 
@@ -635,13 +648,14 @@ def connect(model: str, *, endpoint: str | None = None, token: str | None = None
     """Connect to the deployment ``model`` and return a :class:`Policy` (a context manager).
 
     The handshake starts a cold worker warming without blocking on it; :meth:`Policy.wait_until_ready`
-    blocks, :meth:`Policy.ready` polls.
+    blocks, :meth:`Policy.ready` polls, and an episode begun before it is ready waits for it
+    (:meth:`Policy.begin_episode`).
 
     :param endpoint: ``host:port``; default $SEQ_ENDPOINT, then ``127.0.0.1:DEFAULT_PORT``.
     :param token: the worker's token, or None.
     :param tls: None for plaintext, True for system roots, a PEM path, or grpc ChannelCredentials.
     :param timeout: bound on the handshake (s).
-    :param ready_timeout: default bound on wait_until_ready (s).
+    :param ready_timeout: default bound on wait_until_ready (s), and on an episode's wait for the deployment.
     :param image_fit: ``resize`` (default) or ``pad`` per camera; see :class:`Policy`.
     :raises ConnectionLost: when the worker cannot be reached within ``timeout``.
     :raises UnknownDeployment: when the worker serves no deployment ``model``.

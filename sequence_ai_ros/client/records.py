@@ -27,6 +27,11 @@ CHUNK_TIMEOUT_COVERS = 10.0
 #: played or awaited cover less than the prefetch lead; with a round trip under about half a chunk that
 #: is never more than one (the single-request behaviour). ``Policy.max_in_flight`` overrides it (1: off).
 MAX_IN_FLIGHT = 16
+#: While a deployment loads, readiness is asked again after a quarter of the worker's estimate of the time
+#: left, within [READY_POLL_MIN_S, READY_POLL_MAX_S] (s): ``Policy.wait_until_ready``'s Ready calls, and an
+#: episode's request the worker refused while it warms (:func:`ready_poll_s`).
+READY_POLL_MIN_S = 0.02
+READY_POLL_MAX_S = 0.2
 
 
 def chunk_timeout_s(contract: Contract, chunk_timeout: float | None = None) -> float:
@@ -34,6 +39,11 @@ def chunk_timeout_s(contract: Contract, chunk_timeout: float | None = None) -> f
     if chunk_timeout is not None:
         return float(chunk_timeout)
     return max(CHUNK_TIMEOUT_MIN_S, CHUNK_TIMEOUT_COVERS * contract.covers_seconds)
+
+
+def ready_poll_s(eta_s: float) -> float:
+    """The pause (s) before readiness is asked again, for a deployment the worker expects ready in ``eta_s`` s."""
+    return min(READY_POLL_MAX_S, max(READY_POLL_MIN_S, eta_s / 4))
 
 
 @dataclasses.dataclass
@@ -89,5 +99,5 @@ class LiveChunk:
         return len(self.actions)
 
 
-__all__ = ['CHUNK_TIMEOUT_COVERS', 'CHUNK_TIMEOUT_MIN_S', 'MAX_IN_FLIGHT', 'MIN_LEAD_FRACTION', 'LiveChunk',
-           'OutRequest', 'Pending', 'chunk_timeout_s']
+__all__ = ['CHUNK_TIMEOUT_COVERS', 'CHUNK_TIMEOUT_MIN_S', 'MAX_IN_FLIGHT', 'MIN_LEAD_FRACTION', 'READY_POLL_MAX_S',
+           'READY_POLL_MIN_S', 'LiveChunk', 'OutRequest', 'Pending', 'chunk_timeout_s', 'ready_poll_s']

@@ -35,7 +35,7 @@ import grpc
 
 from sequence_ai_ros.client.engine import OutRequest
 from sequence_ai_ros.client.sampling import TelemetrySample
-from sequence_ai_ros.exceptions import ConnectionLost, Draining, SequenceAIError
+from sequence_ai_ros.exceptions import ConnectionLost, Draining, NotReady, SequenceAIError
 from sequence_ai_ros.malloc_tuning import tune_malloc
 from sequence_ai_ros.protocol import (
     AUTH_METADATA,
@@ -381,13 +381,18 @@ class EpisodeCall:
     :param on_started: called with EpisodeStarted (capture flags).
     :param fit_images: fits an observation's images to the contract (on gRPC's request thread, before encoding).
     :param fit_frames: fits a telemetry record's camera frames the same way (capture keeps what the policy saw).
+    :param on_not_ready: called on ``seq-recv`` with a request's id and the worker's NotReady when it carries
+        ``retry_after_s`` (the deployment loads); True: a wait, the stream goes on; False (or no callback):
+        the stream fails with it (``on_error``).
     """
 
     def __init__(self, conn: Connection, deployment: str, episode_id: str, instruction: str, contract: Contract,
                  on_chunk: Callable[[pb.ActionChunk], None], on_error: Callable[[SequenceAIError], None],
                  on_started: Callable[[pb.EpisodeStarted], None], client_id: str = '',
                  fit_images: Callable[[Observation], Observation] | None = None,
-                 fit_frames: _FitFrames | None = None) -> None:
+                 fit_frames: _FitFrames | None = None,
+                 on_not_ready: Callable[[int, NotReady], bool] | None = None) -> None:
+        self._on_not_ready = on_not_ready
         self._fit = fit_images or (lambda obs: obs)
         self._fit_frames = fit_frames
         self.conn, self.deployment, self.episode_id, self.contract = conn, deployment, episode_id, contract
@@ -567,7 +572,9 @@ class EpisodeCall:
                         refused.set()
                         with contextlib.suppress(queue.Full):
                             self._outbox.put_nowait(_Signal.WAKE)
-                    else:
+                    elif not (isinstance(error, NotReady) and error.retry_after_s > 0 and reply.error.request_id
+                              and self._on_not_ready is not None
+                              and self._on_not_ready(reply.error.request_id, error)):
                         self._fail(error)
                 elif kind == 'ended':
                     self.captured = reply.ended.captured

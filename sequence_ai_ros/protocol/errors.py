@@ -6,6 +6,8 @@ matching status for fatal ones; the client raises the same exception class eithe
 
 from __future__ import annotations
 
+import math
+
 import grpc
 
 from sequence_ai_ros import exceptions as exc
@@ -41,20 +43,28 @@ def status_for(code: int) -> grpc.StatusCode:
 
 
 def to_error(error: BaseException, request_id: int = 0) -> pb.Error:
-    """Return the in-stream ``Error`` message for an exception (an :class:`~exc.Overloaded`'s refusal too)."""
+    """Return the in-stream ``Error`` message for an exception.
+
+    An :class:`~exc.Overloaded`'s refusal and a :class:`~exc.NotReady`'s ``retry_after_s`` travel with it.
+    """
+    retry = getattr(error, 'retry_after_s', 0.0) if isinstance(error, exc.NotReady) else 0.0
     return pb.Error(code=code_for(error), message=str(error), request_id=request_id,
-                    refusal=getattr(error, 'refusal', '') or '')
+                    refusal=getattr(error, 'refusal', '') or '', retry_after_s=retry)
 
 
 def from_error(msg: pb.Error) -> exc.SequenceAIError:
     """Return the exception instance an in-stream ``Error`` stands for.
 
     A refused stream (``refusal`` set, code OVERLOADED) is an :class:`~exc.Overloaded` carrying the refusal,
-    :class:`~exc.Draining` when the replica is stopping.
+    :class:`~exc.Draining` when the replica is stopping. A NOT_READY carries its ``retry_after_s`` (s; 0 for
+    one that is not a finite positive number).
     """
     if msg.refusal and msg.code == pb.OVERLOADED:
         refused = exc.Draining if msg.refusal == DRAINING else exc.Overloaded
         return refused(msg.message, refusal=msg.refusal)
+    if msg.code == pb.NOT_READY:
+        retry = msg.retry_after_s
+        return exc.NotReady(msg.message, retry_after_s=retry if math.isfinite(retry) and retry > 0 else 0.0)
     cls = next((c for code, c, _ in _TABLE if code == msg.code), exc.SequenceAIError)
     return cls(msg.message)
 

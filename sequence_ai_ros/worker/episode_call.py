@@ -3,7 +3,10 @@
 Message order: ``EpisodeStart`` -> ``EpisodeStarted{capture, capture_fps, capture_images}``; then each
 ``ObservationRequest`` -> an ``ActionChunk`` or an in-stream ``Error``; ``Telemetry`` -> capture;
 ``EpisodeEnd`` -> ``EpisodeEnded`` and the stream closes. Per-request failures (malformed request, policy
-exception, overload, not ready) are typed in-stream errors and the stream keeps serving.
+exception, overload, not ready) are typed in-stream errors and the stream keeps serving. A request that comes
+while the deployment loads is answered NOT_READY at once (never queued) with ``retry_after_s``, the load's
+estimated time left: the robot holds and sends a newer observation then, so the first chunk is computed from
+what the robot sees when the policy is ready, not when the episode began.
 
 EpisodeEnd is acted on the moment it arrives, never after an inference: the episode's queued requests are
 dropped (those still unread behind it on the stream too, unanswered), an inference already running is left
@@ -424,6 +427,7 @@ class EpisodeCallHandler:
         """
         runtime = self.runtime
         if _has_encoded_images(req):
+            runtime.check_ready()      # a request refused while the deployment warms costs no decoding
             inp = await self._io(runtime.decode, req, nbytes)   # JPEG/PNG decoding off the loop
         else:
             inp = runtime.decode(req, nbytes)                   # raw frames and state: a copy, cheaper than a hop

@@ -475,14 +475,12 @@ class DeploymentRuntime:
 
         :param inp: ``req`` already decoded (:meth:`decode`), or None to decode it here.
         :raises ContractViolation: for a malformed request (the robot's fault).
-        :raises NotReady: while warming, or after a failed load.
+        :raises NotReady: while cold or warming (with ``retry_after_s``), or after a failed load
+            (:meth:`check_ready`).
         :raises Overloaded: when the inference queue is full.
         :raises EpisodeStateError: when the episode's end has arrived (:attr:`ActiveEpisode.ending`).
         """
-        ready, eta, state, message = self.readiness()
-        if not ready:
-            self.ensure_loading()
-            raise NotReady(message or f'policy {self.name!r} is {state}; ready in about {eta:.1f} s')
+        self.check_ready()
         if active.ending:
             raise EpisodeStateError(f'request {req.request_id}: episode {active.episode.id!r} has ended')
         if inp is None:
@@ -495,6 +493,21 @@ class DeploymentRuntime:
                 return future
         return self.scheduler.submit(episode.id, lambda: self._call(instance, inp, episode), payload=(inp, episode),
                                      ended=lambda: active.ending)
+
+    def check_ready(self) -> None:
+        """Return when the deployment serves; else start a cold one's load and raise NotReady (never blocks).
+
+        :raises NotReady: while it is cold or warming, with ``retry_after_s`` the estimated time left (s, at
+            least 0.1): the robot may send a newer observation then; after a failed load (or past the load
+            deadline), with ``retry_after_s`` 0 and the reason.
+        """
+        ready, eta, state, message = self.readiness()
+        if ready:
+            return
+        self.ensure_loading()
+        loading = state in ('cold', 'warming')
+        raise NotReady(message or f'policy {self.name!r} is {state}; ready in about {eta:.1f} s',
+                       retry_after_s=eta if loading else 0.0)
 
     def _start(self, instance: RemotePolicy, inp: messages.PolicyInput,
                episode: Episode) -> concurrent.futures.Future | None:

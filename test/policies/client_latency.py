@@ -12,7 +12,9 @@ Config (constructor kwargs):
 - ``dt`` (s) and ``chunk_length`` T, default 0.01 and 25; ``action_space``, default joint_absolute;
 - ``done_after``: mark the chunk answering this request id ``done`` (0: never); ``seed``;
 - ``history``: the contract's history N; when > 1 the second column holds ``len(inp.history)`` instead;
-- ``stall_at``: the request id whose inference hangs for ``stall_s`` seconds (a hung policy), 0: never.
+- ``stall_at``: the request id whose inference hangs for ``stall_s`` seconds (a hung policy), 0: never;
+- ``load_s``: ``load()`` sleeps this long (s), a deployment that warms for a while; ``load_error``: then
+  ``load()`` raises RuntimeError with this message (a load that fails), '' (default): it loads.
 """
 
 import dataclasses
@@ -33,8 +35,10 @@ class Latency:
 
     def __init__(self, mean_s: float = 0.0, jitter: float = 0.0, first_s: float | None = None, dt: float = 0.01,
                  chunk_length: int = 25, action_space: str = 'joint_absolute', done_after: int = 0,
-                 seed: int = 0, history: int = 1, stall_at: int = 0, stall_s: float = 0.0) -> None:
+                 seed: int = 0, history: int = 1, stall_at: int = 0, stall_s: float = 0.0, load_s: float = 0.0,
+                 load_error: str = '') -> None:
         self.mean_s, self.jitter, self.first_s = float(mean_s), float(jitter), first_s
+        self.load_s, self.load_error = float(load_s), str(load_error)
         self.chunk_length, self.done_after = int(chunk_length), int(done_after)
         self.rng = random.Random(seed)
         self.calls = 0
@@ -48,6 +52,12 @@ class Latency:
                                    action_space=seq.ActionSpace.parse(config.get('action_space', 'joint_absolute')),
                                    observation=seq.ObservationContract(state_names=NAMES,
                                                                        history=int(config.get('history', 1))))
+
+    def load(self) -> None:
+        if self.load_s:
+            time.sleep(self.load_s)
+        if self.load_error:
+            raise RuntimeError(self.load_error)
 
     def infer(self, inp: seq.PolicyInput, episode: seq.Episode) -> seq.Result:
         self.calls += 1

@@ -10,7 +10,8 @@ Config (constructor kwargs, e.g. ``serve_policy_file('test/policies/node_ramp.py
 - ``offset``: added to every action (e.g. to cross a joint limit);
 - ``chunk_length``: actions per chunk T (default 30); dt is 1/30 s;
 - ``nan_after``: from this request id on, return NaN actions (0 = never);
-- ``first_latency_s``: sleep this long in the first inference of an episode (s).
+- ``first_latency_s``: sleep this long in the first inference of an episode (s);
+- ``load_s``: ``load()`` sleeps this long (s): the deployment warms for a while after the first handshake.
 """
 
 import dataclasses
@@ -29,8 +30,9 @@ class NodeRamp:
     """Continue from ``last_action`` (or the state) by ``step`` per action, plus ``offset``."""
 
     def __init__(self, names=NAMES, action_space='joint_absolute', camera='', camera_size=(224, 224), step=0.0,
-                 offset=0.0, chunk_length=30, nan_after=0, first_latency_s=0.0) -> None:
+                 offset=0.0, chunk_length=30, nan_after=0, first_latency_s=0.0, load_s=0.0) -> None:
         self.first_latency_s = float(first_latency_s)
+        self.load_s = float(load_s)
         self.step = float(step)
         self.offset = float(offset)
         self.chunk_length = int(chunk_length)
@@ -49,6 +51,10 @@ class NodeRamp:
         return dataclasses.replace(contract, action_space=space, action_names=actions,
                                    chunk_length=int(config.get('chunk_length', 30)),
                                    observation=seq.ObservationContract(cameras=cameras, state_names=names))
+
+    def load(self) -> None:
+        if self.load_s:
+            time.sleep(self.load_s)
 
     def infer(self, inp: seq.PolicyInput, episode: seq.Episode) -> np.ndarray:
         if self.first_latency_s and inp.last_action is None:
