@@ -91,6 +91,7 @@ def test_idle_stream_gets_a_typed_error_before_it_is_closed():
 def test_forwarded_address_is_ignored_from_untrusted_peers():
     with serve_policy_file(FAST, 'fast', dim=2, max_streams_per_client=3) as server, channel(server.port) as ch:
         stub = pb_grpc.PolicyServiceStub(ch)
+        assert wait_ready(stub, 'fast').ready
         streams = [Stream(stub, 'fast', f's{i}', metadata=[('x-forwarded-for', f'10.0.0.{i}')]) for i in range(4)]
         assert all(s.start().HasField('started') for s in streams[:3])
         err = _refusal(streams[3])
