@@ -55,6 +55,7 @@ def drive(policy, episode_id: str, seconds: float, pids: set[int] | None = None)
         return {'id': episode_id, 'pids': pids, 'outcome': None, 'error': exc}
 
 
+@pytest.mark.slow
 def test_a_rolling_restart_loses_no_episode_shorter_than_the_drain_timeout(seq_home: Path):
     assert seq_main(['deploy', str(POLICY), '--name', 'replica_echo']) == 0
     with Fleet(['replica_echo'], 3, home=seq_home,
@@ -123,6 +124,7 @@ def test_a_rolling_restart_loses_no_episode_shorter_than_the_drain_timeout(seq_h
         assert len(episodes) >= 3 * ROBOTS
 
 
+@pytest.mark.slow
 def test_a_full_worker_refuses_through_haproxy_with_a_typed_overloaded(seq_home: Path):
     assert seq_main(['deploy', str(POLICY), '--name', 'replica_echo']) == 0
     with Fleet(['replica_echo'], 1, home=seq_home, serve_args=['--max-streams', '1']) as fleet:

@@ -106,6 +106,7 @@ def remember(key: str, record: dict) -> None:
     os.replace(f.name, CACHE / f'{key}.json')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(('name', 'version'), CASES, ids=[f'{n}-py{v}' for n, v in CASES])
 def test_requirements_set_resolves(name: str, version: str, tmp_path: Path):
     if name == 'requirements-lerobot.txt' and os.environ.get('SEQ_RESOLVE_LEROBOT') != '1':

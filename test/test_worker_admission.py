@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import grpc
+import pytest
 from test_worker_support import POLICIES, Stream, channel, state_request, wait_for, wait_ready
 
 from sequence_ai_ros.exceptions import Overloaded, Unauthenticated
@@ -88,6 +89,7 @@ def test_idle_stream_gets_a_typed_error_before_it_is_closed():
         assert idle.recv(timeout=10) is None
 
 
+@pytest.mark.slow
 def test_forwarded_address_is_ignored_from_untrusted_peers():
     with serve_policy_file(FAST, 'fast', dim=2, max_streams_per_client=3) as server, channel(server.port) as ch:
         stub = pb_grpc.PolicyServiceStub(ch)

@@ -149,6 +149,7 @@ def test_a_version_that_cannot_load_beside_waits_for_the_old_versions_episodes(t
         assert third.end().HasField('ended')
 
 
+@pytest.mark.slow
 def test_with_rollout_cut_the_old_versions_episodes_are_cut_typed_and_the_switch_is_at_once(tmp_path, seq_home):
     marker = tmp_path / 'memory-taken'
     policy = write(tmp_path / 'arm' / 'policy.py', 1.0)

@@ -208,6 +208,7 @@ def test_terminal_escapes_in_a_reason_are_refused_and_free_text_is_never_a_label
     assert limits.printable('\x1b[2J') == '\\x1b[2J'
 
 
+@pytest.mark.slow
 def test_metrics_need_the_token_and_idle_connections_cost_no_thread(worker, tmp_path):
     """Attack: /metrics answered without the token; 1,000 idle connections made 1,017 threads."""
     server = worker(token='s3cret')
