@@ -76,6 +76,7 @@ def test_train_writes_a_deployable_folder(trained: tuple[Path, str]) -> None:
         training.write_deployment(out, training.TrainResult(model, [], {}, 0.0))
 
 
+@pytest.mark.slow
 def test_serving_features_equal_training_features(trained: tuple[Path, str], g1_dataset: Path) -> None:
     """Frame by frame, predict() (what the policy calls) equals the batched rows training scored."""
     model = ridge.RidgeModel.load(trained[0] / 'model.npz')
@@ -137,6 +138,7 @@ def test_saturated_ends_are_the_recorded_extremes_a_joint_repeats() -> None:
     assert not lo.any() and not hi.any()
 
 
+@pytest.mark.slow
 def test_fed_its_own_commands_the_g1_model_never_leaves_the_hands_recorded_range(
         trained: tuple[Path, str], g1_dataset: Path) -> None:
     """The right hand sits at 1.0 (fully open) in the recording: predictions stop there, not half a range above.
