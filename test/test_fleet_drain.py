@@ -95,7 +95,8 @@ def test_a_rolling_restart_loses_no_episode_shorter_than_the_drain_timeout(seq_h
             # reads the agent every 500 ms: until it does, the draining replica refuses it and the client retries)
             draining = fleet.replicas[first - 1]
             wait_for(lambda: fleet.agent_status(draining) == 'drain', timeout=20, what='the replica to drain')
-            moved = drive(again, 'long-episode', 1.0)
+            # 4 s: the reconnect waits for HAProxy's next agent read and a retry before its first chunk
+            moved = drive(again, 'long-episode', 4.0)
             assert moved['error'] is None and moved['outcome'].reason == 'timeout', moved
             assert moved['pids'] and first not in {index_of.get(p) for p in moved['pids']}, moved
             runner.join(timeout=DRAIN_S + 30)
