@@ -246,6 +246,7 @@ def test_connect_endpoint_token_and_typed_errors(serve, monkeypatch):
     monkeypatch.setenv('SEQ_ENDPOINT', endpoint)
     with connect('lat', token='s3cret') as policy:                  # endpoint from $SEQ_ENDPOINT
         assert policy.endpoint == endpoint and policy.contract.chunk_length == 10
+        policy.wait_until_ready(timeout=30)           # connect() does not wait for the load (slow on busy cores)
         assert policy.ready() == (True, 0.0)
         robot = CountingRobot()
         assert policy.run(robot.observe, robot.act, max_actions=12).actions == 12

@@ -243,10 +243,11 @@ def test_seq_deploy_dry_run_is_bounded(tmp_path: Path, seq_home: Path, capsys: p
     (folder / 'policy.py').write_text(HANGING_LOAD)
     try:
         started = time.monotonic()
-        assert seq_main(['deploy', str(folder / 'policy.py'), '--timeout', '0.5']) == 2
-        assert time.monotonic() - started < 5.0
+        # the bound covers the policy file's import as well as load(): 3 s, so that an import on loaded cores fits
+        assert seq_main(['deploy', str(folder / 'policy.py'), '--timeout', '3']) == 2
+        assert time.monotonic() - started < 3 + 30      # the bound plus a start-up generous under load
         err = capsys.readouterr().err
-        assert 'dry run exceeded 0.5 s while running load()' in err
+        assert 'dry run exceeded 3 s while running load()' in err
         assert Registry(seq_home).list() == []
     finally:
         (folder / 'release').write_text('')
