@@ -26,12 +26,14 @@ ENV := set +u && source $(VENV)/bin/activate && source install/local_setup.bash 
 DATASET ?= ../shared/data/g1_pick_bottle_v21
 export DATASET
 
-.PHONY: help setup build test lint demo bench bench-scale docs check-export check-lerobot check-sim flywheel \
-	train-image-act rtc-sim params-yaml clean haproxy egl
+.PHONY: help setup build test test-fast test-under-load lint demo bench bench-scale docs check-export check-lerobot \
+	check-sim flywheel train-image-act rtc-sim params-yaml clean haproxy egl
 
 help:
 	@echo "make demo    run the main job end to end (set-up included)"
 	@echo "make test    lint, build the docs and run the test suite (set-up included)"
+	@echo "make test-fast  lint and the unit and protocol tests: no ROS graph, nothing slow (~2 min)"
+	@echo "make test-under-load  make test beside two CPU-bound processes (RUNS=3 for three runs)"
 	@echo "make docs    serve the documentation site on 127.0.0.1:8000 (mkdocs serve)"
 	@echo "make bench   benchmarks (latency, underrun curve, pipelining, wire vs openpi, tick jitter, export, task success)"
 	@echo "make bench-scale  128 robots at 10 req/s on one worker, 3 runs of 30 s, load average beside each"
@@ -50,7 +52,7 @@ build: $(STAMP_BUILD)
 ifdef ROS_DISTRO
 $(STAMP_VENV): requirements.txt requirements-dev.txt requirements-docs.txt
 	$(PYTHON) -m venv --system-site-packages $(VENV)
-	$(VENV)/bin/pip install -q -r requirements.txt -r requirements-docs.txt pytest ruff psutil
+	$(VENV)/bin/pip install -q -r requirements.txt -r requirements-docs.txt pytest pytest-xdist==3.8.0 ruff psutil
 	touch $@
 else
 $(STAMP_VENV): requirements.txt requirements-dev.txt requirements-docs.txt
@@ -105,9 +107,24 @@ $(STAMP_BENCH): $(STAMP_VENV) requirements-bench.txt
 	touch $@
 
 # The docs build (mkdocs build --strict) is test/test_docs.py, so a broken link or a stale reference fails here.
+# pytest-xdist: TEST_WORKERS processes (each its own ROS domain, test/conftest.py); most tests wait on DDS
+# discovery, timers and process start-up, so 4 workers overlap well on 2 cores. loadgroup keeps each
+# pytest.mark.xdist_group on one worker. TEST_WORKERS=0 runs in this process, in order.
+TEST_WORKERS ?= 4
+PYTEST := python -m pytest test -rfEs -n $(TEST_WORKERS) --dist loadgroup
 test: $(STAMP_BUILD) $(STAMP_BENCH) haproxy egl
 	$(VENV)/bin/ruff check .
-	$(ENV) && python -m pytest test -rfEs
+	$(ENV) && $(PYTEST)
+
+# Unit and protocol tests: no ROS graph (-m "not ros"), nothing that takes more than a few seconds (not slow).
+test-fast: $(STAMP_BUILD) $(STAMP_BENCH)
+	$(VENV)/bin/ruff check .
+	$(ENV) && $(PYTEST) -m "not ros and not slow"
+
+# make test beside two CPU-bound processes (test/load/cpu_hogs.py), RUNS times: no test may need an idle machine.
+RUNS ?= 1
+test-under-load: $(STAMP_BUILD) $(STAMP_BENCH) haproxy egl
+	$(PYTHON) test/load/cpu_hogs.py --hogs 2 --runs $(RUNS) -- $(MAKE) --no-print-directory test
 
 # The documentation site (mkdocs.yml, docs/), live-reloaded on 127.0.0.1:8000; docs/hooks.py imports the package.
 docs: $(STAMP_BUILD)

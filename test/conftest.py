@@ -1,15 +1,23 @@
 """Test harness: real rclpy over real DDS, real gRPC on loopback, real files. No mocks.
 
 ROS traffic stays on this host and apart from other test sessions: discovery is limited to localhost
-(ROS_AUTOMATIC_DISCOVERY_RANGE on Jazzy+, ROS_LOCALHOST_ONLY on Humble) and every pytest session
-takes its own ROS_DOMAIN_ID. These are set before anything imports rclpy, and child processes
-inherit them.
+(ROS_AUTOMATIC_DISCOVERY_RANGE on Jazzy+, ROS_LOCALHOST_ONLY on Humble) and every pytest process
+takes its own ROS_DOMAIN_ID (:func:`domain_id`: with pytest-xdist, each worker its own, never another
+worker's). These are set before anything imports rclpy, and child processes inherit them.
+
+Markers: ``ros`` (starts rclpy or DDS: a context, a node, a node process; a test asking for ``rclpy_context``
+gets it without saying so) and ``slow`` (takes more than a few seconds); ``make test-fast`` runs
+``-m "not ros and not slow"``. A test without ``ros`` runs with
+``RMW_IMPLEMENTATION`` naming no middleware, so one that starts rclpy, in-process or in a child, fails
+saying it lacks the marker. Tests that share something outside their tmp_path (a fixed file, a port
+they cannot take at 0) carry ``pytest.mark.xdist_group`` so that one worker runs them in turn.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import re
 import subprocess
 import sys
 import time
@@ -19,7 +27,27 @@ import pytest
 
 os.environ.setdefault('ROS_AUTOMATIC_DISCOVERY_RANGE', 'LOCALHOST')
 os.environ.setdefault('ROS_LOCALHOST_ONLY', '1')
-os.environ['ROS_DOMAIN_ID'] = os.environ.get('SEQ_TEST_DOMAIN_ID') or str(random.Random(os.getpid()).randint(1, 100))
+#: The ROS domains a test session draws from (DDS ports below Linux's ephemeral range).
+DOMAINS = range(1, 101)
+
+
+def domain_id() -> int:
+    """Return this pytest process's ROS_DOMAIN_ID: ``SEQ_TEST_DOMAIN_ID``, else one drawn for the session.
+
+    A plain session draws from its pid. Under pytest-xdist every worker of one run shares
+    PYTEST_XDIST_TESTRUNUID, which draws the run's first domain; worker ``gwN`` takes the N-th after it,
+    so two workers of one run never share a domain (up to len(DOMAINS) workers).
+    """
+    if os.environ.get('SEQ_TEST_DOMAIN_ID'):
+        return int(os.environ['SEQ_TEST_DOMAIN_ID'])
+    worker = re.fullmatch(r'gw(\d+)', os.environ.get('PYTEST_XDIST_WORKER', ''))
+    if worker is None:
+        return random.Random(os.getpid()).choice(DOMAINS)
+    first = random.Random(os.environ.get('PYTEST_XDIST_TESTRUNUID', '')).randrange(len(DOMAINS))
+    return DOMAINS[(first + int(worker.group(1))) % len(DOMAINS)]
+
+
+os.environ['ROS_DOMAIN_ID'] = str(domain_id())
 os.environ.setdefault('RCUTILS_LOGGING_BUFFERED_STREAM', '1')
 
 REPO = Path(__file__).resolve().parent.parent
@@ -30,9 +58,43 @@ G1_DATASET = SHARED_DATA / 'g1_pick_bottle_v21'
 WX200_BAG = SHARED_DATA / 'wx200_joint_states' / 'rosbag2'
 
 
+#: RMW_IMPLEMENTATION for a test without the ``ros`` marker: rclpy.init fails on it, naming it.
+NO_RMW = 'rmw_none__mark_this_test_pytest_mark_ros'
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line('markers', 'ros: uses rclpy and DDS')
+    config.addinivalue_line('markers', 'ros: starts rclpy or DDS (a context, a node, a node process)')
     config.addinivalue_line('markers', 'slow: takes more than a few seconds')
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that asks for ``rclpy_context`` starts rclpy: it is marked ``ros`` before ``-m`` selects."""
+    for item in items:
+        if 'rclpy_context' in getattr(item, 'fixturenames', ()):
+            item.add_marker(pytest.mark.ros)
+
+
+@pytest.fixture(autouse=True)
+def _no_ros_without_the_marker(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    """A test without ``@pytest.mark.ros`` that starts rclpy fails, in its process or in a child.
+
+    A child process that loads rcl under NO_RMW exits 102, rcl's own check naming NO_RMW (so the node's log
+    says what is missing); in this process, rclpy's Context.init is refused for the test's length. rclpy is
+    loaded here first, under the real RMW_IMPLEMENTATION: rcl checks the variable when it is loaded, and
+    would end this whole process.
+    """
+    if request.node.get_closest_marker('ros') is not None:
+        return
+    try:
+        from rclpy.context import Context
+    except ImportError:        # no ROS in this environment: nothing can start it
+        return
+    monkeypatch.setenv('RMW_IMPLEMENTATION', NO_RMW)
+
+    def refuse(*_args, **_kwargs):
+        raise RuntimeError(f'{request.node.nodeid} starts rclpy without @pytest.mark.ros')
+    monkeypatch.setattr(Context, 'init', refuse)
 
 
 @pytest.fixture

@@ -387,6 +387,7 @@ def test_measured_period_with_jitter_skips_no_deadline(tmp_path):
     assert out.ticks_skipped == 0, f'ticks_skipped {out.ticks_skipped} though no deadline was missed'
 
 
+@pytest.mark.slow
 def test_measured_period_after_a_stall_each_command_keeps_its_row(tmp_path):
     """Measured period after a stall each command keeps its row.
 

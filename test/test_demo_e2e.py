@@ -8,6 +8,7 @@ export LeRobot v2.1 -> re-read with the project's reader against the reference s
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,8 +20,11 @@ pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
 def test_demo_pipeline_on_real_g1_data(g1_dataset: Path, tmp_path: Path) -> None:
     out = tmp_path / 'out'
+    # the demo's private domain is this test process's own (conftest: no other test or worker of this run uses it)
+    env = dict(os.environ, SEQ_DEMO_DOMAIN_ID=os.environ['ROS_DOMAIN_ID'])
     done = subprocess.run([sys.executable, '-m', 'sequence_ai_ros.demo', '--dataset', str(g1_dataset),
-                           '--out', str(out), '--max-seconds', '6'], capture_output=True, text=True, timeout=420)
+                           '--out', str(out), '--max-seconds', '6'], capture_output=True, text=True, timeout=420,
+                          env=env)
     print(done.stdout[-4000:])
     assert done.returncode == 0, done.stderr[-4000:]
     s = json.loads((out / 'summary.json').read_text())

@@ -49,6 +49,7 @@ def _example(name: str, *args: str, endpoint: str, timeout: float = 120) -> str:
     return done.stdout
 
 
+@pytest.mark.slow
 def test_fake_robot_example_holds_its_pose_under_the_hold_template(hold_worker):
     out = _example('fake_robot.py', 'my_policy', endpoint=hold_worker)
     outcome = re.search(r'RunOutcome\((\d+) actions over (\d+) chunks in [\d.]+s, (\w+)', out)

@@ -93,6 +93,7 @@ def fleet(seq_home: Path):
         yield f
 
 
+@pytest.mark.slow
 def test_episodes_stay_on_their_replica_and_survive_a_replica_loss(fleet, seq_home: Path, tmp_path: Path):
     pid_of = {r.process.pid: r.index for r in fleet.replicas}
     robots = [Robot(fleet.address, f'robot{k:02d}') for k in range(ROBOTS)]
@@ -172,6 +173,7 @@ def test_episodes_stay_on_their_replica_and_survive_a_replica_loss(fleet, seq_ho
     assert labels == {f'robot{k:02d}-ep1': {'success': True, 'notes': f'robot {k}'} for k in range(ROBOTS)}
 
 
+@pytest.mark.slow
 def test_a_not_serving_replica_gets_no_new_episodes(seq_home: Path):
     assert seq_main(['deploy', str(POLICY), '--name', 'replica_echo']) == 0
     # in the worker (--isolation none), a wedged inference marks the deployment failed for good (a deployment

@@ -55,6 +55,7 @@ def drive(policy, episode_id: str, seconds: float, pids: set[int] | None = None)
         return {'id': episode_id, 'pids': pids, 'outcome': None, 'error': exc}
 
 
+@pytest.mark.slow
 def test_a_rolling_restart_loses_no_episode_shorter_than_the_drain_timeout(seq_home: Path):
     assert seq_main(['deploy', str(POLICY), '--name', 'replica_echo']) == 0
     with Fleet(['replica_echo'], 3, home=seq_home,
@@ -94,7 +95,8 @@ def test_a_rolling_restart_loses_no_episode_shorter_than_the_drain_timeout(seq_h
             # reads the agent every 500 ms: until it does, the draining replica refuses it and the client retries)
             draining = fleet.replicas[first - 1]
             wait_for(lambda: fleet.agent_status(draining) == 'drain', timeout=20, what='the replica to drain')
-            moved = drive(again, 'long-episode', 1.0)
+            # 4 s: the reconnect waits for HAProxy's next agent read and a retry before its first chunk
+            moved = drive(again, 'long-episode', 4.0)
             assert moved['error'] is None and moved['outcome'].reason == 'timeout', moved
             assert moved['pids'] and first not in {index_of.get(p) for p in moved['pids']}, moved
             runner.join(timeout=DRAIN_S + 30)
@@ -123,6 +125,7 @@ def test_a_rolling_restart_loses_no_episode_shorter_than_the_drain_timeout(seq_h
         assert len(episodes) >= 3 * ROBOTS
 
 
+@pytest.mark.slow
 def test_a_full_worker_refuses_through_haproxy_with_a_typed_overloaded(seq_home: Path):
     assert seq_main(['deploy', str(POLICY), '--name', 'replica_echo']) == 0
     with Fleet(['replica_echo'], 1, home=seq_home, serve_args=['--max-streams', '1']) as fleet:

@@ -35,6 +35,7 @@ ROBOTS = 9
 HAPROXY = shutil.which('haproxy') or ('/usr/sbin/haproxy' if Path('/usr/sbin/haproxy').exists() else None)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(HAPROXY is None, reason='HAProxy is not installed (as root: `make haproxy`); the fleet '
                                             'tests need a real load balancer')
 def test_labels_land_with_a_store_per_replica_also_while_one_replica_is_stopped(tmp_path, monkeypatch, capsys):

@@ -49,6 +49,7 @@ def _timed(fn, *args, **kwargs):
     return out, time.monotonic() - t0
 
 
+@pytest.mark.slow
 def test_act_returns_at_max_seconds_while_an_inference_runs_and_its_chunk_is_discarded(slow, tmp_path):
     # The first chunk comes fast and plays 1 s; the next inference takes 4 s and is running at max_seconds.
     server = slow(latency_s=4.0, first_s=0.05, capture_root=tmp_path)

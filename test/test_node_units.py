@@ -386,7 +386,8 @@ def test_tick_thread_calls_with_monotonic_times_and_survives_errors():
         if len(seen) == 3:
             raise RuntimeError('bad tick')
         if len(seen) >= 6:
-            done.set()
+            tick.stop()     # from its own thread: no further tick (a stop from here, on busy cores, could land
+            done.set()      # just after the pacer took the next deadline)
 
     tick = TickThread(0.005, fn, on_error=errors.append, name='test-tick')
     tick.start()

@@ -166,6 +166,7 @@ def test_the_node_refuses_unknown_and_malformed_parameters_naming_them(extra: li
     assert message in done.stderr, done.stderr[-2000:]
 
 
+@pytest.mark.ros                # the node process loads rcl, even for --help
 def test_policy_node_help_lists_every_parameter() -> None:
     done = _node('--help')
     assert done.returncode == 0, done.stderr

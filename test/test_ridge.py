@@ -16,6 +16,9 @@ from sequence_ai_ros.exceptions import ConfigError, ExportError
 from sequence_ai_ros.models import ridge
 from sequence_ai_ros.models import ridge_training as training
 
+# one worker runs this module under xdist, so the module-scoped training runs once, not once per worker
+pytestmark = pytest.mark.xdist_group('ridge_training')
+
 
 @pytest.fixture(scope='module')
 def trained(g1_root: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
@@ -39,6 +42,7 @@ def g1_root() -> Path:
     return G1_DATASET
 
 
+@pytest.mark.slow
 def test_ridge_beats_hold_state_and_mean_action(trained: tuple[Path, str]) -> None:
     out, text = trained
     metrics = json.loads((out / 'metrics.json').read_text())
@@ -58,6 +62,7 @@ def test_ridge_beats_hold_state_and_mean_action(trained: tuple[Path, str]) -> No
     assert best['eval_mae'] == pytest.approx(e['ridge'])
 
 
+@pytest.mark.slow
 def test_train_writes_a_deployable_folder(trained: tuple[Path, str]) -> None:
     out, text = trained
     assert sorted(p.name for p in out.iterdir()) == ['README.md', 'config.yaml', 'metrics.json', 'model.npz',
@@ -71,6 +76,7 @@ def test_train_writes_a_deployable_folder(trained: tuple[Path, str]) -> None:
         training.write_deployment(out, training.TrainResult(model, [], {}, 0.0))
 
 
+@pytest.mark.slow
 def test_serving_features_equal_training_features(trained: tuple[Path, str], g1_dataset: Path) -> None:
     """Frame by frame, predict() (what the policy calls) equals the batched rows training scored."""
     model = ridge.RidgeModel.load(trained[0] / 'model.npz')
@@ -110,6 +116,7 @@ def test_episode_ranges_and_bad_selections(g1_dataset: Path) -> None:
         training.train(g1_dataset, [0], [], horizon=1000)
 
 
+@pytest.mark.slow
 def test_closed_loop_on_a_joint_that_does_not_follow_stays_bounded(trained: tuple[Path, str]) -> None:
     """Fed its own commands while the arm never moves, the served model stays in the guarded range."""
     out, _ = trained
@@ -131,6 +138,7 @@ def test_saturated_ends_are_the_recorded_extremes_a_joint_repeats() -> None:
     assert not lo.any() and not hi.any()
 
 
+@pytest.mark.slow
 def test_fed_its_own_commands_the_g1_model_never_leaves_the_hands_recorded_range(
         trained: tuple[Path, str], g1_dataset: Path) -> None:
     """The right hand sits at 1.0 (fully open) in the recording: predictions stop there, not half a range above.
@@ -160,6 +168,7 @@ def test_fed_its_own_commands_the_g1_model_never_leaves_the_hands_recorded_range
     assert np.all(highest[hands] <= 1.0) and np.all(lowest[hands] >= 0.0), (highest[hands], lowest[hands])
 
 
+@pytest.mark.slow
 def test_ridge_batches_give_each_robot_its_own_chunk(trained: tuple[Path, str], g1_dataset: Path) -> None:
     from sequence_ai_ros.datasets.lerobot_reader import LeRobotDataset
     from sequence_ai_ros.policy import Episode, load_policy_file

@@ -70,6 +70,7 @@ def test_the_params_file_names_every_parameter_once_with_valid_values():
         SimConfig(controller='/arm')
 
 
+@pytest.mark.slow
 def test_push_observes_its_goal_and_its_scripted_expert_solves_it_through_position_commands():
     pytest.importorskip('metaworld', reason='the simulated robot needs metaworld (requirements-dev.txt)')
     import metaworld.policies

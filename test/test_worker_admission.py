@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import grpc
+import pytest
 from test_worker_support import POLICIES, Stream, channel, state_request, wait_for, wait_ready
 
 from sequence_ai_ros.exceptions import Overloaded, Unauthenticated
@@ -40,7 +41,7 @@ def _refusal(stream: Stream):
     at its start timeout, and it then ends when the robot closes its side.
     """
     replies = []
-    while (reply := stream.recv(timeout=10)) is not None:
+    while (reply := stream.recv(timeout=30)) is not None:
         replies.append(reply)
         if reply.error.refusal:
             stream.close()
@@ -58,8 +59,10 @@ def proxy_channel(server) -> grpc.Channel:
     return grpc.insecure_channel(f'unix:{server.config.proxy_socket}')
 
 
+@pytest.mark.slow
 def test_idle_streams_from_one_client_are_capped_and_closed_while_robots_run(tmp_path):
-    with serve_policy_file(FAST, 'fast', dim=2, start_timeout_s=1.5, max_streams_per_client=32,
+    # start_timeout_s: all 256 streams must open before the first admitted ones time out and free their slots
+    with serve_policy_file(FAST, 'fast', dim=2, start_timeout_s=8.0, max_streams_per_client=32,
                            proxy_socket=str(tmp_path / 'proxy.sock')) as server, proxy_channel(server) as ch:
         stub = pb_grpc.PolicyServiceStub(ch)
         assert wait_ready(stub, 'fast').ready
@@ -88,9 +91,11 @@ def test_idle_stream_gets_a_typed_error_before_it_is_closed():
         assert idle.recv(timeout=10) is None
 
 
+@pytest.mark.slow
 def test_forwarded_address_is_ignored_from_untrusted_peers():
     with serve_policy_file(FAST, 'fast', dim=2, max_streams_per_client=3) as server, channel(server.port) as ch:
         stub = pb_grpc.PolicyServiceStub(ch)
+        assert wait_ready(stub, 'fast').ready
         streams = [Stream(stub, 'fast', f's{i}', metadata=[('x-forwarded-for', f'10.0.0.{i}')]) for i in range(4)]
         assert all(s.start().HasField('started') for s in streams[:3])
         err = _refusal(streams[3])

@@ -132,12 +132,13 @@ def test_system_exit_and_keyboard_interrupt_in_infer_are_policy_exceptions(param
 
 
 def test_hung_load_marks_the_deployment_failed_after_the_load_deadline():
-    server = serve_policy_file(STUCK, 'stuck', hang_load=30.0, load_timeout_s=0.3, isolation='none')
+    # the bound covers the policy file's import as well as load(): 3 s, so that an import on loaded cores fits
+    server = serve_policy_file(STUCK, 'stuck', hang_load=30.0, load_timeout_s=3.0, isolation='none')
     ch = channel(server.port)
     try:
         stub = pb_grpc.PolicyServiceStub(ch)
-        reply = wait_ready(stub, 'stuck', timeout=5)
-        assert not reply.ready and reply.state == 'failed' and 'load exceeded 0.3 s' in reply.message
+        reply = wait_ready(stub, 'stuck', timeout=30)
+        assert not reply.ready and reply.state == 'failed' and 'load exceeded 3 s' in reply.message
         assert health_status(ch, 'stuck') == NOT_SERVING
         stream = Stream(stub, 'stuck', 'e1')
         assert stream.start().HasField('started')
@@ -243,10 +244,11 @@ def test_seq_deploy_dry_run_is_bounded(tmp_path: Path, seq_home: Path, capsys: p
     (folder / 'policy.py').write_text(HANGING_LOAD)
     try:
         started = time.monotonic()
-        assert seq_main(['deploy', str(folder / 'policy.py'), '--timeout', '0.5']) == 2
-        assert time.monotonic() - started < 5.0
+        # the bound covers the policy file's import as well as load(): 3 s, so that an import on loaded cores fits
+        assert seq_main(['deploy', str(folder / 'policy.py'), '--timeout', '3']) == 2
+        assert time.monotonic() - started < 3 + 30      # the bound plus a start-up generous under load
         err = capsys.readouterr().err
-        assert 'dry run exceeded 0.5 s while running load()' in err
+        assert 'dry run exceeded 3 s while running load()' in err
         assert Registry(seq_home).list() == []
     finally:
         (folder / 'release').write_text('')

@@ -152,6 +152,7 @@ def test_a_version_that_cannot_load_beside_waits_for_the_old_versions_episodes(t
         assert third.end().HasField('ended')
 
 
+@pytest.mark.slow
 def test_with_rollout_cut_the_old_versions_episodes_are_cut_typed_and_the_switch_is_at_once(tmp_path, seq_home,
                                                                                             caplog):
     caplog.set_level(logging.INFO, logger='sequence_ai_ros.worker.rollout')

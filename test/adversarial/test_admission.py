@@ -131,6 +131,7 @@ def _serve_with_1024_descriptors(tmp_path: Path) -> tuple[subprocess.Popen, int]
     return proc, int(match.group(1))
 
 
+@pytest.mark.slow
 def test_1100_silent_tcp_connections_do_not_lock_a_robot_out(tmp_path):
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard < 1100 + 200:

@@ -270,6 +270,7 @@ def _seq(*args: str, env: dict | None = None, timeout: float = 120) -> tuple[sub
     return out, time.monotonic() - start
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('misbehaviour', ['sleep', 'spin'])
 def test_seq_deploy_timeout_bounds_a_hang_at_import(seq_home, tmp_path, misbehaviour):
     path = write_policy(tmp_path, 'hangs', misbehave_at_import=True)
@@ -289,6 +290,7 @@ def test_os_exit_at_import_names_the_deployment_and_the_exit_code(seq_home, tmp_
         assert out.returncode != 0 and "'exits'" in out.stderr and 'exit code 7' in out.stderr, out.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('isolation', ['process', 'none'])
 def test_seq_serve_load_timeout_bounds_a_sleep_at_import(tmp_path, isolation):
     path = write_policy(tmp_path, 'sleepy', misbehave_at_import=True)

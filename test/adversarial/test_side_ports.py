@@ -29,6 +29,7 @@ def _probe(port: int, send: bytes | None) -> str:
             return ''
 
 
+@pytest.mark.slow
 def test_the_agent_needs_the_token_and_idle_connections_cost_no_thread():
     server = serve_policy_file(FAST, 'fast', dim=3, host='127.0.0.1', port=0, agent_port=0, token='s3cret',
                                warm=True)
@@ -74,6 +75,7 @@ def _agent_status(fleet) -> dict[str, str]:
     return {r['svname']: r.get('agent_status', '') for r in rows if r.get('svname', '').startswith('replica')}
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(HAPROXY is None, reason='HAProxy is not installed (as root: make haproxy)')
 def test_a_fleet_with_a_token_probes_its_agents_with_it_on_the_real_haproxy(seq_home, tmp_path):
     from sequence_ai_ros.worker.fleet import Fleet

@@ -240,6 +240,7 @@ def test_ids_that_would_split_or_reorder_a_log_line_are_refused(worker, caplog):
     assert limits.printable('a\u2028b\u202e') == 'a\\u2028b\\u202e'
 
 
+@pytest.mark.slow
 def test_metrics_need_the_token_and_idle_connections_cost_no_thread(worker, tmp_path):
     """Attack: /metrics answered without the token; 1,000 idle connections made 1,017 threads."""
     server = worker(token='s3cret')
