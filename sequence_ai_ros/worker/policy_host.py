@@ -26,7 +26,8 @@ Commands: ``describe`` (import the file; answer what the worker needs without im
 them ended.
 
 The process dies with the worker (a watchdog on its parent pid, and at EOF on the socket), so a worker killed
-with ``kill -9`` leaves no policy behind. Nothing here imports gRPC.
+with ``kill -9`` leaves no policy behind. SIGINT and SIGTERM do nothing here: the worker, which drains on them,
+decides when its policies stop. Nothing here imports gRPC.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import logging
 import mmap
 import os
 import pickle
+import signal
 import socket
 import struct
 import sys
@@ -435,6 +437,20 @@ def _die_with_parent(ppid: int) -> None:
     threading.Thread(target=watch, name='seq-host-watchdog', daemon=True).start()
 
 
+def _ignore_stop_signals() -> None:
+    """SIGINT and SIGTERM do nothing here: the worker ends this process (EOF on its socket, or SIGKILL).
+
+    Ctrl-C in a terminal and a service manager's stop (systemd signals every process of the unit) reach this
+    process beside the worker, which then drains: the policy goes on answering until the worker closes it. A
+    handler rather than ``SIG_IGN``, so that programs the policy starts get the default actions back.
+    """
+    def ignore(_signum: int, _frame: object) -> None:
+        pass
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, ignore)
+
+
 def serve(sock: socket.socket) -> None:
     """Answer calls until the worker closes the socket."""
     host = Host()
@@ -485,6 +501,7 @@ def _describe_safely(exc: BaseException) -> str:
 def main(argv: list[str]) -> int:
     """Entry point: ``policy_host FD PPID``."""
     fd, ppid = int(argv[0]), int(argv[1])
+    _ignore_stop_signals()
     _die_with_parent(ppid)
     logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s [policy %(process)d] %(message)s')
     os.environ.setdefault('OMP_NUM_THREADS', '1')

@@ -10,6 +10,7 @@ deployment and the exit code.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -59,6 +60,8 @@ POLICY = textwrap.dedent('''
 
         def infer(self, inp, episode):
             p = inp.observation.params
+            if 'mark' in p:                      # tells a test that this inference has begun
+                open(p['mark'], 'w').close()
             if 'exit' in p:
                 os._exit(int(p['exit']))
             if 'segv' in p:
@@ -354,3 +357,42 @@ def test_batching_across_robots_holds_in_the_deployment_process(tmp_path):
         assert rb.error.code == pb.POLICY_EXCEPTION and 'seven is refused' in rb.error.message
         a.end(), b.end()
         assert server.runtimes['batched'].isolated
+
+
+def _serve_cli(path: Path, *options: str) -> tuple[subprocess.Popen, int]:
+    """``seq serve PATH`` in a session of its own (a terminal's or a unit's group, which a test may signal whole)."""
+    worker = subprocess.Popen([sys.executable, '-m', 'sequence_ai_ros.cli', 'serve', str(path), '--port', '0',
+                               '--isolation', 'process', *options], stdout=subprocess.PIPE, text=True, cwd=REPO,
+                              start_new_session=True)
+    line = worker.stdout.readline()
+    assert line.startswith('serving '), line
+    return worker, int(line.rsplit(':', 1)[1].split()[0])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('sig', [signal.SIGINT, signal.SIGTERM], ids=['SIGINT', 'SIGTERM'])
+def test_a_stop_signal_to_the_whole_group_drains_without_failing_the_inference_in_flight(tmp_path, sig):
+    """Ctrl-C in a terminal, or systemd's stop, signals every process of the worker's group: the worker drains."""
+    path = write_policy(tmp_path, 'drained')
+    worker, port = _serve_cli(path, '--drain-timeout', '30')
+    try:
+        with channel(port) as ch:
+            stub = pb_grpc.PolicyServiceStub(ch)
+            assert wait_ready(stub, 'drained', timeout=RESTART_WAIT_S).ready
+            robot = Stream(stub, 'drained', 'robot-drained')
+            assert robot.start().HasField('started')
+            assert robot.ask(req(1)).HasField('chunk')
+            mark = tmp_path / 'inferring'
+            robot.send(observation=req(2, 2.0, hang='1.0', mark=str(mark)))
+            wait_for(mark.exists, 30, 'the inference to begin')
+            os.killpg(worker.pid, sig)
+            reply = robot.recv(timeout=30)
+            assert reply.HasField('chunk'), reply          # the drain lets the running episode go on
+            assert codec.from_tensor(reply.chunk.actions)[0, 0] == 2.0
+            assert robot.ask(req(3, 3.0)).HasField('chunk')
+            assert robot.end().HasField('ended')
+        assert worker.wait(timeout=60) == 0
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait()
