@@ -26,8 +26,9 @@ Commands: ``describe`` (import the file; answer what the worker needs without im
 them ended.
 
 The process dies with the worker (a watchdog on its parent pid, and at EOF on the socket), so a worker killed
-with ``kill -9`` leaves no policy behind. SIGINT and SIGTERM do nothing here: the worker, which drains on them,
-decides when its policies stop. Nothing here imports gRPC.
+with ``kill -9`` leaves no policy behind; the worker makes it the leader of a process group, and what the
+policy started (``subprocess``, ``multiprocessing``) ends with it. SIGINT and SIGTERM do nothing here: the
+worker, which drains on them, decides when its policies stop. Nothing here imports gRPC.
 """
 
 from __future__ import annotations
@@ -420,6 +421,23 @@ def _safe_plain(out: Any) -> Any:
         return RemoteFailure(describe_exc(exc))
 
 
+def _end_group() -> None:
+    """SIGKILL the other processes of this process's group (what the policy started), when it leads that group."""
+    me = os.getpid()
+    if os.getpgid(0) != me:       # not started by a worker (its own group is not ours to end)
+        return
+    for entry in os.listdir('/proc'):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f'/proc/{entry}/stat', 'rb') as stat:
+                fields = stat.read()
+            if int(fields[fields.rindex(b')') + 2:].split()[2]) == me:     # its process group
+                os.kill(int(entry), signal.SIGKILL)
+        except (OSError, ValueError):                                       # gone meanwhile
+            pass
+
+
 def _die_with_parent(ppid: int) -> None:
     """Exit when the worker is gone (``kill -9`` included): a watchdog thread polls the parent pid.
 
@@ -432,6 +450,7 @@ def _die_with_parent(ppid: int) -> None:
     def watch() -> None:
         while os.getppid() == ppid:
             time.sleep(0.25)
+        _end_group()
         os._exit(1)
 
     threading.Thread(target=watch, name='seq-host-watchdog', daemon=True).start()
@@ -508,6 +527,7 @@ def main(argv: list[str]) -> int:
     os.environ[DEPLOYMENT_PROCESS_ENV] = str(ppid)    # a policy may tell it runs in a deployment process
     sock = socket.socket(fileno=fd)
     serve(sock)
+    _end_group()                 # the worker closed the socket (or died): what the policy started ends too
     return 0
 
 

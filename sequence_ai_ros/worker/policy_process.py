@@ -90,7 +90,8 @@ class PolicyProcess:
         try:
             self.process = subprocess.Popen(
                 [sys.executable, '-m', 'sequence_ai_ros.worker.policy_host', str(theirs.fileno()), str(os.getpid())],
-                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env,
+                start_new_session=True)     # its group: what the policy starts ends with it (_end, kill)
         except OSError as exc:
             ours.close()
             raise DeploymentError(f'deployment {name!r}: cannot start its policy process: {exc}') from None
@@ -116,7 +117,19 @@ class PolicyProcess:
 
     def alive(self) -> bool:
         """True while the process runs and has not failed a call."""
-        return self._dead is None and self.process.poll() is None
+        return self._dead is None and self.exit_status() is None
+
+    def exit_status(self) -> int | None:
+        """The exit status as Popen's ``returncode`` gives it (-N: signal N); None while it runs. Never reaps it."""
+        if self.process.returncode is not None:
+            return self.process.returncode
+        try:
+            info = os.waitid(os.P_PID, self.process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:        # reaped meanwhile (Popen in another thread)
+            return self.process.poll()
+        if info is None:
+            return None
+        return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
 
     def call(self, command: str, *args: Any, ended: tuple[str, ...] = (), step: str = '') -> Any:
         """Run ``command(*args)`` in the process and return its value.
@@ -299,11 +312,7 @@ class PolicyProcess:
         return seg, fd
 
     def _died(self, step: str, exc: BaseException | None = None) -> PolicyProcessDied:
-        try:
-            code = self.process.wait(timeout=2.0)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            code = self.process.wait()
+        code = self._end(2.0)
         how = self._dead or (f'the policy process of deployment {self.name!r} (pid {self.pid}) died while {step}: '
                              f'{exit_words(code)}')
         self._dead = how
@@ -315,10 +324,7 @@ class PolicyProcess:
         if self._dead is None:
             self._dead = (f'the policy process of deployment {self.name!r} (pid {self.pid}) was stopped while '
                           f'{self.step}' + (f': {why}' if why else ''))
-        try:
-            self.process.kill()
-        except OSError:
-            pass
+        self._kill_group()
         try:   # wake a caller blocked on the socket (the kernel closes the peer's end only once reaped)
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -332,11 +338,7 @@ class PolicyProcess:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
-        try:
-            self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        self._end(timeout)
         self._let_go()
         self._sock.close()
         for segment in self._segments.values():
@@ -346,6 +348,31 @@ class PolicyProcess:
                 pass
         self._segments.clear()
         self._free.clear()
+
+
+    def _end(self, timeout: float) -> int:
+        """Wait up to ``timeout`` s for the process to exit, SIGKILL its group, reap it; return its exit status.
+
+        The group (the process's session) holds what the policy started (``subprocess``, ``multiprocessing``):
+        it is killed while the process, exited or not, is unreaped, so that its pid still names that group.
+        """
+        if self.process.returncode is None:
+            deadline = time.monotonic() + timeout
+            pause = 0.001
+            while self.exit_status() is None and time.monotonic() < deadline:
+                time.sleep(pause)
+                pause = min(0.05, 2 * pause)
+            self._kill_group()
+        return self.process.wait()
+
+    def _kill_group(self) -> None:
+        """SIGKILL the process and its group, unless it was reaped (its pid may name another group then)."""
+        if self.process.returncode is not None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except OSError:                  # the group is empty (ESRCH), or not ours any more
+            pass
 
 
 def _ident(episode: Any) -> tuple[str, str, str]:

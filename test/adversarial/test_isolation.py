@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 RESTART_WAIT_S = 60.0
 
 POLICY = textwrap.dedent('''
-    import ctypes, os, sys, time
+    import ctypes, os, subprocess, sys, time
     import numpy as np
     import sequence_ai_ros.policy as seq
 
@@ -51,12 +51,17 @@ POLICY = textwrap.dedent('''
     @seq.policy(action_space='joint_absolute', action_names=NAMES, dt=0.1, chunk_length=4,
                 observation=seq.ObservationContract(state_names=NAMES))
     class Crashy:
-        def __init__(self, load_hang: float = 0.0):
+        def __init__(self, load_hang: float = 0.0, kids: str = ''):
             self.load_hang = float(load_hang)
+            self.kids = kids
 
         def load(self):
             if self.load_hang:
                 time.sleep(self.load_hang)
+            if self.kids:                        # a program of the policy's own, as a data loader's workers
+                child = subprocess.Popen(['sleep', '300'])
+                with open(self.kids, 'a') as out:
+                    out.write(f'{{child.pid}}\\n')
 
         def infer(self, inp, episode):
             p = inp.observation.params
@@ -125,9 +130,9 @@ class Steady(threading.Thread):
         return self.kinds
 
 
-def served_again(stub, rid0: int) -> tuple[int, list[str]]:
-    """Ask on a fresh episode of ``crashy`` until a chunk comes; return the request count and the error codes seen."""
-    stream = Stream(stub, 'crashy', f'robot-after-{rid0}')
+def served_again(stub, deployment: str, rid0: int) -> tuple[int, list[str]]:
+    """Ask on a fresh episode of ``deployment`` until a chunk comes; return the request count and the codes seen."""
+    stream = Stream(stub, deployment, f'robot-after-{rid0}')
     codes: list[str] = []
     try:
         assert stream.start().HasField('started')
@@ -140,7 +145,7 @@ def served_again(stub, rid0: int) -> tuple[int, list[str]]:
                 return rid, codes
             codes.append(pb.ErrorCode.Name(reply.error.code))
             time.sleep(0.05)
-        raise AssertionError(f'crashy not served again within {RESTART_WAIT_S} s: {codes[-3:]}')
+        raise AssertionError(f'{deployment} not served again within {RESTART_WAIT_S} s: {codes[-3:]}')
     finally:
         stream.end()
 
@@ -163,7 +168,7 @@ def test_a_crash_exit_segfault_or_hang_fails_only_its_own_robots_and_the_deploym
     if after.HasField('error'):
         assert after.error.code == pb.NOT_READY and 'restarting' in after.error.message, after
     robot.end()
-    n, codes = served_again(stub, 3)
+    n, codes = served_again(stub, 'crashy', 3)
     assert set(codes) <= {'NOT_READY'}
     kinds = steady.finish()
     assert kinds and set(kinds) == {'chunk'}, kinds          # the other deployment never noticed
@@ -236,14 +241,15 @@ def test_kill_9_of_a_deployment_process_while_idle_is_noticed_and_restarted(two)
     os.kill(process.pid, 9)
     wait_for(lambda: server.runtimes['crashy'].restarts == 1 or server.runtimes['crashy'].readiness()[2] != 'ready',
              10, 'the dead process noticed')
-    served_again(stub, 0)
+    served_again(stub, 'crashy', 0)
 
 
 def test_the_worker_killed_with_9_leaves_no_deployment_process(tmp_path):
     path = write_policy(tmp_path, 'orphan')
+    kids = tmp_path / 'kids'
     code = (f'import sys, time; sys.path.insert(0, {str(REPO)!r})\n'
             'from sequence_ai_ros.worker import serve_policy_file\n'
-            f's = serve_policy_file({str(path)!r}, warm=True, isolation="process")\n'
+            f's = serve_policy_file({str(path)!r}, warm=True, isolation="process", kids={str(kids)!r})\n'
             'r = s.runtimes["orphan"]\n'
             'r.ready_event.wait(60)\n'
             'print(r._instance.process.pid, flush=True)\n'
@@ -254,9 +260,46 @@ def test_the_worker_killed_with_9_leaves_no_deployment_process(tmp_path):
         os.kill(worker.pid, 9)
         worker.wait(timeout=10)
         wait_for(lambda: not Path(f'/proc/{child}').exists() or _zombie(child), 10, 'the deployment process gone')
+        (kid,) = _pids(kids)
+        wait_for(lambda: _gone(kid), 10, 'the program the policy started gone')
     finally:
         if worker.poll() is None:
             worker.kill()
+        _kill_all(_pids(kids))
+
+
+def _pids(path: Path) -> list[int]:
+    return [int(line) for line in path.read_text().split()] if path.exists() else []
+
+
+def _gone(pid: int) -> bool:
+    return not Path(f'/proc/{pid}').exists() or _zombie(pid)
+
+
+def _kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        if not _gone(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_what_a_policy_started_ends_with_its_deployment_process_restarted_or_stopped(tmp_path):
+    path = write_policy(tmp_path, 'parent')
+    kids = tmp_path / 'kids'
+    try:
+        with serve_policy_file(path, isolation='process', kids=str(kids)) as server, channel(server.port) as ch:
+            stub = pb_grpc.PolicyServiceStub(ch)
+            assert wait_ready(stub, 'parent', timeout=RESTART_WAIT_S).ready
+            robot = Stream(stub, 'parent', 'robot-parent')
+            assert robot.start().HasField('started')
+            assert robot.ask(req(1, exit='3')).error.code == pb.POLICY_EXCEPTION
+            robot.end()
+            served_again(stub, 'parent', 1)              # restarted: its load started a second program
+            first, second = _pids(kids)
+            wait_for(lambda: _gone(first), 10, "the crashed process's program gone")
+            assert not _gone(second)
+        wait_for(lambda: _gone(second), 10, "the stopped process's program gone")
+    finally:
+        _kill_all(_pids(kids))
 
 
 def _zombie(pid: int) -> bool:
