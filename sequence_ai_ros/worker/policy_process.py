@@ -19,7 +19,9 @@ segfault or a hang in one policy fails only that deployment's robots; the worker
 
 Errors: a policy's exception comes back as :class:`RemoteError` (its text is the policy's own
 ``Type: message``); a process that dies or is killed raises :class:`PolicyProcessDied`, naming the
-deployment, the step and the exit code or signal.
+deployment, the step and the exit code or signal. A process whose socket carries anything but the answer to the call
+in flight (each answer echoes its call's sequence number) is stopped, and the call raises
+:class:`PolicyProcessDied` saying so: an answer is never taken for another call's.
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ import collections
 import logging
 import mmap
 import os
-import pickle
 import signal
 import socket
 import subprocess
@@ -51,6 +52,9 @@ ISOLATION_MODES = ('process', 'none')
 SHM_START_BYTES = 1 << 20
 #: Bound of a deployment process's interpreter start-up (s), before the policy's own deadlines start.
 START_TIMEOUT_S = 60.0
+#: Largest answer taken from a deployment process (bytes), four times the largest action chunk
+#: (:data:`~sequence_ai_ros.protocol.messages.MAX_CHUNK_BYTES`); a frame claiming more is no answer.
+MAX_REPLY_BYTES = 256 << 20
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
@@ -98,7 +102,8 @@ class PolicyProcess:
         finally:
             theirs.close()
         self._sock = ours
-        self._channel = wire.Channel(ours)
+        self._channel = wire.Channel(ours, limit=MAX_REPLY_BYTES)
+        self._seq = 0                              # the sequence number of the last call sent
         self._lock = threading.Lock()
         self._segments: dict[int, mmap.mmap] = {}   # shared memory by id: free (in _free) or held by the policy
         self._free: list[int] = []
@@ -131,6 +136,10 @@ class PolicyProcess:
             return None
         return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
 
+    def _next_seq(self) -> int:
+        self._seq = (self._seq + 1) & 0xFFFFFFFF
+        return self._seq
+
     def call(self, command: str, *args: Any, ended: tuple[str, ...] = (), step: str = '') -> Any:
         """Run ``command(*args)`` in the process and return its value.
 
@@ -138,7 +147,8 @@ class PolicyProcess:
         :param step: what the call does, for messages (``importing``, ``loading``, ``infer``...).
         :raises RemoteError: when the policy raised.
         :raises ContractViolation: when the policy raised ContractViolation (the request was malformed).
-        :raises PolicyProcessDied: when the process is dead, dies during the call, or was killed.
+        :raises PolicyProcessDied: when the process is dead, dies during the call, was killed, or sent what is
+            no answer to the call (it is then stopped).
         """
         with self._lock:
             if self._dead is not None:
@@ -148,11 +158,12 @@ class PolicyProcess:
             fds: list[int] = []
             try:
                 head, fds = self._place(pickler)
-                self._channel.send([head, header], fds)
-                payload, _ = self._channel.recv()
+                seq = self._next_seq()
+                self._channel.send([head, header], fds, seq)
+                payload, _ = self._channel.recv(seq)
                 released, (status, value) = wire.parse_reply(payload)
                 del payload
-            except (OSError, EOFError, pickle.UnpicklingError) as exc:
+            except (OSError, EOFError, wire.ProtocolError) as exc:
                 raise self._died(self.step, exc) from None
             finally:
                 for fd in fds:         # the process has its own copy now (or never will)
@@ -191,7 +202,7 @@ class PolicyProcess:
         try:
             head, fds = self._place(pickler)
             loop.add_reader(self._sock.fileno(), self._on_readable)
-            self._channel.send([head, header], fds)
+            self._channel.send([head, header], fds, self._next_seq())
         except (OSError, ValueError) as exc:
             self._fail_started(exc)
         finally:
@@ -202,12 +213,12 @@ class PolicyProcess:
     def _on_readable(self) -> None:
         """The loop's reader while a started call runs: hand its answer on (loop thread)."""
         try:
-            payload = self._channel.poll()
+            payload = self._channel.poll(self._seq)
             if payload is None:
                 return
             released, (status, value) = wire.parse_reply(payload)
             del payload
-        except Exception as exc:    # the process ended, or its answer cannot be read: it is done for
+        except Exception as exc:    # the process ended, or sent what is no answer: it is done for
             self._fail_started(exc)
             return
         done = self._end_started()
@@ -312,7 +323,12 @@ class PolicyProcess:
         return seg, fd
 
     def _died(self, step: str, exc: BaseException | None = None) -> PolicyProcessDied:
-        code = self._end(2.0)
+        """The call of ``step`` failed with ``exc``: end the process (at once when it sent what is no answer)."""
+        broke = isinstance(exc, wire.ProtocolError)
+        code = self._end(0.0 if broke else 2.0)
+        if broke and self._dead is None:
+            self._dead = (f'the socket of the policy process of deployment {self.name!r} (pid {self.pid}) carried '
+                          f'what is no answer while {step} ({exc}): the process was stopped')
         how = self._dead or (f'the policy process of deployment {self.name!r} (pid {self.pid}) died while {step}: '
                              f'{exit_words(code)}')
         self._dead = how

@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 RESTART_WAIT_S = 60.0
 
 POLICY = textwrap.dedent('''
-    import ctypes, os, subprocess, sys, time
+    import ctypes, multiprocessing, os, struct, subprocess, sys, time
     import numpy as np
     import sequence_ai_ros.policy as seq
 
@@ -51,9 +51,10 @@ POLICY = textwrap.dedent('''
     @seq.policy(action_space='joint_absolute', action_names=NAMES, dt=0.1, chunk_length=4,
                 observation=seq.ObservationContract(state_names=NAMES))
     class Crashy:
-        def __init__(self, load_hang: float = 0.0, kids: str = ''):
+        def __init__(self, load_hang: float = 0.0, kids: str = '', helper: str = ''):
             self.load_hang = float(load_hang)
             self.kids = kids
+            self.helper = helper
 
         def load(self):
             if self.load_hang:
@@ -62,6 +63,11 @@ POLICY = textwrap.dedent('''
                 child = subprocess.Popen(['sleep', '300'])
                 with open(self.kids, 'a') as out:
                     out.write(f'{{child.pid}}\\n')
+            if self.helper == 'fork':            # a forked helper: a copy of this process, every fd of it
+                self.held = multiprocessing.get_context('fork').Process(target=time.sleep, args=(300,), daemon=True)
+                self.held.start()
+            elif self.helper == 'program':       # a program holding the socket (as a C library's own fork may)
+                self.held = subprocess.Popen(['sleep', '300'], pass_fds=(int(sys.argv[1]),))
 
         def infer(self, inp, episode):
             p = inp.observation.params
@@ -73,6 +79,16 @@ POLICY = textwrap.dedent('''
                 ctypes.string_at(0)
             if 'hang' in p:
                 time.sleep(float(p['hang']))
+            if 'fork' in p:                      # a background job that forgets to exit: both copies go on
+                copy = os.fork()
+                if copy:
+                    with open(p['fork'], 'w') as out:
+                        out.write(f'{{copy}}\\n')
+                else:
+                    time.sleep(0.3)              # back from infer after its parent's answer
+            if 'junk' in p:                      # bytes on the deployment process's socket (fd argv[1])
+                os.write(int(sys.argv[1]), struct.pack('<II', 12, 1 << 30) + b'junkjunk')
+                time.sleep(0.3)                  # read apart from the answer that follows
             episode.state['n'] = episode.state.get('n', 0) + 1
             return np.tile(np.array([inp.observation.state[0], episode.state['n']], np.float32), (4, 1))
 ''')
@@ -439,3 +455,44 @@ def test_a_stop_signal_to_the_whole_group_drains_without_failing_the_inference_i
         if worker.poll() is None:
             os.killpg(worker.pid, signal.SIGKILL)
             worker.wait()
+
+
+def _two_robots_each_get_their_own_chunks(stub, deployment: str, first: int, last: int) -> None:
+    robots = [Stream(stub, deployment, f'{deployment}-{k}') for k in range(2)]
+    for robot in robots:
+        assert robot.start().HasField('started')
+    for rid in range(first, last):
+        for k, robot in enumerate(robots):
+            reply = robot.ask(req(rid, 100 * k + rid))
+            assert reply.HasField('chunk'), reply
+            value, count = codec.from_tensor(reply.chunk.actions)[0]
+            assert (value, count) == (100 * k + rid, rid - first + 1)     # its request; its episode's count
+    for robot in robots:
+        assert robot.end().HasField('ended')
+
+
+@pytest.mark.parametrize('batching', [False, True], ids=['from the event loop', 'from the inference thread'])
+def test_bytes_that_are_no_answer_fail_the_request_and_restart_the_process_never_shifting_chunks(tmp_path, batching):
+    """A stray write on the socket: read apart from the answer, it must not pass for it, nor the answer for the next."""
+    path = write_policy(tmp_path, 'junk')
+    if batching:
+        text = path.read_text().replace('observation=seq.ObservationContract(state_names=NAMES))',
+                                        'observation=seq.ObservationContract(state_names=NAMES), '
+                                        'batching=seq.Batching(1, 0.001))')
+        batch = ('    def infer_batch(self, inputs, episodes):\n'
+                 '        return [self.infer(i, e) for i, e in zip(inputs, episodes)]\n\n')
+        infer = '    def infer(self, inp, episode):'
+        path.write_text(text.replace(infer, batch + infer))
+    with serve_policy_file(path, isolation='process') as server, channel(server.port) as ch:
+        stub = pb_grpc.PolicyServiceStub(ch)
+        assert wait_ready(stub, 'junk', timeout=RESTART_WAIT_S).ready
+        robot = Stream(stub, 'junk', 'robot-junk')
+        assert robot.start().HasField('started')
+        assert robot.ask(req(1, 1.0)).HasField('chunk')
+        reply = robot.ask(req(2, 2.0, junk='1'))
+        assert reply.error.code == pb.POLICY_EXCEPTION, reply
+        assert "deployment 'junk'" in reply.error.message and 'no answer' in reply.error.message, reply
+        robot.end()
+        served_again(stub, 'junk', 2)
+        _two_robots_each_get_their_own_chunks(stub, 'junk', 3, 9)
+        assert server.runtimes['junk'].restarts == 1
