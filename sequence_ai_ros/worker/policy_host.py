@@ -30,8 +30,11 @@ them ended.
 
 The process dies with the worker (a watchdog on its parent pid, and at EOF on the socket), so a worker killed
 with ``kill -9`` leaves no policy behind; the worker makes it the leader of a process group, and what the
-policy started (``subprocess``, ``multiprocessing``) ends with it. SIGINT and SIGTERM do nothing here: the
-worker, which drains on them, decides when its policies stop. Nothing here imports gRPC.
+policy started (``subprocess``, ``multiprocessing``) ends with it. The socket is this process's alone: programs
+the policy starts never inherit it (close-on-exec), a copy the policy forks (``os.fork``, ``multiprocessing``)
+closes it at once, and such a copy that returns from the policy's code into this module exits instead of
+answering (:func:`serve`). SIGINT and SIGTERM do nothing here: the worker, which drains on them, decides when
+its policies stop. Nothing here imports gRPC.
 """
 
 from __future__ import annotations
@@ -70,6 +73,8 @@ _FD_SPACE = socket.CMSG_SPACE(4 * array.array('i').itemsize)
 LOG = logging.getLogger('sequence_ai_ros.worker.policy_host')
 #: Set in a deployment process to the worker's pid.
 DEPLOYMENT_PROCESS_ENV = 'SEQ_DEPLOYMENT_PROCESS'
+#: True in a copy of the deployment process that the policy forked (it never answers the worker).
+_forked = False
 
 
 class ProtocolError(Exception):
@@ -515,8 +520,37 @@ def _ignore_stop_signals() -> None:
         signal.signal(sig, ignore)
 
 
+def _forget_in_forks(sock: socket.socket) -> None:
+    """A copy of this process that the policy forks closes its copy of the socket at once (:func:`serve`).
+
+    So it never reads the worker's calls, nor keeps the socket open once this process has exited (the
+    worker would wait for the EOF).
+    """
+    def forget() -> None:
+        global _forked
+        _forked = True
+        try:
+            os.close(sock.detach())
+        except OSError:
+            pass
+
+    os.register_at_fork(after_in_child=forget)
+
+
+def _exit_forked() -> None:
+    """A forked copy came back from the policy's code: it exits, never answering the worker's call."""
+    LOG.warning('a copy of the deployment process forked by the policy (pid %d) returned from the policy; '
+                'it exits', os.getpid())
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(0)
+
+
 def serve(sock: socket.socket) -> None:
-    """Answer calls until the worker closes the socket."""
+    """Answer calls until the worker closes the socket (a copy forked by the policy answers none)."""
     host = Host()
     channel = Channel(sock)
     segments = Segments()
@@ -543,6 +577,8 @@ def serve(sock: socket.socket) -> None:
 
             status = 'contract' if isinstance(exc, ContractViolation) else 'err'   # the robot's fault, typed so
             value = _describe_safely(exc)
+        if _forked:                       # a copy the policy forked, back from its code: it answers nothing
+            _exit_forked()
         del payload
         try:
             body = pickle.dumps((status, value), protocol=5)
@@ -571,7 +607,9 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s [policy %(process)d] %(message)s')
     os.environ.setdefault('OMP_NUM_THREADS', '1')
     os.environ[DEPLOYMENT_PROCESS_ENV] = str(ppid)    # a policy may tell it runs in a deployment process
+    os.set_inheritable(fd, False)     # programs the policy starts (os.system included) never hold it
     sock = socket.socket(fileno=fd)
+    _forget_in_forks(sock)
     serve(sock)
     _end_group()                 # the worker closed the socket (or died): what the policy started ends too
     return 0

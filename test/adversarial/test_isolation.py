@@ -471,6 +471,23 @@ def _two_robots_each_get_their_own_chunks(stub, deployment: str, first: int, las
         assert robot.end().HasField('ended')
 
 
+def test_a_policy_that_forks_and_goes_on_never_sends_a_robot_another_requests_chunk(tmp_path):
+    path = write_policy(tmp_path, 'forks')
+    forked = tmp_path / 'forked'
+    with serve_policy_file(path, isolation='process') as server, channel(server.port) as ch:
+        stub = pb_grpc.PolicyServiceStub(ch)
+        assert wait_ready(stub, 'forks', timeout=RESTART_WAIT_S).ready
+        robot = Stream(stub, 'forks', 'robot-forks')
+        assert robot.start().HasField('started')
+        reply = robot.ask(req(1, 1.0, fork=str(forked)))  # the forked copy returns too, but never answers
+        assert codec.from_tensor(reply.chunk.actions)[0, 0] == 1.0
+        (copy,) = _pids(forked)
+        wait_for(lambda: _gone(copy), 10, 'the forked copy, back from infer, gone instead of serving')
+        assert robot.end().HasField('ended')
+        _two_robots_each_get_their_own_chunks(stub, 'forks', 2, 12)
+        assert server.runtimes['forks'].restarts == 0
+
+
 @pytest.mark.parametrize('batching', [False, True], ids=['from the event loop', 'from the inference thread'])
 def test_bytes_that_are_no_answer_fail_the_request_and_restart_the_process_never_shifting_chunks(tmp_path, batching):
     """A stray write on the socket: read apart from the answer, it must not pass for it, nor the answer for the next."""
