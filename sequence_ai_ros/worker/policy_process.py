@@ -19,7 +19,8 @@ segfault or a hang in one policy fails only that deployment's robots; the worker
 
 Errors: a policy's exception comes back as :class:`RemoteError` (its text is the policy's own
 ``Type: message``); a process that dies or is killed raises :class:`PolicyProcessDied`, naming the
-deployment, the step and the exit code or signal. A process whose socket carries anything but the answer to the call
+deployment, the step and the exit code or signal. Its exit is noticed at once, also while something the policy
+started still holds its end of the socket. A process whose socket carries anything but the answer to the call
 in flight (each answer echoes its call's sequence number) is stopped, and the call raises
 :class:`PolicyProcessDied` saying so: an answer is never taken for another call's.
 """
@@ -31,6 +32,7 @@ import collections
 import logging
 import mmap
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -102,6 +104,7 @@ class PolicyProcess:
         finally:
             theirs.close()
         self._sock = ours
+        self._sock_lock = threading.Lock()        # the exit watch's shutdown against close()
         self._channel = wire.Channel(ours, limit=MAX_REPLY_BYTES)
         self._seq = 0                              # the sequence number of the last call sent
         self._lock = threading.Lock()
@@ -114,6 +117,12 @@ class PolicyProcess:
         #: while a call started from an event loop runs: that loop (it reads the answer) and who gets it
         self._reading: asyncio.AbstractEventLoop | None = None
         self._done: Callable[[str | None, Any], None] | None = None
+        try:                       # before anyone may reap it: the pid names this process
+            pidfd = os.pidfd_open(self.process.pid)
+        except OSError:            # a kernel without pidfds (< 5.3): the EOF alone tells its exit
+            LOG.debug('no pidfd for the policy process of %r: its exit is seen at EOF on its socket', name)
+        else:
+            threading.Thread(target=self._watch_exit, args=(pidfd,), name=f'seq-exit-{name}', daemon=True).start()
 
     @property
     def pid(self) -> int:
@@ -135,6 +144,26 @@ class PolicyProcess:
         if info is None:
             return None
         return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
+    def _watch_exit(self, pidfd: int) -> None:
+        """Shut the socket once the process has exited, so that a call waiting for its answer ends at once.
+
+        The EOF would tell it, but only once every copy of the process's end is closed, and a program or a
+        forked copy the policy started may hold one.
+        """
+        try:
+            poller = select.poll()
+            poller.register(pidfd, select.POLLIN)
+            while not poller.poll():
+                pass
+        finally:
+            os.close(pidfd)
+        with self._sock_lock:
+            if self._sock.fileno() >= 0:
+                try:
+                    self._sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
     def _next_seq(self) -> int:
         self._seq = (self._seq + 1) & 0xFFFFFFFF
@@ -356,7 +385,8 @@ class PolicyProcess:
             pass
         self._end(timeout)
         self._let_go()
-        self._sock.close()
+        with self._sock_lock:
+            self._sock.close()
         for segment in self._segments.values():
             try:
                 segment.close()

@@ -26,6 +26,7 @@ from sequence_ai_ros.protocol import codec
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
 from sequence_ai_ros.worker import create_server, serve_policy_file
+from sequence_ai_ros.worker import server as server_module
 from sequence_ai_ros.worker.registry import deploy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -513,3 +514,22 @@ def test_bytes_that_are_no_answer_fail_the_request_and_restart_the_process_never
         served_again(stub, 'junk', 2)
         _two_robots_each_get_their_own_chunks(stub, 'junk', 3, 9)
         assert server.runtimes['junk'].restarts == 1
+
+
+@pytest.mark.parametrize('helper', ['fork', 'program'])
+def test_a_process_that_exits_is_named_so_even_when_a_helper_it_started_holds_its_socket(tmp_path, helper,
+                                                                                        monkeypatch):
+    """The exit itself is noticed: neither the inference deadline nor the worker's periodic check (every 10 s)."""
+    monkeypatch.setattr(server_module, 'USAGE_FLUSH_S', 600.0)
+    path = write_policy(tmp_path, 'helped')
+    with serve_policy_file(path, isolation='process', helper=helper, inference_timeout_s=600.0) as server, \
+            channel(server.port) as ch:
+        stub = pb_grpc.PolicyServiceStub(ch)
+        assert wait_ready(stub, 'helped', timeout=RESTART_WAIT_S).ready
+        robot = Stream(stub, 'helped', 'robot-helped')
+        assert robot.start().HasField('started')
+        robot.send(observation=req(1, exit='3'))
+        reply = robot.recv(timeout=30)
+        assert reply is not None, 'the exit not noticed within 30 s'
+        assert reply.error.code == pb.POLICY_EXCEPTION and 'exit code 3' in reply.error.message, reply
+        robot.end()
