@@ -7,6 +7,8 @@ sequence_ai_ros.worker.policy_host`` over their Unix socket) for what a policy k
 from __future__ import annotations
 
 import mmap
+import socket
+import struct
 import textwrap
 import time
 
@@ -151,14 +153,11 @@ def test_arrays_a_policy_keeps_never_change_under_it_and_shared_memory_stays_bou
 
 
 def test_a_frame_arrives_whole_whether_read_piecewise_without_blocking_or_at_once():
-    import socket
-    import struct
-
     ours, theirs = socket.socketpair()
     try:
         channel = wire.Channel(ours, size=64)
         big = bytes(range(256)) * 40                       # larger than the channel's first buffer
-        frame = struct.pack('<I', len(big)) + big
+        frame = struct.pack('<II', len(big), 7) + big      # length, sequence number
         assert channel.poll() is None                      # nothing yet: never blocks
         theirs.sendall(frame[:3])
         assert channel.poll() is None                      # not even the length
@@ -172,11 +171,47 @@ def test_a_frame_arrives_whole_whether_read_piecewise_without_blocking_or_at_onc
         theirs.sendall(frame[:100])                        # begun piecewise, finished by a blocking read
         assert channel.poll() is None
         theirs.sendall(frame[100:])
-        payload, fds = channel.recv()
-        assert bytes(payload) == big and fds == []
+        payload, fds = channel.recv(7)
+        assert bytes(payload) == big and fds == [] and channel.seq == 7
         theirs.close()
         with pytest.raises(EOFError):
             channel.recv()
     finally:
         ours.close()
         theirs.close()
+
+
+@pytest.mark.parametrize('written, words', [
+    (struct.pack('<II', 12, 1 << 30) + b'junkjunkjunk', 'a frame numbered 1073741824 came where the answer to call 3'),
+    (struct.pack('<II', 1 << 30, 3), 'a frame of 1073741824 bytes came, over the bound of 4096'),
+    (struct.pack('<II', 4, 3) + bytes(4) + b'more', '4 more bytes came after the frame of call 3'),
+], ids=['another sequence number', 'over the bound', 'bytes after the frame'])
+@pytest.mark.parametrize('blocking', [True, False], ids=['recv', 'poll'])
+def test_bytes_that_are_not_the_frame_due_fail_the_read_at_once(written, words, blocking):
+    ours, theirs = socket.socketpair()
+    try:
+        channel = wire.Channel(ours, limit=4096)
+        theirs.sendall(written)
+        deadline = time.monotonic() + 10
+        with pytest.raises(wire.ProtocolError, match=words):
+            while time.monotonic() < deadline:
+                if blocking:
+                    channel.recv(3)
+                elif channel.poll(3) is None:
+                    time.sleep(0.001)
+    finally:
+        ours.close()
+        theirs.close()
+
+
+@pytest.mark.parametrize('payload', [b'', b'\x01\x00', struct.pack('<I', 1 << 30) + b'junkjunk'],
+                         ids=['empty', 'short', 'more ids than bytes'])
+def test_a_reply_too_short_for_its_head_is_no_answer(payload):
+    with pytest.raises(wire.ProtocolError, match='cannot hold its head'):
+        wire.parse_reply(memoryview(payload))
+
+
+def test_an_answer_the_worker_cannot_unpickle_is_the_policys_failure_not_the_processs():
+    body = b'cnowhere\nThing\n.'                          # a class of a module the worker lacks
+    released, (status, value) = wire.parse_reply(memoryview(struct.pack('<Ii', 1, 4) + body))
+    assert released == [4] and status == 'err' and "cannot be read in the worker: ModuleNotFoundError" in value

@@ -25,6 +25,8 @@ from pathlib import Path
 
 from sequence_ai_ros.bench.bench_fleet import Worker, drive
 from sequence_ai_ros.bench.bench_isolation import wait_for_quiet
+from sequence_ai_ros.worker.config import ServerConfig
+from sequence_ai_ros.worker.policy_process import ISOLATION_MODES
 
 #: A 0 ms policy with a 3-d state and no camera; its chunk covers one 100 ms slot.
 POLICY = '''
@@ -47,15 +49,19 @@ QUIET_LOAD = 0.5
 QUIET_WAIT_S = 240.0
 
 
-def run(robots: int = 128, seconds: float = 30.0, runs: int = 3) -> dict:
-    """Serve ``robots`` robots at 10 req/s, ``runs`` times for ``seconds`` each; print and return the figures."""
+def run(robots: int = 128, seconds: float = 30.0, runs: int = 3, isolation: str = ServerConfig.isolation) -> dict:
+    """Serve ``robots`` robots at 10 req/s, ``runs`` times for ``seconds`` each; print and return the figures.
+
+    :param isolation: the worker's ``--isolation`` (``process``, seq serve's default, or ``none``).
+    """
     figures = []
     with tempfile.TemporaryDirectory() as tmp:
         policy = Path(tmp) / 'zero3' / 'policy.py'
         policy.parent.mkdir()
         policy.write_text(POLICY)
         limit = str(max(64, 2 * robots))
-        with Worker(policy, args=('--max-pending', limit, '--max-streams', limit)) as worker:
+        with Worker(policy, args=('--max-pending', limit, '--max-streams', limit, '--isolation', isolation)) as worker:
+            print(f'--isolation {isolation}')
             print(f'{"run":>3} {"robots":>6} {"req/s":>7} {"p50 ms":>7} {"p99 ms":>7} {"late":>6} '
                   f'{"load before":>11} {"load after":>10}')
             for k in range(1, runs + 1):
@@ -71,7 +77,8 @@ def run(robots: int = 128, seconds: float = 30.0, runs: int = 3) -> dict:
     quiet = sum(1 for f in figures if f['quiet'])
     print(f'{robots} robots with 0 late replies in {held} of {runs} runs ({quiet} started at load < {QUIET_LOAD}); '
           f'goal: 128 robots, 0 late, 3 of 3 quiet runs on 2 cores ({os.cpu_count()} cores here)', flush=True)
-    return {'robots': robots, 'seconds': seconds, 'runs': figures, 'held': held, 'quiet_runs': quiet}
+    return {'robots': robots, 'seconds': seconds, 'runs': figures, 'held': held, 'quiet_runs': quiet,
+            'isolation': isolation}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -80,8 +87,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument('--robots', type=int, default=128)
     parser.add_argument('--seconds', type=float, default=10.0, help='per run (the README figure: 30)')
     parser.add_argument('--runs', type=int, default=1, help='runs (the README figure: 3)')
+    parser.add_argument('--isolation', choices=ISOLATION_MODES, default=ServerConfig.isolation,
+                        help=f"the worker's --isolation (default: {ServerConfig.isolation}, as seq serve's)")
     args = parser.parse_args([] if argv is None else argv)
-    return run(args.robots, args.seconds, args.runs)
+    return run(args.robots, args.seconds, args.runs, args.isolation)
 
 
 if __name__ == '__main__':

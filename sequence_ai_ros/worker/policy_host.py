@@ -2,7 +2,10 @@
 
 The worker (:mod:`sequence_ai_ros.worker.policy_process`) starts ``python -m sequence_ai_ros.worker.policy_host
 FD PPID`` with one end of a Unix socket pair as ``FD``, and talks to it one call at a time, in frames
-(``u32 length`` then the payload; :class:`Channel`, one ``sendmsg`` and usually one ``recvmsg`` each):
+(``u32 length``, ``u32 sequence number``, then the payload; :class:`Channel`, one ``sendmsg`` and usually one
+``recvmsg`` each). A reply carries its call's sequence number; the worker takes nothing else for the answer
+(:class:`ProtocolError`), so bytes that are no answer (a stray write on the socket) fail the call in flight and
+never pass for the answer of another:
 
 - a call's payload: ``i32 segment`` (-1: no arrays), ``u32 copy``, ``u64 segment size``, ``u32 n`` and ``n``
   ``i32`` ids of segments the worker dropped, then the header: a protocol-5 pickle of ``(command, arguments,
@@ -26,7 +29,12 @@ Commands: ``describe`` (import the file; answer what the worker needs without im
 them ended.
 
 The process dies with the worker (a watchdog on its parent pid, and at EOF on the socket), so a worker killed
-with ``kill -9`` leaves no policy behind. Nothing here imports gRPC.
+with ``kill -9`` leaves no policy behind; the worker makes it the leader of a process group, and what the
+policy started (``subprocess``, ``multiprocessing``) ends with it. The socket is this process's alone: programs
+the policy starts never inherit it (close-on-exec), a copy the policy forks (``os.fork``, ``multiprocessing``)
+closes it at once, and such a copy that returns from the policy's code into this module exits instead of
+answering (:func:`serve`). SIGINT and SIGTERM do nothing here: the worker, which drains on them, decides when
+its policies stop. Nothing here imports gRPC.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ import logging
 import mmap
 import os
 import pickle
+import signal
 import socket
 import struct
 import sys
@@ -50,6 +59,8 @@ from sequence_ai_ros.policy.api import Episode, Result
 
 _U32 = struct.Struct('<I')
 _I32 = struct.Struct('<i')
+#: A frame's head: the payload's length (bytes) and the sequence number of its call.
+_FRAME = struct.Struct('<II')
 #: A call's fixed head: segment id (-1: none), copy (0/1), segment size (bytes), number of dropped segments.
 _CALL = struct.Struct('<iIQI')
 #: Alignment of each array in a segment (bytes).
@@ -62,41 +73,60 @@ _FD_SPACE = socket.CMSG_SPACE(4 * array.array('i').itemsize)
 LOG = logging.getLogger('sequence_ai_ros.worker.policy_host')
 #: Set in a deployment process to the worker's pid.
 DEPLOYMENT_PROCESS_ENV = 'SEQ_DEPLOYMENT_PROCESS'
+#: True in a copy of the deployment process that the policy forked (it never answers the worker).
+_forked = False
+
+
+class ProtocolError(Exception):
+    """What arrived on the socket is no frame of the call in flight.
+
+    Another call's sequence number, a length over the bound, or more bytes after the frame: a stray write on
+    the socket, or the answer of a copy of the process.
+    """
 
 
 class Channel:
-    """Frames over a Unix stream socket: ``u32 length`` then the payload; one frame in flight each way.
+    """Frames over a Unix stream socket: ``u32 length``, ``u32 sequence number``, then the payload.
 
-    Reads go into one reusable buffer (grown to the largest frame), so a payload is valid until the next
-    read. File descriptors (``SCM_RIGHTS``) ride with a frame's first bytes. A frame is read whole by
-    :meth:`recv` (blocking), or piecewise by :meth:`poll` (never blocking: an event loop's reader), and a
-    frame :meth:`poll` began, :meth:`recv` finishes.
+    One frame is in flight each way. Reads go into one reusable buffer (grown to the largest frame), so a
+    payload is valid until the next read. File descriptors (``SCM_RIGHTS``) ride with a frame's first bytes.
+    A frame is read whole by :meth:`recv` (blocking), or piecewise by :meth:`poll` (never blocking: an event
+    loop's reader), and a frame :meth:`poll` began, :meth:`recv` finishes. Given the sequence number it
+    expects, a read checks the frame's head as soon as it has arrived, so that a frame that is not the one
+    due fails at once.
 
     :param sock: a connected ``AF_UNIX`` ``SOCK_STREAM`` socket (blocking).
+    :param limit: the largest payload (bytes) taken; None: any.
     """
 
-    def __init__(self, sock: socket.socket, size: int = 1 << 16) -> None:
+    def __init__(self, sock: socket.socket, size: int = 1 << 16, limit: int | None = None) -> None:
         self.sock = sock
+        self.limit = limit
+        #: the sequence number of the last frame read
+        self.seq = 0
         self._buf = bytearray(size)
         self._got = 0           # bytes of the next frame read so far
 
-    def send(self, parts: Sequence[bytes | memoryview], fds: Sequence[int] = ()) -> None:
-        """Send one frame made of ``parts`` (and ``fds``), in one ``sendmsg`` when the socket takes it all.
+    def send(self, parts: Sequence[bytes | memoryview], fds: Sequence[int] = (), seq: int = 0) -> None:
+        """Send one frame of ``parts`` (and ``fds``), in one ``sendmsg`` when the socket takes it all.
 
+        :param seq: its sequence number, ``0 <= seq < 2**32``.
         :raises OSError: when the peer is gone.
         """
-        msg = [_U32.pack(sum(len(p) for p in parts)), *parts]
+        msg = [_FRAME.pack(sum(len(p) for p in parts), seq), *parts]
         anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array('i', fds))] if fds else []
         sent = self.sock.sendmsg(msg, anc)
         total = sum(len(p) for p in msg)
         if sent < total:     # a full socket buffer or a signal: the rest (the fds went with the first bytes)
             self.sock.sendall(memoryview(b''.join(msg))[sent:])
 
-    def recv(self) -> tuple[memoryview, list[int]]:
+    def recv(self, seq: int | None = None) -> tuple[memoryview, list[int]]:
         """Read one frame: its payload (a view of the buffer, valid until the next read) and any fds.
 
+        :param seq: the sequence number the frame must carry; None: any (:attr:`seq` tells it).
         :raises EOFError: when the peer closed the socket.
         :raises OSError: when the socket fails.
+        :raises ProtocolError: when the bytes read are not the frame due (``seq``, :attr:`limit`).
         """
         fds: list[int] = []
         if not self._got:
@@ -106,23 +136,29 @@ class Channel:
                 _close_fds(fds)
                 raise EOFError('the peer closed the connection')
             self._got = got
-        frame = self._frame()
-        while frame is None:
-            self._read(0)
-            frame = self._frame()
+        try:
+            frame = self._frame(seq)
+            while frame is None:
+                self._read(0)
+                frame = self._frame(seq)
+        except BaseException:
+            _close_fds(fds)
+            raise
         return frame, fds
 
-    def poll(self) -> memoryview | None:
+    def poll(self, seq: int | None = None) -> memoryview | None:
         """Read what has arrived, without blocking; return a frame's payload once it is whole, else None.
 
+        :param seq: as :meth:`recv`'s.
         :raises EOFError: when the peer closed the socket.
         :raises OSError: when the socket fails.
+        :raises ProtocolError: as :meth:`recv`.
         """
         try:
             self._read(socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
             return None
-        return self._frame()
+        return self._frame(seq)
 
     def _read(self, flags: int) -> None:
         k = self.sock.recv_into(memoryview(self._buf)[self._got:], 0, flags)
@@ -130,18 +166,25 @@ class Channel:
             raise EOFError('the peer closed the connection')
         self._got += k
 
-    def _frame(self) -> memoryview | None:
-        if self._got < 4:
+    def _frame(self, seq: int | None) -> memoryview | None:
+        head = _FRAME.size
+        if self._got < head:
             return None
-        (n,) = _U32.unpack_from(self._buf, 0)
-        if 4 + n > len(self._buf):
-            grown = bytearray(max(4 + n, 2 * len(self._buf)))
+        n, self.seq = _FRAME.unpack_from(self._buf, 0)
+        if seq is not None and self.seq != seq:
+            raise ProtocolError(f'a frame numbered {self.seq} came where the answer to call {seq} was due')
+        if self.limit is not None and n > self.limit:
+            raise ProtocolError(f'a frame of {n} bytes came, over the bound of {self.limit}')
+        if head + n > len(self._buf):
+            grown = bytearray(max(head + n, 2 * len(self._buf)))
             grown[:self._got] = memoryview(self._buf)[:self._got]
             self._buf = grown
-        if self._got < 4 + n:
+        if self._got < head + n:
             return None
-        self._got = 0           # one frame in flight each way: nothing follows it yet
-        return memoryview(self._buf)[4:4 + n]
+        if self._got > head + n:     # one frame in flight each way: nothing may follow it
+            raise ProtocolError(f'{self._got - head - n} more bytes came after the frame of call {self.seq}')
+        self._got = 0
+        return memoryview(self._buf)[head:head + n]
 
 
 def _fds(anc: list[tuple[int, int, bytes]]) -> list[int]:
@@ -307,10 +350,20 @@ def call_head(segment: int, copy: bool, size: int, dropped: list[int]) -> bytes:
 
 
 def parse_reply(payload: memoryview) -> tuple[list[int], tuple[str, Any]]:
-    """A reply's released segment ids and its ``(status, value)``."""
-    (n,) = _U32.unpack_from(payload, 0)
+    """A reply's released segment ids and its ``(status, value)``.
+
+    A value the worker cannot unpickle (a class it cannot import) is the policy's failure: ``('err', why)``.
+
+    :raises ProtocolError: when the payload is too short for its list of segment ids.
+    """
+    n = _U32.unpack_from(payload, 0)[0] if len(payload) >= 4 else -1
+    if not 0 <= n <= (len(payload) - 4) // 4:
+        raise ProtocolError(f'a reply of {len(payload)} bytes that cannot hold its head')
     released = [_I32.unpack_from(payload, 4 + 4 * k)[0] for k in range(n)]
-    return released, pickle.loads(payload[4 + 4 * n:])
+    try:
+        return released, pickle.loads(payload[4 + 4 * n:])
+    except Exception as exc:
+        return released, ('err', f'the policy\'s answer cannot be read in the worker: {_describe_safely(exc)}')
 
 
 def describe_exc(exc: BaseException) -> str:
@@ -418,6 +471,23 @@ def _safe_plain(out: Any) -> Any:
         return RemoteFailure(describe_exc(exc))
 
 
+def _end_group() -> None:
+    """SIGKILL the other processes of this process's group (what the policy started), when it leads that group."""
+    me = os.getpid()
+    if os.getpgid(0) != me:       # not started by a worker (its own group is not ours to end)
+        return
+    for entry in os.listdir('/proc'):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f'/proc/{entry}/stat', 'rb') as stat:
+                fields = stat.read()
+            if int(fields[fields.rindex(b')') + 2:].split()[2]) == me:     # its process group
+                os.kill(int(entry), signal.SIGKILL)
+        except (OSError, ValueError):                                       # gone meanwhile
+            pass
+
+
 def _die_with_parent(ppid: int) -> None:
     """Exit when the worker is gone (``kill -9`` included): a watchdog thread polls the parent pid.
 
@@ -430,21 +500,66 @@ def _die_with_parent(ppid: int) -> None:
     def watch() -> None:
         while os.getppid() == ppid:
             time.sleep(0.25)
+        _end_group()
         os._exit(1)
 
     threading.Thread(target=watch, name='seq-host-watchdog', daemon=True).start()
 
 
+def _ignore_stop_signals() -> None:
+    """SIGINT and SIGTERM do nothing here: the worker ends this process (EOF on its socket, or SIGKILL).
+
+    Ctrl-C in a terminal and a service manager's stop (systemd signals every process of the unit) reach this
+    process beside the worker, which then drains: the policy goes on answering until the worker closes it. A
+    handler rather than ``SIG_IGN``, so that programs the policy starts get the default actions back.
+    """
+    def ignore(_signum: int, _frame: object) -> None:
+        pass
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, ignore)
+
+
+def _forget_in_forks(sock: socket.socket) -> None:
+    """A copy of this process that the policy forks closes its copy of the socket at once (:func:`serve`).
+
+    So it never reads the worker's calls, nor keeps the socket open once this process has exited (the
+    worker would wait for the EOF).
+    """
+    def forget() -> None:
+        global _forked
+        _forked = True
+        try:
+            os.close(sock.detach())
+        except OSError:
+            pass
+
+    os.register_at_fork(after_in_child=forget)
+
+
+def _exit_forked() -> None:
+    """A forked copy came back from the policy's code: it exits, never answering the worker's call."""
+    LOG.warning('a copy of the deployment process forked by the policy (pid %d) returned from the policy; '
+                'it exits', os.getpid())
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(0)
+
+
 def serve(sock: socket.socket) -> None:
-    """Answer calls until the worker closes the socket."""
+    """Answer calls until the worker closes the socket (a copy forked by the policy answers none)."""
     host = Host()
     channel = Channel(sock)
     segments = Segments()
     while True:
         try:
             payload, fds = channel.recv()
-        except (EOFError, OSError):
+        except (EOFError, OSError, ProtocolError):
             return
+        seq = channel.seq
         seg = -1
         try:
             call, seg = segments.parse(payload, fds)
@@ -462,6 +577,8 @@ def serve(sock: socket.socket) -> None:
 
             status = 'contract' if isinstance(exc, ContractViolation) else 'err'   # the robot's fault, typed so
             value = _describe_safely(exc)
+        if _forked:                       # a copy the policy forked, back from its code: it answers nothing
+            _exit_forked()
         del payload
         try:
             body = pickle.dumps((status, value), protocol=5)
@@ -470,7 +587,7 @@ def serve(sock: socket.socket) -> None:
         del value                         # before the segments are checked: the answer may view an input
         released = segments.release(seg)
         try:
-            channel.send([_U32.pack(len(released)) + b''.join(_I32.pack(k) for k in released), body])
+            channel.send([_U32.pack(len(released)) + b''.join(_I32.pack(k) for k in released), body], seq=seq)
         except OSError:
             return
 
@@ -485,12 +602,16 @@ def _describe_safely(exc: BaseException) -> str:
 def main(argv: list[str]) -> int:
     """Entry point: ``policy_host FD PPID``."""
     fd, ppid = int(argv[0]), int(argv[1])
+    _ignore_stop_signals()
     _die_with_parent(ppid)
     logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s [policy %(process)d] %(message)s')
     os.environ.setdefault('OMP_NUM_THREADS', '1')
     os.environ[DEPLOYMENT_PROCESS_ENV] = str(ppid)    # a policy may tell it runs in a deployment process
+    os.set_inheritable(fd, False)     # programs the policy starts (os.system included) never hold it
     sock = socket.socket(fileno=fd)
+    _forget_in_forks(sock)
     serve(sock)
+    _end_group()                 # the worker closed the socket (or died): what the policy started ends too
     return 0
 
 

@@ -19,7 +19,10 @@ segfault or a hang in one policy fails only that deployment's robots; the worker
 
 Errors: a policy's exception comes back as :class:`RemoteError` (its text is the policy's own
 ``Type: message``); a process that dies or is killed raises :class:`PolicyProcessDied`, naming the
-deployment, the step and the exit code or signal.
+deployment, the step and the exit code or signal. Its exit is noticed at once, also while something the policy
+started still holds its end of the socket. A process whose socket carries anything but the answer to the call
+in flight (each answer echoes its call's sequence number) is stopped, and the call raises
+:class:`PolicyProcessDied` saying so: an answer is never taken for another call's.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import collections
 import logging
 import mmap
 import os
-import pickle
+import select
 import signal
 import socket
 import subprocess
@@ -51,6 +54,9 @@ ISOLATION_MODES = ('process', 'none')
 SHM_START_BYTES = 1 << 20
 #: Bound of a deployment process's interpreter start-up (s), before the policy's own deadlines start.
 START_TIMEOUT_S = 60.0
+#: Largest answer taken from a deployment process (bytes), four times the largest action chunk
+#: (:data:`~sequence_ai_ros.protocol.messages.MAX_CHUNK_BYTES`); a frame claiming more is no answer.
+MAX_REPLY_BYTES = 256 << 20
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
@@ -90,14 +96,17 @@ class PolicyProcess:
         try:
             self.process = subprocess.Popen(
                 [sys.executable, '-m', 'sequence_ai_ros.worker.policy_host', str(theirs.fileno()), str(os.getpid())],
-                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env,
+                start_new_session=True)     # its group: what the policy starts ends with it (_end, kill)
         except OSError as exc:
             ours.close()
             raise DeploymentError(f'deployment {name!r}: cannot start its policy process: {exc}') from None
         finally:
             theirs.close()
         self._sock = ours
-        self._channel = wire.Channel(ours)
+        self._sock_lock = threading.Lock()        # the exit watch's shutdown against close()
+        self._channel = wire.Channel(ours, limit=MAX_REPLY_BYTES)
+        self._seq = 0                              # the sequence number of the last call sent
         self._lock = threading.Lock()
         self._segments: dict[int, mmap.mmap] = {}   # shared memory by id: free (in _free) or held by the policy
         self._free: list[int] = []
@@ -108,6 +117,12 @@ class PolicyProcess:
         #: while a call started from an event loop runs: that loop (it reads the answer) and who gets it
         self._reading: asyncio.AbstractEventLoop | None = None
         self._done: Callable[[str | None, Any], None] | None = None
+        try:                       # before anyone may reap it: the pid names this process
+            pidfd = os.pidfd_open(self.process.pid)
+        except OSError:            # a kernel without pidfds (< 5.3): the EOF alone tells its exit
+            LOG.debug('no pidfd for the policy process of %r: its exit is seen at EOF on its socket', name)
+        else:
+            threading.Thread(target=self._watch_exit, args=(pidfd,), name=f'seq-exit-{name}', daemon=True).start()
 
     @property
     def pid(self) -> int:
@@ -116,7 +131,43 @@ class PolicyProcess:
 
     def alive(self) -> bool:
         """True while the process runs and has not failed a call."""
-        return self._dead is None and self.process.poll() is None
+        return self._dead is None and self.exit_status() is None
+
+    def exit_status(self) -> int | None:
+        """The exit status as Popen's ``returncode`` gives it (-N: signal N); None while it runs. Never reaps it."""
+        if self.process.returncode is not None:
+            return self.process.returncode
+        try:
+            info = os.waitid(os.P_PID, self.process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:        # reaped meanwhile (Popen in another thread)
+            return self.process.poll()
+        if info is None:
+            return None
+        return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
+    def _watch_exit(self, pidfd: int) -> None:
+        """Shut the socket once the process has exited, so that a call waiting for its answer ends at once.
+
+        The EOF would tell it, but only once every copy of the process's end is closed, and a program or a
+        forked copy the policy started may hold one.
+        """
+        try:
+            poller = select.poll()
+            poller.register(pidfd, select.POLLIN)
+            while not poller.poll():
+                pass
+        finally:
+            os.close(pidfd)
+        with self._sock_lock:
+            if self._sock.fileno() >= 0:
+                try:
+                    self._sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def _next_seq(self) -> int:
+        self._seq = (self._seq + 1) & 0xFFFFFFFF
+        return self._seq
 
     def call(self, command: str, *args: Any, ended: tuple[str, ...] = (), step: str = '') -> Any:
         """Run ``command(*args)`` in the process and return its value.
@@ -125,7 +176,8 @@ class PolicyProcess:
         :param step: what the call does, for messages (``importing``, ``loading``, ``infer``...).
         :raises RemoteError: when the policy raised.
         :raises ContractViolation: when the policy raised ContractViolation (the request was malformed).
-        :raises PolicyProcessDied: when the process is dead, dies during the call, or was killed.
+        :raises PolicyProcessDied: when the process is dead, dies during the call, was killed, or sent what is
+            no answer to the call (it is then stopped).
         """
         with self._lock:
             if self._dead is not None:
@@ -135,11 +187,12 @@ class PolicyProcess:
             fds: list[int] = []
             try:
                 head, fds = self._place(pickler)
-                self._channel.send([head, header], fds)
-                payload, _ = self._channel.recv()
+                seq = self._next_seq()
+                self._channel.send([head, header], fds, seq)
+                payload, _ = self._channel.recv(seq)
                 released, (status, value) = wire.parse_reply(payload)
                 del payload
-            except (OSError, EOFError, pickle.UnpicklingError) as exc:
+            except (OSError, EOFError, wire.ProtocolError) as exc:
                 raise self._died(self.step, exc) from None
             finally:
                 for fd in fds:         # the process has its own copy now (or never will)
@@ -178,7 +231,7 @@ class PolicyProcess:
         try:
             head, fds = self._place(pickler)
             loop.add_reader(self._sock.fileno(), self._on_readable)
-            self._channel.send([head, header], fds)
+            self._channel.send([head, header], fds, self._next_seq())
         except (OSError, ValueError) as exc:
             self._fail_started(exc)
         finally:
@@ -189,12 +242,12 @@ class PolicyProcess:
     def _on_readable(self) -> None:
         """The loop's reader while a started call runs: hand its answer on (loop thread)."""
         try:
-            payload = self._channel.poll()
+            payload = self._channel.poll(self._seq)
             if payload is None:
                 return
             released, (status, value) = wire.parse_reply(payload)
             del payload
-        except Exception as exc:    # the process ended, or its answer cannot be read: it is done for
+        except Exception as exc:    # the process ended, or sent what is no answer: it is done for
             self._fail_started(exc)
             return
         done = self._end_started()
@@ -299,11 +352,12 @@ class PolicyProcess:
         return seg, fd
 
     def _died(self, step: str, exc: BaseException | None = None) -> PolicyProcessDied:
-        try:
-            code = self.process.wait(timeout=2.0)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            code = self.process.wait()
+        """The call of ``step`` failed with ``exc``: end the process (at once when it sent what is no answer)."""
+        broke = isinstance(exc, wire.ProtocolError)
+        code = self._end(0.0 if broke else 2.0)
+        if broke and self._dead is None:
+            self._dead = (f'the socket of the policy process of deployment {self.name!r} (pid {self.pid}) carried '
+                          f'what is no answer while {step} ({exc}): the process was stopped')
         how = self._dead or (f'the policy process of deployment {self.name!r} (pid {self.pid}) died while {step}: '
                              f'{exit_words(code)}')
         self._dead = how
@@ -315,10 +369,7 @@ class PolicyProcess:
         if self._dead is None:
             self._dead = (f'the policy process of deployment {self.name!r} (pid {self.pid}) was stopped while '
                           f'{self.step}' + (f': {why}' if why else ''))
-        try:
-            self.process.kill()
-        except OSError:
-            pass
+        self._kill_group()
         try:   # wake a caller blocked on the socket (the kernel closes the peer's end only once reaped)
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -332,13 +383,10 @@ class PolicyProcess:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
-        try:
-            self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        self._end(timeout)
         self._let_go()
-        self._sock.close()
+        with self._sock_lock:
+            self._sock.close()
         for segment in self._segments.values():
             try:
                 segment.close()
@@ -346,6 +394,31 @@ class PolicyProcess:
                 pass
         self._segments.clear()
         self._free.clear()
+
+
+    def _end(self, timeout: float) -> int:
+        """Wait up to ``timeout`` s for the process to exit, SIGKILL its group, reap it; return its exit status.
+
+        The group (the process's session) holds what the policy started (``subprocess``, ``multiprocessing``):
+        it is killed while the process, exited or not, is unreaped, so that its pid still names that group.
+        """
+        if self.process.returncode is None:
+            deadline = time.monotonic() + timeout
+            pause = 0.001
+            while self.exit_status() is None and time.monotonic() < deadline:
+                time.sleep(pause)
+                pause = min(0.05, 2 * pause)
+            self._kill_group()
+        return self.process.wait()
+
+    def _kill_group(self) -> None:
+        """SIGKILL the process and its group, unless it was reaped (its pid may name another group then)."""
+        if self.process.returncode is not None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except OSError:                  # the group is empty (ESRCH), or not ours any more
+            pass
 
 
 def _ident(episode: Any) -> tuple[str, str, str]:

@@ -391,7 +391,7 @@ class DeploymentRuntime:
                 self._on_wedged(wedged)
             elif isinstance(self._instance, RemotePolicy) and not self._instance.alive():
                 self.restart(self._instance, f'the policy process of deployment {self.name!r} exited '
-                                             f'({exit_words(self._instance.process.process.poll())})')
+                                             f'({exit_words(self._instance.process.exit_status())})')
         with self._lock:
             state, message = self._state, self._message
         eta = 0.0

@@ -10,6 +10,7 @@ deployment and the exit code.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -25,6 +26,7 @@ from sequence_ai_ros.protocol import codec
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
 from sequence_ai_ros.worker import create_server, serve_policy_file
+from sequence_ai_ros.worker import server as server_module
 from sequence_ai_ros.worker.registry import deploy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,7 +34,7 @@ REPO = Path(__file__).resolve().parents[2]
 RESTART_WAIT_S = 60.0
 
 POLICY = textwrap.dedent('''
-    import ctypes, os, sys, time
+    import ctypes, multiprocessing, os, struct, subprocess, sys, time
     import numpy as np
     import sequence_ai_ros.policy as seq
 
@@ -50,21 +52,44 @@ POLICY = textwrap.dedent('''
     @seq.policy(action_space='joint_absolute', action_names=NAMES, dt=0.1, chunk_length=4,
                 observation=seq.ObservationContract(state_names=NAMES))
     class Crashy:
-        def __init__(self, load_hang: float = 0.0):
+        def __init__(self, load_hang: float = 0.0, kids: str = '', helper: str = ''):
             self.load_hang = float(load_hang)
+            self.kids = kids
+            self.helper = helper
 
         def load(self):
             if self.load_hang:
                 time.sleep(self.load_hang)
+            if self.kids:                        # a program of the policy's own, as a data loader's workers
+                child = subprocess.Popen(['sleep', '300'])
+                with open(self.kids, 'a') as out:
+                    out.write(f'{{child.pid}}\\n')
+            if self.helper == 'fork':            # a forked helper: a copy of this process, every fd of it
+                self.held = multiprocessing.get_context('fork').Process(target=time.sleep, args=(300,), daemon=True)
+                self.held.start()
+            elif self.helper == 'program':       # a program holding the socket (as a C library's own fork may)
+                self.held = subprocess.Popen(['sleep', '300'], pass_fds=(int(sys.argv[1]),))
 
         def infer(self, inp, episode):
             p = inp.observation.params
+            if 'mark' in p:                      # tells a test that this inference has begun
+                open(p['mark'], 'w').close()
             if 'exit' in p:
                 os._exit(int(p['exit']))
             if 'segv' in p:
                 ctypes.string_at(0)
             if 'hang' in p:
                 time.sleep(float(p['hang']))
+            if 'fork' in p:                      # a background job that forgets to exit: both copies go on
+                copy = os.fork()
+                if copy:
+                    with open(p['fork'], 'w') as out:
+                        out.write(f'{{copy}}\\n')
+                else:
+                    time.sleep(0.3)              # back from infer after its parent's answer
+            if 'junk' in p:                      # bytes on the deployment process's socket (fd argv[1])
+                os.write(int(sys.argv[1]), struct.pack('<II', 12, 1 << 30) + b'junkjunk')
+                time.sleep(0.3)                  # read apart from the answer that follows
             episode.state['n'] = episode.state.get('n', 0) + 1
             return np.tile(np.array([inp.observation.state[0], episode.state['n']], np.float32), (4, 1))
 ''')
@@ -122,9 +147,9 @@ class Steady(threading.Thread):
         return self.kinds
 
 
-def served_again(stub, rid0: int) -> tuple[int, list[str]]:
-    """Ask on a fresh episode of ``crashy`` until a chunk comes; return the request count and the error codes seen."""
-    stream = Stream(stub, 'crashy', f'robot-after-{rid0}')
+def served_again(stub, deployment: str, rid0: int) -> tuple[int, list[str]]:
+    """Ask on a fresh episode of ``deployment`` until a chunk comes; return the request count and the codes seen."""
+    stream = Stream(stub, deployment, f'robot-after-{rid0}')
     codes: list[str] = []
     try:
         assert stream.start().HasField('started')
@@ -137,7 +162,7 @@ def served_again(stub, rid0: int) -> tuple[int, list[str]]:
                 return rid, codes
             codes.append(pb.ErrorCode.Name(reply.error.code))
             time.sleep(0.05)
-        raise AssertionError(f'crashy not served again within {RESTART_WAIT_S} s: {codes[-3:]}')
+        raise AssertionError(f'{deployment} not served again within {RESTART_WAIT_S} s: {codes[-3:]}')
     finally:
         stream.end()
 
@@ -160,7 +185,7 @@ def test_a_crash_exit_segfault_or_hang_fails_only_its_own_robots_and_the_deploym
     if after.HasField('error'):
         assert after.error.code == pb.NOT_READY and 'restarting' in after.error.message, after
     robot.end()
-    n, codes = served_again(stub, 3)
+    n, codes = served_again(stub, 'crashy', 3)
     assert set(codes) <= {'NOT_READY'}
     kinds = steady.finish()
     assert kinds and set(kinds) == {'chunk'}, kinds          # the other deployment never noticed
@@ -233,14 +258,15 @@ def test_kill_9_of_a_deployment_process_while_idle_is_noticed_and_restarted(two)
     os.kill(process.pid, 9)
     wait_for(lambda: server.runtimes['crashy'].restarts == 1 or server.runtimes['crashy'].readiness()[2] != 'ready',
              10, 'the dead process noticed')
-    served_again(stub, 0)
+    served_again(stub, 'crashy', 0)
 
 
 def test_the_worker_killed_with_9_leaves_no_deployment_process(tmp_path):
     path = write_policy(tmp_path, 'orphan')
+    kids = tmp_path / 'kids'
     code = (f'import sys, time; sys.path.insert(0, {str(REPO)!r})\n'
             'from sequence_ai_ros.worker import serve_policy_file\n'
-            f's = serve_policy_file({str(path)!r}, warm=True, isolation="process")\n'
+            f's = serve_policy_file({str(path)!r}, warm=True, isolation="process", kids={str(kids)!r})\n'
             'r = s.runtimes["orphan"]\n'
             'r.ready_event.wait(60)\n'
             'print(r._instance.process.pid, flush=True)\n'
@@ -251,9 +277,46 @@ def test_the_worker_killed_with_9_leaves_no_deployment_process(tmp_path):
         os.kill(worker.pid, 9)
         worker.wait(timeout=10)
         wait_for(lambda: not Path(f'/proc/{child}').exists() or _zombie(child), 10, 'the deployment process gone')
+        (kid,) = _pids(kids)
+        wait_for(lambda: _gone(kid), 10, 'the program the policy started gone')
     finally:
         if worker.poll() is None:
             worker.kill()
+        _kill_all(_pids(kids))
+
+
+def _pids(path: Path) -> list[int]:
+    return [int(line) for line in path.read_text().split()] if path.exists() else []
+
+
+def _gone(pid: int) -> bool:
+    return not Path(f'/proc/{pid}').exists() or _zombie(pid)
+
+
+def _kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        if not _gone(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_what_a_policy_started_ends_with_its_deployment_process_restarted_or_stopped(tmp_path):
+    path = write_policy(tmp_path, 'parent')
+    kids = tmp_path / 'kids'
+    try:
+        with serve_policy_file(path, isolation='process', kids=str(kids)) as server, channel(server.port) as ch:
+            stub = pb_grpc.PolicyServiceStub(ch)
+            assert wait_ready(stub, 'parent', timeout=RESTART_WAIT_S).ready
+            robot = Stream(stub, 'parent', 'robot-parent')
+            assert robot.start().HasField('started')
+            assert robot.ask(req(1, exit='3')).error.code == pb.POLICY_EXCEPTION
+            robot.end()
+            served_again(stub, 'parent', 1)              # restarted: its load started a second program
+            first, second = _pids(kids)
+            wait_for(lambda: _gone(first), 10, "the crashed process's program gone")
+            assert not _gone(second)
+        wait_for(lambda: _gone(second), 10, "the stopped process's program gone")
+    finally:
+        _kill_all(_pids(kids))
 
 
 def _zombie(pid: int) -> bool:
@@ -354,3 +417,119 @@ def test_batching_across_robots_holds_in_the_deployment_process(tmp_path):
         assert rb.error.code == pb.POLICY_EXCEPTION and 'seven is refused' in rb.error.message
         a.end(), b.end()
         assert server.runtimes['batched'].isolated
+
+
+def _serve_cli(path: Path, *options: str) -> tuple[subprocess.Popen, int]:
+    """``seq serve PATH`` in a session of its own (a terminal's or a unit's group, which a test may signal whole)."""
+    worker = subprocess.Popen([sys.executable, '-m', 'sequence_ai_ros.cli', 'serve', str(path), '--port', '0',
+                               '--isolation', 'process', *options], stdout=subprocess.PIPE, text=True, cwd=REPO,
+                              start_new_session=True)
+    line = worker.stdout.readline()
+    assert line.startswith('serving '), line
+    return worker, int(line.rsplit(':', 1)[1].split()[0])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('sig', [signal.SIGINT, signal.SIGTERM], ids=['SIGINT', 'SIGTERM'])
+def test_a_stop_signal_to_the_whole_group_drains_without_failing_the_inference_in_flight(tmp_path, sig):
+    """Ctrl-C in a terminal, or systemd's stop, signals every process of the worker's group: the worker drains."""
+    path = write_policy(tmp_path, 'drained')
+    worker, port = _serve_cli(path, '--drain-timeout', '30')
+    try:
+        with channel(port) as ch:
+            stub = pb_grpc.PolicyServiceStub(ch)
+            assert wait_ready(stub, 'drained', timeout=RESTART_WAIT_S).ready
+            robot = Stream(stub, 'drained', 'robot-drained')
+            assert robot.start().HasField('started')
+            assert robot.ask(req(1)).HasField('chunk')
+            mark = tmp_path / 'inferring'
+            robot.send(observation=req(2, 2.0, hang='1.0', mark=str(mark)))
+            wait_for(mark.exists, 30, 'the inference to begin')
+            os.killpg(worker.pid, sig)
+            reply = robot.recv(timeout=30)
+            assert reply.HasField('chunk'), reply          # the drain lets the running episode go on
+            assert codec.from_tensor(reply.chunk.actions)[0, 0] == 2.0
+            assert robot.ask(req(3, 3.0)).HasField('chunk')
+            assert robot.end().HasField('ended')
+        assert worker.wait(timeout=60) == 0
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait()
+
+
+def _two_robots_each_get_their_own_chunks(stub, deployment: str, first: int, last: int) -> None:
+    robots = [Stream(stub, deployment, f'{deployment}-{k}') for k in range(2)]
+    for robot in robots:
+        assert robot.start().HasField('started')
+    for rid in range(first, last):
+        for k, robot in enumerate(robots):
+            reply = robot.ask(req(rid, 100 * k + rid))
+            assert reply.HasField('chunk'), reply
+            value, count = codec.from_tensor(reply.chunk.actions)[0]
+            assert (value, count) == (100 * k + rid, rid - first + 1)     # its request; its episode's count
+    for robot in robots:
+        assert robot.end().HasField('ended')
+
+
+def test_a_policy_that_forks_and_goes_on_never_sends_a_robot_another_requests_chunk(tmp_path):
+    path = write_policy(tmp_path, 'forks')
+    forked = tmp_path / 'forked'
+    with serve_policy_file(path, isolation='process') as server, channel(server.port) as ch:
+        stub = pb_grpc.PolicyServiceStub(ch)
+        assert wait_ready(stub, 'forks', timeout=RESTART_WAIT_S).ready
+        robot = Stream(stub, 'forks', 'robot-forks')
+        assert robot.start().HasField('started')
+        reply = robot.ask(req(1, 1.0, fork=str(forked)))  # the forked copy returns too, but never answers
+        assert codec.from_tensor(reply.chunk.actions)[0, 0] == 1.0
+        (copy,) = _pids(forked)
+        wait_for(lambda: _gone(copy), 10, 'the forked copy, back from infer, gone instead of serving')
+        assert robot.end().HasField('ended')
+        _two_robots_each_get_their_own_chunks(stub, 'forks', 2, 12)
+        assert server.runtimes['forks'].restarts == 0
+
+
+@pytest.mark.parametrize('batching', [False, True], ids=['from the event loop', 'from the inference thread'])
+def test_bytes_that_are_no_answer_fail_the_request_and_restart_the_process_never_shifting_chunks(tmp_path, batching):
+    """A stray write on the socket: read apart from the answer, it must not pass for it, nor the answer for the next."""
+    path = write_policy(tmp_path, 'junk')
+    if batching:
+        text = path.read_text().replace('observation=seq.ObservationContract(state_names=NAMES))',
+                                        'observation=seq.ObservationContract(state_names=NAMES), '
+                                        'batching=seq.Batching(1, 0.001))')
+        batch = ('    def infer_batch(self, inputs, episodes):\n'
+                 '        return [self.infer(i, e) for i, e in zip(inputs, episodes)]\n\n')
+        infer = '    def infer(self, inp, episode):'
+        path.write_text(text.replace(infer, batch + infer))
+    with serve_policy_file(path, isolation='process') as server, channel(server.port) as ch:
+        stub = pb_grpc.PolicyServiceStub(ch)
+        assert wait_ready(stub, 'junk', timeout=RESTART_WAIT_S).ready
+        robot = Stream(stub, 'junk', 'robot-junk')
+        assert robot.start().HasField('started')
+        assert robot.ask(req(1, 1.0)).HasField('chunk')
+        reply = robot.ask(req(2, 2.0, junk='1'))
+        assert reply.error.code == pb.POLICY_EXCEPTION, reply
+        assert "deployment 'junk'" in reply.error.message and 'no answer' in reply.error.message, reply
+        robot.end()
+        served_again(stub, 'junk', 2)
+        _two_robots_each_get_their_own_chunks(stub, 'junk', 3, 9)
+        assert server.runtimes['junk'].restarts == 1
+
+
+@pytest.mark.parametrize('helper', ['fork', 'program'])
+def test_a_process_that_exits_is_named_so_even_when_a_helper_it_started_holds_its_socket(tmp_path, helper,
+                                                                                        monkeypatch):
+    """The exit itself is noticed: neither the inference deadline nor the worker's periodic check (every 10 s)."""
+    monkeypatch.setattr(server_module, 'USAGE_FLUSH_S', 600.0)
+    path = write_policy(tmp_path, 'helped')
+    with serve_policy_file(path, isolation='process', helper=helper, inference_timeout_s=600.0) as server, \
+            channel(server.port) as ch:
+        stub = pb_grpc.PolicyServiceStub(ch)
+        assert wait_ready(stub, 'helped', timeout=RESTART_WAIT_S).ready
+        robot = Stream(stub, 'helped', 'robot-helped')
+        assert robot.start().HasField('started')
+        robot.send(observation=req(1, exit='3'))
+        reply = robot.recv(timeout=30)
+        assert reply is not None, 'the exit not noticed within 30 s'
+        assert reply.error.code == pb.POLICY_EXCEPTION and 'exit code 3' in reply.error.message, reply
+        robot.end()
