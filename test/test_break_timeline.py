@@ -482,22 +482,30 @@ def test_joint_delta_first_executed_tick_clamped_after_uncommanded_waits(tmp_pat
     np.testing.assert_allclose(START + rows.action.astype(np.float64).sum(0), target, atol=1e-5)
 
 
-def test_joint_delta_dry_run_reported_with_its_values_keeps_rows_on_the_real_path(tmp_path):
+@pytest.mark.parametrize('dry', [range(10, 20), range(0, 3)], ids=['mid-episode', 'from-the-first-action'])
+def test_joint_delta_dry_run_reported_with_its_values_keeps_rows_on_the_real_path(tmp_path, dry):
     """Joint delta dry run reported with its values keeps rows on the real path.
 
-    report_command(values, hold_reason='dry_run') for ticks 10-19 (the command went to a dry-run topic, the
-    controller got nothing): the ledger adopts each dry target as the robot's, so the rows miss the jump the
-    robot makes when it goes live (rows sum 0.025 where the controller moved 0.035).
+    report_command(values, hold_reason='dry_run') for the 10th to 19th actions (the command went to a dry-run
+    topic, the controller got nothing): the ledger adopted each dry target as the robot's, so the rows missed
+    the jump the robot makes when it goes live (rows sum 0.025 where the controller moved 0.035). A dry run
+    from the episode's first action (a robot that begins disabled): the ledger took the last dry target for
+    the robot's at its first executed command, and the rows missed the dry increments it jumps over (seen under
+    load, when the first chunk came during the dry ticks).
     """
+    fresh = [0]
+
     def robot(i, a, policy, target):
         if a is None or a.hold:
             return None
-        if 10 <= i < 20:
+        fresh[0] += 1
+        if fresh[0] - 1 in dry:
             policy.report_command(np.array(a.values), hold_reason='dry_run')
             return None
         return a.values
 
     rows, _, out, target, _ = _loop(tmp_path, robot=robot, n=40, begin=dict(control_period=1 / 30))
+    assert fresh[0] > max(dry) + 1, (fresh[0], out)        # it went live after the dry run
     np.testing.assert_allclose(START + rows.action.astype(np.float64).sum(0), target, atol=1e-5)
 
 
