@@ -10,6 +10,7 @@ address-space limit, so a failure is a red test, never a wedged machine.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import subprocess
 import sys
@@ -292,8 +293,11 @@ def _loop(tmp_path: Path, *, space: str = 'joint_delta', rate_hz: float = 30.0, 
           begin: dict | None = None, times=None, chunk_length: int = 30):
     """A next_action() robot loop on the Wave policy; what it commanded and what the export made of it.
 
-    A next_action() robot loop on the Wave policy, ticks at ``times`` (default every 1/rate_hz from 1 s on);
+    A next_action() robot loop on the Wave policy, ticks every 1/rate_hz from 1 s on until ``n`` of them
+    played a row (the holds before the first chunk, and any a loaded machine adds, do not count: when the
+    first chunk comes is the worker's and the machine's time, not the loop's), or at ``times`` when given;
     each tick's ``now`` and observation time are its scheduled time, so the engine sees an exact schedule.
+    The loop also stops when the episode ends, and fails after 60 s.
 
     ``robot(i, action, policy, target)`` returns the new commanded target (None: unchanged) and may call
     report_command; by default every fresh action is commanded as returned.
@@ -313,16 +317,19 @@ def _loop(tmp_path: Path, *, space: str = 'joint_delta', rate_hz: float = 30.0, 
         policy.wait_until_ready()
         policy.begin_episode('x', **(begin or {}))
         t0 = time.monotonic() + 1.0
-        if times is None:
-            times = [t0 + i / rate_hz for i in range(n)]
-        else:
-            times = [t0 + t for t in times]
-        for i, ts in enumerate(times):
+        deadline = t0 + 60.0
+        schedule = (t0 + i / rate_hz for i in itertools.count()) if times is None else (t0 + t for t in times)
+        played = 0
+        for i, ts in enumerate(schedule):
+            if times is None and played >= n:
+                break
+            assert time.monotonic() < deadline, f'{played} of {n} ticks played a row in 60 s: {policy.stats()}'
             while time.monotonic() < ts:
                 time.sleep(0.0005)
             a = policy.next_action(Observation(state=target, state_names=NAMES, timestamp=ts), now=ts)
             if policy.episode_outcome() is not None:
                 break
+            played += a is not None and not a.hold
             if robot is not None:
                 new = robot(i, a, policy, target)
             else:
@@ -475,22 +482,30 @@ def test_joint_delta_first_executed_tick_clamped_after_uncommanded_waits(tmp_pat
     np.testing.assert_allclose(START + rows.action.astype(np.float64).sum(0), target, atol=1e-5)
 
 
-def test_joint_delta_dry_run_reported_with_its_values_keeps_rows_on_the_real_path(tmp_path):
+@pytest.mark.parametrize('dry', [range(10, 20), range(0, 3)], ids=['mid-episode', 'from-the-first-action'])
+def test_joint_delta_dry_run_reported_with_its_values_keeps_rows_on_the_real_path(tmp_path, dry):
     """Joint delta dry run reported with its values keeps rows on the real path.
 
-    report_command(values, hold_reason='dry_run') for ticks 10-19 (the command went to a dry-run topic, the
-    controller got nothing): the ledger adopts each dry target as the robot's, so the rows miss the jump the
-    robot makes when it goes live (rows sum 0.025 where the controller moved 0.035).
+    report_command(values, hold_reason='dry_run') for the 10th to 19th actions (the command went to a dry-run
+    topic, the controller got nothing): the ledger adopted each dry target as the robot's, so the rows missed
+    the jump the robot makes when it goes live (rows sum 0.025 where the controller moved 0.035). A dry run
+    from the episode's first action (a robot that begins disabled): the ledger took the last dry target for
+    the robot's at its first executed command, and the rows missed the dry increments it jumps over (seen under
+    load, when the first chunk came during the dry ticks).
     """
+    fresh = [0]
+
     def robot(i, a, policy, target):
         if a is None or a.hold:
             return None
-        if 10 <= i < 20:
+        fresh[0] += 1
+        if fresh[0] - 1 in dry:
             policy.report_command(np.array(a.values), hold_reason='dry_run')
             return None
         return a.values
 
     rows, _, out, target, _ = _loop(tmp_path, robot=robot, n=40, begin=dict(control_period=1 / 30))
+    assert fresh[0] > max(dry) + 1, (fresh[0], out)        # it went live after the dry run
     np.testing.assert_allclose(START + rows.action.astype(np.float64).sum(0), target, atol=1e-5)
 
 
@@ -549,7 +564,7 @@ def test_joint_delta_report_command_refuses_a_bad_command(tmp_path, bad):
         pytest.fail(f'next_action() raised after report_command({command}) was accepted: {exc!r}')
     assert all(np.isfinite(v).all() for v in seen), (f'refused: {refused}; next_action returned',
                                                      [v[:2].tolist() for v in seen[3:8]])
-    assert len(seen) > 6 and np.isfinite(rows.action).all()
+    assert len(seen) > 6 and np.isfinite(rows.action).all(), (len(seen), out)
 
 
 def test_the_legacy_fixture_still_exports(tmp_path):

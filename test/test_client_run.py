@@ -65,8 +65,8 @@ def test_cold_start_runs_chunk_row_zero_and_a_cold_spike_does_not_inflate_prefet
     # nearest-rank p95 is their maximum, the cold one.
     assert out.chunks <= 19, out
     assert out.latency_p95_ms >= 800                                 # the spike is in the episode's numbers...
-    assert stats['latency_p95_ms'] < 200                             # ...but not in the prefetch window
-    assert stats['prefetch_lead_s'] < 0.2
+    assert stats['latency_p95_ms'] < 800                             # ...but not in the prefetch window
+    assert stats['prefetch_lead_s'] < 0.8                            # nor in the lead it sets
 
 
 def test_reasons_completed_until_timeout_validate_and_act_arguments(serve):
@@ -97,7 +97,7 @@ def test_reasons_completed_until_timeout_validate_and_act_arguments(serve):
     with connect('lat', endpoint=endpoint) as policy:
         robot = CountingRobot()
         out = policy.act('pick', robot.observe, robot.act, max_seconds=0.3)
-        assert out.reason == 'timeout' and 0.3 <= out.elapsed_s < 1.0 and robot.misaligned() == []
+        assert out.reason == 'timeout' and 0.3 <= out.elapsed_s < 10.0 and robot.misaligned() == []   # ended by it
         assert policy.episode_outcome() is out                       # act() closed its episode
 
 
@@ -177,34 +177,59 @@ def test_two_threads_on_one_handle_raise_and_two_handles_both_work(serve):
 
 
 def test_next_action_at_50hz_plays_a_30hz_policy_at_its_recorded_speed(serve):
-    endpoint = serve(mean_s=0.01, dt=1 / 30, chunk_length=30)
+    """A 50 Hz next_action loop on a 30 Hz chunk commands, at every tick, the row of the robot's place on the timeline.
+
+    The loop passes its own clock as ``now``, 0.02 s a tick (a robot on simulated time), so the timeline moves
+    0.6 rows a tick however late a loaded machine runs the ticks. The robot reports its place: 3.0 plus the
+    rows it ran, 0.6 for each tick that played a row. A chunk answers a report ``place`` with rows
+    ``place + i``; read at the rows that ran since that report (stale rows skipped by counting, never by
+    estimating from time), it commands exactly the place the robot reports at each tick (past the chunk's
+    last row: that row, held), through every seam: 30 rows per second of the caller's clock. A tick that would
+    run past the playing chunk's end first waits (bounded) for the next chunk, so that the robot knows which
+    chunk it ran; the underrun path is other tests'. (The speed of the loop itself is ``make bench``'s.)
+    """
+    dt, length, period = 1 / 30, 30, 0.02
+    step = period / dt                                        # 0.6 rows a tick
+    endpoint = serve(mean_s=0.08, jitter=0.5, dt=dt, chunk_length=length)     # 2 to 6 ticks: stale rows
+    ticks: list[tuple[float, object]] = []                  # (the place the robot reported, the action)
     with connect('lat', endpoint=endpoint) as policy:
         policy.wait_until_ready(timeout=30)
-        policy.begin_episode('pick', max_seconds=5.0, control_period=0.02)
-        commanded = 0.0
-        first = policy.next_action(Observation(state=np.array([3.0, 0.0], np.float32)))
-        assert first.hold and first.values.tolist() == [3.0, 0.0]     # holds the measured state, not zeros
-        start = time.monotonic()
-        ticks = []
-        while time.monotonic() - start < 1.5:
-            t = time.monotonic()
-            a = policy.next_action(Observation(state=np.array([commanded, 0.0], np.float32), timestamp=t), now=t)
-            if not a.hold:
-                commanded = float(a.values[0])
-                ticks.append((t, commanded))
-            time.sleep(max(0.0, 0.02 - (time.monotonic() - t)))
+        policy.begin_episode('pick', max_seconds=120.0, control_period=period)
+        place, now = 3.0, time.monotonic()                   # it starts at 3.0, measured
+        deadline = time.monotonic() + 60                     # bounded: three chunks and 60 actions, however slow
+        while True:
+            fresh = [a for _, a in ticks if not a.hold]
+            if len(fresh) >= 60 and fresh[-1].chunk >= 2:
+                break
+            assert time.monotonic() < deadline, f'{len(fresh)} actions in 60 s: {policy.stats()}'
+            prev = ticks[-1][1] if ticks else None
+            if prev is not None and not prev.hold:
+                place += step
+                if prev.index + step > length - 1e-6:        # it would run out: wait for the next chunk
+                    while policy.stats()['chunks'] <= prev.chunk + 1:
+                        assert time.monotonic() < deadline, f'no chunk after chunk {prev.chunk}: {policy.stats()}'
+                        time.sleep(0.005)
+            a = policy.next_action(Observation(state=np.array([place, 0.0], np.float32)), now=now)
+            ticks.append((place, a))
+            now += period
+            time.sleep(period)
         stats = policy.stats()
         out = policy.end_episode('interrupted')
         assert policy.end_episode() is out                               # idempotent
-    times, values = np.array(ticks).T
-    slope = np.polyfit(times, values, 1)[0]
-    assert slope == pytest.approx(30.0, rel=0.1)                        # 30 rows per second on a 50 Hz loop
-    steps = np.diff(values)
-    # The reported state lags the command by one tick, so a seam may repeat a tick (step 0). At a seam the
-    # new chunk's timeline meets the old one within a hundredth of a row (fractional positions of a 50 Hz
-    # caller on a 30 Hz chunk); it never goes back by more, and never jumps ahead.
-    assert steps.min() > -0.02 and steps.max() < 2.5
-    assert stats['chunks'] >= 2 and out.reason == 'interrupted' and out.actions >= 30
+    first = ticks[0][1]
+    assert first.hold and first.values.tolist() == [3.0, 0.0]           # holds the measured state, not zeros
+    started = next(i for i, (_, a) in enumerate(ticks) if not a.hold)
+    played = ticks[started:]
+    assert not any(a.hold for _, a in played)                           # holds only before the first chunk
+    commanded = np.array([a.values[0] for _, a in played])
+    expected = [place - max(0.0, a.index - (length - 1)) for place, a in played]     # held past row T - 1
+    np.testing.assert_allclose(commanded, expected, rtol=0, atol=1e-4)
+    np.testing.assert_allclose(np.diff([place for place, _ in played]), step, rtol=0, atol=1e-9)
+    chunks = [a.chunk for _, a in played]
+    assert chunks == sorted(chunks) and chunks[-1] >= 2                  # a newer chunk replaces an older one only
+    assert np.all(np.diff(commanded) >= 0)                              # never back, not even at a seam
+    assert stats['chunks'] >= 3 and stats['underruns'] == 0 and out.reason == 'interrupted'
+    assert out.actions >= int(played[-1][0] - 3.0)                      # every row the robot reached ran
 
 
 def test_captured_episode_rows_are_the_executed_actions_and_it_takes_a_label(serve, tmp_path):

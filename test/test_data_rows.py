@@ -90,6 +90,24 @@ def q(t: float) -> np.ndarray:
     return np.array([np.sin(t), np.cos(2 * t), 0.1 * t], np.float32)
 
 
+def test_a_span_estimated_past_the_next_tick_ends_there(tmp_path: Path) -> None:
+    """On the clock without a fixed period a record spans the measured period, an estimate (here 1.4 steps).
+
+    The next tick, a hold, came one step on: its row is held, the overlap of the estimate does not make it an
+    executed row repeating the command (a loaded run: an extra executed row after an underrun past a stall).
+    """
+    store = make_store(tmp_path / 'arm')
+    a = [np.full(3, v, np.float32) for v in (0.1, 0.2, 0.3, 0.4)]
+    frames = [_frame(0 / 30, a[0], a[0], span=(0, 0.0, 1.0)),
+              _frame(1 / 30, a[1], a[1], span=(1, 1.0, 2.4)),        # the period estimate, still high
+              _frame(2 / 30, a[1], a[1], hold=True, span=(2, 2.0, 3.0)),
+              _frame(3 / 30, a[3], a[3], span=(3, 3.0, 4.0))]
+    _, ep = _episode(store, 'overlap', _contract(), frames)
+    rows = build_rows(ep, 30, ActionSpace.JOINT_ABSOLUTE, 3, 3, [])
+    assert rows.held.tolist() == [False, False, True, False]
+    np.testing.assert_array_equal(rows.action, np.array([a[0], a[1], a[1], a[3]]))
+
+
 def test_50hz_node_ticks_map_to_30hz_rows_as_documented(tmp_path: Path) -> None:
     """A 50 Hz node replays q(t); row k (t_k = k/30) holds the command in effect at t_k."""
     store = make_store(tmp_path / 'arm')

@@ -14,6 +14,7 @@ from __future__ import annotations
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +28,7 @@ from sequence_ai_ros.protocol.types import Observation
 
 POLICY = Path(__file__).resolve().parent / 'policies' / 'replica_echo.py'
 ROBOTS = 12
-DRAIN_S = 3.0
+DRAIN_S = 6.0     # the long episode keeps its replica draining this long: the reconnect's window
 EPISODE_S = 0.8      # shorter than the drain timeout: none of these may be lost
 
 if shutil.which('haproxy') is None and not Path('/usr/sbin/haproxy').exists():
@@ -37,8 +38,9 @@ else:
     from sequence_ai_ros.worker.fleet import Fleet
 
 
-def drive(policy, episode_id: str, seconds: float, pids: set[int] | None = None) -> dict:
-    """Run one episode; return its outcome or typed error and the pids that served it."""
+def drive(policy, episode_id: str, seconds: float, pids: set[int] | None = None,
+          until: Callable[[], bool] | None = None) -> dict:
+    """Run one episode (to ``until()`` when given); return its outcome or typed error and the pids that served it."""
     pids = set() if pids is None else pids
 
     def observe() -> Observation:
@@ -49,7 +51,7 @@ def drive(policy, episode_id: str, seconds: float, pids: set[int] | None = None)
             pids.add(int(round(float(action.values[0]))))
 
     try:
-        outcome = policy.act('drain test', observe, act, max_seconds=seconds, episode_id=episode_id)
+        outcome = policy.act('drain test', observe, act, max_seconds=seconds, episode_id=episode_id, until=until)
         return {'id': episode_id, 'pids': pids, 'outcome': outcome, 'error': None}
     except SequenceAIError as exc:
         return {'id': episode_id, 'pids': pids, 'outcome': None, 'error': exc}
@@ -92,13 +94,16 @@ def test_a_rolling_restart_loses_no_episode_shorter_than_the_drain_timeout(seq_h
             restarter = threading.Thread(target=fleet.restart, args=(first,), name='restart-first')
             restarter.start()
             # a same-id reconnect while its replica drains goes to another replica, and is served (HAProxy
-            # reads the agent every 500 ms: until it does, the draining replica refuses it and the client retries)
+            # reads the agent every 500 ms: until it does, the draining replica refuses it and the client
+            # retries); it runs until its first action, bounded well inside the drain (DRAIN_S)
             draining = fleet.replicas[first - 1]
             wait_for(lambda: fleet.agent_status(draining) == 'drain', timeout=20, what='the replica to drain')
-            # 4 s: the reconnect waits for HAProxy's next agent read and a retry before its first chunk
-            moved = drive(again, 'long-episode', 4.0)
-            assert moved['error'] is None and moved['outcome'].reason == 'timeout', moved
-            assert moved['pids'] and first not in {index_of.get(p) for p in moved['pids']}, moved
+            moved_pids: set[int] = set()
+            moved = drive(again, 'long-episode', DRAIN_S - 1.0, moved_pids, until=lambda: bool(moved_pids))
+            seen = {p: index_of.get(p, 'a restarted replica') for p in moved['pids']}
+            assert moved['error'] is None and moved['outcome'].reason == 'until', (moved, seen, fleet.balancer_state())
+            assert seen and first not in seen.values() and 'a restarted replica' not in seen.values(), \
+                (moved, seen, fleet.balancer_state())
             runner.join(timeout=DRAIN_S + 30)
             restarter.join(timeout=90)
             assert not restarter.is_alive()

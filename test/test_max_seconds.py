@@ -23,8 +23,9 @@ from sequence_ai_ros.worker.scheduler import InferenceScheduler
 
 SLOW = POLICIES / 'slow_episodes.py'
 #: act()/run() return within this of max_seconds here (s): a generous bound for a loaded machine. Before the
-#: worker acted on EpisodeEnd at once, the client waited out its 2 s for EpisodeEnded against these policies.
-SLACK_S = 1.5
+#: worker acted on EpisodeEnd at once, the client waited out its 2 s for EpisodeEnded against these policies:
+#: ``worker_confirmed`` (EpisodeEnded within those 2 s) is the assertion that tells.
+SLACK_S = 5.0
 
 
 @pytest.fixture

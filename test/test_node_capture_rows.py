@@ -252,7 +252,10 @@ def test_node_rows_after_a_stall_are_the_ticks_in_effect_on_their_deadlines(tmp_
     stalls = {40: 0.25, 80: 0.1}
     rows, result, tick, sent, _ = _run_node_episode(tmp_path, rate_hz=rate_hz, seconds=4.0, stalls=stalls, step=0.01)
     want, want_held = _rows_by_span_rule(sent, rate_hz)
-    assert len(rows) == len(want), (len(rows), len(want))
+    fresh_g = [g for _, f, _, g in sent if f]
+    assert len(rows) == len(want), (len(rows), len(want), f'{len(fresh_g)} fresh ticks on deadlines {fresh_g[:3]}'
+                                    f'..{fresh_g[-3:]}, {tick.skipped} skipped, held got '
+                                    f'{np.flatnonzero(rows.held).tolist()} want {np.flatnonzero(want_held).tolist()}')
     diff = np.flatnonzero(np.any(rows.action != want, axis=1) | (rows.held != want_held))
     assert diff.size == 0, (f'{rate_hz} Hz: rows {diff.tolist()[:12]} differ from the span rule (held got '
                             f'{np.flatnonzero(rows.held).tolist()} want {np.flatnonzero(want_held).tolist()})')

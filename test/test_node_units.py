@@ -428,6 +428,23 @@ def test_one_pacer_counts_the_ticks_a_stalled_control_thread_skips():
     assert pacer.skipped >= 2
 
 
+def test_a_pacer_woken_as_its_deadline_comes_serves_no_tick():
+    """A stop that lands as the control thread's next deadline comes: that deadline gets no tick, none is counted.
+
+    TickThread checks its stop after the pacer's wait; a wait that counted the deadline there left ``ticks``
+    one above the ticks run (a loaded machine wakes the thread late, past the deadline, on its stop).
+    """
+    from sequence_ai_ros.client.pacing import Pacer
+
+    stop = threading.Event()
+    pacer = Pacer(0.01, wake=stop, spin=False, keep_phase=True)
+    pacer.first()
+    threading.Event().wait(0.012)      # deadline 1 has come (on a loaded machine, maybe a period or more ago)
+    stop.set()
+    pacer.wait()
+    assert pacer.ticks == 1 and pacer.served_k == 0, (pacer.ticks, pacer.served_k)
+
+
 def test_a_control_thread_woken_late_skips_and_its_skip_count_never_falls():
     """A wake-up more than a period late (the GIL held elsewhere) skips the passed deadlines, as an overrun does.
 

@@ -8,6 +8,7 @@ cut with reason ``drain_timeout``. The fleet's rolling restart through HAProxy i
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 
@@ -71,6 +72,46 @@ def test_drain_returns_at_once_when_the_episodes_end():
         assert live.end().HasField('ended')
         drainer.join(timeout=15)
         assert not drainer.is_alive() and cut == [0]
+
+
+def _probe(port: int) -> str:
+    """One HAProxy agent-check probe: the agent's answer line."""
+    with socket.create_connection(('127.0.0.1', port), timeout=10) as s:
+        s.settimeout(10)
+        return s.recv(64).decode().strip()
+
+
+def test_a_drain_behind_a_polling_balancer_lasts_until_it_heard_drain_twice():
+    """No episode is open, yet the drain waits for the balancer: two probes answered ``drain``, then it returns.
+
+    Without the wait a replica whose episodes had ended stopped before HAProxy's next agent probe, while
+    HAProxy still hashed new calls to it: they failed as ConnectionLost instead of the typed, retried refusal.
+    Without a balancer polling the agent, the drain returns at once (test_drain_returns_at_once...).
+    """
+    with serve_policy_file(FAST, 'fast', dim=2, host='127.0.0.1', port=0, agent_port=0, warm=True) as server:
+        port = server.agent.port
+        wait_for(lambda: _probe(port) == 'up ready', timeout=30, what='the agent up')    # a balancer polls it
+        left: list[int] = []
+        drainer = threading.Thread(target=lambda: left.append(server.drain(60.0)), name='drain')
+        drainer.start()
+        wait_for(lambda: server.servicer.drain.draining, timeout=30, what='the drain to begin')
+        for _ in range(2):
+            drainer.join(timeout=0.2)
+            assert drainer.is_alive(), 'the drain ended before the balancer heard it'
+            assert _probe(port) == 'drain'
+        drainer.join(timeout=30)
+        assert not drainer.is_alive() and left == [0]
+
+
+def test_a_drain_whose_balancer_stopped_polling_does_not_wait_for_it():
+    """The balancer polled, then stopped (``seq fleet`` stops HAProxy before its replicas): the drain ends anyway."""
+    with serve_policy_file(FAST, 'fast', dim=2, host='127.0.0.1', port=0, agent_port=0, warm=True) as server:
+        wait_for(lambda: _probe(server.agent.port) == 'up ready', timeout=30, what='the agent up')
+        left: list[int] = []
+        drainer = threading.Thread(target=lambda: left.append(server.drain(60.0)), name='drain')
+        drainer.start()
+        drainer.join(timeout=30)        # bounded: QUIET_S without a probe, far below the drain's 60 s
+        assert not drainer.is_alive() and left == [0]
 
 
 def test_a_draining_worker_refuses_the_handshake_typed_and_is_not_ready(caplog):

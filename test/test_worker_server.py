@@ -255,16 +255,16 @@ def test_on_episode_runs_exactly_once_for_end_disconnect_and_idle(echo):
 
 
 def test_warming_is_not_blocking_and_observations_wait_for_ready(tmp_path):
-    with serve_policy_file(ECHO, 'echo', load_s=1.0, hook_log=str(tmp_path / 'h')) as server:
+    # a 3 s load: the calls below all come while it warms, however slowly a loaded machine makes them
+    with serve_policy_file(ECHO, 'echo', load_s=3.0, hook_log=str(tmp_path / 'h')) as server:
         with channel(server.port) as ch:
             stub = pb_grpc.PolicyServiceStub(ch)
             health = health_pb2_grpc.HealthStub(ch)
             assert health.Check(health_pb2.HealthCheckRequest(service='echo')).status == \
                 health_pb2.HealthCheckResponse.NOT_SERVING
-            t0 = time.monotonic()
             contract = handshake(stub, 'echo')
             reply = stub.Ready(pb.ReadyRequest(deployment='echo'), timeout=5)
-            assert time.monotonic() - t0 < 0.5  # neither call waited for the 1 s load
+            # neither call waited for the load: both answer not ready, warming
             assert not contract.ready and not reply.ready and reply.state == 'warming' and reply.eta_seconds > 0
             s = Stream(stub, 'echo', 'early')
             s.start()
@@ -276,7 +276,7 @@ def test_warming_is_not_blocking_and_observations_wait_for_ready(tmp_path):
             s.end()
             assert health.Check(health_pb2.HealthCheckRequest(service='echo')).status == \
                 health_pb2.HealthCheckResponse.SERVING
-        assert server.usage()['echo'].warming_s >= 1.0
+        assert server.usage()['echo'].warming_s >= 3.0
 
 
 def test_stop_ends_open_episodes_with_a_message(echo):

@@ -69,8 +69,8 @@ class Stream:
     def send(self, **kind) -> None:
         self._out.put(pb.EpisodeRequest(**kind))
 
-    def recv(self, timeout: float = 5.0):
-        """Return the next reply, or None when the stream ended."""
+    def recv(self, timeout: float = 30.0):
+        """Return the next reply, or None when the stream ended (bounded: generous for a loaded machine)."""
         item = self._in.get(timeout=timeout)
         return None if item is _END else item
 
@@ -102,7 +102,8 @@ def state_request(request_id: int, state, names, *, episode_id: str = '', images
         history=list(history), params=params or {})
 
 
-def wait_for(predicate, timeout: float = 5.0, what: str = 'condition'):
+def wait_for(predicate, timeout: float = 30.0, what: str = 'condition'):
+    """Return ``predicate()`` once truthy; AssertionError after ``timeout`` s (generous: a loaded machine)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()

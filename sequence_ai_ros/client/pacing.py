@@ -30,7 +30,8 @@ class Pacer:
     ``skipped`` counts the deadlines passed over when a tick would be more than a period late (an
     overrunning tick, or a late wake-up under load: either way the tick fires at once for the latest
     deadline, never one more than a period old, so no two ticks burst). ``ticks`` counts the deadlines
-    served (:meth:`first` and every :meth:`wait` that returned for a deadline), and :meth:`counts` says up
+    served (:meth:`first` and every :meth:`wait` that returned for a deadline, not one that ``wake`` ended,
+    even as the deadline came: a control thread stopped there runs no tick for it), and :meth:`counts` says up
     to which deadline every one is decided: served, or skipped now or at the next wait. Deadlines are
     counted by index k (``start_s + k * period_s``), never by comparing float times: at a monotonic clock of
     days, ``(deadline - start) / period`` is no longer exactly k. The indices hold on a ``keep_phase`` grid
@@ -115,7 +116,8 @@ class Pacer:
                 time.sleep(0)
         with self._lock:
             now = time.monotonic()
-            if now - deadline > self.period_s:       # overran, or woke, more than a period late: skip, never burst
+            late = now - deadline > self.period_s
+            if late:                                 # overran, or woke, more than a period late: skip, never burst
                 missed = int((now - deadline) // self.period_s)
                 self.skipped += missed
                 if self._keep_phase:
@@ -123,12 +125,12 @@ class Pacer:
                 else:
                     self._start, self._k = now, 0    # re-anchor the grid at the late tick
                     deadline = now
-                self.ticks += 1
-                self.served_k = self._k
+            if self._wake is not None and self._wake.is_set():
+                # woken as the deadline came (a thread's stop): served no more than by a wake before it
                 return now
             self.ticks += 1
             self.served_k = self._k
-            return deadline
+            return now if late else deadline
 
 
 #: Longest single sleep inside :meth:`Pacer.wait` (s); a longer wait loops.

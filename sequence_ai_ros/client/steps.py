@@ -206,6 +206,10 @@ class StepLedger:
             return command        # a hold's command moves nothing in a rate space: its rates are zero
         # joint_delta: the robot commands absolute targets; it executed this one minus the previous one
         if step.held:
+            if self._target is None and step.policy_action is not None and step.proposed is not None:
+                # a dry run before any executed command: the robot still has the state the engine began from,
+                # so its first executed command moves it from there (the dry increments it jumps over included)
+                self._target = (step.proposed - step.policy_action).astype(np.float32)
             return np.zeros_like(command)     # a hold keeps the target the robot already had: it moves nothing
         before = self._target
         if before is None and step.policy_action is not None and step.proposed is not None:

@@ -32,6 +32,8 @@ convention holds: the row's state at its time, its action over ``[t, t + 1 / fps
   ``action.held``: no record within the row's span executed a fresh policy action (an underrun, a dry run,
   deadlines a stalled loop missed).
 
+A record's span ends where the next record's begins, at the latest: without a fixed control period a tick
+on the clock spans the measured period, an estimate, and the next tick replaces its command when it comes.
 Control deadlines no tick served (a stalled control loop: the next record's ``grid_index`` jumps) leave
 a gap in the spans; rows in it are held (the previous state and frames; absolute: the previous target,
 delta/velocity: zero), so the timeline stays true. Trailing held rows (after the last executed action)
@@ -171,6 +173,8 @@ def _read(episode: CapturedEpisode, state_dim: int, action_dim: int, camera_keys
         records.append(rec)
     if velocity and not legacy:
         _velocity_spans(records, fps)
+    elif not legacy:
+        _end_at_next(records)
     for rec in records:
         if rec.raw_parts is not None:
             rec.parts = _parts(rec, *rec.raw_parts, velocity)
@@ -204,6 +208,18 @@ def _parts(rec: _Record, pieces: np.ndarray, share: list[float],
         out.append((x, y, ex, pol))
         x = y
     return out
+
+
+def _end_at_next(records: list[_Record]) -> None:
+    """End each record's span where the next record's begins, at the latest: the next tick replaced its command.
+
+    A tick on the clock without a fixed control period spans the measured period, an estimate: when the next
+    tick came sooner (the estimate still high after a stall), the span overlapped it, and a row that only that
+    overlap reached counted as executed (repeating the command) though the tick in effect there held.
+    """
+    for r, nxt in zip(records, records[1:], strict=False):
+        if r.a < nxt.a < r.b:
+            r.b = nxt.a
 
 
 def _velocity_spans(records: list[_Record], fps: float) -> None:

@@ -13,6 +13,9 @@ Draining`), refuses a Handshake the same way (its trailing metadata) and answers
 state ``draining``, turns every deployment's gRPC health NOT_SERVING (so the HAProxy agent answers ``drain``
 and a Kubernetes readiness probe fails: a same-id reconnect is hashed to another replica), and lets the live
 episodes finish for up to ``drain_timeout_s``; what is still open then is cut with reason ``drain_timeout``.
+Behind HAProxy (its agent polled) the drain also lasts until the agent has told it ``drain``
+(:meth:`~sequence_ai_ros.worker.health_agent.HealthAgent.heard_drain`): a replica whose episodes ended at
+once would otherwise stop while HAProxy still sends it new calls, which then fail as ConnectionLost.
 """
 
 from __future__ import annotations
@@ -104,9 +107,13 @@ class Drain:
         """Refuse new episodes from now on (idempotent)."""
         self._started.set()
 
-    def wait(self, timeout_s: float, poll_s: float = 0.05) -> int:
-        """Wait until no episode stream is open, up to ``timeout_s``; return how many are still open."""
+    def wait(self, timeout_s: float, poll_s: float = 0.05, until: Callable[[], bool] | None = None) -> int:
+        """Wait until no episode stream is open (and ``until()`` is True, when given), up to ``timeout_s``.
+
+        :returns: how many episode streams are still open.
+        """
         deadline = time.monotonic() + timeout_s
-        while (left := self._open_streams()) and time.monotonic() < deadline:
+        while ((left := self._open_streams()) or (until is not None and not until())) \
+                and time.monotonic() < deadline:
             time.sleep(poll_s)
         return self._open_streams() if left else 0

@@ -25,7 +25,9 @@ The episode ends exactly once (:meth:`ActiveEpisode.end`) with reason:
   so idle streams cannot hold the worker's stream slots (admission);
 - ``shutdown`` when the worker stops (an Error and EpisodeEnded are sent), ``drain_timeout`` when it stops on
   SIGTERM and the episode outlived the drain timeout (likewise), ``rollout`` when a new version that cannot
-  load beside the running one replaces it at once (``seq serve --rollout cut``; likewise).
+  load beside the running one replaces it at once (``seq serve --rollout cut``; likewise). After such a cut
+  the call ends once the robot has closed its side (at most :data:`~sequence_ai_ros.worker.drain.LINGER_S`),
+  as after a refusal: a balancer resets a call the server ends while the robot still sends.
 
 Threads: none of its own. :meth:`EpisodeCallHandler.replies` is a coroutine on the worker's event loop
 (``seq-grpc-loop``, gRPC asyncio); a reader *task* moves incoming messages into an inbox (:class:`_Inbox`) so that
@@ -325,6 +327,9 @@ class EpisodeCallHandler:
                 if item is _SHUTDOWN:
                     async for reply in self._close(self._cut, CUT_WHY[self._cut]):
                         yield reply
+                    # the robot closes its side once it read them: a balancer (HAProxy 2.6) resets a call the
+                    # server ends while the robot still sends, and the reset can overtake the Error
+                    await self._linger()
                     return
                 item, nbytes = item
                 kind = item.WhichOneof('kind')
@@ -372,7 +377,7 @@ class EpisodeCallHandler:
             self.on_done()
 
     async def _linger(self, linger_s: float = LINGER_S) -> None:
-        """After a refusal: wait up to ``linger_s`` for the robot to close its side, ignoring what it sends."""
+        """After a refusal or a cut: wait up to ``linger_s`` for the robot to close its side, ignoring what it sends."""
         deadline = time.monotonic() + linger_s
         while (left := deadline - time.monotonic()) > 0:
             try:

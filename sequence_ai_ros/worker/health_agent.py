@@ -11,6 +11,12 @@ connects to ``--agent-port`` every ``agent-inter``, and the agent answers one li
   streams finish;
 - ``down`` when the health call fails (the gRPC server does not answer).
 
+A replica that drains (SIGTERM) stops only once the balancer has heard ``drain``: while probes come (one
+answered within :data:`POLLED_S`), its drain lasts until two probes were answered ``drain`` (the first tells
+HAProxy, which then hashes no new episode to it; by the second, a call it sent before that has arrived and was
+refused in the protocol, which the client retries elsewhere), or until no probe came for :data:`QUIET_S` (the
+balancer stopped), at most the drain timeout.
+
 With the worker's token (``--token-file``) a probe must first send the token (HAProxy's ``agent-send``,
 which ``seq fleet`` sets): one that does not, within the read deadline, gets no answer.
 
@@ -24,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -36,6 +43,13 @@ from sequence_ai_ros.worker.bounded_server import BoundedServer
 LOG = logging.getLogger(__name__)
 #: Bound (s) of one gRPC health call made for a probe.
 CHECK_TIMEOUT_S = 1.0
+#: A balancer polls the agent when a probe was answered within this many seconds (HAProxy: every agent-inter).
+POLLED_S = 10.0
+#: ``drain`` answers a draining replica gives before it stops (see the module docstring).
+DRAIN_ANSWERS = 2
+#: A draining replica stops waiting for them once no probe came for this many seconds: the balancer stopped
+#: polling (the shipped HAProxy config polls every 500 ms).
+QUIET_S = 3.0
 
 
 class HealthAgent:
@@ -65,6 +79,10 @@ class HealthAgent:
             self._channel.close()
             raise
         self.port: int = self._server.port
+        #: when a probe was last answered (monotonic s; None: never), and how many were answered ``drain``:
+        #: a draining replica stops only once the balancer polling it has heard (WorkerServer.drain)
+        self.last_answer_s: float | None = None
+        self.drain_answers = 0
 
     async def _probe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Answer one probe: the token first when one is set (HAProxy's agent-send, newline optional)."""
@@ -81,6 +99,9 @@ class HealthAgent:
         status = await self._server.loop.run_in_executor(None, self.status)
         writer.write((status + '\n').encode())
         await writer.drain()
+        self.last_answer_s = time.monotonic()
+        if status == 'drain':
+            self.drain_answers += 1
 
     @property
     def services(self) -> list[str]:
@@ -101,6 +122,26 @@ class HealthAgent:
             LOG.warning('agent: gRPC health check failed: %s', exc.code() if hasattr(exc, 'code') else exc)
             return 'down'
         return 'up ready'
+
+    def heard_drain(self) -> Callable[[], bool] | None:
+        """Call as a drain begins: a check that the balancer has heard it, or None when no balancer polls the agent.
+
+        :returns: a callable, True once :data:`DRAIN_ANSWERS` probes were answered ``drain`` after this call,
+            or once no probe came for :data:`QUIET_S` (the balancer stopped polling).
+        """
+        start = time.monotonic()
+        last = self.last_answer_s
+        if last is None or start - last > POLLED_S:
+            return None
+        mark = self.drain_answers
+
+        def heard() -> bool:
+            if self.drain_answers >= mark + DRAIN_ANSWERS:
+                return True
+            # no probe for QUIET_S: the balancer stopped polling (``seq fleet`` stops HAProxy first)
+            return time.monotonic() - max(start, self.last_answer_s or start) > QUIET_S
+
+        return heard
 
     def close(self) -> None:
         """Stop answering probes and close the channel."""

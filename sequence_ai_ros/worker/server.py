@@ -478,19 +478,22 @@ class WorkerServer:
         balancer sends them elsewhere); every deployment's gRPC health turns NOT_SERVING, so the HAProxy agent
         answers ``drain`` and a readiness probe fails, while the server's own health (liveness) stays SERVING.
         Episodes still open after ``timeout_s`` end with reason ``drain_timeout`` (the robot gets NOT_READY
-        and EpisodeEnded). Call :meth:`stop` afterwards.
+        and EpisodeEnded). While a balancer polls the agent, the drain also lasts until it has heard ``drain``
+        (:meth:`~.health_agent.HealthAgent.heard_drain`), within ``timeout_s``: new calls then go elsewhere
+        before this replica stops. Call :meth:`stop` afterwards.
 
         :param timeout_s: how long live episodes may go on (s); default the config's ``drain_timeout_s``.
         :returns: how many episode streams were cut.
         """
         timeout_s = self.config.drain_timeout_s if timeout_s is None else timeout_s
+        heard = self.agent.heard_drain() if self.agent is not None else None   # None: no balancer polls it
         self.servicer.drain.begin()
         for name in list(self.runtimes):
             self._set_health(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         open_now = self.servicer.open_streams()
-        LOG.info('draining: %d episode streams open; new episodes are refused; waiting up to %g s', open_now,
-                 timeout_s)
-        left = self.servicer.drain.wait(timeout_s)
+        LOG.info('draining: %d episode streams open; new episodes are refused; waiting up to %g s%s', open_now,
+                 timeout_s, ' (and until the balancer has heard the agent answer drain)' if heard else '')
+        left = self.servicer.drain.wait(timeout_s, until=heard)
         if left:
             LOG.warning('drain timeout (%g s): cutting %d episode streams (reason %s)', timeout_s, left,
                         DRAIN_TIMEOUT_REASON)

@@ -2,7 +2,8 @@
 
 ``inp.observation.params`` switches (one per request):
 
-- ``hang``: block until the instance's ``release`` event is set (bounded by that many seconds);
+- ``hang``: block until the instance's ``release`` event is set (bounded by that many seconds); ``hanging``
+  is set meanwhile;
 - ``exit``: ``sys.exit(int(value))`` inside infer;
 - ``interrupt``: raise KeyboardInterrupt inside infer;
 - ``long``: return ``int(value)`` actions (more than chunk_length breaks the contract).
@@ -30,6 +31,7 @@ class Stuck:
     def __init__(self, hang_load: float = 0.0) -> None:
         self.hang_load = float(hang_load)
         self.release = threading.Event()
+        self.hanging = threading.Event()   # set once an infer is blocked on ``hang``
         Stuck.instances.append(self)
 
     def load(self) -> None:
@@ -39,6 +41,7 @@ class Stuck:
     def infer(self, inp: seq.PolicyInput, episode: seq.Episode) -> np.ndarray:
         params = inp.observation.params
         if 'hang' in params:
+            self.hanging.set()
             self.release.wait(float(params['hang']))
         if 'exit' in params:
             sys.exit(int(params['exit']))
