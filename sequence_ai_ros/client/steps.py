@@ -192,29 +192,34 @@ class StepLedger:
             self._early.append(step)
         return step
 
+    def _target_before(self, step: Step) -> np.ndarray | None:
+        """joint_delta: the target the robot had before ``step``, shape ``(action_dim,)``, float32.
+
+        The last executed target; before any, the state the engine integrated the step's increment onto
+        (``proposed - policy_action``); None when neither is known.
+        """
+        if self._target is not None or step.policy_action is None or step.proposed is None:
+            return self._target
+        start: np.ndarray = (step.proposed - step.policy_action).astype(np.float32)
+        return start
+
     def _executed(self, step: Step) -> np.ndarray | None:
         command = step.command
         if self.space is ActionSpace.JOINT_DELTA and command is None and step.proposed is not None:
             # the robot refused this target (or sent it to a dry run): the next increment integrates onto the
             # target the robot really has, so refused increments are dropped, never caught up in one jump
-            kept = self._target
-            if kept is None and step.policy_action is not None:
-                kept = (step.proposed - step.policy_action).astype(np.float32)
+            kept = self._target_before(step)
             if kept is not None and self._on_target is not None:
                 self._on_target(kept)
         if self.space is not ActionSpace.JOINT_DELTA or command is None:
             return command        # a hold's command moves nothing in a rate space: its rates are zero
         # joint_delta: the robot commands absolute targets; it executed this one minus the previous one
         if step.held:
-            if self._target is None and step.policy_action is not None and step.proposed is not None:
-                # a dry run before any executed command: the robot still has the state the engine began from,
-                # so its first executed command moves it from there (the dry increments it jumps over included)
-                self._target = (step.proposed - step.policy_action).astype(np.float32)
+            # a dry run before any executed command: the robot still has the state the engine began from, so
+            # its first executed command moves it from there (the dry increments it jumps over included)
+            self._target = self._target_before(step)
             return np.zeros_like(command)     # a hold keeps the target the robot already had: it moves nothing
-        before = self._target
-        if before is None and step.policy_action is not None and step.proposed is not None:
-            # the first command: the state the engine integrated the policy's increment onto
-            before = (step.proposed - step.policy_action).astype(np.float32)
+        before = self._target_before(step)
         self._target = command.copy()
         if before is None:
             return np.zeros_like(command)
