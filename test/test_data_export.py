@@ -242,3 +242,19 @@ def test_an_av1_encode_leaves_no_thread_of_the_exporting_process_real_time(tmp_p
         f'thread policies while encoding, after, and the main thread priority: {out.stdout} '
         f'(SCHED_FIFO is {os.SCHED_FIFO})')
     assert (tmp_path / 'a.mp4').stat().st_size > 0
+
+
+def test_an_episode_without_frames_never_hides_the_others_video(tmp_path: Path, g1: LeRobotDataset) -> None:
+    """The first episode's robot sent no camera: the later episodes' frames still become video."""
+    clock = FakeClock()
+    s = make_store(tmp_path / 'capture' / 'g1', clock=clock, images=True, fps=15)
+    clock.t += 1
+    feed_g1(s, 'a-no-camera', g1, 1, frames=10, images=False)
+    clock.t += 1
+    feed_g1(s, 'b-camera', g1, 0, frames=10, images=True)
+    for images in (None, True):
+        res = export_lerobot(s, tmp_path / f'out-{images}', images=images, vcodec='h264', progress=False)
+        assert (res['episodes'], res['videos']) == (1, 1)
+        assert [(eid, 'no-images' in why) for eid, why in res['skipped']] == [('a-no-camera', True)]
+    res = export_lerobot(s, tmp_path / 'out-no-images', images=False, progress=False)
+    assert (res['episodes'], res['videos'], res['skipped']) == (2, 0, [])

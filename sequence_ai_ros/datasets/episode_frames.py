@@ -19,7 +19,7 @@ import numpy as np
 
 from sequence_ai_ros.capture.store import CapturedEpisode
 from sequence_ai_ros.datasets import stats as lerobot_stats
-from sequence_ai_ros.datasets.rows import EpisodeRows, build_rows, cameras_with_frames, row_images
+from sequence_ai_ros.datasets.rows import EpisodeRows, build_rows, row_images
 from sequence_ai_ros.datasets.video import VCODECS, VideoWriter, video_info
 from sequence_ai_ros.exceptions import CaptureError, ContractViolation, ExportError
 from sequence_ai_ros.protocol import codec
@@ -79,10 +79,12 @@ def plan(chosen: list[CapturedEpisode], fps: float | None, images: bool | None) 
     with_images = [e for e in keep if e.images]
     keys: list[str] = []
     if images or (images is None and with_images):
+        # the first contract's cameras, then every camera any chosen episode has frames of: an episode
+        # captured without frames (a robot that sent none) must not hide the others' video
         keys = [c.key for c in contract.observation.cameras]
-        for e in with_images[:1]:
+        for e in with_images:
             try:
-                extra = cameras_with_frames(e, _all_keys(e))
+                extra = _all_keys(e)
             except CaptureError:
                 extra = []
             keys += [k for k in extra if k not in keys]
@@ -125,7 +127,8 @@ def episode_rows(e: CapturedEpisode, p: ExportPlan) -> EpisodeRows:
                                                            f'({rows.first_problem})' if rows.skipped_frames else ''))
     for key, ticks in rows.frame_ticks.items():
         if not len(ticks) or (ticks < 0).any():
-            raise ExportError(f'no {key!r} camera frames (zero-frame episode); it is skipped from a video export')
+            raise ExportError(f'no {key!r} camera frames (captured without them); a video export skips it, '
+                              f'--no-images exports every episode without video')
     return rows
 
 

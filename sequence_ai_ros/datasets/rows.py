@@ -407,11 +407,3 @@ def row_images(episode: CapturedEpisode, key: str, frame_ticks: np.ndarray) -> I
             target = next(want, None)
 
 
-def cameras_with_frames(episode: CapturedEpisode, keys: list[str]) -> list[str]:
-    """Return the keys of ``keys`` that have at least one frame in the episode (streams the records)."""
-    seen: set[str] = set()
-    for frame in _frames(episode):
-        seen.update(im.key for im in frame.images)
-        if seen.issuperset(keys):
-            break
-    return [k for k in keys if k in seen]
