@@ -41,10 +41,34 @@ def test_demo_refuses_while_another_process_publishes_on_its_command_topic(tmp_p
                           timeout=240, env=env)
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     # refused before starting its node (or, should discovery be slow, when it counts the publishers)
-    before = f'other publisher(s) on /g1_position_controller/commands in ROS domain {domain}'
+    before = f'in domain {domain} (1 on /g1_position_controller/commands)'
     after = 'publishers on /g1_position_controller/commands (expected policy_node alone)'
     assert before in done.stderr or after in done.stderr, done.stderr[-2000:]
     assert time.monotonic() - t0 < 240
+
+
+def test_a_derived_domain_that_is_taken_moves_to_the_next(monkeypatch, processes):
+    """Without SEQ_DEMO_DOMAIN_ID, a foreign publisher on /joint_states sends the demo to another domain."""
+    import rclpy
+
+    from sequence_ai_ros.demo.pipeline import _join_domain, private_domain
+
+    own = int(os.environ['ROS_DOMAIN_ID'])    # this test process's private domain
+    for key in ('ROS_DOMAIN_ID', 'ROS_AUTOMATIC_DISCOVERY_RANGE', 'ROS_LOCALHOST_ONLY'):
+        monkeypatch.setenv(key, os.environ.get(key, ''))   # restored after the test
+    monkeypatch.delenv('SEQ_DEMO_DOMAIN_ID', raising=False)
+    foreign = processes.python(FOREIGN.replace('/g1_position_controller/commands', '/joint_states'), '120',
+                               env=dict(os.environ))
+    assert foreign.stdout.readline().strip() == 'publishing'
+    env: dict[str, str] = {}
+    private_domain(env, own)
+    domain, context, operator = _join_domain(env, own, '/g1_position_controller/commands')
+    try:
+        assert domain != own and env['ROS_DOMAIN_ID'] == str(domain)
+        assert operator.publishers('/joint_states') == 0
+    finally:
+        operator.close()
+        rclpy.try_shutdown(context=context)
 
 
 def test_demo_uses_a_private_domain_by_default(monkeypatch):

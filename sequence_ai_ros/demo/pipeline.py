@@ -31,6 +31,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import yaml
@@ -60,20 +61,61 @@ class DemoArgs:
     max_seconds: float | None = None
 
 
-def private_domain(env: dict[str, str]) -> int:
+def private_domain(env: dict[str, str], domain: int | None = None) -> int:
     """Put the demo (and its children, through ``env``) in a ROS domain of its own, discovery on this host only.
 
-    The domain is ``SEQ_DEMO_DOMAIN_ID`` when set, else one derived from the process id in 1..101: apart from
-    the default domain 0, and within 0..101, the ids whose DDS ports stay below Linux's ephemeral port range
-    (ROS 2 docs, "The ROS_DOMAIN_ID"). Another process that happens to share it is caught by the demo's
-    publisher check on its topics. Set before rclpy loads.
+    The domain is ``domain`` when given, else ``SEQ_DEMO_DOMAIN_ID`` when set, else one derived from the
+    process id in 1..101: apart from the default domain 0 (and from your shell's ``ROS_DOMAIN_ID``, which
+    the demo never joins), and within 0..101, the ids whose DDS ports stay below Linux's ephemeral port
+    range (ROS 2 docs, "The ROS_DOMAIN_ID"). Another process that happens to share it is caught by
+    :func:`_join_domain`'s publisher check. Set before rclpy loads.
 
     :returns: the domain id.
     """
-    domain = int(os.environ.get('SEQ_DEMO_DOMAIN_ID') or 1 + os.getpid() % 101)
+    if domain is None:
+        domain = int(os.environ.get('SEQ_DEMO_DOMAIN_ID') or 1 + os.getpid() % 101)
     for target in (os.environ, env):
         target.update(ROS_DOMAIN_ID=str(domain), ROS_AUTOMATIC_DISCOVERY_RANGE='LOCALHOST', ROS_LOCALHOST_ONLY='1')
     return domain
+
+
+#: Derived domains tried, one after the other, while another process publishes on the demo's topics.
+DOMAIN_TRIES = 5
+
+
+def _join_domain(env: dict[str, str], domain: int, command_topic: str) -> tuple[int, Any, Any]:
+    """Join ``domain`` and check that nobody else publishes the demo's command topic or /joint_states.
+
+    A derived domain that is taken moves to the next id (up to :data:`DOMAIN_TRIES`); an explicit
+    ``SEQ_DEMO_DOMAIN_ID`` is the only one tried.
+
+    :returns: (the domain joined, its rclpy context, the demo's Operator in it).
+    :raises RuntimeError: when every domain tried has another publisher on those topics.
+    """
+    import rclpy
+
+    from sequence_ai_ros.demo.ros_side import Operator
+
+    watched = (command_topic, '/joint_states')
+    tries = 1 if os.environ.get('SEQ_DEMO_DOMAIN_ID') else DOMAIN_TRIES
+    taken: list[str] = []
+    for attempt in range(tries):
+        if attempt:
+            domain = private_domain(env, 1 + domain % 101)
+        context = rclpy.context.Context()
+        rclpy.init(context=context)
+        operator = Operator('policy_node', command_topic, context)
+        seen = time.monotonic() + 3.0     # discovery: another publisher already there shows within this
+        while time.monotonic() < seen and not any(operator.publishers(t) for t in watched):
+            time.sleep(0.1)
+        busy = [f'{n} on {t}' for t in watched if (n := operator.publishers(t))]
+        if not busy:
+            return domain, context, operator
+        operator.close()
+        rclpy.try_shutdown(context=context)
+        taken.append(f'domain {domain} ({", ".join(busy)})')
+    raise RuntimeError(f'other ROS publishers on the demo\'s topics in {"; ".join(taken)}: they would mix their '
+                       'messages into the run; stop them, or give the demo a free domain with SEQ_DEMO_DOMAIN_ID')
 
 
 def _seq(*args: str) -> list[str]:
@@ -164,22 +206,8 @@ def run(args: DemoArgs) -> dict:
 
         import rclpy
 
-        from sequence_ai_ros.demo.ros_side import Operator
-
-        context = rclpy.context.Context()
-        rclpy.init(context=context)
-        operator = Operator('policy_node', command_topic, context)
+        domain, context, operator = _join_domain(env, domain, command_topic)
         try:
-            watched = (command_topic, '/joint_states')
-            seen = time.monotonic() + 3.0     # discovery: another publisher already there shows within this
-            while time.monotonic() < seen and not any(operator.publishers(t) for t in watched):
-                time.sleep(0.1)
-            for topic in watched:
-                others = operator.publishers(topic)
-                if others:
-                    raise RuntimeError(f'{others} other publisher(s) on {topic} in ROS domain {domain}: another '
-                                       'ROS process would mix its messages into the run; stop it, or give the demo '
-                                       'another domain with SEQ_DEMO_DOMAIN_ID')
             step(f'policy_node with the G1 config (forward_command, 50 Hz; ROS domain {domain})')
             node = procs.start('policy_node', [sys.executable, '-m', 'sequence_ai_ros.node.main', '--ros-args',
                                                '--params-file', str(params_file)])
