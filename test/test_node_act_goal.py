@@ -1,0 +1,54 @@
+"""``python -m sequence_ai_ros.node.act_goal``: one Act goal (and a label) from a shell without ros2cli.
+
+A real node process in a namespace, a real worker serving ``test/policies/node_ramp.py``, joint states
+from a probe node, and the command line as its own process, as a user runs it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from std_msgs.msg import Float64MultiArray
+from test_node_support import RAMP, Probe, node_log, node_params, spawn_node
+
+from sequence_ai_ros.worker import serve_policy_file
+
+pytestmark = [pytest.mark.ros, pytest.mark.slow]
+
+NAMES = ['j0', 'j1', 'j2', 'j3']
+CLI = [sys.executable, '-m', 'sequence_ai_ros.node.act_goal']
+
+
+def test_act_goal_runs_an_episode_and_labels_it(tmp_path, processes, rclpy_context):
+    probe = Probe(rclpy_context, Float64MultiArray, '/robot1/arm/commands', namespace='robot1')
+    try:
+        with serve_policy_file(RAMP, 'ramp', names=NAMES, step=0.002) as server:
+            params = node_params(tmp_path, node_key='/**/policy_node', model='ramp',
+                                 endpoint=f'127.0.0.1:{server.port}', **{'joints.names': NAMES,
+                                                                          'command.controller': 'arm'})
+            proc = spawn_node(processes, tmp_path / 'node.log', params, namespace='robot1')
+            probe.publish_joints(NAMES, positions=lambda: 0.1 + np.arange(4) * 0.1)
+            assert probe.wait_connected(), node_log(proc)
+            done = subprocess.run(CLI + ['--node', '/robot1/policy_node', '--instruction', 'reach',
+                                         '--max-seconds', '1.0', '--episode-id', 'cli-1', '--label', 'success',
+                                         '--notes', 'from the shell'],
+                                  capture_output=True, text=True, timeout=120)
+            refused = subprocess.run(CLI + ['--node', '/nobody/policy_node', '--max-seconds', '1', '--wait', '1'],
+                                     capture_output=True, text=True, timeout=60)
+    finally:
+        probe.close()
+    assert done.returncode == 0, done.stdout + done.stderr + node_log(proc)
+    lines = dict(line.split(': ', 1) for line in done.stdout.splitlines() if ': ' in line)
+    assert lines['reason'] == 'timeout' and lines['episode_id'] == 'cli-1'
+    assert int(lines['commands_sent']) > 0 and int(lines['actions']) > 0
+    # the label reaches the worker, which says why it stores nothing: this deployment captures no episodes
+    assert lines['label'].startswith('refused (capture is off for deployment'), done.stdout
+    assert refused.returncode == 1 and 'no /nobody/policy_node/act action server' in refused.stderr
+
+
+def test_act_goal_refuses_a_missing_bound():
+    done = subprocess.run(CLI + ['--max-seconds', '0'], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and '--max-seconds must be > 0' in done.stderr
