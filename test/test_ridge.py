@@ -63,6 +63,19 @@ def test_ridge_beats_hold_state_and_mean_action(trained: tuple[Path, str]) -> No
 
 
 @pytest.mark.slow
+def test_the_templates_readme_shows_what_seq_train_measures(trained: tuple[Path, str]) -> None:
+    """Every CV and eval figure in the ridge README's feature table is the one ``seq train`` prints now."""
+    import re
+
+    out, _ = trained
+    table = json.loads((out / 'metrics.json').read_text())['table']
+    readme = (training.TEMPLATE_DIR / 'README.md').read_text()
+    shown = re.findall(r'^\| .*? \| [^|]+ \| \**(0\.\d{5})\** \| (0\.\d{5}) \|$', readme, re.M)
+    measured = [(f'{r["cv_mae"]:.5f}', f'{r["eval_mae"]:.5f}') for r in table]
+    assert shown == measured, 'update the table in sequence_ai_ros/templates/ridge/README.md'
+
+
+@pytest.mark.slow
 def test_train_writes_a_deployable_folder(trained: tuple[Path, str]) -> None:
     out, text = trained
     assert sorted(p.name for p in out.iterdir()) == ['README.md', 'config.yaml', 'metrics.json', 'model.npz',
