@@ -52,6 +52,20 @@ def test_a_tls_mismatch_says_tls_at_once_both_ways(tmp_path):
         assert time.monotonic() - start < 10
 
 
+def test_nothing_listening_is_reported_as_no_worker_within_the_connect_timeout():
+    import socket
+
+    with socket.socket() as s:     # a port that was free a moment ago, nothing listens on it
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ConnectionLost) as caught:
+        connect('fast', endpoint=f'127.0.0.1:{port}', timeout=0.5)
+    message = str(caught.value)
+    assert 'no worker answered within 0.5 s (the connect timeout' in message
+    assert f'endpoint 127.0.0.1:{port}; is `seq serve` running there?' in message
+    assert 'DEADLINE_EXCEEDED' not in message
+
+
 def test_a_shape_that_overflows_int64_is_a_contract_violation():
     huge = pb.Tensor(shape=[2 ** 62, 2 ** 62], dtype='float32', data=b'')   # int64 product wraps to 0
     with pytest.raises(ContractViolation, match='bytes for shape'):

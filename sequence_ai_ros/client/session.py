@@ -238,6 +238,10 @@ class Connection:
                     time.sleep(RETRY_PAUSE_S * attempt)
                     continue
                 error = errors.from_rpc_error(exc)
+                if wait_for_ready and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    # the call waited for a worker that may still be starting: none answered in time
+                    error = ConnectionLost(f'no worker answered within {timeout:.3g} s (the connect timeout: a worker '
+                                           f'still starting is waited for that long)')
                 if isinstance(error, ConnectionLost):   # say where we looked, and how to look elsewhere
                     error = ConnectionLost(f'{error} (endpoint {self.endpoint}; is `seq serve` running there? '
                                            f'{ENDPOINT_HINT})')
