@@ -24,13 +24,13 @@ TEMPLATES = TEMPLATES_DIR
 
 
 def _templates() -> dict[str, str]:
-    """Return template name -> first line of its README (or '')."""
+    """Return template name -> first line of its README, less the name (or '')."""
     out = {}
     for d in sorted(TEMPLATES.iterdir()) if TEMPLATES.is_dir() else ():
         if d.is_dir() and not d.name.startswith(('_', '.')):
             readme = d / 'README.md'
             first = readme.read_text().strip().splitlines()[0].lstrip('# ').strip() if readme.is_file() else ''
-            out[d.name] = first
+            out[d.name] = first.removeprefix(f'{d.name} — ')   # the README's title repeats the name
     return out
 
 
@@ -40,8 +40,9 @@ def cmd_init(args: argparse.Namespace) -> int:
     if args.list or not args.template:
         if not templates:
             print(f'no templates in {TEMPLATES}')
+        width = max(map(len, templates), default=0)
         for name, about in templates.items():
-            print(f'{name:<14} {about}')
+            print(f'{name:<{width}}  {about}')
         return 0
     if args.template not in templates:
         raise ConfigError(f'unknown template {args.template!r}; available: {", ".join(templates) or "none"}')
@@ -80,8 +81,10 @@ def cmd_deploy(args: argparse.Namespace) -> int:
                           force=True)
     print(f'ok: imports, contract {rec.action_space} D={rec.action_dim} T={rec.chunk_length} dt={rec.dt:g} s; '
           f'dry run load {figures.get("load_s", 0):.2f} s, inference {figures.get("infer_s", 0) * 1e3:.1f} ms')
+    parts = ['policy.py'] + (['config.yaml'] if rec.config_sha256 else []) + \
+        ([f'{len(rec.files)} artifact files'] if rec.files else [])
     print(f'deployed {rec.name} version {rec.version} ({rec.path}; content sha256 {rec.content_sha256[:12]}: '
-          f'policy.py, config.yaml and {len(rec.files)} artifact files)')
+          f'{", ".join(parts)})')
     print(f'serve it with: seq serve {rec.name} [--host 127.0.0.1] [--port 50551]')
     return 0
 

@@ -1,7 +1,7 @@
 """``connect()`` and :class:`Policy`: a remote policy driven by a local control loop.
 
 One :class:`Policy` per control loop (many robots, many ``connect()`` calls). ``act``/``run`` pace
-themselves at the chunk's dt with absolute deadlines; loops that pace themselves (the ROS node, the seed's
+themselves at the chunk's dt with absolute deadlines; loops that pace themselves (the ROS node, a plain
 ``while running: next_action(observe())``) use :meth:`Policy.next_action` (never blocks; opens an episode
 when none is open), optionally :meth:`Policy.begin_episode` first, and :meth:`Policy.end_episode`.
 """
@@ -341,7 +341,7 @@ class Policy:
                     grid_index: int | None = None) -> Action | None:
         """Return the action for *now* on the chunk's own timeline; never blocks (I/O runs on the episode's threads).
 
-        The seed's loop works as written (``while running: robot.act(policy.next_action(observe()))``, with
+        A plain loop works as written (``while running: robot.act(policy.next_action(observe()))``, with
         or without ``policy.wait_until_ready()`` first: an episode begun while the deployment loads holds until
         it is ready, see :meth:`begin_episode`): when no episode is open, this call opens one with the
         default :class:`EpisodeSettings` (the first call after connect, after ``end_episode()``, and, for an

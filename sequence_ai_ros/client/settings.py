@@ -1,6 +1,6 @@
 """EpisodeSettings: the one definition of how an episode is driven.
 
-act(), run(), begin_episode() (their keyword arguments are the seed API and stay as they are), the chunk
+act(), run(), begin_episode() (their keyword arguments are the public API), the chunk
 engine, the node's runner and the node's ``~/act`` goal all build or take one :class:`EpisodeSettings`;
 the options and their checks are written here once.
 """
