@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Any
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     rclpy.init()
     node = rclpy.create_node('seq_act_goal')
     try:
-        client = ActionClient(node, Act, f'{args.node}/act')
+        client: Any = ActionClient(node, Act, f'{args.node}/act')
         if not client.wait_for_server(timeout_sec=args.wait):
             print(f'no {args.node}/act action server within {args.wait:g} s (is policy_node running and '
                   'active, in this ROS domain?)', file=sys.stderr)
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in Act.Result.get_fields_and_field_types():
             print(f'{name}: {getattr(result, name)}')
         if args.label:
-            srv = node.create_client(Label, f'{args.node}/label')
+            srv: Any = node.create_client(Label, f'{args.node}/label')
             if not srv.wait_for_service(timeout_sec=args.wait):
                 print(f'no {args.node}/label service within {args.wait:g} s', file=sys.stderr)
                 return 1
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         rclpy.try_shutdown()
 
 
-def _spin(node, future, timeout_s: float, what: str):  # noqa: ANN001, ANN202 (rclpy types)
+def _spin(node: Any, future: Any, timeout_s: float, what: str) -> Any:
     """Spin ``node`` until ``future`` is done or ``timeout_s`` passes; None (and a message) on time-out."""
     import rclpy
 
