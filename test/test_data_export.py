@@ -258,3 +258,13 @@ def test_an_episode_without_frames_never_hides_the_others_video(tmp_path: Path, 
         assert [(eid, 'no-images' in why) for eid, why in res['skipped']] == [('a-no-camera', True)]
     res = export_lerobot(s, tmp_path / 'out-no-images', images=False, progress=False)
     assert (res['episodes'], res['videos'], res['skipped']) == (2, 0, [])
+
+
+def test_an_episode_opened_without_an_instruction_takes_its_first_requests(tmp_path: Path,
+                                                                           g1: LeRobotDataset) -> None:
+    """run() without instruction=, the robot's Observation.instruction names the task: the export says so."""
+    s = make_store(tmp_path / 'capture' / 'g1', fps=15)
+    feed_g1(s, 'no-instruction', g1, 0, frames=10, images=False, instruction='')
+    export_lerobot(s, tmp_path / 'out', images=False, progress=False)
+    tasks = [json.loads(line) for line in (tmp_path / 'out' / 'meta' / 'tasks.jsonl').read_text().splitlines()]
+    assert tasks == [{'task_index': 0, 'task': g1.task(0)}] and g1.task(0)

@@ -36,16 +36,28 @@ def test_act_goal_runs_an_episode_and_labels_it(tmp_path, processes, rclpy_conte
                                          '--max-seconds', '1.0', '--episode-id', 'cli-1', '--label', 'success',
                                          '--notes', 'from the shell'],
                                   capture_output=True, text=True, timeout=120)
+            # a second robot whose joints never come: the episode fails, and the exit status says so
+            quiet = Probe(rclpy_context, namespace='robot2', name='probe_robot2')
+            try:
+                proc2 = spawn_node(processes, tmp_path / 'node2.log', params, namespace='robot2')
+                assert quiet.wait_connected(), node_log(proc2)
+                failed = subprocess.run(CLI + ['--node', '/robot2/policy_node', '--max-seconds', '30'],
+                                        capture_output=True, text=True, timeout=120)
+            finally:
+                quiet.close()
             refused = subprocess.run(CLI + ['--node', '/nobody/policy_node', '--max-seconds', '1', '--wait', '1'],
                                      capture_output=True, text=True, timeout=60)
     finally:
         probe.close()
-    assert done.returncode == 0, done.stdout + done.stderr + node_log(proc)
+    # the episode ran (exit 0 would follow); the label was refused, so the command says so with 1
+    assert done.returncode == 1, done.stdout + done.stderr + node_log(proc)
     lines = dict(line.split(': ', 1) for line in done.stdout.splitlines() if ': ' in line)
     assert lines['reason'] == 'timeout' and lines['episode_id'] == 'cli-1'
     assert int(lines['commands_sent']) > 0 and int(lines['actions']) > 0
     # the label reaches the worker, which says why it stores nothing: this deployment captures no episodes
     assert lines['label'].startswith('refused (capture is off for deployment'), done.stdout
+    assert failed.returncode == 2, failed.stdout + failed.stderr
+    assert 'reason: error' in failed.stdout and '/joint_states: no message received yet' in failed.stdout
     assert refused.returncode == 1 and 'no /nobody/policy_node/act action server' in refused.stderr
 
 

@@ -198,7 +198,9 @@ class EpisodeCapture:
                     error: pb.Error | None = None) -> None:
         """Keep one observation request and its answer (a chunk, an error, or None if none yet).
 
-        Without ``images`` the request's pixels (and its history frames' pixels) are not stored.
+        Without ``images`` the request's pixels (and its history frames' pixels) are not stored. An episode
+        opened without an instruction takes its first request's (the robot's ``Observation.instruction``):
+        that is the task its export names.
 
         :raises CaptureError: on a storage fault (the episode is dropped and capture paused).
         """
@@ -209,6 +211,8 @@ class EpisodeCapture:
             for h in stripped.history:
                 h.ClearField('images')
             req = stripped
+        if not self.instruction and req.instruction:
+            self.instruction = req.instruction
         now = self.store.clock()
         blob = encode_record(REQUEST, now, req)
         if chunk is not None:

@@ -141,7 +141,10 @@ def add_parsers(sub: argparse._SubParsersAction, groups: dict[str, argparse._Sub
     _add_store_option(plot)
     plot.set_defaults(func=cmd_plot)
 
-    st = policy.add_parser('stats', help='the deployment\'s scoreboard per version and day')
+    st = policy.add_parser('stats', help='the deployment\'s scoreboard per version and day',
+                           description='Per deployment version and day: episodes, the success rate of the labelled '
+                                       'ones, underruns, "p95 ms" (the 95th percentile over the episodes of each '
+                                       'one\'s chunk round-trip p95, ms) and how the episodes ended.')
     st.add_argument('name', help='deployment name')
     st.add_argument('--plot', type=Path, default=None, help='also draw it into this PNG')
     st.add_argument('--json', action='store_true', help='print the rows as JSON')

@@ -7,8 +7,9 @@ PyPI-wheel development set-up), and prints the result as ``key: value`` lines::
     python -m sequence_ai_ros.node.act_goal --node /robot1/policy_node --max-seconds 5 --label success
 
 Ctrl-C cancels the goal, which is an interrupt: the node stops between actions and the arm holds.
-Exit status: 0 when the episode ended (any reason: the result says which), 1 when the goal was refused,
-no node answered in ``--wait`` seconds, or the result did not come.
+Exit status: 0 when the episode ran and ended (completed, until, timeout, interrupted), 2 when it ended
+with ``error`` or ``validate`` (the message says why: e.g. no joint_states received), 1 when the goal was
+refused, no node answered in ``--wait`` seconds, the result did not come, or the label was not stored.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ import argparse
 import sys
 import time
 from typing import Any
+
+#: Act result reasons of an episode that failed (exit status 2).
+FAILED = ('error', 'validate')
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -81,7 +85,9 @@ def main(argv: list[str] | None = None) -> int:
             if answer is None:
                 return 1
             print(f'label: {"stored" if answer.ok else "refused"}' + (f' ({answer.message})' if answer.message else ''))
-        return 0
+            if not answer.ok:
+                return 1
+        return 2 if result.reason in FAILED else 0
     finally:
         node.destroy_node()
         rclpy.try_shutdown()

@@ -463,7 +463,8 @@ class WorkerServer:
                     if runtime.capture_store is not None:
                         try:
                             deleted = runtime.capture_store.apply_retention()
-                            LOG.info('capture retention of %s: %s episodes deleted', runtime.name, deleted)
+                            if deleted:
+                                LOG.info('capture retention of %s: %s episodes deleted', runtime.name, deleted)
                         except Exception as exc:
                             LOG.error('capture retention of %s failed: %s', runtime.name, exc)
 
