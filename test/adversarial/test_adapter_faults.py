@@ -68,6 +68,7 @@ class CudaTensor:
     (np.zeros((3, 96, 128), np.uint8), r'shape \(3, 96, 128\)'),          # CHW, another size
     (np.zeros((96, 128, 3), np.float32), 'dtype float32'),                # float, another size
     (np.zeros((0, 128, 3), np.uint8), 'empty'),                           # was resized into a black frame
+    (CudaTensor(), 'CudaTensor is not an array'),                         # the adapter's np.asarray raised TypeError
 ])
 def test_a_frame_that_is_no_image_ends_the_run_validate_naming_the_camera_and_the_arm_is_not_moved(
         arm_worker, frame, problem):
@@ -79,3 +80,25 @@ def test_a_frame_that_is_no_image_ends_the_run_validate_naming_the_camera_and_th
     assert out.reason == 'validate' and isinstance(out.error, ContractViolation), out
     assert re.search(rf"image 'front': .*{problem}", str(out.error)), out.error
     assert out.actions == 0 and robot.sent == []       # nothing was commanded: no chunk came, hold had nothing to hold
+
+
+def test_a_malformed_chunk_mid_run_ends_validate_and_the_robot_holds_its_last_command(arm_worker):
+    endpoint = arm_worker(nan_from=3)        # chunks 1 and 2 hold the pose, the third is NaN
+    robot = Robot()
+    with sequence_ai.connect(model='arm', endpoint=endpoint) as policy:
+        bot = LeRobotRobot(robot, policy.contract)
+        out = policy.run(bot.observe, bot.act, max_seconds=30.0, on_underrun=bot.hold)
+    assert out.reason == 'validate' and 'non-finite' in str(out.error), out
+    assert out.actions >= 1 and len(robot.sent) == out.actions + 1      # every action, then one hold
+    assert all(sent == START for sent in robot.sent)                    # never NaN, never zeros
+
+
+def test_a_robot_value_that_is_no_number_ends_the_run_with_the_error_naming_its_key(arm_worker):
+    endpoint = arm_worker()
+    robot = Robot(**{'elbow.pos': 'fault'})
+    with sequence_ai.connect(model='arm', endpoint=endpoint) as policy:
+        bot = LeRobotRobot(robot, policy.contract)
+        with pytest.raises(ContractViolation, match=r"'elbow\.pos' is 'fault' \(str\), not a number"):
+            policy.run(bot.observe, bot.act, max_seconds=30.0, on_underrun=bot.hold)
+        assert policy.episode_outcome().reason == 'error'
+    assert robot.sent == []
