@@ -86,12 +86,17 @@ def fit_image(image: ImageLike, spec: CameraSpec | None, fit: str = DEFAULT_FIT)
     :param spec: the contract's camera; None or a 0x0 size accepts any size (returned untouched).
     :param fit: ``resize`` (stretch to the size) or ``pad`` (keep the aspect ratio, pad with black).
     :returns: the same object when its size already matches, else uint8 (height, width[, 3]).
-    :raises ContractViolation: for undecodable bytes.
+    :raises ContractViolation: for undecodable bytes, or an array that is not such a frame (another dtype,
+        CHW, 4 channels, empty), naming the camera: never resized into a black or garbled one.
     :raises ValueError: for an unknown fit.
     """
     if fit not in FITS:
         raise ValueError(f'image fit {fit!r}; expected one of {FITS}')
-    if spec is None or not (spec.width and spec.height) or _size(image) == (spec.width, spec.height):
+    if spec is None or not (spec.width and spec.height):
+        return image
+    if not isinstance(image, (bytes, bytearray, memoryview)):
+        codec.check_frame(spec.key, image)
+    if _size(image) == (spec.width, spec.height):
         return image
     from PIL import Image as PILImage
 

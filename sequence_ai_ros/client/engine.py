@@ -64,7 +64,7 @@ from sequence_ai_ros.exceptions import (
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import ACT_TEMPORAL_ENSEMBLE_COEFF, Contract, check_aggregate
 from sequence_ai_ros.protocol.messages import Chunk, unpack_chunk
-from sequence_ai_ros.protocol.spaces import ActionSpace, position_mask
+from sequence_ai_ros.protocol.spaces import ActionSpace, position_mask, rest_mask
 from sequence_ai_ros.protocol.types import Action, Observation
 
 _EPS = 1e-9
@@ -107,6 +107,7 @@ class EpisodeEngine:
         self._lock = threading.RLock()
         self._space = settings.expect_action_space or contract.action_space
         self._mask = position_mask(self._space, contract.action_dim)
+        self._rest = rest_mask(self._space, contract.action_dim)
         self.aggregate = settings.aggregate or contract.aggregate
         coeff = settings.temporal_ensemble_coeff
         if coeff is None:
@@ -578,8 +579,7 @@ class EpisodeEngine:
         chunk, index = (live.number, live.pos) if live is not None else (0, 0.0)
         if self._last_values is not None:
             values = self._last_values.copy()
-            if self._space is ActionSpace.JOINT_VELOCITY or self._space is ActionSpace.EE_DELTA:
-                values[~self._mask] = 0.0       # a rate holds by commanding no motion; positions stay
+            values[self._rest] = 0.0            # a rate holds by commanding no motion; positions stay
         elif self._space in (ActionSpace.JOINT_ABSOLUTE, ActionSpace.JOINT_DELTA):
             values = self._measured(obs)
             if values is None:

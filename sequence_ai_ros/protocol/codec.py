@@ -108,6 +108,27 @@ def encode_image(key: str, image: np.ndarray | bytes, encoding: str = 'jpeg',
     return _image(out, key, enc, width, height, channels, bytes(data))
 
 
+def check_frame(key: str, image: object) -> np.ndarray:
+    """Return the camera frame ``image`` as an array once it is one the wire can carry.
+
+    :param key: the camera's key (for the message).
+    :param image: uint8 (H, W, 3) RGB or (H, W) / (H, W, 1) mono, H and W >= 1.
+    :raises ContractViolation: naming the camera, for anything else (another dtype, a CHW or 4-channel
+        frame, an empty one, None or a non-array such as a CUDA tensor).
+    """
+    try:
+        arr = np.asarray(image)
+    except Exception as exc:  # e.g. torch's TypeError for a CUDA tensor, or any __array__ that raises
+        raise ContractViolation(f'image {key!r}: {type(image).__name__} is not an array: {exc}') from None
+    if arr.dtype != np.uint8:
+        raise ContractViolation(f'image {key!r}: dtype {arr.dtype}, uint8 required')
+    if arr.ndim not in (2, 3) or (arr.ndim == 3 and arr.shape[2] not in (1, 3)):
+        raise ContractViolation(f'image {key!r}: shape {arr.shape}, (H, W, 3) or (H, W) required')
+    if arr.shape[0] == 0 or arr.shape[1] == 0:
+        raise ContractViolation(f'image {key!r}: shape {arr.shape} is empty; width and height must be >= 1')
+    return arr
+
+
 def image_payload(key: str, image: np.ndarray | bytes, encoding: str = 'jpeg',
                   quality: int = 90) -> tuple[str, int, int, int, bytes | memoryview]:
     """Encode a camera frame: ``(encoding, width, height, channels, data)``, as :func:`encode_image` packs it.
@@ -119,15 +140,9 @@ def image_payload(key: str, image: np.ndarray | bytes, encoding: str = 'jpeg',
         data = bytes(image)
         width, height, channels, enc = probe_encoded(data)
         return enc, width, height, channels, data
-    arr = np.asarray(image)
-    if arr.dtype != np.uint8:
-        raise ContractViolation(f'image {key!r}: dtype {arr.dtype}, uint8 required')
+    arr = check_frame(key, image)
     if arr.ndim == 2:
         arr = arr[:, :, None]
-    if arr.ndim != 3 or arr.shape[2] not in (1, 3):
-        raise ContractViolation(f'image {key!r}: shape {arr.shape}, (H, W, 3) or (H, W) required')
-    if arr.shape[0] == 0 or arr.shape[1] == 0:
-        raise ContractViolation(f'image {key!r}: shape {arr.shape} is empty; width and height must be >= 1')
     height, width, channels = arr.shape
     if encoding == 'raw':
         view = np.ascontiguousarray(arr).data.cast('B')

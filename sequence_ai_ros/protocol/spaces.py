@@ -95,3 +95,15 @@ def position_mask(space: ActionSpace, dim: int) -> np.ndarray:
     elif space is ActionSpace.EE_DELTA:
         mask[EE_DELTA_RATE_DIMS:] = True
     return mask
+
+
+def rest_mask(space: ActionSpace, dim: int) -> np.ndarray:
+    """Return bool (D,): True for the channels a hold commands as 0, the rates of the action's ``values``.
+
+    A rate holds by commanding no motion; a position (or joint_delta's target, which the client has
+    already integrated) holds by commanding it again. True for joint_velocity's and ee_delta's rate
+    channels (see :func:`position_mask`), nowhere else.
+    """
+    if space is ActionSpace.JOINT_VELOCITY or space is ActionSpace.EE_DELTA:
+        return ~position_mask(space, dim)
+    return np.zeros(dim, dtype=bool)
