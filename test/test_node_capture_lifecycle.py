@@ -94,4 +94,9 @@ def test_rows_match_the_topic_across_stalls_back_to_back_and_reactivation(tmp_pa
         assert best == 0, f'{r.episode_id} ({r.reason}): {best} of {len(got)} rows are no command, in order'
         # the stall shows as held rows (>= 0.3 s at 30 fps ~ 8 rows) in episode 2
         if r is results[1]:
-            assert rows.held.sum() >= 7, (int(rows.held.sum()), r)
+            if len(action) < r.actions:
+                # a loaded machine: the stall outlasted the episode (the node woke after its deadline), so no
+                # tick came after it: the rows end at the last command, the missed periods are ticks_skipped
+                assert r.ticks_skipped >= 7 and len(action) + r.ticks_skipped >= r.actions, (len(action), r)
+            else:
+                assert rows.held.sum() >= 7, (int(rows.held.sum()), r)
