@@ -138,7 +138,9 @@ def test_seed_commands_through_the_node_keep_what_the_robot_did(tmp_path, seq_ho
         assert fresh == result.commands_sent, (fresh, result)
         assert -result.ticks_skipped <= fresh - result.actions <= 1, (fresh, result)
     else:
-        assert -int(held.sum()) <= fresh - result.actions <= 1, (fresh, result, int(held.sum()))
+        # each dry spell (an underrun: a loaded machine delays a chunk) ends on a 50 Hz tick part-way through a
+        # 30 Hz step, which then takes one more, partial row, as the episode's last step does
+        assert -int(held.sum()) <= fresh - result.actions <= 1 + result.underruns, (fresh, result, int(held.sum()))
 
     # action == the commands that reached the controller topic (float32), in order, none dropped or added
     start = int(np.flatnonzero(np.all(commands == action[0], axis=1))[0])
