@@ -182,22 +182,29 @@ def rclpy_context():
         rclpy.shutdown(context=context)
 
 
-@pytest.fixture
-def serve():
-    """Start workers of test/policies/client_latency.py (deployment 'lat') on loopback.
+def serving(policy: Path, deployment: str):
+    """A fixture body: yield ``start(**kw)``, which serves ``policy`` as ``deployment`` on 127.0.0.1 port 0.
 
-    ``serve(**kw)`` returns the endpoint; every worker started is stopped at teardown.
+    ``start`` returns the endpoint; every worker started is stopped when the generator resumes (teardown).
     """
     from sequence_ai_ros.worker import serve_policy_file
 
-    policy = Path(__file__).parent / 'policies' / 'client_latency.py'
     servers = []
 
     def start(**kwargs):
-        server = serve_policy_file(policy, deployment='lat', host='127.0.0.1', port=0, **kwargs)
+        server = serve_policy_file(policy, deployment=deployment, host='127.0.0.1', port=0, **kwargs)
         servers.append(server)
         return f'127.0.0.1:{server.port}'
 
     yield start
     for server in servers:
         server.stop(grace=0.5)
+
+
+@pytest.fixture
+def serve():
+    """Start workers of test/policies/client_latency.py (deployment 'lat') on loopback.
+
+    ``serve(**kw)`` returns the endpoint; every worker started is stopped at teardown.
+    """
+    yield from serving(Path(__file__).parent / 'policies' / 'client_latency.py', 'lat')

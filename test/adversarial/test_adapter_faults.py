@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import serving
 
 import sequence_ai
 from sequence_ai_ros.adapters.lerobot_robot import LeRobotRobot
@@ -27,16 +28,7 @@ START = {'shoulder.pos': 1.0, 'elbow.pos': 2.0, 'grip.pos': 3.0}
 @pytest.fixture
 def arm_worker():
     """``arm_worker(**config)``: the endpoint of a worker of adapter_arm.py (deployment 'arm'); stopped at teardown."""
-    servers = []
-
-    def start(**config):
-        server = serve_policy_file(ARM, deployment='arm', host='127.0.0.1', port=0, **config)
-        servers.append(server)
-        return f'127.0.0.1:{server.port}'
-
-    yield start
-    for server in servers:
-        server.stop(grace=0.5)
+    yield from serving(ARM, 'arm')
 
 
 class Robot:
