@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from sequence_ai_ros.client.outcome import RunOutcome
+from sequence_ai_ros.client.outcome import FAILED_REASONS, RunOutcome
 from sequence_ai_ros.client.pacing import ThreadGuard
 from sequence_ai_ros.client.policy import Policy
 from sequence_ai_ros.client.settings import check_positive
@@ -39,10 +39,6 @@ try:
 except ImportError as exc:  # pragma: no cover - the message is the point
     raise MissingDependency('sequence_ai_ros.adapters.openpi_policy needs openpi-client: '
                             f'pip install --no-deps openpi-client==0.1.2 ({exc})') from None
-
-#: The reasons an episode fails with: ``infer`` raises the episode's error for them.
-FAILED = ('error', 'validate')
-
 
 class _InferGuard(ThreadGuard):
     RULE = ('one thread per SequencePolicy: a second thread called infer()/reset() while {owner!r} is inside it; '
@@ -193,7 +189,7 @@ class SequencePolicy(BasePolicy):
     def _raise_failure(self) -> None:
         """Raise the episode's typed error when it failed (reason error or validate)."""
         out: RunOutcome | None = self.policy.episode_outcome()
-        if out is not None and out.reason in FAILED:
+        if out is not None and out.reason in FAILED_REASONS:
             if isinstance(out.error, SequenceAIError):
                 raise out.error
             raise PolicyException(f'episode {out.episode_id} ended with reason {out.reason!r}')

@@ -11,6 +11,8 @@ from sequence_ai_ros.exceptions import SequenceAIError
 #: :meth:`Policy.episode_outcome`. ``error`` is also the reason the worker is told when the caller's own
 #: code (observe, act, until, on_underrun) raised; act()/run() then re-raise the caller's exception.
 REASONS = ('completed', 'until', 'timeout', 'interrupted', 'validate', 'error')
+#: The reasons of an episode that failed (the others ran and ended as asked).
+FAILED_REASONS = ('error', 'validate')
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,8 +19,7 @@ import sys
 import time
 from typing import Any
 
-#: Act result reasons of an episode that failed (exit status 2).
-FAILED = ('error', 'validate')
+from sequence_ai_ros.client.outcome import FAILED_REASONS
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -87,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f'label: {"stored" if answer.ok else "refused"}' + (f' ({answer.message})' if answer.message else ''))
             if not answer.ok:
                 return 1
-        return 2 if result.reason in FAILED else 0
+        return 2 if result.reason in FAILED_REASONS else 0
     finally:
         node.destroy_node()
         rclpy.try_shutdown()
