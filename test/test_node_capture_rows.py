@@ -216,8 +216,8 @@ def _rows_by_span_rule(sent, rate_hz, fps=30.0):
 
     A tick serving deadline g covers [g, g + 1) periods, i.e. chunk steps [g * s, (g + 1) * s) with
     s = fps / rate_hz; row k (from the first fresh tick's start) takes the tick in effect at it: its command
-    when fresh, else (a hold, or deadlines no tick served) the previous command; it is held when no fresh
-    tick's span overlaps the row's. Returns (actions, held).
+    when fresh, else (a hold, or deadlines no tick served) the last fresh tick's command before it; it is held
+    when no fresh tick's span overlaps the row's. Returns (actions, held).
     """
     s = fps / rate_hz
     ticks = [(g, f, v) for _, f, v, g in sent]
@@ -230,6 +230,8 @@ def _rows_by_span_rule(sent, rate_hz, fps=30.0):
     while u0 + k < end - 1e-6:
         p = u0 + k
         while j + 1 < len(ticks) and ticks[j + 1][0] * s <= p + 1e-6:
+            if ticks[j][1]:        # a fresh tick passed over inside the previous row: the controller holds it
+                prev = ticks[j][2]
             j += 1
         g, f, v = ticks[j]
         own = f and p < (g + 1) * s - 1e-6
@@ -257,8 +259,13 @@ def test_node_rows_after_a_stall_are_the_ticks_in_effect_on_their_deadlines(tmp_
                                     f'..{fresh_g[-3:]}, {tick.skipped} skipped, held got '
                                     f'{np.flatnonzero(rows.held).tolist()} want {np.flatnonzero(want_held).tolist()}')
     diff = np.flatnonzero(np.any(rows.action != want, axis=1) | (rows.held != want_held))
+    s = 30.0 / rate_hz
+    near = [(g, f, None if v is None else round(float(v[0]), 4)) for _, f, v, g in sent
+            if diff.size and abs(g * s - diff[0] - (fresh_g[0] * s)) < 4]
     assert diff.size == 0, (f'{rate_hz} Hz: rows {diff.tolist()[:12]} differ from the span rule (held got '
-                            f'{np.flatnonzero(rows.held).tolist()} want {np.flatnonzero(want_held).tolist()})')
+                            f'{np.flatnonzero(rows.held).tolist()} want {np.flatnonzero(want_held).tolist()}); '
+                            f'got {rows.action[diff[:4], 0].tolist()} want {want[diff[:4], 0].tolist()}; '
+                            f'ticks (deadline, fresh, j0) near the first: {near}')
     assert rows.held.any(), 'the stalls skipped deadlines: their rows are held'
 
 
