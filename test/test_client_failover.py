@@ -7,10 +7,10 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
+from doubles import CountingRobot
 
-from sequence_ai_ros.client import Observation, connect
+from sequence_ai_ros.client import connect
 from sequence_ai_ros.exceptions import ConnectionLost
 
 POLICY = Path(__file__).parent / 'policies' / 'client_latency.py'
@@ -37,17 +37,8 @@ def _start(processes, port: int, dt: float):
 def test_worker_killed_mid_run_holds_raises_and_reconnects(processes):
     dt = 0.05
     proc, port = _start(processes, 0, dt)
-    holds: list[float] = []
-    actions: list = []
-    acted: list[float] = []       # when each action reached the robot (monotonic s)
+    robot = CountingRobot()
     killed: dict[str, float] = {}
-
-    def act(action) -> None:
-        acted.append(time.monotonic())
-        actions.append(action)
-
-    def observe():
-        return Observation(state=np.array([len(actions), 0], np.float32))
 
     def kill():
         time.sleep(1.0)
@@ -58,20 +49,21 @@ def test_worker_killed_mid_run_holds_raises_and_reconnects(processes):
         policy.wait_until_ready(timeout=30)
         threading.Thread(target=kill, name='test-killer', daemon=True).start()
         with pytest.raises(ConnectionLost):
-            policy.run(observe, act, max_actions=10_000, on_underrun=lambda: holds.append(time.monotonic()))
+            policy.run(robot.observe, robot.act, max_actions=10_000, on_underrun=robot.hold)
         outcome = policy.episode_outcome()
     proc.wait(10)
+    holds = robot.holds
     print(f'\nkill -9 -> hold after {1e3 * (holds[0] - killed["t"]):.1f} ms (period {dt * 1e3:.0f} ms); '
-          f'{len(actions)} actions')
+          f'{len(robot.actions)} actions')
     # the arm holds within a few ticks of the kill: quiet, the next tick (~1 period, printed above); a loaded
     # machine may run a tick or two more before the stream's loss is seen
-    after_kill = sum(t > killed['t'] for t in acted)
+    after_kill = sum(t > killed['t'] for t in robot.act_times)
     assert len(holds) == 1 and after_kill <= 5, (after_kill, holds[0] - killed['t'])
     assert outcome.reason == 'error' and isinstance(outcome.error, ConnectionLost)
-    assert len(actions) > 10
+    assert len(robot.actions) > 10
 
     _start(processes, port, dt)                                    # restarted on the same port
-    actions.clear()
+    robot = CountingRobot()
     with connect('lat', endpoint=f'127.0.0.1:{port}', timeout=30) as policy:
-        out = policy.run(observe, actions.append, max_actions=20)
-    assert out.reason == 'completed' and len(actions) == 20
+        out = policy.run(robot.observe, robot.act, max_actions=20)
+    assert out.reason == 'completed' and len(robot.actions) == 20
