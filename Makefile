@@ -21,7 +21,11 @@ BUILD_INPUTS := package.xml setup.py setup.cfg msg/package.xml msg/CMakeLists.tx
 	$(wildcard launch/*.py config/*.yaml)
 # The dev shell: the venv, both colcon packages, and the console scripts (seq, policy_node, bag_player),
 # which colcon installs where `ros2 run` looks (lib/sequence_ai_ros), put first on PATH (coreutils has a seq).
-ENV := set +u && source $(VENV)/bin/activate && source install/local_setup.bash && \
+# Without a sourced distro the venv is also a ROS prefix (the wheels' share/ and ament index): on AMENT_PREFIX_PATH,
+# ros2cli and `ros2 launch` find launch_ros, the message packages and, through install/, sequence_ai_ros.
+ENV := set +u && source $(VENV)/bin/activate && \
+	$(if $(ROS_DISTRO),,export AMENT_PREFIX_PATH="$(CURDIR)/$(VENV)$${AMENT_PREFIX_PATH:+:$$AMENT_PREFIX_PATH}" &&) \
+	source install/local_setup.bash && \
 	export PYTHONPATH="$(CURDIR):$$PYTHONPATH" PATH="$(CURDIR)/install/sequence_ai_ros/lib/sequence_ai_ros:$$PATH"
 DATASET ?= ../shared/data/g1_pick_bottle_v21
 export DATASET
@@ -46,7 +50,13 @@ help:
 	@echo "make flywheel   push-v3: served episodes captured, labelled, exported, fine-tuned; success before/after"
 	@echo "make rtc-sim    drawer-open by a small SmolVLA served with RTC on and off, compute-bound (~20 min, not in CI)"
 
-setup: $(STAMP_VENV)
+# The ROS 2 tools PyPI lacks (ros2cli, launch, launch_ros, launch_testing): wheels built from upstream in
+# $(ROS2_TOOLS)/<distro>/ (../shared/ros2-tools), installed offline into .venv when that folder exists. Without
+# it the venv has no `ros2` command and the launch and ros2cli tests skip, saying why.
+ROS2_TOOLS ?= $(abspath ../shared/ros2-tools)
+STAMP_TOOLS := $(VENV)/.stamp-ros2-tools
+
+setup: $(STAMP_VENV) $(if $(ROS_DISTRO),,$(STAMP_TOOLS))
 build: $(STAMP_BUILD)
 
 ifdef ROS_DISTRO
@@ -69,8 +79,16 @@ $(STAMP_VENV): requirements.txt requirements-dev.txt requirements-docs.txt
 	touch $@
 endif
 
+$(STAMP_TOOLS): $(STAMP_VENV) requirements-ros2-tools.txt $(wildcard $(ROS2_TOOLS)/kilted/*.whl)
+	@if [ -d "$(ROS2_TOOLS)/kilted" ]; then \
+	  $(VENV)/bin/pip install -q -r requirements-ros2-tools.txt && \
+	  $(VENV)/bin/pip install -q --no-index --no-deps $(ROS2_TOOLS)/kilted/*.whl && \
+	  echo "ros2 tools: $$(ls $(ROS2_TOOLS)/kilted/*.whl | wc -l) wheels from $(ROS2_TOOLS)/kilted"; \
+	else echo "note: no $(ROS2_TOOLS)/kilted: no ros2 command in .venv; the launch and ros2cli tests will skip"; fi
+	touch $@
+
 # Pitfall 2: colcon stops at the root package.xml, so msg/ is named first.
-$(STAMP_BUILD): $(STAMP_VENV) $(BUILD_INPUTS)
+$(STAMP_BUILD): $(STAMP_VENV) $(if $(ROS_DISTRO),,$(STAMP_TOOLS)) $(BUILD_INPUTS)
 	source $(VENV)/bin/activate && \
 	  $(if $(ROS_DISTRO),,export AMENT_PREFIX_PATH="$(CURDIR)/$(VENV)" CMAKE_PREFIX_PATH="$(CURDIR)/$(VENV)" &&) \
 	  colcon --log-base log build --symlink-install --base-paths msg . \

@@ -39,6 +39,7 @@ SETS = {
     'requirements-kilted.txt': ('3.11', '3.12'),
     'requirements-lerobot.txt': ('3.12', '3.13'),
     'requirements-worker.txt': ('3.12',),
+    'requirements-ros2-tools.txt': ('3.11', '3.12'),
 }
 
 
