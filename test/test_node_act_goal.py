@@ -6,13 +6,14 @@ from a probe node, and the command line as its own process, as a user runs it.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 from std_msgs.msg import Float64MultiArray
-from test_node_support import RAMP, Probe, node_log, node_params, spawn_node
+from test_node_support import RAMP, Probe, node_log, node_params, spawn_node, wait_for
 
 from sequence_ai_ros.worker import serve_policy_file
 
@@ -64,3 +65,55 @@ def test_act_goal_runs_an_episode_and_labels_it(tmp_path, processes, rclpy_conte
 def test_act_goal_refuses_a_missing_bound():
     done = subprocess.run(CLI + ['--max-seconds', '0'], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and '--max-seconds must be > 0' in done.stderr
+
+
+def _changes(values: list) -> int:
+    """How many commands differ from the one before them (a fresh action; a hold repeats its command)."""
+    return sum(not np.array_equal(a, b) for (_, a), (_, b) in zip(values, values[1:], strict=False))
+
+
+def _trailing_run(values: list) -> int:
+    """How many commands at the end repeat the last one (the hold)."""
+    run = 0
+    for _, v in reversed(values):
+        if not np.array_equal(v, values[-1][1]):
+            break
+        run += 1
+    return run
+
+
+def test_ctrl_c_cancels_the_goal_and_the_arm_holds(tmp_path, processes, rclpy_context):
+    """SIGINT to the command mid-episode: it cancels the goal, prints the result and exits 0; the node holds.
+
+    The goal's bound is long (120 s): only the cancel can end the episode this soon. After the node's stop
+    (the result's commands_sent), at most a couple of fresh commands reach the controller, then the hold repeats.
+    """
+    probe = Probe(rclpy_context, Float64MultiArray, '/arm/commands')
+    try:
+        with serve_policy_file(RAMP, 'ramp', names=NAMES, step=0.002) as server:
+            params = node_params(tmp_path, model='ramp', endpoint=f'127.0.0.1:{server.port}',
+                                 status_rate_hz=10.0, **{'joints.names': NAMES, 'command.controller': 'arm'})
+            proc = spawn_node(processes, tmp_path / 'node.log', params)
+            probe.publish_joints(NAMES)
+            assert probe.wait_connected(), node_log(proc)
+            cli = processes.spawn(CLI + ['--instruction', 'reach', '--max-seconds', '120', '--episode-id', 'ctrl-c'])
+            assert wait_for(lambda: _changes(probe.values()) > 20, 60), node_log(proc)     # the arm moves
+            assert cli.poll() is None, cli.communicate()
+            cli.send_signal(signal.SIGINT)
+            out, err = cli.communicate(timeout=90)
+            # the hold is republished: wait (in order of arrival) until it has repeated for a while
+            assert wait_for(lambda: _trailing_run(probe.values()) >= 10, 30), node_log(proc)
+            assert wait_for(lambda: any('ctrl-c: interrupted' in s.message for s in probe.status[-3:]), 30), \
+                [s.message for s in probe.status[-3:]]
+            values = probe.values()
+    finally:
+        probe.close()
+    assert cli.returncode == 0, out + err + node_log(proc)
+    lines = dict(line.split(': ', 1) for line in out.splitlines() if ': ' in line)
+    assert lines['reason'] == 'interrupted' and lines['episode_id'] == 'ctrl-c', out
+    assert 'interrupted: cancelling the goal' in err and 'Traceback' not in err, err
+    sent = int(lines['commands_sent'])
+    assert sent > 20 and float(lines['elapsed_s']) < 120.0, out
+    # every fresh command the controller saw was counted by the episode, give or take a couple in flight
+    assert _changes(values) <= sent + 2, (_changes(values), sent)
+    assert _trailing_run(values) >= 10
