@@ -116,6 +116,35 @@ def test_an_act_goal_sent_while_the_deployment_warms_holds_then_runs(tmp_path, p
     assert result.underruns == 0 and result.underrun_s == 0.0, result     # the wait for the load is no underrun
 
 
+def test_a_node_without_an_endpoint_parameter_finds_the_worker_at_seq_endpoint(tmp_path, processes, probe,
+                                                                                monkeypatch):
+    """No ``endpoint`` parameter: the node reads $SEQ_ENDPOINT (a worker on a port other than 50551) and runs."""
+    with serve_policy_file(RAMP, 'ramp', names=NAMES, step=0.002) as server:
+        assert server.port != 50551
+        monkeypatch.setenv('SEQ_ENDPOINT', f'127.0.0.1:{server.port}')     # the node process inherits it
+        params = node_params(tmp_path, model='ramp', status_rate_hz=10.0,
+                             **{'joints.names': NAMES, 'command.controller': 'arm'})
+        proc = spawn_node(processes, tmp_path / 'node.log', params)
+        probe.publish_joints(NAMES)
+        assert probe.wait_connected(), node_log(proc)
+        handle = probe.send_goal(instruction='reach', max_seconds=30.0, max_actions=30)
+        assert handle.accepted
+        result = probe.result(handle, timeout=60)
+    assert (result.reason, result.actions) == ('completed', 30), result
+    assert result.commands_sent >= 1 and probe.values(), result
+    assert f'at 127.0.0.1:{server.port}' in node_log(proc), node_log(proc)
+
+
+def test_a_seq_endpoint_that_is_no_host_port_is_refused_at_start_up(tmp_path, processes, monkeypatch):
+    monkeypatch.setenv('SEQ_ENDPOINT', 'gpu-box')
+    params = node_params(tmp_path, model='ramp', **{'joints.names': NAMES})
+    proc = spawn_node(processes, tmp_path / 'node.log', params)
+    assert proc.wait(timeout=30) == 2, node_log(proc)
+    log = node_log(proc)
+    assert "$SEQ_ENDPOINT (read as parameter endpoint is empty): must be host:port" in log, log
+    assert 'Traceback' not in log, log
+
+
 def test_clamps_are_counted_and_visible_in_diagnostics(tmp_path, processes, probe):
     lower, upper = [-1.0] * 4, [1.0, 1.0, 0.45, 1.0]
     with serve_policy_file(RAMP, 'ramp', names=NAMES, step=0.01, offset=0.5) as server:

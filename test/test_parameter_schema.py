@@ -96,7 +96,23 @@ def test_dataclass_defaults_are_the_schema_defaults():
         for field in dataclasses.fields(cls):
             name = prefix + field.name
             if name in SCHEMA.specs:
-                assert getattr(cls(), field.name) == SCHEMA.default(name), name
+                assert field.default == SCHEMA.default(name), name
+                if name != 'endpoint':      # an empty endpoint is resolved (next test)
+                    assert getattr(cls(), field.name) == SCHEMA.default(name), name
+
+
+def test_an_empty_endpoint_is_seq_endpoint_else_the_default_port(monkeypatch):
+    """The client's rule: a given endpoint wins; empty, $SEQ_ENDPOINT; else 127.0.0.1:50551."""
+    monkeypatch.delenv('SEQ_ENDPOINT', raising=False)
+    assert SCHEMA.default('endpoint') == ''
+    assert NodeConfig().endpoint == '127.0.0.1:50551'
+    monkeypatch.setenv('SEQ_ENDPOINT', 'gpu-box:50600')
+    assert NodeConfig().endpoint == 'gpu-box:50600'
+    assert NodeConfig(endpoint='10.0.0.2:50551').endpoint == '10.0.0.2:50551'
+    monkeypatch.setenv('SEQ_ENDPOINT', 'gpu-box')
+    with pytest.raises(ConfigError, match=r"\$SEQ_ENDPOINT .*must be host:port .*got 'gpu-box'"):
+        NodeConfig()
+    assert NodeConfig(endpoint='10.0.0.2:50551').endpoint == '10.0.0.2:50551'   # a set parameter never reads it
 
 
 def test_control_rate_bounds_are_the_same_everywhere(rclpy_context):

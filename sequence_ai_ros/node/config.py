@@ -16,6 +16,7 @@ import dataclasses
 import functools
 from typing import Any
 
+from sequence_ai_ros.client.session import resolve_endpoint
 from sequence_ai_ros.exceptions import ConfigError
 from sequence_ai_ros.node import parameter_schema
 
@@ -240,7 +241,8 @@ class NodeConfig:
 
     :param autostart: the node configures and activates itself (lifecycle) at start-up.
     :param model: deployment name on the worker.
-    :param endpoint: ``host:port`` of the worker.
+    :param endpoint: ``host:port`` of the worker; empty: $SEQ_ENDPOINT, else ``127.0.0.1:50551`` (the client's
+        rule), resolved here, so the field always holds the endpoint the node connects to.
     :param token: bearer token, empty for none.
     :param control_rate_hz: commands per second (Hz) on the steady clock.
     :param thread_priority: SCHED_FIFO priority (1-99) of the control thread; 0 for the default scheduler.
@@ -255,8 +257,8 @@ class NodeConfig:
     :param diagnostics_rate_hz: /diagnostics rate (Hz).
     :param cameras: the camera inputs; their names are ``camera_names`` (each once).
     :raises ConfigError: naming the parameter, for a value its schema entry refuses (every field the schema
-        declares is checked), two cameras of one name or one observation key, or safety limits whose
-        lengths do not fit the commanded joints.
+        declares is checked), two cameras of one name or one observation key, safety limits whose
+        lengths do not fit the commanded joints, or (``endpoint`` empty) a $SEQ_ENDPOINT that is no host:port.
     """
 
     autostart: bool = _default('autostart')
@@ -283,6 +285,14 @@ class NodeConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, 'cameras', tuple(self.cameras))
+        if not self.endpoint:
+            endpoint = resolve_endpoint(None)        # $SEQ_ENDPOINT, else 127.0.0.1:50551
+            try:
+                SCHEMA.check('endpoint', endpoint)
+            except ConfigError as exc:
+                raise ConfigError(f'$SEQ_ENDPOINT (read as parameter endpoint is empty): '
+                                  f'{str(exc).removeprefix("parameter endpoint: ")}') from None
+            object.__setattr__(self, 'endpoint', endpoint)
         _check(self, '')
         SCHEMA.check('camera_names', tuple(c.name for c in self.cameras))   # each camera's name once
         keys = [c.key for c in self.cameras]

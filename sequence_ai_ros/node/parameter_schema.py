@@ -191,6 +191,8 @@ def _name_parts(v: tuple[str, ...]) -> str:
 
 
 def _endpoint(v: str) -> str:
+    if not v:           # empty: the node reads $SEQ_ENDPOINT, else the default port on 127.0.0.1 (NodeConfig)
+        return ''
     host, sep, port = v.rpartition(':')
     if sep and host and port.isdigit() and 1 <= int(port) <= 65535:
         return ''

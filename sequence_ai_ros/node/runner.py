@@ -51,7 +51,7 @@ from sequence_ai_ros.protocol.contract import Contract, check_names
 def _node_hint(message: str) -> str:
     """The client's error message with its hint for connect() callers replaced by the node's endpoint parameter."""
     return message.replace(ENDPOINT_HINT, 'set the node parameter endpoint (-p endpoint:=HOST:PORT, or the launch '
-                                          'argument endpoint:=HOST:PORT)')
+                                          'argument endpoint:=HOST:PORT), or $SEQ_ENDPOINT where it is empty')
 
 
 class ControlGrid(Protocol):
