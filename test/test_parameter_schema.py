@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
+import shlex
 import subprocess
 import sys
+import time
 import typing
 from pathlib import Path
 from typing import Any
@@ -180,6 +183,33 @@ def test_the_node_refuses_unknown_and_malformed_parameters_naming_them(extra: li
     done = _node('--ros-args', '-p', 'model:=x', '-p', 'joints.names:=[a]', *extra)
     assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
     assert message in done.stderr, done.stderr[-2000:]
+
+
+@pytest.mark.ros
+def test_the_run_example_of_the_node_package_starts_the_node_as_typed(tmp_path, processes) -> None:
+    """``ros2 run ...`` in sequence_ai_ros/node's docstring starts the node; the template alone is refused.
+
+    It runs as ``ros2 run`` runs the console script (``python -m sequence_ai_ros.node.main``), from the
+    repository root; without autostart the node waits for lifecycle transitions, so no worker is needed.
+    """
+    import sequence_ai_ros.node
+
+    example = re.search(r'``(ros2 run sequence_ai_ros policy_node --ros-args [^`]+)``',
+                        ' '.join((sequence_ai_ros.node.__doc__ or '').split()))
+    assert example, 'no ros2 run example in sequence_ai_ros/node/__init__.py'
+    argv = shlex.split(example.group(1))[4:]         # after: ros2 run sequence_ai_ros policy_node
+    log = tmp_path / 'node.log'
+    with open(log, 'w') as out:
+        proc = processes.spawn([sys.executable, '-m', 'sequence_ai_ros.node.main', *argv], cwd=REPO,
+                               stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and 'waiting for lifecycle transitions' not in log.read_text() \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert proc.poll() is None and 'waiting for lifecycle transitions' in log.read_text(), log.read_text()
+    template = _node('--ros-args', '--params-file', str(REPO / parameter_schema.DEFAULTS_FILE))
+    assert template.returncode == 2, template.stderr[-2000:]
+    assert 'parameter model: empty' in template.stderr, template.stderr[-2000:]
 
 
 @pytest.mark.ros                # the node process loads rcl, even for --help

@@ -2,8 +2,11 @@
 
 A thin adapter over the ROS-free client engine (:mod:`sequence_ai_ros.client`), which holds every
 piece of chunk logic (buffer, prefetch, resampling to the control period, delta integration, seams).
-Run it with ``ros2 run sequence_ai_ros policy_node --ros-args --params-file config/policy_node.yaml``
-(or the ``policy_node`` console script where ros2cli is absent).
+Run it with a robot's params file and the deployment to drive, e.g. from the repository root
+``ros2 run sequence_ai_ros policy_node --ros-args --params-file config/g1.yaml -p model:=my_policy``
+(``-p autostart:=true`` makes it configure and activate itself; the ``policy_node`` console script takes the
+same arguments where ros2cli is absent). ``config/policy_node.yaml`` lists every parameter at its default: a
+template, which names no ``model`` and no ``joints.names``, so the node refuses it alone (exit 2).
 
 Modules, one concept each:
 
