@@ -31,6 +31,19 @@ def test_package_xml_declares_every_runtime_dependency():
     assert msg.find('member_of_group').text == 'rosidl_interface_packages'
 
 
+def test_package_xml_declares_the_launch_and_test_tools():
+    """Launch files (installed) need launch, launch_ros, ros2launch; the tests, launch_testing and ros2cli verbs."""
+    root = ET.parse(REPO / 'package.xml').getroot()
+    assert list(REPO.glob('launch/*.launch.py')), 'no launch files: drop this check with them'
+    exec_deps = {e.text for e in root.iter('exec_depend')}
+    assert {'launch', 'launch_ros', 'ros2launch'} <= exec_deps, {'launch', 'launch_ros', 'ros2launch'} - exec_deps
+    test_deps = {e.text for e in root.iter('test_depend')}
+    needed = {'launch_testing', 'launch_testing_ros', 'ros2cli', 'ros2action', 'ros2lifecycle', 'ros2param',
+              'ros2service'}
+    assert needed <= test_deps, needed - test_deps
+    assert not exec_deps & test_deps, exec_deps & test_deps      # a run-time dependency is not also a test one
+
+
 def test_requirements_are_pinned():
     names = sorted(p.name for p in REPO.glob('requirements*.txt'))
     assert {'requirements.txt', 'requirements-dev.txt', 'requirements-lerobot.txt'} <= set(names)
