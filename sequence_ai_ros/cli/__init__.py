@@ -5,6 +5,10 @@ sets ``func`` on its parsers; ``func(args)`` returns the process exit code:
 
 - :mod:`sequence_ai_ros.cli.serving`: init, deploy, serve, deployments, delete, usage, train.
 - :mod:`sequence_ai_ros.cli.field_data`: ``policy capture``, ``policy data export``, ``data to-rosbag``.
+
+A call in coreutils seq's style (``seq 60``, ``seq -s, 1 3``) is handed over to the system's ``seq``
+(:mod:`sequence_ai_ros.cli.coreutils`), so that scripts on a robot where this ``seq`` comes first on PATH
+keep working.
 """
 
 from __future__ import annotations
@@ -33,7 +37,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``seq`` console script; returns the exit code."""
+    """Entry point of the ``seq`` console script; returns the exit code.
+
+    :param argv: the arguments; None: the process's own, and then a coreutils-style call (``seq 60``) is
+        handed over to the system's ``seq``, which replaces this process (1 when there is none).
+    """
+    if argv is None:
+        from sequence_ai_ros.cli import coreutils
+
+        if coreutils.is_coreutils_call(sys.argv[1:]):
+            return coreutils.hand_over(sys.argv[1:])
     args = build_parser().parse_args(argv)
     try:
         code = int(args.func(args) or 0)
