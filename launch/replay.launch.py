@@ -5,11 +5,14 @@
         params_file:=$(ros2 pkg prefix sequence_ai_ros)/share/sequence_ai_ros/config/g1.yaml
 
 Starts the package's ``seq serve <policy> --port <port>`` (ExecuteProcess: the worker is no ROS node), the policy node
-(policy.launch.py with ``endpoint:=127.0.0.1:<port>``) and ``bag_player <bag> --rate <rate>`` (with
-``--clock`` when use_sim_time is true). Send the node a goal to run an episode:
+(policy.launch.py with ``endpoint:=127.0.0.1:<port>``) and ``bag_player <bag> --rate <rate>``. Send the node a goal to
+run an episode:
 ``ros2 action send_goal /policy_node/act sequence_ai_msgs/action/Act "{instruction: 'pick', max_seconds: 10}"``.
-The node autostarts by default (``autostart:=false`` leaves it unconfigured, for ``ros2 lifecycle``); with a
-``namespace`` the bag's topics are remapped into it, so the replay feeds that robot only.
+``params_file``, ``use_sim_time`` and ``autostart`` go to policy.launch.py as they are given (an argument left out
+stays not given there), so its rule decides: config/policy_node.yaml, then ``autostart: true``, then
+``params_file``, then each argument given. The player publishes ``/clock`` (``--clock``) when the node's
+``use_sim_time`` comes out true by that rule. With a ``namespace`` the bag's topics are remapped into it, so the
+replay feeds that robot only.
 """
 
 from launch import LaunchDescription
@@ -18,6 +21,8 @@ from launch.launch_description_sources import PythonLaunchDescriptionSource
 from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
 from launch_ros.actions import Node
 from launch_ros.substitutions import FindPackagePrefix, FindPackageShare
+
+from sequence_ai_ros.node.launch_parameters import policy_node_parameters
 
 PACKAGE = 'sequence_ai_ros'
 
@@ -28,7 +33,10 @@ def _player(context):
     namespace = LaunchConfiguration('namespace').perform(context).strip('/')
     if namespace:
         args += ['--namespace', namespace]
-    if LaunchConfiguration('use_sim_time').perform(context).lower() in ('true', '1'):
+    node = policy_node_parameters(FindPackageShare(PACKAGE).perform(context), namespace,
+                                  LaunchConfiguration('params_file').perform(context),
+                                  use_sim_time=LaunchConfiguration('use_sim_time').perform(context))
+    if node.get('use_sim_time', False):           # what the node uses: the argument given, else the files
         args.append('--clock')
     if LaunchConfiguration('loop').perform(context).lower() in ('true', '1'):
         args.append('--loop')
@@ -44,9 +52,12 @@ def generate_launch_description():
         DeclareLaunchArgument('port', default_value='50551', description='worker port on 127.0.0.1'),
         DeclareLaunchArgument('params_file', default_value='', description="the robot's params file"),
         DeclareLaunchArgument('namespace', default_value='', description='namespace of the node'),
-        DeclareLaunchArgument('use_sim_time', default_value='false', description='player publishes /clock'),
-        DeclareLaunchArgument('autostart', default_value='true',
-                              description='the node configures and activates itself'),
+        DeclareLaunchArgument('use_sim_time', default_value='',
+                              description='true: the node uses /clock and the player publishes it; not given: '
+                                          'the params files (false when they do not set it)'),
+        DeclareLaunchArgument('autostart', default_value='',
+                              description='true: the node configures and activates itself; false: it waits; '
+                                          'not given: params_file, else true'),
         DeclareLaunchArgument('rate', default_value='1.0', description='playback speed factor'),
         DeclareLaunchArgument('loop', default_value='false', description='replay the bag in a loop'),
         # the package's own seq (lib/sequence_ai_ros/seq): a bare 'seq' on PATH is coreutils' seq on a robot

@@ -2,38 +2,34 @@
 
     ros2 launch sequence_ai_ros sim.launch.py model:=expert endpoint:=127.0.0.1:50551 namespace:=sim1
 
-sim_robot takes config/sim_robot.yaml; policy_node takes config/policy_node.yaml, then
-config/sim_policy_node.yaml (80 Hz, the simulator's joint names, its forward command topic), then
-``model`` and ``endpoint``. Both run in ``namespace``, so their relative topics meet there. ``autostart``
-(default true) makes policy_node configure and activate itself. Written to the standard launch / launch_ros
-API (Humble, Jazzy, Kilted).
+sim_robot takes config/sim_robot.yaml. policy_node's parameters, each layer over the one before, parameter by
+parameter: config/policy_node.yaml (every parameter at the node's own default), ``autostart: true`` (this launch
+file's default), config/sim_policy_node.yaml (80 Hz, the simulator's joint names, its forward command topic),
+then each of ``model``, ``endpoint`` and ``autostart`` that is given. They default to '', which means not
+given: a launch argument left out never overrides a file. Both nodes run in ``namespace``, so their relative
+topics meet there. ``autostart`` makes policy_node configure and activate itself. Written to the standard
+launch / launch_ros API (Humble, Jazzy, Kilted).
 """
 
-import yaml
 from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument, OpaqueFunction
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 from launch_ros.substitutions import FindPackageShare
 
+from sequence_ai_ros.node.launch_parameters import layered, policy_node_parameters
+
 PACKAGE = 'sequence_ai_ros'
-
-
-def _section(path, key):
-    with open(path) as f:
-        return (yaml.safe_load(f) or {}).get(key, {}).get('ros__parameters', {})
 
 
 def _launch_nodes(context):
     share = FindPackageShare(PACKAGE).perform(context)
-    namespace = LaunchConfiguration('namespace')
-    sim = _section(f'{share}/config/sim_robot.yaml', '/**/sim_robot')
-    policy = _section(f'{share}/config/policy_node.yaml', '/**/policy_node')
-    policy.update(_section(f'{share}/config/sim_policy_node.yaml', '/**/policy_node'))
-    given = {'model': LaunchConfiguration('model').perform(context),
-             'endpoint': LaunchConfiguration('endpoint').perform(context)}
-    policy.update({k: v for k, v in given.items() if v})
-    policy['autostart'] = LaunchConfiguration('autostart').perform(context).lower() in ('true', '1')
+    namespace = LaunchConfiguration('namespace').perform(context)
+    sim = layered('sim_robot', namespace, f'{share}/config/sim_robot.yaml')
+    policy = policy_node_parameters(share, namespace, shipped_file=f'{share}/config/sim_policy_node.yaml',
+                                    model=LaunchConfiguration('model').perform(context),
+                                    endpoint=LaunchConfiguration('endpoint').perform(context),
+                                    autostart=LaunchConfiguration('autostart').perform(context))
     return [
         Node(package=PACKAGE, executable='sim_robot', name='sim_robot', namespace=namespace, parameters=[sim],
              output='screen', emulate_tty=True),
@@ -44,10 +40,14 @@ def _launch_nodes(context):
 
 def generate_launch_description():
     return LaunchDescription([
-        DeclareLaunchArgument('model', default_value='', description='deployment name on the worker'),
-        DeclareLaunchArgument('endpoint', default_value='', description='worker host:port'),
+        DeclareLaunchArgument('model', default_value='',
+                              description='deployment name on the worker (not given: the params files)'),
+        DeclareLaunchArgument('endpoint', default_value='',
+                              description='worker host:port (not given: the params files, then $SEQ_ENDPOINT, '
+                                          'then 127.0.0.1:50551)'),
         DeclareLaunchArgument('namespace', default_value='', description='namespace of both nodes'),
-        DeclareLaunchArgument('autostart', default_value='true',
-                              description='policy_node configures and activates itself (lifecycle); false: it waits'),
+        DeclareLaunchArgument('autostart', default_value='',
+                              description='true: policy_node configures and activates itself (lifecycle); false: '
+                                          'it waits; not given: the params files, else true'),
         OpaqueFunction(function=_launch_nodes),
     ])

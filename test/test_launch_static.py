@@ -62,19 +62,60 @@ def test_policy_launch_declares_the_issue_arguments():
     assert {'model', 'endpoint', 'params_file', 'namespace', 'use_sim_time', 'autostart'} <= _declared(tree)
 
 
+#: Launch arguments that override the params files: declared with default '' (not given), or required.
+OVERRIDES = ('model', 'endpoint', 'use_sim_time', 'autostart')
+
+
 @pytest.mark.parametrize('path', LAUNCH, ids=lambda p: p.name)
-def test_launch_files_autostart_the_lifecycle_node_by_default(path):
-    """launch_ros's autostart= exists only from Jazzy on: the launch files set the node's own parameter."""
+def test_launch_arguments_that_override_the_params_files_default_to_not_given(path):
+    """An argument left out must not override params_file: its default is '' (not given), and only then true."""
     tree = ast.parse(path.read_text())
     declared = {c.args[0].value: _kw(c, 'default_value') for c in _calls(tree, 'DeclareLaunchArgument')}
     assert 'autostart' in declared, f'{path.name} does not declare autostart'
-    assert isinstance(declared['autostart'], ast.Constant) and declared['autostart'].value == 'true'
-    if path.name == 'policy.launch.py':
-        source = path.read_text()
-        assert "params['autostart'] = LaunchConfiguration('autostart')" in source
+    for name in OVERRIDES:
+        if name in declared and declared[name] is not None:       # None: a required argument (replay's model)
+            assert isinstance(declared[name], ast.Constant) and declared[name].value == '', (path.name, name)
     from sequence_ai_ros.node.parameter_schema import load
 
     assert load().default('autostart') is False, 'the node itself waits for transitions unless told to autostart'
+
+
+def _policy_params(params_file='', **given):
+    from sequence_ai_ros.node.launch_parameters import policy_node_parameters
+
+    return policy_node_parameters(str(REPO), '', str(params_file) if params_file else '', **given)
+
+
+def test_a_launch_argument_given_overrides_params_file_and_one_left_out_does_not(tmp_path):
+    """config/policy_node.yaml < autostart true (the launch files') < params_file < a launch argument given."""
+    from sequence_ai_ros.exceptions import ConfigError
+
+    plain = _policy_params(REPO / 'config' / 'g1.yaml')
+    assert plain['autostart'] is True and plain.get('use_sim_time', False) is False
+    doc = yaml.safe_load((REPO / 'config' / 'g1.yaml').read_text())
+    doc['/**/policy_node']['ros__parameters'].update(use_sim_time=True, autostart=False, model='from_file')
+    robot = tmp_path / 'g1_sim.yaml'
+    robot.write_text(yaml.safe_dump(doc))
+    files = _policy_params(robot, model='', endpoint='', use_sim_time='', autostart='')
+    assert (files['use_sim_time'], files['autostart'], files['model']) == (True, False, 'from_file')
+    assert files['endpoint'] == plain['endpoint'] and files['joints.names'][0] == 'kLeftShoulderPitch'
+    given = _policy_params(robot, model='x', endpoint='gpu:1', use_sim_time='false', autostart='True')
+    assert (given['use_sim_time'], given['autostart'], given['model'], given['endpoint']) == (False, True, 'x', 'gpu:1')
+    assert _policy_params(autostart='0')['autostart'] is False
+    with pytest.raises(ConfigError, match='autostart'):
+        _policy_params(autostart='ture')
+
+
+def test_a_params_file_over_a_shipped_one_overrides_parameter_by_parameter(tmp_path):
+    """sim.launch.py: the user's joints.max_age_s over config/sim_policy_node.yaml keeps its joints.names."""
+    from sequence_ai_ros.node.launch_parameters import policy_node_parameters
+
+    user = tmp_path / 'user.yaml'
+    user.write_text(yaml.safe_dump({'/**/policy_node': {'ros__parameters': {'joints': {'max_age_s': 2.0}}}}))
+    params = policy_node_parameters(str(REPO), 'sim1', str(user), shipped_file=str(REPO / 'config' /
+                                                                                  'sim_policy_node.yaml'))
+    assert params['joints.max_age_s'] == 2.0 and params['control_rate_hz'] == 80.0
+    assert params['joints.names'][:4] == ['ee_x', 'ee_y', 'ee_z', 'gripper'] and params['autostart'] is True
 
 
 def test_default_topics_are_relative_so_a_namespace_moves_them():
@@ -179,22 +220,19 @@ def test_config_names_only_declared_parameters(path, rclpy_context):
         assert len(cfg.joints.names) == 8 and not cfg.cameras
 
 
-def test_policy_launch_reads_the_params_keys_rcl_would_match_for_its_node(tmp_path):
-    """policy.launch.py merges params files itself: a key naming the node in its namespace must apply too.
+def test_the_launch_files_read_the_params_keys_rcl_would_match_for_their_node(tmp_path):
+    """The launch files merge params files themselves: a key naming the node in its namespace must apply too."""
+    from sequence_ai_ros.node.launch_parameters import node_parameters
 
-    ``launch`` is not installable here, so its ``_node_parameters`` is taken out of the file and run alone.
-    """
-    tree = ast.parse((REPO / 'launch' / 'policy.launch.py').read_text())
-    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == '_node_parameters')
-    scope = {'yaml': yaml, 'NODE_NAME': 'policy_node'}
-    exec(compile(ast.Module(body=[fn], type_ignores=[]), 'policy.launch.py', 'exec'), scope)  # noqa: S102
     params = tmp_path / 'robot.yaml'
     params.write_text(yaml.safe_dump({
         '/**': {'ros__parameters': {'control_rate_hz': 30.0, 'model': 'all'}},
         '/robot1/policy_node': {'ros__parameters': {'model': 'robot1'}},
         '/robot2/policy_node': {'ros__parameters': {'model': 'robot2'}},
         '/robot1/other_node': {'ros__parameters': {'model': 'not ours'}}}))
-    read = scope['_node_parameters']
-    assert read(str(params), '/robot1') == {'control_rate_hz': 30.0, 'model': 'robot1'}
-    assert read(str(params), 'robot2') == {'control_rate_hz': 30.0, 'model': 'robot2'}
-    assert read(str(params)) == {'control_rate_hz': 30.0, 'model': 'all'}
+
+    def read(namespace=''):
+        return node_parameters(str(params), 'policy_node', namespace)
+    assert read('/robot1') == {'control_rate_hz': 30.0, 'model': 'robot1'}
+    assert read('robot2') == {'control_rate_hz': 30.0, 'model': 'robot2'}
+    assert read() == {'control_rate_hz': 30.0, 'model': 'all'}
