@@ -11,7 +11,9 @@ run an episode:
 ``params_file``, ``use_sim_time`` and ``autostart`` go to policy.launch.py as they are given (an argument left out
 stays not given there), so its rule decides: config/policy_node.yaml, then ``autostart: true``, then
 ``params_file``, then each argument given. The player publishes ``/clock`` (``--clock``) when the node's
-``use_sim_time`` comes out true by that rule. With a ``namespace`` the bag's topics are remapped into it, so the
+``use_sim_time`` comes out true by that rule. The bag replays in a loop (``loop`` defaults to true), so the node's
+inputs stay fresh for a goal sent whenever; ``loop:=false`` plays it once, after which the topics go quiet and a
+goal ends ``error`` (its sources stale). With a ``namespace`` the bag's topics are remapped into it, so the
 replay feeds that robot only.
 """
 
@@ -22,7 +24,7 @@ from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
 from launch_ros.actions import Node
 from launch_ros.substitutions import FindPackagePrefix, FindPackageShare
 
-from sequence_ai_ros.node.launch_parameters import policy_node_parameters
+from sequence_ai_ros.node.launch_parameters import argument_value, policy_node_parameters
 
 PACKAGE = 'sequence_ai_ros'
 
@@ -38,7 +40,7 @@ def _player(context):
                                   use_sim_time=LaunchConfiguration('use_sim_time').perform(context))
     if node.get('use_sim_time', False):           # what the node uses: the argument given, else the files
         args.append('--clock')
-    if LaunchConfiguration('loop').perform(context).lower() in ('true', '1'):
+    if argument_value('loop', LaunchConfiguration('loop').perform(context), bool):
         args.append('--loop')
     return [Node(package=PACKAGE, executable='bag_player', name='bag_player', arguments=args, output='screen')]
 
@@ -59,7 +61,8 @@ def generate_launch_description():
                               description='true: the node configures and activates itself; false: it waits; '
                                           'not given: params_file, else true'),
         DeclareLaunchArgument('rate', default_value='1.0', description='playback speed factor'),
-        DeclareLaunchArgument('loop', default_value='false', description='replay the bag in a loop'),
+        DeclareLaunchArgument('loop', default_value='true',
+                              description='replay the bag in a loop; false: once, then its topics go quiet'),
         # the package's own seq (lib/sequence_ai_ros/seq): a bare 'seq' on PATH is coreutils' seq on a robot
         ExecuteProcess(cmd=[PathJoinSubstitution([FindPackagePrefix(PACKAGE), 'lib', PACKAGE, 'seq']), 'serve',
                             LaunchConfiguration('policy'), '--port', port], output='screen'),

@@ -80,6 +80,13 @@ def test_launch_arguments_that_override_the_params_files_default_to_not_given(pa
     assert load().default('autostart') is False, 'the node itself waits for transitions unless told to autostart'
 
 
+def test_replay_loops_the_bag_by_default():
+    """A 15 s bag that ends while the user types a goal leaves the node's sources stale: replay loops by default."""
+    tree = ast.parse((REPO / 'launch' / 'replay.launch.py').read_text())
+    declared = {c.args[0].value: _kw(c, 'default_value') for c in _calls(tree, 'DeclareLaunchArgument')}
+    assert isinstance(declared['loop'], ast.Constant) and declared['loop'].value == 'true'
+
+
 def _policy_params(params_file='', **given):
     from sequence_ai_ros.node.launch_parameters import policy_node_parameters
 
