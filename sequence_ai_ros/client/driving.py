@@ -1,8 +1,9 @@
 """The paced loop of act() and run(): observe, tick, act, pace; hold and end on every way out.
 
 The loop of :meth:`Policy.act`/:meth:`Policy.run`, kept apart from the handle. It runs on the caller's
-control thread; it waits only in the pacer (absolute deadlines), which a chunk arriving while nothing
-plays, an interrupt or the episode's end wakes early.
+control thread; it waits for a warming deployment (cut short by an interrupt), then only in the pacer
+(absolute deadlines), which a chunk arriving while nothing plays, an interrupt or the episode's end wakes
+early. An interrupt from the call until it returns stops it (:mod:`~sequence_ai_ros.client.stopping`).
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ def drive(policy: Policy, observe: ObserveFn, act: ActFn, settings: EpisodeSetti
           episode_id: str | None) -> RunOutcome:
     """Run one act()/run() episode on ``policy``; the failure rules are :meth:`Policy.act`'s."""
     instruction = settings.instruction
-    with policy._guard:
-        policy.wait_until_ready(episode_id=episode_id)   # warming waited out before the episode (its replica)
+    with policy._guard, policy._stop.call():           # an interrupt from here on stops this call
+        # warming waited out before the episode (its replica); an interrupt cuts the wait short, and the
+        # episode then opens already ended: 'interrupted', 0 actions
+        policy._wait_ready(None, episode_id, stoppable=True)
         period = policy.contract.dt if settings.control_period is None else settings.control_period
         engine = policy._open(dataclasses.replace(settings, control_period=period), episode_id, fixed_step=True).engine
         holding = False              # set before on_underrun is called, so a raising hold is not repeated

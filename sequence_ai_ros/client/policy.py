@@ -29,6 +29,7 @@ from sequence_ai_ros.client.sampling import TelemetryBuffer
 from sequence_ai_ros.client.session import DRAIN_RETRY_S, Connection, EpisodeCall, TlsLike, resolve_endpoint
 from sequence_ai_ros.client.settings import EpisodeSettings, check_space
 from sequence_ai_ros.client.steps import Step, StepLedger
+from sequence_ai_ros.client.stopping import Stop
 from sequence_ai_ros.exceptions import CaptureError, ContractViolation, Draining, EpisodeStateError, NotReady
 from sequence_ai_ros.protocol import DRAINING
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
@@ -50,6 +51,8 @@ class _OpenEpisode:
         self.ledger = StepLedger(engine.contract.action_space, on_target, engine.episode_id)
         self.telemetry: TelemetryBuffer | None = None
         self.closed: RunOutcome | None = None
+        #: a next_action() call returned this (implicit) episode's hold after it ended: the next call opens another
+        self.end_told = False
         self.capture_error = ''     # the worker's word on why capture is on but this episode is not kept
 
     def told(self, out: RunOutcome) -> RunOutcome:
@@ -130,6 +133,7 @@ class Policy:
         self._guard = ThreadGuard(f'Policy({model!r})')
         self._lock = threading.Lock()
         self._wake = threading.Event()
+        self._stop = Stop()          # what interrupt() stops: the running episode, or the one about to open
         self._episode: _OpenEpisode | None = None
         self._last_episode_id: str | None = None
         #: the id the next episode opened without one gets; Ready calls before it carry it (x-episode-id)
@@ -195,14 +199,25 @@ class Policy:
         :raises Draining: when the replica answering is draining, for the bound above.
         :raises ConnectionLost: when the worker is unreachable.
         :raises EpisodeStateError: when this Policy is closed.
+
+        An :meth:`interrupt` while it waits does not cut the wait short: it is kept for the episode the handle
+        opens next (the next :meth:`next_action`, :meth:`begin_episode`, :meth:`act` or :meth:`run`), which
+        ends as it opens; :meth:`end_episode` drops it.
         """
         self._check_open()
+        with self._stop.call(hand_on=True):
+            self._wait_ready(timeout, episode_id, stoppable=False)
+
+    def _wait_ready(self, timeout: float | None, episode_id: str | None, *, stoppable: bool) -> None:
+        """wait_until_ready()'s loop; ``stoppable``: return early once a stop is kept (act()/run())."""
         bound = self.ready_timeout if timeout is None else timeout
         start = time.monotonic()
         deadline = start + bound
         routing = self._routing_id(episode_id)
         draining_since: float | None = None
         while True:
+            if stoppable and self._stop.kept:
+                return
             reply = self._conn.ready(self.model, timeout=2.0, episode_id=routing)
             self._ready = reply.ready
             if reply.ready:
@@ -218,7 +233,11 @@ class Policy:
             if left <= 0:
                 raise NotReady(f'{self.model}: not ready after {bound:g} s '
                                f'({reply.state}, eta {reply.eta_seconds:.1f} s)')
-            time.sleep(min(ready_poll_s(reply.eta_seconds), left))
+            nap = min(ready_poll_s(reply.eta_seconds), left)
+            if stoppable:
+                self._stop.kept_event.wait(nap)
+            else:
+                time.sleep(nap)
 
     def close(self) -> None:
         """End the open episode (reason 'interrupted' if it is still running) and close the channel; idempotent."""
@@ -302,7 +321,8 @@ class Policy:
             if given != EpisodeSettings():
                 raise TypeError('begin_episode(): pass settings= or the separate options, not both')
             given = settings
-        return self._open(given, episode_id).engine.episode_id
+        with self._stop.call():
+            return self._open(given, episode_id).engine.episode_id
 
     def _open(self, settings: EpisodeSettings, episode_id: str | None, fixed_step: bool = False,
               implicit: bool = False) -> _OpenEpisode:
@@ -335,6 +355,7 @@ class Policy:
             self._episode = episode
             self._last_episode_id = eid
             stream.start()
+            self._stop.opened(engine)     # an interrupt kept for this episode ends it now
             return episode
 
     def next_action(self, observation: Observation | Mapping[str, Any], now: float | None = None, *,
@@ -368,7 +389,7 @@ class Policy:
         :raises RuntimeError: when another thread is inside act/run/next_action on this handle.
         """
         self._check_open()
-        with self._guard:
+        with self._guard, self._stop.call():
             ep = self._episode
             try:
                 obs = checks.observation(observation, self.contract, self.adapter)
@@ -377,12 +398,15 @@ class Policy:
                     ep.engine.finish('validate', exc)
                 raise
             if self._opens_next(ep):
-                self._open(EpisodeSettings(), None, implicit=True)
+                ep = self._open(EpisodeSettings(), None, implicit=True)
             elif ep is not None and ep is not self._idle_raised and (idle := self._idle_end(ep)) is not None:
                 self._idle_raised = ep       # once: the calls after it hold, until end_episode()
                 raise idle
-            if grid_index is not None and self._episode is not None:
-                self._episode.ledger.warn_overruns = False   # the caller's own grid: it counts its skips
+            assert ep is not None
+            if grid_index is not None:
+                ep.ledger.warn_overruns = False   # the caller's own grid: it counts its skips
+            if ep.engine.outcome() is not None:
+                ep.end_told = True           # this call returns the ended episode's hold
             return self._tick(obs, time.monotonic() if now is None else now, grid_index)
 
     @staticmethod
@@ -395,13 +419,17 @@ class Policy:
         return None
 
     def _opens_next(self, ep: _OpenEpisode | None) -> bool:
-        """True when next_action() opens an episode: none open, or an implicit one ended by interrupt/idle timeout."""
+        """True when next_action() opens an episode.
+
+        None is open; or an implicit one ended by the worker's idle timeout, or by an interrupt once a call
+        returned its hold (the call right after an interrupt holds, so the loop sees the stop).
+        """
         if ep is None or ep.closed is not None:
             return True
         out = ep.engine.outcome()
         if not ep.implicit or out is None:
             return False
-        return out.reason == 'interrupted' or self._idle_end(ep) is not None
+        return (out.reason == 'interrupted' and ep.end_told) or self._idle_end(ep) is not None
 
     def report_command(self, commanded: Any, clamped: bool = False, *, hold_reason: str = '') -> None:
         """Complete this tick's record with what the robot really commanded for the action next_action returned.
@@ -461,25 +489,33 @@ class Policy:
         return ep.engine.horizon() if ep is not None else None
 
     def interrupt(self) -> None:
-        """Stop the running episode between actions (thread-safe); act/run fire hold and return 'interrupted'.
+        """Stop what the handle is doing or about to do (thread-safe, from any thread, never blocks).
 
-        On a closed Policy it does nothing (close() already ended the episode): no error, so a stop
-        handler may call it at any time.
+        - An episode that runs ends between two actions with reason 'interrupted': act()/run() fire hold
+          and return; the next next_action() returns a hold (``episode_outcome()`` is the interrupted
+          outcome), and for an episode next_action() opened itself the call after it opens the next.
+        - During act()/run() before their episode runs (the wait for a warming deployment included), the
+          call returns reason 'interrupted' with 0 actions, after hold.
+        - During wait_until_ready(), or a begin_episode()/next_action() call opening its episode, the stop is
+          kept for the episode the handle opens next, which ends as it opens (next_action() returns its
+          hold); end_episode() drops a kept stop.
+        - Otherwise (no episode runs, no call is under way, or a closed Policy) it does nothing, and nothing
+          is kept for an episode started later: a stop handler may call it at any time.
         """
         if self._closed:
             return
-        ep = self._episode
-        if ep is not None:
-            ep.engine.finish('interrupted')
+        self._stop.press()
         self._wake.set()
 
     def end_episode(self, reason: str = 'completed') -> RunOutcome | None:
         """End the open episode (idempotent): a finished one keeps its own reason; return its outcome.
 
-        On a closed Policy: the last episode's outcome (close() ended it), or None; nothing is sent.
+        A stop kept for an episode not yet opened (an :meth:`interrupt` during :meth:`wait_until_ready`) is
+        dropped. On a closed Policy: the last episode's outcome (close() ended it), or None; nothing is sent.
         """
         if self._closed:
             return self.episode_outcome()
+        self._stop.drop()                # a stop kept for an episode not yet opened goes with it
         with self._lock:
             return self._end_locked(reason)
 
