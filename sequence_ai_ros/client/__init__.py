@@ -10,7 +10,8 @@ definition of the episode options), :mod:`.driving` (the paced act/run loop), :m
 episode's timeline, prefetch and pipelined requests, stale-action skip, underruns), :mod:`.records`
 (its requests and constants), :mod:`.resample` (reading a chunk at the caller's period; seam blending),
 :mod:`.latency` (round-trip window, prefetch lead), :mod:`.sampling` (history and telemetry on the
-policy's clocks), :mod:`.pacing` (absolute deadlines; the one-thread rule), :mod:`.session` (gRPC),
+policy's clocks), :mod:`.pacing` (absolute deadlines; the one-thread rule), :mod:`.stopping` (what
+``interrupt()`` stops), :mod:`.session` (gRPC),
 :mod:`.adapter` (images and state fitted to the contract, shared with the node), :mod:`.outcome`,
 :mod:`.checks` (arguments and observations at the edge).
 
