@@ -142,3 +142,14 @@ def test_lost_capture_frames_are_reported_in_the_outcome(endpoint):
     assert lost > 0
     assert out.dropped_telemetry >= lost
     assert str(out).startswith('RunOutcome(')
+
+
+def test_the_old_name_skipped_reads_stale_actions_with_a_deprecation_warning():
+    """RunOutcome.skipped, the name stale_actions had before, still reads it for one release, and warns."""
+    from sequence_ai_ros.client import RunOutcome
+
+    out = RunOutcome(actions=30, chunks=2, elapsed_s=1.0, reason='completed', stale_actions=4)
+    with pytest.warns(DeprecationWarning, match=r'RunOutcome\.skipped .*stale_actions') as caught:
+        assert out.skipped == 4
+    assert len(caught) == 1 and caught[0].filename == __file__     # it points at the caller's line
+    assert 'skipped' not in {f.name for f in dataclasses.fields(out)}   # not a field: asdict() and == unchanged

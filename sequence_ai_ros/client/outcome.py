@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 from sequence_ai_ros.exceptions import SequenceAIError
 
@@ -90,6 +91,17 @@ class RunOutcome:
     ticks_held: int = 0
     ticks_skipped: int = 0
     worker_confirmed: bool = False
+
+    @property
+    def skipped(self) -> int:
+        """Deprecated: the earlier name of :attr:`stale_actions` (removed in the next release).
+
+        :returns: :attr:`stale_actions`, after a DeprecationWarning.
+        """
+        warnings.warn('RunOutcome.skipped is deprecated and will be removed in the next release: read '
+                      'RunOutcome.stale_actions (stale chunk steps skipped; ticks_skipped counts missed control '
+                      'periods)', DeprecationWarning, stacklevel=2)
+        return self.stale_actions
 
     def __post_init__(self) -> None:
         if self.reason not in REASONS:
