@@ -10,6 +10,11 @@ only while the node is active (lifecycle).
 Errors become responses: a contract or action-space refusal is reason 'validate' (Act) or
 ``accepted: false`` with the message (StartEpisode); a second goal while one runs is rejected and
 the rejection logged; a second StartEpisode is refused with a message.
+
+A goal whose client goes away without cancelling is interrupted (:class:`GoalClientWatch`): every action
+client subscribes to the action's feedback topic, so when every subscriber seen during the goal has left the
+ROS graph (Ctrl-C on a ``ros2 action send_goal`` that dies before its cancel goes out, a killed script),
+nobody is left to cancel it, and the arm holds instead of running to ``max_seconds``.
 """
 
 from __future__ import annotations
@@ -32,6 +37,41 @@ if TYPE_CHECKING:
 #: Reasons that end an Act goal as succeeded; the others abort it (interrupted: canceled if asked).
 SUCCESS_REASONS = ('completed', 'until', 'timeout')
 FEEDBACK_PERIOD_S = 0.2
+#: How often a running goal looks for its client on the ROS graph (s).
+CLIENT_CHECK_PERIOD_S = 0.1
+
+
+class GoalClientWatch:
+    """Tells when every possible client of a running goal has left the ROS graph.
+
+    rclpy's action server does not say which client sent a goal, but every action client subscribes to the
+    action's feedback topic. The watch keeps the feedback subscribers seen while the goal runs (node and
+    endpoint GID) and reports the goal orphaned once none of them is on the graph any more. A client that is
+    still there (also another observer of the same action) keeps the goal running; its bound is then
+    ``max_seconds``, as always. Discovery on the node's side may lag the goal: nothing is decided before a
+    subscriber has been seen.
+
+    :param node: the node serving the action (its graph cache answers the queries).
+    :param topic: the action's fully qualified feedback topic (``<action>/_action/feedback``).
+    """
+
+    def __init__(self, node: Any, topic: str) -> None:
+        self._node = node
+        self._topic = topic
+        self._seen: set[bytes] = set()
+        self._next_check = 0.0
+
+    def orphaned(self, now: float) -> bool:
+        """Return True once every feedback subscriber seen during the goal has left (checked every 0.1 s)."""
+        if now < self._next_check:
+            return False
+        self._next_check = now + CLIENT_CHECK_PERIOD_S
+        try:
+            present = {bytes(info.endpoint_gid) for info in self._node.get_subscriptions_info_by_topic(self._topic)}
+        except Exception:  # a graph query that fails (context shutting down) decides nothing
+            return False
+        self._seen |= present
+        return bool(self._seen) and not (self._seen & present)
 
 
 def _refusal(exc: BaseException) -> str:
@@ -51,6 +91,8 @@ class EpisodeServices:
         self.act_server = ActionServer(node, Act, '~/act', execute_callback=self._execute,
                                        goal_callback=self._on_goal, cancel_callback=self._on_cancel,
                                        callback_group=group)
+        #: The action's fully qualified name (``/robot1/policy_node/act``).
+        self.act_server_name = f'{node.get_fully_qualified_name().rstrip("/")}/act'
         node.create_service(StartEpisode, '~/start_episode', self._start, callback_group=group)
         node.create_service(EndEpisode, '~/end_episode', self._end, callback_group=group)
         node.create_service(Trigger, '~/interrupt', self._interrupt, callback_group=group)
@@ -93,16 +135,22 @@ class EpisodeServices:
         except SequenceAIError as exc:
             goal_handle.abort()
             return Act.Result(reason=_refusal(exc), episode_id=goal.episode_id, message=str(exc))
-        cancelled = False
+        cancelled = orphaned = False
+        watch = GoalClientWatch(self.policy_node, f'{self.act_server_name}/_action/feedback')
         next_feedback = 0.0
         while True:
             result = self.runner.wait(eid, 0.02)
             if result is not None:
                 break
+            now = time.monotonic()
             if goal_handle.is_cancel_requested and not cancelled:
                 cancelled = True
                 self.runner.interrupt()
-            now = time.monotonic()
+            elif not (cancelled or orphaned) and watch.orphaned(now):
+                orphaned = True
+                self.get_logger().warning(f'episode {eid}: the Act goal\'s client left the ROS graph without '
+                                          'cancelling; interrupting (the arm holds)')
+                self.runner.interrupt("the Act goal's client left the ROS graph without cancelling")
             if now >= next_feedback:
                 next_feedback = now + FEEDBACK_PERIOD_S
                 goal_handle.publish_feedback(self._feedback(eid))

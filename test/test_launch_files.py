@@ -1,0 +1,91 @@
+"""Every launch file under launch_testing, run as a ROS engineer runs one: ``launch_test <file>``.
+
+The launch tests themselves are in ``test/launch_tests/`` (one per launch file, named ``<file>_launch.py`` so
+that pytest does not collect them a second time); each starts the launch file with real processes (``seq
+serve``, ``policy_node``, ``bag_player``, ``sim_robot``), checks the lifecycle state, the parameters in
+effect, an episode's commands and counts, and, after launch_testing's Ctrl-C-style shutdown, that every
+process exited 0. This module prepares their inputs (a ``hold`` policy from ``seq init``, the G1 episode as a
+rosbag from ``seq data to-rosbag``, a params file), runs ``launch_test`` in this test's ROS domain and reads
+its JUnit report.
+
+Skipped, saying why, without launch_testing or ros2launch (the dev venv installs them from
+../shared/ros2-tools; a sourced distro has them), or without the real G1 data.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import G1_DATASET, REPO
+
+pytestmark = [pytest.mark.ros, pytest.mark.slow]
+
+LAUNCH_TESTS = REPO / 'test' / 'launch_tests'
+#: Bound on one launch_test run (s): each run starts its processes twice at most (parametrized), on 2 busy cores.
+TIMEOUT_S = 600
+
+
+def _launch_test() -> str:
+    """The ``launch_test`` command; skips, saying why, where the ROS 2 launch tools are not installed."""
+    missing = [m for m in ('launch', 'launch_ros', 'launch_testing', 'ros2launch')
+               if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f'{", ".join(missing)} not installed: the ROS 2 launch tools come from a sourced distro, or '
+                    'from ../shared/ros2-tools into .venv (make setup)')
+    command = shutil.which('launch_test')
+    if command is None:
+        pytest.skip('no launch_test command on PATH (launch_testing installed without its scripts)')
+    return command
+
+
+@pytest.fixture(scope='module')
+def g1_inputs(tmp_path_factory) -> dict[str, str]:
+    """A ``hold`` policy, the G1 episode 5 as a rosbag, and a params file over config/g1.yaml."""
+    if not (G1_DATASET / 'meta' / 'info.json').exists():
+        pytest.skip(f'real G1 dataset not found at {G1_DATASET} (set SEQ_DATA_DIR)')
+    from sequence_ai_ros.bags.to_rosbag import episode_to_rosbag
+
+    root = tmp_path_factory.mktemp('launch_inputs')
+    subprocess.run([sys.executable, '-m', 'sequence_ai_ros.cli', 'init', 'hold', str(root / 'hold')], check=True,
+                   capture_output=True, timeout=120)
+    episode_to_rosbag(G1_DATASET, 5, root / 'g1_episode5')
+    config = yaml.safe_load((REPO / 'config' / 'g1.yaml').read_text())
+    config['/**/policy_node']['ros__parameters'].update(
+        model='from_file', autostart=False, use_sim_time=True, diagnostics_rate_hz=4.0)
+    (root / 'g1_params.yaml').write_text(yaml.safe_dump(config))
+    return {'SEQ_LT_POLICY': str(root / 'hold' / 'policy.py'), 'SEQ_LT_BAG': str(root / 'g1_episode5'),
+            'SEQ_LT_PARAMS': str(root / 'g1_params.yaml'), 'SEQ_HOME': str(root / 'seq_home')}
+
+
+def run_launch_test(name: str, tmp_path: Path, env: dict[str, str], *arguments: str) -> list[str]:
+    """Run ``launch_test test/launch_tests/<name>``; assert it passed; return its test cases' names."""
+    report = tmp_path / 'junit.xml'
+    log = tmp_path / 'launch_test.log'
+    with open(log, 'w') as out:
+        done = subprocess.run([_launch_test(), str(LAUNCH_TESTS / name), '--junit-xml', str(report), *arguments],
+                              stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env}, timeout=TIMEOUT_S,
+                              cwd=tmp_path)
+    output = log.read_text()
+    assert done.returncode == 0, f'launch_test {name} failed ({done.returncode}):\n{output[-12000:]}'
+    cases = [c for c in ET.parse(report).getroot().iter('testcase')]
+    failed = [c.get('name') for c in cases if c.find('failure') is not None or c.find('error') is not None]
+    assert cases and not failed, (failed, output[-12000:])
+    print(f'\nlaunch_test {name}: {len(cases)} test cases passed')
+    return [c.get('name', '') for c in cases]
+
+
+def test_policy_launch(g1_inputs, tmp_path):
+    """policy.launch.py: arguments over the params file; lifecycle; an episode's counts; Ctrl-C exits 0."""
+    (Path(g1_inputs['SEQ_HOME'])).mkdir(exist_ok=True)
+    names = run_launch_test('policy_launch.py', tmp_path, g1_inputs)
+    # both modes ran every test, the shutdown check included
+    for mode in ('given', 'file'):
+        assert sum(n.endswith(f'[{mode}]') for n in names) == 3, names
