@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -65,6 +66,12 @@ def g1_inputs(tmp_path_factory) -> dict[str, str]:
             'SEQ_LT_PARAMS': str(root / 'g1_params.yaml'), 'SEQ_HOME': str(root / 'seq_home')}
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
 def run_launch_test(name: str, tmp_path: Path, env: dict[str, str], *arguments: str) -> list[str]:
     """Run ``launch_test test/launch_tests/<name>``; assert it passed; return its test cases' names."""
     report = tmp_path / 'junit.xml'
@@ -89,3 +96,9 @@ def test_policy_launch(g1_inputs, tmp_path):
     # both modes ran every test, the shutdown check included
     for mode in ('given', 'file'):
         assert sum(n.endswith(f'[{mode}]') for n in names) == 3, names
+
+
+def test_replay_launch(g1_inputs, tmp_path):
+    """replay.launch.py in a namespace: worker, node and player; an episode's counts; Ctrl-C exits 0."""
+    names = run_launch_test('replay_launch.py', tmp_path, {**g1_inputs, 'SEQ_LT_PORT': str(_free_port())})
+    assert len(names) == 2, names

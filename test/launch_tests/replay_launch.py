@@ -1,0 +1,94 @@
+r"""launch_testing for ``replay.launch.py``: its worker, the node and the bag player, in a namespace.
+
+Run by ``test/test_launch_files.py`` (inputs in the environment: ``SEQ_LT_POLICY``, a ``hold`` policy.py
+served unregistered; ``SEQ_LT_BAG``, the G1 episode as a rosbag2; ``SEQ_LT_PORT``, a free port for the
+launch's ``seq serve``). The launch file is included as a user runs it::
+
+    ros2 launch sequence_ai_ros replay.launch.py bag:=... policy:=.../hold/policy.py model:=hold \
+        port:=... params_file:=.../config/g1.yaml namespace:=robot1
+
+The node autostarts to active in ``/robot1``; the bag's topics are remapped into the namespace, so the
+observations are fresh and a 3 s goal commands ``/robot1/g1_position_controller/commands`` with every control
+period counted. After the tests launch_testing shuts down as Ctrl-C does: every process exits 0.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import unittest
+from pathlib import Path
+
+import launch_testing
+import launch_testing.asserts
+from launch import LaunchDescription
+from launch.actions import IncludeLaunchDescription
+from launch.launch_description_sources import PythonLaunchDescriptionSource
+from launch_ros.substitutions import FindPackageShare
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from test_node_support import Probe, wait_for  # noqa: E402
+
+PACKAGE = 'sequence_ai_ros'
+NAMESPACE = 'robot1'
+RATE_HZ = 50.0
+COMMANDS = f'/{NAMESPACE}/g1_position_controller/commands'
+WAIT_S = 60.0
+
+
+def generate_test_description():
+    share = FindPackageShare(PACKAGE)
+    arguments = {'bag': os.environ['SEQ_LT_BAG'], 'policy': os.environ['SEQ_LT_POLICY'], 'model': 'hold',
+                 'port': os.environ['SEQ_LT_PORT'], 'params_file': [share, '/config/g1.yaml'],
+                 'namespace': NAMESPACE}
+    return LaunchDescription([
+        IncludeLaunchDescription(PythonLaunchDescriptionSource([share, '/launch/replay.launch.py']),
+                                 launch_arguments=arguments.items()),
+        launch_testing.actions.ReadyToTest(),
+    ])
+
+
+class TestReplayLaunch(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        import rclpy
+        from std_msgs.msg import Float64MultiArray
+
+        cls.context = rclpy.Context()
+        rclpy.init(context=cls.context)
+        cls.probe = Probe(cls.context, Float64MultiArray, COMMANDS, namespace=NAMESPACE, name='launch_test_probe')
+
+    @classmethod
+    def tearDownClass(cls):
+        import rclpy
+
+        cls.probe.close()
+        rclpy.shutdown(context=cls.context)
+
+    def test_replay_drives_the_namespaced_node(self):
+        probe = self.probe
+        self.assertTrue(probe.wait_connected(timeout=WAIT_S), 'the node did not become connected and active')
+        self.assertEqual(probe.lifecycle_state(), 'active')
+        fresh = wait_for(lambda: probe.diag_message('observation') == 'all sources fresh', WAIT_S)
+        self.assertTrue(fresh, f'observation: {probe.diag_message("observation")}')
+        handle = probe.send_goal(instruction='pick up the bottle', max_seconds=3.0)
+        self.assertTrue(handle.accepted)
+        t_accepted = time.monotonic()
+        result = probe.result(handle, timeout=WAIT_S)
+        t_result = time.monotonic()
+        self.assertEqual(result.reason, 'timeout', result.message)
+        counted = result.commands_sent + result.ticks_held + result.ticks_skipped
+        self.assertLessEqual(abs(counted - result.elapsed_s * RATE_HZ), 1.0, result)
+        received = [t for t, _ in list(probe.commands) if t_accepted <= t <= t_result]
+        self.assertGreater(len(received), 0, f'no command on {COMMANDS} during the goal')
+        self.assertLessEqual(len(received), counted + 1)
+
+
+@launch_testing.post_shutdown_test()
+class TestShutdown(unittest.TestCase):
+
+    def test_every_process_exits_0_on_ctrl_c(self, proc_info):
+        launch_testing.asserts.assertExitCodes(proc_info)
+        self.assertEqual(len(proc_info.process_names()), 3, proc_info.process_names())   # worker, node, player
