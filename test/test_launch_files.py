@@ -102,3 +102,14 @@ def test_replay_launch(g1_inputs, tmp_path):
     """replay.launch.py in a namespace: worker, node and player; an episode's counts; Ctrl-C exits 0."""
     names = run_launch_test('replay_launch.py', tmp_path, {**g1_inputs, 'SEQ_LT_PORT': str(_free_port())})
     assert len(names) == 2, names
+
+
+def test_sim_launch(tmp_path):
+    """sim.launch.py: the scripted expert solves a reset sent before the goal; Ctrl-C exits 0."""
+    pytest.importorskip('metaworld', reason='Meta-World is not installed (pip install ".[sim]")')
+    subprocess.run([sys.executable, '-m', 'sequence_ai_ros.cli', 'init', 'metaworld-expert', str(tmp_path / 'expert')],
+                   check=True, capture_output=True, timeout=120)
+    env = {'SEQ_LT_EXPERT': str(tmp_path / 'expert' / 'policy.py'), 'SEQ_HOME': str(tmp_path / 'seq_home'),
+           'MUJOCO_GL': os.environ.get('MUJOCO_GL', 'egl')}
+    names = run_launch_test('sim_launch.py', tmp_path, env)
+    assert len(names) == 2, names
