@@ -283,3 +283,19 @@ def test_ctrl_c_on_ros2_launch_ends_every_process(launched):
     text = log.read_text()
     for name in ('seq-1', 'policy_node-2', 'bag_player-3'):
         assert f'[INFO] [{name}]: process has finished cleanly' in text, (name, text[-4000:])
+
+
+def test_no_ros2_daemon_was_left_behind(launched):
+    """Every verb above ran with --no-daemon or needs none: no ros2 daemon of this test's domain outlives it."""
+    import psutil
+
+    domain = os.environ['ROS_DOMAIN_ID']
+    daemons = []
+    for p in psutil.process_iter(['cmdline']):
+        try:
+            if any('_ros2_daemon' in part for part in p.info['cmdline'] or ()) and \
+                    p.environ().get('ROS_DOMAIN_ID') == domain:
+                daemons.append(p.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    assert not daemons, f'ros2 daemons of domain {domain}: {daemons}'
