@@ -127,10 +127,13 @@ def test_an_act_callback_that_overruns_is_counted_and_the_rows_stay_on_their_dea
     grids = [f.grid_index for f in frames]
     assert grids == sorted(set(grids)), 'each record serves its own deadline, in order'
     missed = sum(b - a - 1 for a, b in zip(grids, grids[1:], strict=False))
-    assert missed == out.ticks_skipped
+    trailing = out.ticks_skipped - missed     # the 60th act() overran too: the periods after the last record
+    assert 0 <= trailing <= 3, (missed, out)
     # grid indices count from the episode's first deadline (0); capture starts at EpisodeStarted, which can
     # follow the first waiting holds
-    assert out.commands_sent + out.ticks_held + out.ticks_skipped == grids[-1] + 1
+    counted = out.commands_sent + out.ticks_held + out.ticks_skipped
+    assert counted == grids[-1] + 1 + trailing
+    assert abs(counted - out.elapsed_s / period) <= 1.0, (counted, out)     # every period of the episode
     rows = build_rows(episode, 30.0, ActionSpace(space), DIM, DIM, [])
     executed = rows.action[~rows.held]
     np.testing.assert_array_equal(executed, np.array(given)[:len(executed)])

@@ -42,7 +42,8 @@ def drive(policy: Policy, observe: ObserveFn, act: ActFn, settings: EpisodeSetti
         stop_at = None if settings.max_seconds is None else time.monotonic() + settings.max_seconds
         grid = 0                     # the deadline this tick serves, counted from the first (missed ones included)
         try:
-            pacer = Pacer(period, wake=policy._wake)
+            # one grid from the episode's start: every control period up to its end is served or skipped
+            pacer = Pacer(period, wake=policy._wake, start_s=engine.started_s)
             while True:
                 if until is not None and engine.outcome() is None and until():
                     engine.finish('until')
@@ -73,12 +74,14 @@ def drive(policy: Policy, observe: ObserveFn, act: ActFn, settings: EpisodeSetti
                 pacer.wait(until=stop_at)
                 grid += 1 + pacer.skipped - missed      # deadlines an overrun missed are skipped, never bunched
                 if policy._wake.is_set() and engine.outcome() is None:
-                    # A chunk arrived while nothing played (the first one, or after a dry spell): act on
-                    # it at once and pace the following actions from now.
+                    # A chunk arrived while nothing played (the first one, or after a dry spell): act on it
+                    # at once, for the next deadline served early; the ones after it stay on the grid.
                     policy._wake.clear()
-                    pacer = Pacer(period, wake=policy._wake)
-            # Hold first, then talk to the worker: the stop unwinds through on_underrun at once.
+            # The periods between the last tick and the end that no tick served (the last act() overran).
             out = engine.outcome()
+            if out is not None:
+                policy._skip_to(pacer.index_at(engine.started_s + out.elapsed_s))
+            # Hold first, then talk to the worker: the stop unwinds through on_underrun at once.
             if out is not None and out.reason in ('interrupted', 'validate', 'error') and not holding:
                 holding = True
                 if on_underrun is not None:

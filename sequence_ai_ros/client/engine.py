@@ -404,6 +404,11 @@ class EpisodeEngine:
             return self._outcome
 
     @property
+    def started_s(self) -> float:
+        """When the episode started (the engine's clock, s): its control grid's origin and ``elapsed_s``'s."""
+        return self._started
+
+    @property
     def dry(self) -> bool:
         """True during a dry spell (an underrun after the first action)."""
         return self._dry_since is not None

@@ -52,9 +52,10 @@ class RunOutcome:
         the robot refused or sent to a dry run.
     :param ticks_skipped: control periods no tick served because the caller's own code (``observe()``,
         ``act()``) or its loop overran the period: commands_sent + ticks_held + ticks_skipped = the episode's
-        control periods. act()/run() never burst to catch up: a missed period is skipped, counted here and
-        logged once per episode; every chunk step still runs once (the export shows the missed periods as
-        held rows).
+        control periods (``elapsed_s / period``, to within one; act()/run() count on one grid from the
+        episode's start, the periods after its last tick included). act()/run() never burst to catch up: a
+        missed period is skipped, counted here and logged once per episode; every chunk step still runs once
+        (the export shows the missed periods as held rows).
     :param capture_error: capture is on for the deployment but this episode is not kept, and why: its id
         was already captured, or is being captured by another worker sharing the store (a reconnect or a
         reused id); '' otherwise (a paused or full store is reported by the worker's diagnostics).

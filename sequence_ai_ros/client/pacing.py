@@ -1,10 +1,13 @@
 """Pacing with absolute deadlines, and the one-thread-per-handle rule.
 
 :class:`Pacer` sleeps until ``start + k * period`` (``time.monotonic()``), so a late call shortens the
-next wait instead of pushing every later deadline: drift does not accumulate. When a tick overruns by
-more than a whole period the schedule skips forward rather than bursting to catch up, and the skipped
-deadlines are counted. It is the project's one deadline pacer: act()/run() pace with it, and so does
-the policy node's control thread (:class:`sequence_ai_ros.node.tick.TickThread`).
+next wait instead of pushing every later deadline: drift does not accumulate. The grid is fixed from its
+start for good: when a tick overruns, the next tick serves the latest deadline that has come (at once) and
+the deadlines passed over before it are skipped and counted, never bunched; the next wait is back on the
+grid. So every period from the start is served or skipped, whatever fractions of a period the overruns
+took (served + skipped = the periods elapsed, within one). It is the project's one deadline pacer:
+act()/run() pace with it, and so does the policy node's control thread
+(:class:`sequence_ai_ros.node.tick.TickThread`).
 """
 
 from __future__ import annotations
@@ -12,10 +15,11 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Callable
 
 
 class Pacer:
-    """Absolute-deadline pacing on the monotonic clock.
+    """Absolute-deadline pacing on the monotonic clock, on one grid from its start.
 
     :param period_s: seconds between ticks (> 0).
     :param wake: an Event that ends a wait early (interrupt, episode finished, a thread's stop).
@@ -23,30 +27,35 @@ class Pacer:
         process, as act()/run() do); False sleeps to the deadline in one wait, which leaves the GIL to
         the process's other threads (the policy node's control thread: spinning there cost it 5 Hz of
         its 50 Hz under camera load, test_node_replay).
-    :param keep_phase: after an overrun, skip the whole periods missed but stay on the original grid
-        (``start + k * period``), so the late tick fires at once and the average rate holds; False
-        re-anchors the grid at the late tick (act()/run()).
+    :param keep_phase: accepted for callers that pass it; every pacer keeps its phase (an overrun never
+        moves the grid: re-anchoring it at the late tick lost each overrun's fraction of a period).
+    :param clock: the monotonic clock (s); :func:`time.monotonic` unless a test scripts one.
+    :param sleep: sleeps the given seconds in place of the wait (a scripted clock's); None sleeps for real,
+        on ``wake`` when given. The wait still checks ``wake`` between sleeps.
+    :param start_s: the grid's origin (the clock's s, deadline 0), e.g. the episode's start; None: now.
 
-    ``skipped`` counts the deadlines passed over when a tick would be more than a period late (an
-    overrunning tick, or a late wake-up under load: either way the tick fires at once for the latest
-    deadline, never one more than a period old, so no two ticks burst). ``ticks`` counts the deadlines
-    served (:meth:`first` and every :meth:`wait` that returned for a deadline, not one that ``wake`` ended,
-    even as the deadline came: a control thread stopped there runs no tick for it), and :meth:`counts` says up
-    to which deadline every one is decided: served, or skipped now or at the next wait. Deadlines are
-    counted by index k (``start_s + k * period_s``), never by comparing float times: at a monotonic clock of
-    days, ``(deadline - start) / period`` is no longer exactly k. The indices hold on a ``keep_phase`` grid
-    (the policy node's control thread); a re-anchor (act()/run()) starts them again at 0.
+    ``skipped`` counts the deadlines passed over: a tick that comes after the next deadline's own period has
+    begun (an overrunning tick, or a late wake-up under load) serves the latest deadline that has come, at
+    once, and the ones before it are skipped; no deadline is served more than a period late and no two
+    ticks serve one deadline. ``ticks`` counts the deadlines served (:meth:`first` and every :meth:`wait`
+    that returned for a deadline, not one that ``wake`` ended, even as the deadline came: a control thread
+    stopped there runs no tick for it), and :meth:`counts` says up to which deadline every one is decided:
+    served, or skipped now or at the next wait. Deadlines are counted by index k (``start_s + k *
+    period_s``), never by comparing float times: at a monotonic clock of days, ``(deadline - start) /
+    period`` is no longer exactly k.
     """
 
     def __init__(self, period_s: float, wake: threading.Event | None = None, *, spin: bool = True,
-                 keep_phase: bool = False) -> None:
+                 keep_phase: bool = True, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], object] | None = None, start_s: float | None = None) -> None:
         if not period_s > 0:
             raise ValueError(f'period must be > 0 s, got {period_s!r}')
         self.period_s = float(period_s)
         self._wake = wake
         self._spin = spin
-        self._keep_phase = keep_phase
-        self._start = time.monotonic()
+        self._clock = clock
+        self._sleep = sleep
+        self._start = clock() if start_s is None else float(start_s)
         self._k = 0
         self.skipped = 0
         self.ticks = 0
@@ -55,13 +64,13 @@ class Pacer:
 
     @property
     def start_s(self) -> float:
-        """The grid's origin (monotonic s): deadlines are ``start_s + k * period_s`` (until a re-anchor)."""
+        """The grid's origin (monotonic s): deadlines are ``start_s + k * period_s``."""
         return self._start
 
     def first(self) -> float:
         """Start the grid now and serve its first deadline (k = 0) without waiting; return it (monotonic s)."""
         with self._lock:
-            self._start, self._k = time.monotonic(), 0
+            self._start, self._k = self._clock(), 0
             self.ticks += 1
             self.served_k = 0
             return self._start
@@ -80,11 +89,15 @@ class Pacer:
         with self._lock:
             if self.served_k < 0:
                 return -1, self.ticks, self.skipped
-            overdue = self.index_at(time.monotonic() - self.period_s)
+            overdue = self.index_at(self._clock() - self.period_s)
             return max(self.served_k, overdue), self.ticks, self.skipped
 
     def wait(self, until: float | None = None) -> float:
-        """Sleep until the next deadline (or ``wake``, or ``until``); return the time it woke for (monotonic s).
+        """Sleep until the next deadline (or ``wake``, or ``until``); return the deadline served (monotonic s).
+
+        When the next deadline's period is already over (the caller overran), it returns at once for the
+        latest deadline that has come, and counts the ones before it in :attr:`skipped`. Woken early (or cut
+        by ``until``), it returns the time it woke.
 
         :param until: a hard stop (monotonic s), e.g. the episode's max_seconds: the wait never runs past it,
             whatever the period.
@@ -92,45 +105,40 @@ class Pacer:
         self._k += 1
         deadline = self._start + self._k * self.period_s
         if until is not None and until < deadline:
-            deadline = max(until, time.monotonic())
+            deadline = max(until, self._clock())
         # Sleep coarse then spin the last ~1 ms: time.sleep/Event.wait overshoot by up to ~1 ms on Linux.
         while True:
-            left = deadline - time.monotonic()
+            left = deadline - self._clock()
             if left <= 0:
                 break
             if self._wake is not None and self._wake.is_set():
-                return time.monotonic()
-            if not self._spin:
-                nap = min(left, MAX_NAP_S)           # bounded: Event.wait overflows on huge timeouts
-                if self._wake is not None:
-                    self._wake.wait(nap)
-                else:
-                    time.sleep(nap)
+                return self._clock()
+            if not self._spin or self._sleep is not None:
+                self._nap(min(left, MAX_NAP_S))      # bounded: Event.wait overflows on huge timeouts
             elif left > 0.0015:
-                nap = min(left - 0.001, MAX_NAP_S)
-                if self._wake is not None:
-                    self._wake.wait(nap)
-                else:
-                    time.sleep(nap)
+                self._nap(min(left - 0.001, MAX_NAP_S))
             else:
                 time.sleep(0)
         with self._lock:
-            now = time.monotonic()
-            late = now - deadline > self.period_s
-            if late:                                 # overran, or woke, more than a period late: skip, never burst
-                missed = int((now - deadline) // self.period_s)
-                self.skipped += missed
-                if self._keep_phase:
-                    self._k += missed                # the late tick fires now; the next is back on the grid
-                else:
-                    self._start, self._k = now, 0    # re-anchor the grid at the late tick
-                    deadline = now
+            now = self._clock()
+            latest = self.index_at(now)
+            if latest > self._k:                     # the next deadline's period is over: skip, never burst
+                self.skipped += latest - self._k
+                self._k = latest                     # the late tick serves the latest deadline; the next is on the grid
             if self._wake is not None and self._wake.is_set():
                 # woken as the deadline came (a thread's stop): served no more than by a wake before it
                 return now
             self.ticks += 1
             self.served_k = self._k
-            return now if late else deadline
+            return min(now, self._start + self._k * self.period_s)
+
+    def _nap(self, seconds: float) -> None:
+        if self._sleep is not None:
+            self._sleep(seconds)
+        elif self._wake is not None:
+            self._wake.wait(seconds)
+        else:
+            time.sleep(seconds)
 
 
 #: Longest single sleep inside :meth:`Pacer.wait` (s); a longer wait loops.

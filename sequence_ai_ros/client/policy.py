@@ -621,6 +621,15 @@ class Policy:
             ep.ledger.drop()                    # a tick after the end is not the episode's
         return action
 
+    def _skip_to(self, grid_index: int) -> None:
+        """Count the periods after the last committed tick and before ``grid_index`` as skipped (act()/run()).
+
+        ``grid_index`` is the deadline whose period the episode ended in (the last act() may have overrun several).
+        """
+        ep = self._episode
+        if ep is not None and ep.closed is None:
+            ep.ledger.skip_to(grid_index)
+
     def _commit(self) -> None:
         """Commit this tick's record as it stands (act()/run(), once the caller's act() returned)."""
         ep = self._episode

@@ -173,14 +173,7 @@ class StepLedger:
             return None
         step.completed = True
         step.executed = self._executed(step)
-        if self._last_grid is not None:
-            missed = max(0, step.grid_index - self._last_grid - 1)
-            if missed and not self.ticks_skipped and self.warn_overruns:
-                LOG.warning('episode %s: the control loop overran its period (observe() and act(), or the loop '
-                            'around next_action(), took longer): %d period(s) skipped, never bunched; '
-                            'RunOutcome.ticks_skipped counts them (logged once per episode)', self.episode_id,
-                            missed)
-            self.ticks_skipped += missed
+        self._skip(step.grid_index)
         self._last_grid = step.grid_index
         if step.held:
             self.ticks_held += 1
@@ -191,6 +184,28 @@ class StepLedger:
         elif self._early is not None and len(self._early) < MAX_EARLY_STEPS:
             self._early.append(step)
         return step
+
+    def skip_to(self, grid_index: int) -> None:
+        """Count the deadlines after the last committed tick and before ``grid_index`` as skipped.
+
+        For the end of an episode: ``grid_index`` is the deadline whose period the episode ended in, so the
+        periods an overrun of the last tick passed over count, as those between two ticks do.
+        """
+        with self._lock:
+            self._skip(grid_index)
+            if self._last_grid is not None:
+                self._last_grid = max(self._last_grid, grid_index - 1)
+
+    def _skip(self, grid_index: int) -> None:
+        if self._last_grid is None:
+            return
+        missed = max(0, grid_index - self._last_grid - 1)
+        if missed and not self.ticks_skipped and self.warn_overruns:
+            LOG.warning('episode %s: the control loop overran its period (observe() and act(), or the loop '
+                        'around next_action(), took longer): %d period(s) skipped, never bunched; '
+                        'RunOutcome.ticks_skipped counts them (logged once per episode)', self.episode_id,
+                        missed)
+        self.ticks_skipped += missed
 
     def _target_before(self, step: Step) -> np.ndarray | None:
         """joint_delta: the target the robot had before ``step``, shape ``(action_dim,)``, float32.
