@@ -78,5 +78,8 @@ def test_readme_is_a_manual_of_at_most_250_lines_with_the_quickstart():
     readme = (REPO / 'README.md').read_text()
     assert len(readme.splitlines()) <= 250
     for step in ('make demo', 'make test', 'seq init hold my_policy', 'seq serve my_policy',
-                 'python examples/fake_robot.py my_policy', 'policy_node --ros-args'):
+                 'python examples/fake_robot.py my_policy',
+                 'ros2 launch sequence_ai_ros policy.launch.py model:=my_policy params_file:=config/g1.yaml',
+                 'ros2 run sequence_ai_ros bag_player out/episode_5_bag --loop',
+                 'ros2 action send_goal --feedback /policy_node/act sequence_ai_msgs/action/Act'):
         assert step in readme, step
