@@ -253,7 +253,7 @@ def test_captured_episode_rows_are_the_executed_actions_and_it_takes_a_label(ser
     robot = CountingRobot()
     with connect('lat', endpoint=endpoint) as policy:
         out = policy.run(robot.observe, robot.act, max_actions=60, instruction='wipe')
-        assert policy.label(True, notes='clean') is True              # stored with the captured episode
+        assert policy.label(True, notes='clean').matched             # stored with the captured episode
         assert out.telemetry_rejected == 0
     store = CaptureStore(tmp_path / 'lat', deployment='lat')
     [episode] = store.episodes()

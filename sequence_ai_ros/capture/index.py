@@ -269,6 +269,14 @@ class Index:
                          'WHERE runs.captured = 0 OR excluded.captured = 1',
                          [run.get(c, 0) for c in cols])
 
+    def unmatched_labels(self) -> set[str]:
+        """Return the ids of the labels whose episode this store never saw (no run, capture decision or episode)."""
+        with self.connect() as conn:
+            rows = conn.execute('SELECT episode_id FROM labels l WHERE '
+                                + ' AND '.join(f'NOT EXISTS (SELECT 1 FROM {t} x WHERE x.episode_id = l.episode_id)'
+                                               for t in ('runs', 'decisions', 'episodes'))).fetchall()
+        return {r[0] for r in rows}
+
     def seen(self, episode_id: str) -> bool:
         """True when the worker ran this episode or decided on its capture."""
         with self.connect() as conn:

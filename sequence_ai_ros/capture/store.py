@@ -38,7 +38,7 @@ import shutil
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -253,6 +253,38 @@ class CaptureStore:
             return self.index.labels()
         except (OSError, sqlite3.Error) as exc:
             raise self._fault(exc, 'reading labels') from None
+
+    def unmatched_labels(self) -> list[str]:
+        """Return the ids of the labels held for an episode this store never saw, sorted.
+
+        In a fleet with a store per replica such a label may belong to another replica's episode (see
+        :meth:`label`); read the stores together (:meth:`StoreSet.unmatched_labels
+        <sequence_ai_ros.capture.store_set.StoreSet.unmatched_labels>`) to find the labels no store ran: a
+        mistyped id, or an episode past retention everywhere.
+
+        :raises CaptureError: when the index cannot be read.
+        """
+        if not (self.root / INDEX_FILE).exists():
+            return []
+        try:
+            self._open()
+            return sorted(self.index.unmatched_labels())
+        except (OSError, sqlite3.Error) as exc:
+            raise self._fault(exc, 'reading labels') from None
+
+    def seen(self, episode_ids: Iterable[str]) -> set[str]:
+        """Return those of ``episode_ids`` this store saw (ran, decided on, or holds).
+
+        :raises CaptureError: when the index cannot be read.
+        """
+        ids = set(episode_ids)
+        if not ids or not (self.root / INDEX_FILE).exists():
+            return set()
+        try:
+            self._open()
+            return {eid for eid in ids if self.index.seen(eid)}
+        except (OSError, sqlite3.Error) as exc:
+            raise self._fault(exc, 'reading runs') from None
 
     def record_run(self, run: dict[str, Any]) -> None:
         """Record one episode the worker ran (captured or not), for labels and ``seq policy stats``.

@@ -149,6 +149,30 @@ class StoreSet:
                     merged[eid] = label
         return merged
 
+    def unmatched_labels(self) -> list[str]:
+        """Return the ids of the labels that match no episode in any store, sorted.
+
+        A label one store holds for an episode another store ran (its replica was stopped when the robot
+        labelled it) is matched; what is left matches no episode any store saw: a mistyped id, or an episode
+        past retention in every store (or in a store not given).
+
+        :raises CaptureError: when no store can be read (a bad store is skipped: :attr:`skipped_stores`).
+        """
+        good = self._good()
+        stray: set[str] = set()
+        for store in good:
+            try:
+                stray.update(store.unmatched_labels())
+            except CaptureError as exc:
+                self._skip(store, str(exc))
+        for store in good:
+            if stray and all(root != store.root for root, _ in self.skipped_stores):
+                try:
+                    stray -= store.seen(stray)
+                except CaptureError as exc:
+                    self._skip(store, str(exc))
+        return sorted(stray)
+
     def episodes(self, since: float | None = None, until: float | None = None,
                  labelled_only: bool = False) -> list[CapturedEpisode]:
         """Return the committed episodes of every store, each id once, oldest first, with merged labels.

@@ -3,7 +3,7 @@
 Public API (re-exported as ``sequence_ai_ros.connect`` and by the ``sequence_ai`` alias):
 :func:`connect` -> :class:`Policy` (``act``, ``run``, ``begin_episode``/``next_action``/``end_episode``,
 ``interrupt``, ``label``, ``ready``, ``wait_until_ready``, ``stats``), :class:`RunOutcome`,
-:class:`Observation`, :class:`Action`, :class:`ActionSpace`.
+:class:`Observation`, :class:`Action`, :class:`ActionSpace`; ``label`` returns a :class:`LabelResult`.
 
 Modules, one concept each: :mod:`.policy` (the handle), :mod:`.settings` (EpisodeSettings, the one
 definition of the episode options), :mod:`.driving` (the paced act/run loop), :mod:`.engine` (one
@@ -12,7 +12,7 @@ episode's timeline, prefetch and pipelined requests, stale-action skip, underrun
 :mod:`.latency` (round-trip window, prefetch lead), :mod:`.sampling` (history and telemetry on the
 policy's clocks), :mod:`.pacing` (absolute deadlines; the one-thread rule), :mod:`.stopping` (what
 ``interrupt()`` stops), :mod:`.session` (gRPC),
-:mod:`.adapter` (images and state fitted to the contract, shared with the node), :mod:`.outcome`,
+:mod:`.adapter` (images and state fitted to the contract, shared with the node), :mod:`.outcome`, :mod:`.labels`,
 :mod:`.checks` (arguments and observations at the edge).
 
 Failures: a bad observation is a ContractViolation (act/run: hold, reason 'validate'); the caller's own
@@ -25,9 +25,10 @@ episode's stream and joined (with a timeout) when the episode ends. All timing u
 ``time.monotonic()`` on the robot; nothing is compared across hosts.
 """
 
+from sequence_ai_ros.client.labels import LabelResult
 from sequence_ai_ros.client.outcome import REASONS, RunOutcome
 from sequence_ai_ros.client.policy import Policy, connect
 from sequence_ai_ros.protocol.spaces import ActionSpace
 from sequence_ai_ros.protocol.types import Action, Observation
 
-__all__ = ['REASONS', 'Action', 'ActionSpace', 'Observation', 'Policy', 'RunOutcome', 'connect']
+__all__ = ['REASONS', 'Action', 'ActionSpace', 'LabelResult', 'Observation', 'Policy', 'RunOutcome', 'connect']

@@ -21,6 +21,7 @@ import numpy as np
 from sequence_ai_ros.client import checks, driving
 from sequence_ai_ros.client.adapter import ObservationAdapter, check_fit
 from sequence_ai_ros.client.engine import MAX_IN_FLIGHT, EpisodeEngine
+from sequence_ai_ros.client.labels import LabelResult
 from sequence_ai_ros.client.latency import LatencyWindow
 from sequence_ai_ros.client.outcome import RunOutcome
 from sequence_ai_ros.client.pacing import ThreadGuard
@@ -251,7 +252,7 @@ class Policy:
             self._closed = True
             self._conn.close()
 
-    def label(self, success: bool, notes: str = '', episode_id: str | None = None) -> bool:
+    def label(self, success: bool, notes: str = '', episode_id: str | None = None) -> LabelResult:
         """Label the last episode that act/run/begin_episode drove (or ``episode_id``): success and notes.
 
         Any episode the worker ran takes a label, captured or not (``seq policy stats`` counts it); a captured
@@ -259,19 +260,32 @@ class Policy:
         did, so a balancer that hashes on it sends the label (and a retry, when the worker is unavailable) to
         the replica that ran the episode.
 
-        :returns: True: the worker stored the label.
-        :raises CaptureError: with the worker's answer when it did not store it (an episode the worker never
-            saw or past retention, a worker serving without a store); never a silent ok.
+        A worker also stores a label for an episode it did not run, as a fleet needs: with the replica that
+        ran it stopped, the balancer sends the label to another one, and the stores' labels join their
+        episodes by id when exported or counted together. The result then has ``matched=False`` and a warning
+        is logged: it is an episode of a stopped replica, or an id no episode has (mistyped, or past
+        retention), which an export lists as a label matching no episode.
+
+        :returns: a :class:`~sequence_ai_ros.client.labels.LabelResult` (true in a condition): ``matched``
+            says whether the worker that stored the label ran the episode; ``message`` is its answer.
+        :raises CaptureError: with the worker's answer when it did not store the label (a worker serving
+            without a capture store, a store that cannot be written, a caller without the worker's token
+            labelling an episode that worker did not run); never a silent ok.
         :raises EpisodeStateError: when there is no episode to label, or this Policy is closed.
+        :raises ConnectionLost: when the worker cannot be reached.
         """
         self._check_open()
         eid = episode_id or self._last_episode_id
         if not eid:
             raise EpisodeStateError('no episode to label: run one first or pass episode_id')
-        reply = self._conn.label(self.model, eid, success, notes, timeout=5.0)
+        reply, matched = self._conn.label_call(self.model, eid, success, notes, timeout=5.0)
         if not reply.ok:
             raise CaptureError(reply.message or f'the worker did not store the label of {eid}')
-        return True
+        if not matched:
+            LOG.warning('label of episode %r: the worker that stored it did not run that episode (%s); unless it '
+                        'ran on a replica that was stopped, check the id: an export lists it as a label matching '
+                        'no episode', eid, reply.message or 'no message')
+        return LabelResult(episode_id=eid, matched=matched, message=reply.message)
 
     # -- episodes for self-paced loops -------------------------------------------------------------
 

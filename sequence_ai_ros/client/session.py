@@ -42,6 +42,8 @@ from sequence_ai_ros.protocol import (
     DEFAULT_PORT,
     DEPLOYMENT_METADATA,
     EPISODE_ID_METADATA,
+    LABEL_METADATA,
+    LABEL_UNMATCHED,
     codec,
     errors,
 )
@@ -219,18 +221,24 @@ class Connection:
         self.metadata: tuple[tuple[str, str], ...] = ((AUTH_METADATA, f'Bearer {token}'),) if token else ()
 
     def _unary(self, method: grpc.UnaryUnaryMultiCallable[_Request, _Reply], request: _Request, timeout: float,
-               wait_for_ready: bool = False, episode_id: str = '', attempts: int = 1) -> _Reply:
+               wait_for_ready: bool = False, episode_id: str = '', attempts: int = 1,
+               trailers: dict[str, str] | None = None) -> _Reply:
         """Call ``method`` within ``timeout`` s in all; retry UNAVAILABLE up to ``attempts`` calls in all.
 
         With ``episode_id``, every attempt carries it as ``x-episode-id``, so a consistent-hash balancer sends
-        the call, and its retries, to that episode's replica.
+        the call, and its retries, to that episode's replica. ``trailers``, when given, receives the answered
+        call's trailing metadata (text values).
         """
         metadata = (*self.metadata, (EPISODE_ID_METADATA, episode_id)) if episode_id else self.metadata
         deadline = time.monotonic() + timeout
         for attempt in range(1, attempts + 1):
             try:
-                return method(request, timeout=max(0.001, deadline - time.monotonic()), metadata=metadata,
-                              wait_for_ready=wait_for_ready)
+                left = max(0.001, deadline - time.monotonic())
+                if trailers is None:
+                    return method(request, timeout=left, metadata=metadata, wait_for_ready=wait_for_ready)
+                reply, call = method.with_call(request, timeout=left, metadata=metadata, wait_for_ready=wait_for_ready)
+                trailers.update((str(k), v) for k, v in (call.trailing_metadata() or ()) if isinstance(v, str))
+                return reply
             except grpc.RpcError as exc:
                 left = deadline - time.monotonic()
                 if exc.code() == grpc.StatusCode.UNAVAILABLE and attempt < attempts and left > RETRY_PAUSE_S:
@@ -309,14 +317,23 @@ class Connection:
         return self._unary(self.stub.Ready, pb.ReadyRequest(deployment=deployment), timeout, episode_id=episode_id)
 
     def label(self, deployment: str, episode_id: str, success: bool, notes: str, timeout: float) -> pb.LabelReply:
-        """Label an episode; return the worker's reply.
+        """Label an episode; return the worker's reply (see :meth:`label_call`)."""
+        return self.label_call(deployment, episode_id, success, notes, timeout)[0]
+
+    def label_call(self, deployment: str, episode_id: str, success: bool, notes: str,
+                   timeout: float) -> tuple[pb.LabelReply, bool]:
+        """Label an episode; return (the worker's reply, whether the worker that answered ran the episode).
 
         The call carries ``x-episode-id`` (so a consistent-hash balancer sends it to the episode's replica,
         whose store holds it) and is retried with the same id, within ``timeout`` s in all, when the worker
-        is unavailable (:data:`LABEL_ATTEMPTS` calls at most; storing a label twice stores it once).
+        is unavailable (:data:`LABEL_ATTEMPTS` calls at most; storing a label twice stores it once). The
+        worker says it did not run the episode in the trailing metadata ``x-label: unmatched``.
         """
         req = pb.LabelRequest(deployment=deployment, episode_id=episode_id, success=success, notes=notes)
-        return self._unary(self.stub.Label, req, timeout, episode_id=episode_id, attempts=LABEL_ATTEMPTS)
+        trailers: dict[str, str] = {}
+        reply = self._unary(self.stub.Label, req, timeout, episode_id=episode_id, attempts=LABEL_ATTEMPTS,
+                            trailers=trailers)
+        return reply, trailers.get(LABEL_METADATA) != LABEL_UNMATCHED
 
     def close(self) -> None:
         """Close the channel (idempotent)."""

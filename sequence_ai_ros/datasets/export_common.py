@@ -112,6 +112,21 @@ def _remove_ours(old: Path) -> None:
         print(f'note: {old} holds files the earlier export did not write; they were kept there', file=sys.stderr)
 
 
+def unmatched_labels(store: CaptureStore) -> tuple[list[str], list[str]]:
+    """Return the ids of the labels matching no episode the store (or stores) saw, and the summary note naming them.
+
+    Such a label was given for an id no episode has: mistyped, or an episode past retention, or one held in a
+    replica's store that is not read with the others (see ``StoreSet``).
+    """
+    ids = list(store.unmatched_labels())
+    if not ids:
+        return [], []
+    shown = ', '.join(ids[:10]) + (f' and {len(ids) - 10} more' if len(ids) > 10 else '')
+    what = '1 label matches' if len(ids) == 1 else f'{len(ids)} labels match'
+    return ids, [f'{what} no episode in the stores read: {shown} (a mistyped episode id, an episode past '
+                 'retention, or one in a replica\'s store not given with --store)']
+
+
 def select(store: CaptureStore, since: float | None, until: float | None, labelled_only: bool) -> list[CapturedEpisode]:
     """Return the committed episodes to export, oldest first.
 

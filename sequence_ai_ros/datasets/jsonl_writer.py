@@ -29,7 +29,7 @@ from typing import Any, TextIO
 
 from sequence_ai_ros.capture.episode import contract_to_json
 from sequence_ai_ros.capture.store import CaptureStore
-from sequence_ai_ros.datasets.export_common import check_out, finish, select, staging_dir
+from sequence_ai_ros.datasets.export_common import check_out, finish, select, staging_dir, unmatched_labels
 from sequence_ai_ros.exceptions import CaptureError, ContractViolation
 from sequence_ai_ros.protocol import codec
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
@@ -84,7 +84,8 @@ def export_jsonl(store: CaptureStore, out: str | Path, *, since: float | None = 
     """Write the store's committed episodes as JSON Lines at ``out`` (see the module docstring).
 
     :param images: include image bytes (base64) where the capture kept them.
-    :returns: ``{'out', 'episodes', 'requests', 'frames', 'skipped': [(episode_id, why)]}``.
+    :returns: ``{'out', 'episodes', 'requests', 'frames', 'skipped': [(episode_id, why)], 'unmatched_labels': [ids
+        of labels matching no episode the store saw], 'notes': [summary lines]}``.
     :raises ExportError: for a non-empty ``out`` without ``force`` or no matching episodes.
     """
     out = check_out(out, force)
@@ -144,4 +145,5 @@ def export_jsonl(store: CaptureStore, out: str | Path, *, since: float | None = 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return {'out': str(out), **counts, 'skipped': skipped}
+    stray, notes = unmatched_labels(store)
+    return {'out': str(out), **counts, 'skipped': skipped, 'unmatched_labels': stray, 'notes': notes}

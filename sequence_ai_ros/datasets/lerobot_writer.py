@@ -43,7 +43,7 @@ from sequence_ai_ros.datasets.episode_frames import (
     plan,
     write_camera,
 )
-from sequence_ai_ros.datasets.export_common import check_out, finish, select, staging_dir
+from sequence_ai_ros.datasets.export_common import check_out, finish, select, staging_dir, unmatched_labels
 from sequence_ai_ros.datasets.video import VCODECS, VideoWriter
 from sequence_ai_ros.exceptions import ExportError, MissingDependency
 from sequence_ai_ros.protocol.limits import json_safe
@@ -181,7 +181,7 @@ def export_lerobot(store: CaptureStore, out: str | Path, *, since: float | None 
     :param fps: rows per second (Hz); None: the episodes' row rate (the policy's 1/dt unless capture set one).
     :param lerobot_version: ``2.1`` (LeRobot <= 0.3) or ``3.0`` (LeRobot >= 0.4).
     :returns: ``{'out', 'episodes', 'frames', 'skipped': [(episode_id, why)], 'notes': [...], 'videos',
-        'fps', 'vcodec', 'version'}``.
+        'fps', 'vcodec', 'version', 'unmatched_labels': [ids of labels matching no episode the store saw]}``.
     :raises ExportError: for a non-empty ``out`` without ``force``, no matching or no exportable episode,
         or videos that cannot be encoded.
     """
@@ -248,9 +248,10 @@ def export_lerobot(store: CaptureStore, out: str | Path, *, since: float | None 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return {'out': str(out), 'episodes': k, 'frames': index, 'skipped': skipped, 'notes': notes,
+    stray, stray_notes = unmatched_labels(store)
+    return {'out': str(out), 'episodes': k, 'frames': index, 'skipped': skipped, 'notes': notes + stray_notes,
             'videos': k * len(p.camera_keys), 'fps': p.fps, 'vcodec': vcodec if p.camera_keys else None,
-            'version': lerobot_version}
+            'version': lerobot_version, 'unmatched_labels': stray}
 
 
 def _jsonl(path: Path, rows: list[dict[str, Any]]) -> None:

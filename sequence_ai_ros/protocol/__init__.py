@@ -28,9 +28,13 @@ REFUSAL_METADATA = 'x-refusal'
 #: A stopping replica's refusal (``Error.refusal``, the Handshake's :data:`REFUSAL_METADATA`) and its
 #: ``ReadyReply.state``.
 DRAINING = 'draining'
+#: Trailing metadata of a stored Label: :data:`LABEL_UNMATCHED` when the worker that stored it did not run the
+#: episode (kept for the replica that did, merged by episode id at export; or a mistyped id).
+LABEL_METADATA = 'x-label'
+LABEL_UNMATCHED = 'unmatched'
 
 __all__ = [
     'PROTOCOL_VERSION', 'DEFAULT_PORT', 'EPISODE_ID_METADATA', 'DEPLOYMENT_METADATA', 'AUTH_METADATA',
-    'REFUSAL_METADATA', 'DRAINING',
+    'REFUSAL_METADATA', 'DRAINING', 'LABEL_METADATA', 'LABEL_UNMATCHED',
     'ActionSpace', 'Action', 'CameraSpec', 'Contract', 'Observation', 'ObservationContract',
 ]

@@ -27,7 +27,16 @@ from sequence_ai_ros.exceptions import (
     Unauthenticated,
     UnknownDeployment,
 )
-from sequence_ai_ros.protocol import AUTH_METADATA, DEPLOYMENT_METADATA, DRAINING, EPISODE_ID_METADATA, errors, limits
+from sequence_ai_ros.protocol import (
+    AUTH_METADATA,
+    DEPLOYMENT_METADATA,
+    DRAINING,
+    EPISODE_ID_METADATA,
+    LABEL_METADATA,
+    LABEL_UNMATCHED,
+    errors,
+    limits,
+)
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
 from sequence_ai_ros.protocol.contract import PROTOCOL_VERSION, clip
@@ -277,7 +286,10 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         It cannot when capture is off for the deployment or the store cannot be written.
 
         An episode this worker never ran is labelled too (its replica was stopped and the balancer sent the
-        call here); the reply says so, and the stores merge labels by episode id at export and stats. A caller
+        call here; or a mistyped id): the reply says so, in its message and in the trailing metadata
+        ``x-label: unmatched`` (:data:`~sequence_ai_ros.protocol.LABEL_METADATA`), which the client reports to
+        its caller; the stores merge labels by episode id at export and stats, and an export lists the labels
+        no store ran. A caller
         without the token (``anonymous_streams``) may label only episodes this worker ran: labels of unseen
         episodes would let it fill the store's index.
         """
@@ -303,9 +315,11 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
             return pb.LabelReply(ok=False, message=f'label of episode {clip(request.episode_id)!r} not stored: '
                                                    f'{clip(str(exc), 300)}')
         what = f'episode {clip(request.episode_id)!r} labelled {"success" if request.success else "failure"}'
-        if not known:   # its replica was unreachable: the balancer sent the label to this one
+        if not known:   # its replica was unreachable (the balancer sent the label to this one), or a wrong id
             what += (' (this worker did not run it: the label is kept here and merged by episode id when the '
-                     'replicas\' stores are exported or counted together, --store per store)')
+                     'replicas\' stores are exported or counted together, --store per store; an export lists '
+                     'a label no store ran)')
+            context.set_trailing_metadata(((LABEL_METADATA, LABEL_UNMATCHED),))
         return pb.LabelReply(ok=True, message=what)
 
     def open_streams(self, deployment: str | None = None) -> int:
