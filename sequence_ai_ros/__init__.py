@@ -30,6 +30,7 @@ _EXPORTS = {
     'connect': 'sequence_ai_ros.client',
     'Policy': 'sequence_ai_ros.client',
     'RunOutcome': 'sequence_ai_ros.client',
+    'LabelResult': 'sequence_ai_ros.client',
     'Observation': 'sequence_ai_ros.protocol',
     'Action': 'sequence_ai_ros.protocol',
     'ActionSpace': 'sequence_ai_ros.protocol',
