@@ -243,3 +243,54 @@ def test_the_launch_files_read_the_params_keys_rcl_would_match_for_their_node(tm
     assert read('/robot1') == {'control_rate_hz': 30.0, 'model': 'robot1'}
     assert read('robot2') == {'control_rate_hz': 30.0, 'model': 'robot2'}
     assert read() == {'control_rate_hz': 30.0, 'model': 'all'}
+
+
+#: sim.launch.py's arguments for sim_robot: each one of its parameters, applied only when given.
+SIM_ARGUMENTS = ('task', 'benchmark_seed', 'split', 'index', 'max_steps', 'real_time_factor', 'camera_names',
+                 'camera_width', 'camera_height', 'camera_rate_hz')
+
+
+def test_sim_launch_arguments_are_sim_robot_parameters_of_their_type_not_given_by_default():
+    """Each sim argument names a sim_robot parameter, is read as its type, and says the default the file sets."""
+    from sequence_ai_ros.sim.config import SimConfig
+
+    tree = ast.parse((REPO / 'launch' / 'sim.launch.py').read_text())
+    calls = {c.args[0].value: c for c in _calls(tree, 'DeclareLaunchArgument')}
+    assert set(calls) == {*SIM_ARGUMENTS, 'sim_params_file', 'params_file', 'model', 'endpoint', 'namespace',
+                          'autostart'}
+    assert all(_kw(c, 'default_value').value == '' for c in calls.values())
+    fields = {f.name: f.type for f in SimConfig.fields()}
+    shipped = yaml.safe_load((REPO / 'config' / 'sim_robot.yaml').read_text())['/**/sim_robot']['ros__parameters']
+    given = next(d for d in ast.walk(tree) if isinstance(d, ast.Dict) and d.keys
+                 and getattr(d.keys[0], 'value', None) == 'task')
+    kinds = {}
+    for key, value in zip(given.keys, given.values, strict=True):
+        read, kind = value.elts
+        assert read.func.value.args[0].value == key.value, f'{key.value} reads another launch argument'
+        kinds[key.value] = kind.id
+    assert set(kinds) == set(SIM_ARGUMENTS)
+    for name, kind in kinds.items():
+        assert fields[name].split('[')[0] == kind, f'{name}: read as {kind}, declared {fields[name]}'
+        value = shipped[name]
+        text = ','.join(value) if isinstance(value, list) else str(value)
+        description = ''.join(_strings(_kw(calls[name], 'description')))
+        assert f'({text}' in description, f'{name}: {description!r} does not say the default {text}'
+
+
+def test_sim_robot_parameters_layer_the_params_files_then_the_arguments_given(tmp_path):
+    from sequence_ai_ros.node.launch_parameters import layered
+    from sequence_ai_ros.sim.config import SimConfig
+
+    user = tmp_path / 'sim.yaml'
+    user.write_text(yaml.safe_dump({'sim_robot': {'ros__parameters': {'task': 'push-v3', 'index': 2}}}))
+    shipped = str(REPO / 'config' / 'sim_robot.yaml')
+    params = layered('sim_robot', '', shipped, files=[str(user)],
+                     given={'index': ('4', int), 'max_steps': ('40', int), 'camera_names': ('none', list),
+                            'real_time_factor': ('2', float), 'split': ('', str)})
+    cfg = SimConfig(**params)
+    assert (cfg.task, cfg.index, cfg.max_steps, cfg.camera_names, cfg.real_time_factor, cfg.split) == \
+        ('push-v3', 4, 40, [], 2.0, 'test')
+    assert params['camera_names'] == [''] and isinstance(params['real_time_factor'], float)
+    names = layered('sim_robot', 'sim1', shipped, given={'camera_names': ('corner, behindGripper', list)})
+    assert names['camera_names'] == ['corner', 'behindGripper']
+    assert layered('sim_robot', '', shipped, given={'camera_names': ('[corner]', list)})['camera_names'] == ['corner']

@@ -80,6 +80,7 @@ def test_push_observes_its_goal_and_its_scripted_expert_solves_it_through_positi
     task = SimTask('push-v3')
     expert = metaworld.policies.SawyerPushV3Policy()
     try:
+        task.reset('test', 4)       # resets with no step between (sim_robot waits for a command after each)
         for index in range(2):
             task.reset('test', index)
             assert np.abs(task.obs[36:39]).max() > 0.5          # the goal (obs_36..38), drawn per instance
@@ -122,14 +123,18 @@ class Probe:
         from rclpy.executors import SingleThreadedExecutor
         from rclpy.qos import qos_profile_sensor_data
         from sensor_msgs.msg import Image, JointState
+        from sequence_ai_msgs.msg import SimStatus
         from sequence_ai_msgs.srv import ResetSim
+        from std_msgs.msg import Float64MultiArray
         from trajectory_msgs.msg import JointTrajectory
 
         self.node = rclpy.create_node('sim_test_probe', context=context)
-        self.joints, self.images = [], []
+        self.joints, self.images, self.status = [], [], []
         self.node.create_subscription(JointState, '/joint_states', self.joints.append, 100)
         self.node.create_subscription(Image, '/corner/image_raw', self.images.append, qos_profile_sensor_data)
+        self.node.create_subscription(SimStatus, '/sim_robot/status', self.status.append, 10)
         self.trajectory = self.node.create_publisher(JointTrajectory, '/position_controller/joint_trajectory', 10)
+        self.forward = self.node.create_publisher(Float64MultiArray, '/position_controller/commands', 10)
         self.reset_client = self.node.create_client(ResetSim, '/sim_robot/reset')
         self.ResetSim = ResetSim
         self.executor = SingleThreadedExecutor(context=context)
@@ -200,3 +205,29 @@ def test_a_joint_trajectory_moves_the_hand_to_its_points(sim_node, probe):
     measured = np.array(probe.joints[-1].position[:4])
     assert list(probe.joints[-1].name[:5]) == [*NAMES, 'obs_0']
     np.testing.assert_allclose(measured[:3], goal[:3], atol=0.01)
+
+
+@pytest.mark.ros
+def test_an_episode_starts_at_its_first_command_and_the_robot_publishes_its_state_while_it_waits(sim_node, probe):
+    """After a reset the robot publishes its reset state and counts no step; max_steps count from the first command."""
+    from std_msgs.msg import Float64MultiArray
+
+    proc = sim_node(camera_names=[''], max_steps=40)
+    reply = probe.reset(1)
+    assert reply.success, proc.log.read_text()
+
+    def status_after(mark):
+        return next((st for st in reversed(probe.status[mark:]) if st.episode == reply.episode), None)
+    # more periods than max_steps pass (counted in joint_states messages): the episode has not started
+    after_reset = len(probe.joints)
+    assert wait_for(lambda: len(probe.joints) > after_reset + 3 * 40, 60), proc.log.read_text()
+    mark = len(probe.status)
+    waiting = wait_for(lambda: status_after(mark), 10)
+    assert waiting and (waiting.steps, waiting.first_command_step, waiting.truncated) == (0, -1, False)
+    np.testing.assert_allclose(probe.joints[-1].position, reply.state)       # the reset state, published fresh
+    # the first command starts the episode: it runs its whole max_steps, then physics stops
+    assert wait_for(lambda: probe.forward.get_subscription_count() > 0, 10)
+    probe.forward.publish(Float64MultiArray(data=list(reply.state[:4])))
+    ended = wait_for(lambda: (st := status_after(0)) is not None and st.truncated and st, 60)
+    assert ended, proc.log.read_text()
+    assert (ended.steps, ended.first_command_step, ended.commands) == (40, 1, 1)

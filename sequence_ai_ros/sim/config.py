@@ -30,7 +30,9 @@ class SimConfig:
     benchmark_seed: int = _field(0, 'seed of metaworld.ML1(task, seed): draws the train and test task instances')
     split: str = _field('test', 'instance list reset to at start-up: test (held-out) or train (demonstrations)')
     index: int = _field(0, 'instance index reset to at start-up')
-    max_steps: int = _field(500, 'steps per episode; at this count physics stops until the next reset')
+    max_steps: int = _field(500, 'steps per episode, counted from its first command (after a reset the robot '
+                                 'waits for one, publishing its reset state); at this count physics stops until '
+                                 'the next reset')
     real_time_factor: float = _field(1.0, 'sim time per wall time: 1.0 steps at the task rate (80 Hz for '
                                           'Meta-World), on the steady clock')
     controller: str = _field('position_controller', 'controller name: Float64MultiArray on '

@@ -11,12 +11,20 @@ Topics and services (all relative: a namespace moves the whole robot):
 - serves ``~/reset`` (sequence_ai_msgs/ResetSim): a seeded task instance; it answers once the reset state
   has been published on joint_states and on every camera.
 
+An episode starts at its first command: after a reset (and after start-up) the robot waits, publishing its
+reset state on ``joint_states`` every period and its cameras at ``camera_rate_hz`` (so a policy node's
+observations stay fresh), but runs no physics and counts no step until a command (forward or trajectory)
+arrives. Its ``max_steps`` then count from that command, so a goal sent any time after a reset gets the
+whole episode; ``~/status`` says ``steps`` 0 and ``first_command_step`` -1 while it waits, and
+``first_command_step`` is 1 once it runs.
+
 Threads: the executor (``main``) runs the subscriptions, the status timer and the reset service; the
 stepping thread ``sim-step`` (owned here: :meth:`SimRobot.start`, :meth:`SimRobot.stop` with a timed join)
 is the only one that touches MuJoCo: it steps at ``1 / dt * real_time_factor`` Hz on absolute deadlines of
 the steady clock, performs resets the service hands it (a one-slot queue, answered through an Event), and
-renders. A period whose deadline passed by a whole period before its step could run is an overrun: counted
-(``~/status``), skipped, never run late in a burst.
+renders. The deadlines start again at a reset and at the first command. A period whose deadline passed by a
+whole period before its step could run is an overrun: counted (``~/status``), skipped, never run late in a
+burst; while the robot waits for its first command, missed periods are skipped and not counted.
 """
 
 from __future__ import annotations
@@ -101,8 +109,8 @@ class SimRobot(Node):
         if self._start_error is not None:
             raise self._start_error
         self.get_logger().info(f'{self.cfg.task}: stepping at {1 / self.period_s:.2f} Hz '
-                               f'({self.cfg.real_time_factor:g} x real time), '
-                               f'cameras {self.cfg.camera_names or "none"}')
+                               f'({self.cfg.real_time_factor:g} x real time), {self.cfg.max_steps} steps from the '
+                               f'first command after each reset, cameras {self.cfg.camera_names or "none"}')
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the stepping thread (timed join); it frees the task and its renderers as it ends."""
@@ -193,6 +201,7 @@ class SimRobot(Node):
         period = self.period_s
         start = time.monotonic()
         k = 0
+        waiting = True                              # for the episode's first command (see the module docstring)
         while not self._stop.is_set():
             try:
                 split, index, done, slot = self._resets.get_nowait()
@@ -205,14 +214,22 @@ class SimRobot(Node):
                     slot['error'] = exc
                 done.set()
                 start, k = time.monotonic(), 0      # a reset is no control period: the grid starts again
+                waiting = True
+            if waiting and self.commands.received:
+                waiting = False                     # the episode's clock starts at its first command
+                start, k = time.monotonic(), 0
             now = time.monotonic()
             behind = math.floor((now - (start + k * period)) / period)
             if behind >= 1:                         # whole periods no step served: counted, skipped
-                with self._status_lock:
-                    self.overruns += behind
-                    self.total_overruns += behind
+                if not waiting:
+                    with self._status_lock:
+                        self.overruns += behind
+                        self.total_overruns += behind
                 k += behind
-            self._step()
+            if waiting:
+                self._publish_state(self.task.state(), frames=False)
+            else:
+                self._step()
             k += 1
             self._stop.wait(max(0.0, start + k * period - time.monotonic()))
 

@@ -109,12 +109,20 @@ class SimTask:
         self._offset = self._settled_offset()
 
     def _settled_offset(self) -> np.ndarray:
-        """The hand's offset from the mocap body once a held hand has settled, float64 (3,) (m)."""
-        self.reset('train', 0)
-        hold = np.concatenate([self.mocap(), [RESET_GRIPPER]])
-        for _ in range(SETTLE_STEPS):
-            self.step(hold)
-        offset = self.obs[0:3] - self.mocap()
+        """The hand's offset from the mocap body once a held hand has settled, float64 (3,) (m).
+
+        The settling steps are no episode's: ``max_steps`` (Meta-World's ``max_path_length`` too) is lifted for them.
+        """
+        limit = self.max_steps
+        self.max_steps = self.env.max_path_length = max(limit, SETTLE_STEPS)
+        try:
+            self.reset('train', 0)
+            hold = np.concatenate([self.mocap(), [RESET_GRIPPER]])
+            for _ in range(SETTLE_STEPS):
+                self.step(hold)
+            offset = self.obs[0:3] - self.mocap()
+        finally:
+            self.max_steps = self.env.max_path_length = limit
         self.split, self.index = '', -1
         return offset
 
@@ -137,9 +145,11 @@ class SimTask:
             raise ConfigError(f'{split} has {len(tasks)} task instances; index {index} is outside it')
         self.env.set_task(tasks[index])
         if self.observe_goal and self.env._partially_observable:
-            # what set_task does when a task's observability changes (the observation space is a cached property)
+            # what set_task does when a task's observability changes (the observation space is a cached property),
+            # computed again at once: the next set_task deletes it, and a reset without a step does not compute it
             self.env.__dict__.pop('sawyer_observation_space', None)
             self.env._partially_observable = False
+            self.env.sawyer_observation_space  # noqa: B018
         obs, _ = self.env.reset()
         self.split, self.index = split, int(index)
         self.obs = np.asarray(obs, np.float64)

@@ -8,7 +8,9 @@ the commands the node publishes (receive times, values) so a missed episode's tr
 Time to success counts from the first commanded action, in simulator steps: the node runs with
 ``on_underrun: stop`` (a position controller holds its last command by itself, so nothing is published
 before an episode's first action nor between episodes), so the simulator's ``first_command_step`` is the step
-of the episode's first action and ``(success_step - first_command_step + 1) * dt`` its time to success.
+of the episode's first action and ``(success_step - first_command_step + 1) * dt`` its time to success. The
+simulator waits after a reset and starts counting steps at the first command, so ``first_command_step`` is 1
+and the time the goal takes to reach its first action is no part of the episode's steps.
 """
 
 from __future__ import annotations
