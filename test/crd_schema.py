@@ -11,10 +11,12 @@ from __future__ import annotations
 import copy
 import functools
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jsonschema
 import yaml
+
+if TYPE_CHECKING:       # imported where it is used: a venv without jsonschema still collects test_fleet_deploy
+    import jsonschema
 
 CRDS = Path(__file__).resolve().parent / 'fixtures' / 'crds'
 
@@ -66,6 +68,8 @@ def _validator(api_version: str, kind: str) -> jsonschema.Draft7Validator:
     schema['properties'].update(apiVersion={'const': api_version}, kind={'const': kind})
     schema.setdefault('required', [])
     schema['required'] = sorted({*schema['required'], 'apiVersion', 'kind', 'metadata'})
+    import jsonschema
+
     return jsonschema.Draft7Validator(schema)
 
 
