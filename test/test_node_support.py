@@ -106,10 +106,12 @@ class Probe:
     :param command_topic: the topic to record.
     :param namespace: the policy node's namespace ('' for the root): its services, status and diagnostic
         names, and the joint_states topic published here, are looked up in it.
+    :param act_client: make an Act action client (``send_goal``); False: none, as for a test of what the node
+        does when a goal's own client leaves the graph.
     """
 
     def __init__(self, context: Any, command_type: Any = None, command_topic: str = '', namespace: str = '',
-                 name: str = 'probe') -> None:
+                 name: str = 'probe', act_client: bool = True) -> None:
         import rclpy
         from diagnostic_msgs.msg import DiagnosticArray
         from rclpy.action import ActionClient
@@ -135,7 +137,9 @@ class Probe:
         self.diagnostics_received: list[float] = []       # time.monotonic() of each /diagnostics message
         self.node.create_subscription(DiagnosticArray, '/diagnostics', self._on_diagnostics, 10)
         self.node.create_subscription(RunStatus, f'{NODE}/status', self.status.append, 10)
-        self.act = ActionClient(self.node, Act, f'{NODE}/act')
+        # act_client=False: no Act client (an action client is a subscriber of the goal's feedback, which the node
+        # watches to tell whether a goal's client is still there)
+        self.act = ActionClient(self.node, Act, f'{NODE}/act') if act_client else None
         self.Act = Act
         self.clients = {
             'start_episode': self.node.create_client(StartEpisode, f'{NODE}/start_episode'),
@@ -163,7 +167,8 @@ class Probe:
         """Stop spinning (timed join) and destroy the node."""
         self._stop.set()
         self._thread.join(5.0)
-        self.act.destroy()
+        if self.act is not None:
+            self.act.destroy()
         self.executor.shutdown(timeout_sec=1.0)
         self.node.destroy_node()
 

@@ -141,7 +141,8 @@ def launched(tmp_path_factory):
             stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     context = rclpy.Context()
     rclpy.init(context=context)
-    probe = Probe(context, Float64MultiArray, COMMANDS, name='ros2cli_probe')
+    # no Act client here: the goals are the command line's alone, as the node's client watch needs to see
+    probe = Probe(context, Float64MultiArray, COMMANDS, name='ros2cli_probe', act_client=False)
     try:
         assert probe.wait_connected(timeout=WAIT_S), log.read_text()[-6000:]
         assert wait_for(lambda: probe.diag_message('observation') == 'all sources fresh', WAIT_S), \
@@ -260,13 +261,38 @@ def test_ctrl_c_on_send_goal_interrupts_and_holds(launched, tmp_path):
         finally:
             goal.stop()
         ended_ok = wait_for(lambda eid=episode_id: _episode_ended(probe, eid), 30)
-        assert ended_ok, (goal.output(), log.read_text()[-4000:])
+        assert ended_ok, (f'attempt {attempt}: episode {episode_id} still running', goal.output()[-1500:],
+                          [line for line in log.read_text().splitlines() if episode_id in line][-5:])
         ended = ros2('service', 'call', f'{NODE}/end_episode', 'sequence_ai_msgs/srv/EndEpisode')
         assert f"episode_id='{episode_id}'" in ended.stdout and "reason='interrupted'" in ended.stdout, \
             (ended.stdout, goal.output(), log.read_text()[-4000:])
         _assert_holding(probe, t_sigint + 1.0)
         ways.append('cancel' if 'Canceling goal' in goal.output() else 'client left')
     print(f'\nCtrl-C on ros2 action send_goal, 3 times: the node stopped on {ways}')
+
+
+def test_a_killed_goal_client_is_noticed_and_the_arm_holds(launched, tmp_path):
+    """``kill -9`` of ``ros2 action send_goal``: no cancel can leave, yet the node interrupts the goal.
+
+    It does so once the killed process is gone from the ROS graph (DDS drops a participant that stopped announcing
+    itself when its lease runs out).
+    """
+    _, log, probe = launched
+    goal = Goal("{instruction: 'pick', max_seconds: 120.0}", tmp_path / 'goal.log')
+    try:
+        assert wait_for(goal.commanding, WAIT_S), goal.output()
+        episode_id = re.findall(r'episode_id: (\S+)', goal.output())[-1]
+        os.killpg(goal.proc.pid, signal.SIGKILL)
+    finally:
+        goal.stop()
+    assert wait_for(lambda: _episode_ended(probe, episode_id), 90), \
+        [line for line in log.read_text().splitlines() if episode_id in line][-5:]
+    t_end = time.monotonic()
+    lines = [line for line in log.read_text().splitlines() if episode_id in line]
+    assert any("client left the ROS graph without cancelling" in line for line in lines), lines[-5:]
+    ended = ros2('service', 'call', f'{NODE}/end_episode', 'sequence_ai_msgs/srv/EndEpisode')
+    assert "reason='interrupted'" in ended.stdout, ended.stdout
+    _assert_holding(probe, t_end)
 
 
 def test_ctrl_c_on_ros2_launch_ends_every_process(launched):
