@@ -141,15 +141,21 @@ def launched(tmp_path_factory):
             stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     context = rclpy.Context()
     rclpy.init(context=context)
-    # no Act client here: the goals are the command line's alone, as the node's client watch needs to see
-    probe = Probe(context, Float64MultiArray, COMMANDS, name='ros2cli_probe', act_client=False)
+    probe = None
     try:
+        # no Act client here: the goals are the command line's alone, as the node's client watch needs to see
+        probe = Probe(context, Float64MultiArray, COMMANDS, name='ros2cli_probe', act_client=False)
         assert probe.wait_connected(timeout=WAIT_S), log.read_text()[-6000:]
+        # this domain is the test's own: one policy_node, the launch's
+        nodes = probe.node.get_node_names_and_namespaces()
+        domain = os.environ['ROS_DOMAIN_ID']
+        assert nodes.count(('policy_node', '/')) == 1, f'another policy_node in ROS domain {domain}'
         assert wait_for(lambda: probe.diag_message('observation') == 'all sources fresh', WAIT_S), \
             log.read_text()[-6000:]
         yield proc, log, probe
     finally:
-        probe.close()
+        if probe is not None:
+            probe.close()
         rclpy.shutdown(context=context)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -11,10 +11,12 @@ Errors become responses: a contract or action-space refusal is reason 'validate'
 ``accepted: false`` with the message (StartEpisode); a second goal while one runs is rejected and
 the rejection logged; a second StartEpisode is refused with a message.
 
-A goal whose client goes away without cancelling is interrupted (:class:`GoalClientWatch`): every action
-client subscribes to the action's feedback topic, so when every subscriber seen during the goal has left the
-ROS graph (Ctrl-C on a ``ros2 action send_goal`` that dies before its cancel goes out, a killed script),
-nobody is left to cancel it, and the arm holds instead of running to ``max_seconds``.
+While a goal runs its status is published again with each feedback (``_republish_status``), so a client that
+missed the first status still sends its cancel on Ctrl-C. A goal whose client goes away without cancelling
+is interrupted (:class:`GoalClientWatch`): every action client subscribes to the action's feedback topic, so
+when every subscriber seen during the goal has left the ROS graph (a killed script, a command line that died
+before its cancel went out), nobody is left to cancel it, and the arm holds instead of running to
+``max_seconds``.
 """
 
 from __future__ import annotations
@@ -154,6 +156,7 @@ class EpisodeServices:
             if now >= next_feedback:
                 next_feedback = now + FEEDBACK_PERIOD_S
                 goal_handle.publish_feedback(self._feedback(eid))
+                self._republish_status()
         out = self._result(result)
         if cancelled and goal_handle.is_cancel_requested:
             goal_handle.canceled()
@@ -162,6 +165,19 @@ class EpisodeServices:
         else:
             goal_handle.abort()
         return out
+
+    def _republish_status(self) -> None:
+        """Publish the goals' status again, so a client that missed the first one knows its goal is executing.
+
+        rclpy's action client drops a status message that arrives before it has processed the goal's response,
+        and the server publishes status only on a state change: such a client then believes its goal is in no
+        state, and ``ros2 action send_goal`` skips its cancel on Ctrl-C. Republishing with the feedback (5 Hz)
+        closes that window. rclpy has no public call for it; without the handle's method nothing is republished.
+        """
+        try:
+            self.act_server._handle.publish_status()
+        except Exception:  # noqa: BLE001  (best effort: an rclpy without it, or a server being destroyed)
+            pass
 
     def _feedback(self, eid: str) -> Act.Feedback:
         ep = self.runner.episode
