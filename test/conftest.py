@@ -15,6 +15,7 @@ they cannot take at 0) carry ``pytest.mark.xdist_group`` so that one worker runs
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import re
@@ -24,6 +25,13 @@ import time
 from pathlib import Path
 
 import pytest
+
+# ROS's launch package, imported by the pytest plugins of launch_testing, launch_pytest and launch_testing_ros
+# wherever they are installed (a sourced distro, the dev venv), sets logging's logger class to one whose loggers
+# do not propagate: every logger made afterwards (this package's) would bypass pytest's caplog and log capture.
+# The tests' own processes get the standard class back; launch's own loggers keep theirs.
+if logging.getLoggerClass() is not logging.Logger:
+    logging.setLoggerClass(logging.Logger)
 
 os.environ.setdefault('ROS_AUTOMATIC_DISCOVERY_RANGE', 'LOCALHOST')
 os.environ.setdefault('ROS_LOCALHOST_ONLY', '1')
