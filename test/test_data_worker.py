@@ -49,7 +49,7 @@ def test_label_from_the_client_reaches_the_export(tmp_path: Path, g1_dataset: Pa
     save_settings(root / 'fast', CaptureSettings(rate=1.0, enabled=True))   # rows at the policy's 1/dt
     with serve_policy_file(FAST, 'fast', capture_root=root) as server:
         out, labelled, done = _drive(server.port, g1, 'field-1')
-    assert out.reason == 'completed' and labelled is True and len(done) == 45
+    assert out.reason == 'completed' and labelled.matched is True and len(done) == 45
     store = CaptureStore(root / 'fast', 'fast')
     (ep,) = store.episodes()
     assert ep.episode_id == 'field-1' and ep.label['success'] is True and ep.requests >= 1
@@ -86,7 +86,7 @@ def test_a_corrupt_store_is_rebuilt_and_a_quota_pauses_capture(tmp_path: Path, g
     assert out.reason == 'completed' and len(done) == 30  # serving unaffected
     # no one else captured into the store, so the worker rebuilt its index from the episode files at open
     # (the bad file kept aside): the new episode is captured and labelled, and nothing kept is lost
-    assert labelled is True
+    assert labelled.matched is True
     store = CaptureStore(root / 'fast', 'fast')
     assert sorted(e.episode_id for e in store.episodes()) == ['kept-1', 'while-corrupt']
     assert store.status()['state'] != 'paused'
@@ -94,7 +94,7 @@ def test_a_corrupt_store_is_rebuilt_and_a_quota_pauses_capture(tmp_path: Path, g
     with serve_policy_file(FAST, 'fast', capture_root=root) as server:
         out, labelled, done = _drive(server.port, g1, 'over-quota', actions=30)
     assert out.reason == 'completed' and len(done) == 30
-    assert labelled is True   # not captured (over the quota), but seen: its label is kept for the scoreboard
+    assert labelled.matched is True   # not captured (over the quota), but seen: its label is kept for the scoreboard
     assert sorted(e.episode_id for e in CaptureStore(root / 'fast', 'fast').episodes()) == ['kept-1', 'while-corrupt']
 
 
@@ -166,7 +166,7 @@ def test_a_reused_episode_id_runs_and_the_robot_is_told_it_is_not_captured(tmp_p
     with serve_policy_file(FAST, 'fast', capture_root=root) as server:
         first, labelled, _ = _drive(server.port, g1, 'trial-1')
         second, _, done = _drive(server.port, g1, 'trial-1')
-    assert first.reason == 'completed' and labelled is True and first.capture_error == ''
+    assert first.reason == 'completed' and labelled.matched is True and first.capture_error == ''
     assert second.reason == 'completed' and len(done) == 45
     assert "episode 'trial-1' was already captured" in second.capture_error, second
     assert 'this run of it is not captured' in second.capture_error

@@ -1264,17 +1264,10 @@ def test_diagnostics_ticks_skipped_never_fall_while_a_deactivate_waits_on_a_stal
 #    both found bugs (launch params keys vs rcl), now fixed: launch matches keys and order as rcl does --
 
 def _launch_node_parameters():
-    """policy.launch.py's ``_node_parameters``, taken out of the file (``launch`` is not installable here)."""
-    import ast
-    from pathlib import Path
+    """The launch files' reading of a params file for ``policy_node`` (sequence_ai_ros.node.launch_parameters)."""
+    from sequence_ai_ros.node.launch_parameters import node_parameters
 
-    import yaml
-
-    tree = ast.parse((Path(__file__).parent.parent / 'launch' / 'policy.launch.py').read_text())
-    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == '_node_parameters')
-    scope = {'yaml': yaml, 'NODE_NAME': 'policy_node'}
-    exec(compile(ast.Module(body=[fn], type_ignores=[]), 'policy.launch.py', 'exec'), scope)  # noqa: S102
-    return scope['_node_parameters']
+    return lambda path, namespace='': node_parameters(path, 'policy_node', namespace)
 
 
 def test_launch_params_keys_match_what_rcl_applies_to_a_namespaced_node(tmp_path):

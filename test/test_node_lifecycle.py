@@ -181,7 +181,9 @@ def test_autostart_says_what_it_waits_for_while_the_worker_is_unreachable(tmp_pa
     assert wait_for(lambda: 'configure failed' in node_log(proc), 10), node_log(proc)
     assert wait_for(lambda: 'still not configured after' in node_log(proc), CONFIGURE_REMINDER_S + 10), node_log(proc)
     assert node_log(proc).count('configure failed') == 1, 'the same cause was logged again instead of a reminder'
-    # the hint names the node's own knob (a parameter), not the Python API's connect()/$SEQ_ENDPOINT
-    assert '-p endpoint:=HOST:PORT' in node_log(proc) and 'SEQ_ENDPOINT' not in node_log(proc), node_log(proc)
+    # the hint names the node's own knobs (its parameter, and $SEQ_ENDPOINT, which it reads when that is empty),
+    # not the Python API's connect()
+    log = node_log(proc)
+    assert '-p endpoint:=HOST:PORT' in log and '$SEQ_ENDPOINT' in log and 'connect(' not in log, log
     with serve_policy_file(RAMP, 'ramp', names=NAMES, step=0.002, port=port):
         assert wait_for(lambda: 'active: commanding' in node_log(proc), 20), node_log(proc)

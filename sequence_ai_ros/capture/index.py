@@ -270,11 +270,18 @@ class Index:
                          [run.get(c, 0) for c in cols])
 
     def unmatched_labels(self) -> set[str]:
-        """Return the ids of the labels whose episode this store never saw (no run, capture decision or episode)."""
+        """Return the ids of the labels whose episode this store never saw (no run, capture decision or episode).
+
+        A store written before a table existed (an older worker's: no ``runs``) is read with the tables it has.
+        """
         with self.connect() as conn:
-            rows = conn.execute('SELECT episode_id FROM labels l WHERE '
-                                + ' AND '.join(f'NOT EXISTS (SELECT 1 FROM {t} x WHERE x.episode_id = l.episode_id)'
-                                               for t in ('runs', 'decisions', 'episodes'))).fetchall()
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            if 'labels' not in tables:
+                return set()
+            seen_in = [t for t in ('runs', 'decisions', 'episodes') if t in tables]
+            where = ' AND '.join(f'NOT EXISTS (SELECT 1 FROM {t} x WHERE x.episode_id = l.episode_id)'
+                                 for t in seen_in) or '1'
+            rows = conn.execute(f'SELECT episode_id FROM labels l WHERE {where}').fetchall()
         return {r[0] for r in rows}
 
     def seen(self, episode_id: str) -> bool:
