@@ -198,7 +198,7 @@ def test_send_goal_with_feedback_counts_every_period(launched, tmp_path):
     assert result['reason'] == 'timeout', result
     counted = int(result['commands_sent']) + int(result['ticks_held']) + int(result['ticks_skipped'])
     periods = float(result['elapsed_s']) * RATE_HZ
-    assert abs(counted - periods) <= 1.0, f'{counted} ticks counted for {periods:.2f} periods: {result}'
+    assert abs(counted - periods) <= 2.0, f'{counted} ticks counted for {periods:.2f} periods: {result}'
     assert int(result['commands_sent']) > 0 and int(result['chunks']) > 0, result
 
 

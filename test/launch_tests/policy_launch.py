@@ -158,7 +158,7 @@ class TestPolicyLaunch(unittest.TestCase):
         self.assertEqual(result.reason, 'timeout', result.message)
         periods = result.elapsed_s * RATE_HZ
         counted = result.commands_sent + result.ticks_held + result.ticks_skipped
-        self.assertLessEqual(abs(counted - periods), 1.0, f'{counted} ticks counted for {periods:.2f} periods')
+        self.assertLessEqual(abs(counted - periods), 2.0, f'{counted} ticks counted for {periods:.2f} periods')
         self.assertGreater(result.commands_sent, 0)
         received = [t for t, _ in list(probe.commands) if t_accepted <= t <= t_result]
         self.assertGreater(len(received), 0, 'no command reached the controller topic during the goal')

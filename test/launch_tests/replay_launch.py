@@ -80,7 +80,7 @@ class TestReplayLaunch(unittest.TestCase):
         t_result = time.monotonic()
         self.assertEqual(result.reason, 'timeout', result.message)
         counted = result.commands_sent + result.ticks_held + result.ticks_skipped
-        self.assertLessEqual(abs(counted - result.elapsed_s * RATE_HZ), 1.0, result)
+        self.assertLessEqual(abs(counted - result.elapsed_s * RATE_HZ), 2.0, result)
         received = [t for t, _ in list(probe.commands) if t_accepted <= t <= t_result]
         self.assertGreater(len(received), 0, f'no command on {COMMANDS} during the goal')
         self.assertLessEqual(len(received), counted + 1)

@@ -116,7 +116,7 @@ class TestSimLaunch(unittest.TestCase):
         result = probe.result(handle, timeout=WAIT_S)
         self.assertIn(result.reason, ('timeout', 'completed', 'until'), result.message)
         counted = result.commands_sent + result.ticks_held + result.ticks_skipped
-        self.assertLessEqual(abs(counted - result.elapsed_s * RATE_HZ), 1.0, result)
+        self.assertLessEqual(abs(counted - result.elapsed_s * RATE_HZ), 2.0, result)
         solved = wait_for(lambda: [s for s in list(self.sim_status) if s.episode == episode and s.success], 10)
         final = [s for s in list(self.sim_status) if s.episode == episode][-1]
         self.assertTrue(solved, f'the expert did not solve the task: {final}')
