@@ -13,12 +13,13 @@ stays not given there), so its rule decides: config/policy_node.yaml, then ``aut
 ``params_file``, then each argument given. The player publishes ``/clock`` (``--clock``) when the node's
 ``use_sim_time`` comes out true by that rule. The bag replays in a loop (``loop`` defaults to true), so the node's
 inputs stay fresh for a goal sent whenever; ``loop:=false`` plays it once, after which the topics go quiet and a
-goal ends ``error`` (its sources stale). With a ``namespace`` the bag's topics are remapped into it, so the
+goal ends ``error`` (its sources stale). When the worker exits (``port`` already taken, a policy that does not
+load), the whole launch shuts down. With a ``namespace`` the bag's topics are remapped into it, so the
 replay feeds that robot only.
 """
 
 from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument, ExecuteProcess, IncludeLaunchDescription, OpaqueFunction
+from launch.actions import DeclareLaunchArgument, ExecuteProcess, IncludeLaunchDescription, OpaqueFunction, Shutdown
 from launch.launch_description_sources import PythonLaunchDescriptionSource
 from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
 from launch_ros.actions import Node
@@ -64,8 +65,11 @@ def generate_launch_description():
         DeclareLaunchArgument('loop', default_value='true',
                               description='replay the bag in a loop; false: once, then its topics go quiet'),
         # the package's own seq (lib/sequence_ai_ros/seq): a bare 'seq' on PATH is coreutils' seq on a robot
+        # the replay is nothing without its worker: when it exits (its port taken, a policy that does not load), the
+        # launch shuts down instead of leaving the node on whatever else answers on that port
         ExecuteProcess(cmd=[PathJoinSubstitution([FindPackagePrefix(PACKAGE), 'lib', PACKAGE, 'seq']), 'serve',
-                            LaunchConfiguration('policy'), '--port', port], output='screen'),
+                            LaunchConfiguration('policy'), '--port', port], output='screen',
+                       on_exit=[Shutdown(reason='the worker (seq serve) exited; see its output above')]),
         IncludeLaunchDescription(
             PythonLaunchDescriptionSource(PathJoinSubstitution([FindPackageShare(PACKAGE), 'launch',
                                                                 'policy.launch.py'])),

@@ -113,3 +113,32 @@ def test_sim_launch(tmp_path):
            'MUJOCO_GL': os.environ.get('MUJOCO_GL', 'egl')}
     names = run_launch_test('sim_launch.py', tmp_path, env)
     assert len(names) == 2, names
+
+
+def test_replay_launch_shuts_down_when_its_worker_cannot_start(g1_inputs, tmp_path):
+    """A taken port: the launch's worker exits, and the launch ends with it.
+
+    Without that, the node would stay up on whatever else answers on that port (the Quickstart's own worker on 50551).
+    """
+    import signal
+
+    ros2 = shutil.which('ros2')
+    if ros2 is None or importlib.util.find_spec('ros2launch') is None:
+        pytest.skip('no ros2 launch (ros2cli and ros2launch come from a sourced distro or ../shared/ros2-tools)')
+    with socket.socket() as taken:
+        taken.bind(('127.0.0.1', 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        bag, policy = g1_inputs['SEQ_LT_BAG'], g1_inputs['SEQ_LT_POLICY']
+        proc = subprocess.Popen([ros2, 'launch', 'sequence_ai_ros', 'replay.launch.py', f'bag:={bag}',
+                                 f'policy:={policy}', 'model:=hold', f'port:={port}'],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, **g1_inputs}, start_new_session=True)
+        try:
+            output, _ = proc.communicate(timeout=90)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+    assert f'cannot bind 127.0.0.1:{port}' in output, output[-4000:]
+    assert '[ERROR] [seq-1]: process has died' in output, output[-4000:]     # and the launch ended with it

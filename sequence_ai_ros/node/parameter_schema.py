@@ -41,6 +41,7 @@ from typing import Any
 import yaml
 
 from sequence_ai_ros.exceptions import ConfigError
+from sequence_ai_ros.node.launch_parameters import flatten
 
 SCHEMA_PATH = Path(__file__).with_name('policy_node_parameters.yaml')
 NODE_NAME = 'policy_node'
@@ -348,21 +349,11 @@ def params_yaml(schema: Schema | None = None) -> str:
     return '\n'.join(lines) + '\n'
 
 
-def _flatten(tree: Mapping[str, Any], prefix: str = '') -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, Mapping):
-            out.update(_flatten(value, f'{prefix}{key}.'))
-        else:
-            out[f'{prefix}{key}'] = value
-    return out
-
-
 def node_parameters(doc: Mapping[str, Any]) -> dict[str, Any]:
     """The flat ``ros__parameters`` of the node in a params file's document (``policy_node``, ``/**``...)."""
     out: dict[str, Any] = {}
     for key in ('/**', '/**/' + NODE_NAME, NODE_NAME, '/' + NODE_NAME):
-        out.update(_flatten(((doc or {}).get(key) or {}).get('ros__parameters') or {}))
+        out.update(flatten(((doc or {}).get(key) or {}).get('ros__parameters') or {}))
     return out
 
 

@@ -25,7 +25,6 @@ after 5 s): every process must exit 0.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -36,16 +35,16 @@ from pathlib import Path
 import launch_testing
 import launch_testing.asserts
 from launch import LaunchDescription
-from launch.actions import ExecuteProcess, IncludeLaunchDescription, RegisterEventHandler
-from launch.event_handlers import OnProcessIO
+from launch.actions import IncludeLaunchDescription
 from launch.launch_description_sources import PythonLaunchDescriptionSource
 from launch_ros.actions import Node
-from launch_ros.substitutions import FindPackagePrefix, FindPackageShare
+from launch_ros.substitutions import FindPackageShare
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from test_node_support import Probe, wait_for  # noqa: E402
+from launch_support import PACKAGE, ProbeTestCase, serve_then  # noqa: E402
+from test_node_support import wait_for  # noqa: E402
 
-PACKAGE = 'sequence_ai_ros'
 RATE_HZ = 50.0                                     # config/g1.yaml's control_rate_hz
 COMMANDS = '/g1_position_controller/commands'      # config/g1.yaml's controller
 #: Launch arguments per mode.
@@ -57,55 +56,21 @@ ARGUMENTS = {
 WAIT_S = 60.0
 
 
-def _worker_started(launch_arguments: dict[str, str], player_args: list[str]):
-    """An OnProcessIO callback: once ``seq serve`` prints its port, include the launch file and the player."""
-    started: list[bool] = []
-
-    def on_output(event):
-        match = re.search(r'serving \S+ on (127\.0\.0\.1:\d+)', event.text.decode(errors='replace'))
-        if match is None or started:
-            return None
-        started.append(True)
+@launch_testing.parametrize('mode', ['given', 'file'])
+def generate_test_description(mode):
+    def then(endpoint):
         policy_launch = PythonLaunchDescriptionSource([FindPackageShare(PACKAGE), '/launch/policy.launch.py'])
-        args = dict(launch_arguments, endpoint=match.group(1), params_file=os.environ['SEQ_LT_PARAMS'])
+        args = dict(ARGUMENTS[mode], endpoint=endpoint, params_file=os.environ['SEQ_LT_PARAMS'])
+        player_args = ['--clock'] if mode == 'file' else []     # the file's use_sim_time: true needs /clock
         return [IncludeLaunchDescription(policy_launch, launch_arguments=args.items()),
                 Node(package=PACKAGE, executable='bag_player', name='bag_player', output='screen',
                      arguments=[os.environ['SEQ_LT_BAG'], '--loop', '--wait-subscribers', '30', *player_args])]
-    return on_output
+    return LaunchDescription([*serve_then(os.environ['SEQ_LT_POLICY'], then), launch_testing.actions.ReadyToTest()])
 
 
-@launch_testing.parametrize('mode', ['given', 'file'])
-def generate_test_description(mode):
-    worker = ExecuteProcess(
-        cmd=[[FindPackagePrefix(PACKAGE), f'/lib/{PACKAGE}/seq'], 'serve', os.environ['SEQ_LT_POLICY'],
-             '--port', '0'],
-        name='seq_serve', output='screen')
-    player_args = ['--clock'] if mode == 'file' else []
-    return LaunchDescription([
-        worker,
-        RegisterEventHandler(OnProcessIO(target_action=worker,
-                                         on_stdout=_worker_started(ARGUMENTS[mode], player_args))),
-        launch_testing.actions.ReadyToTest(),
-    ])
+class TestPolicyLaunch(ProbeTestCase):
 
-
-class TestPolicyLaunch(unittest.TestCase):
-
-    @classmethod
-    def setUpClass(cls):
-        import rclpy
-        from std_msgs.msg import Float64MultiArray
-
-        cls.context = rclpy.Context()
-        rclpy.init(context=cls.context)
-        cls.probe = Probe(cls.context, Float64MultiArray, COMMANDS, name='launch_test_probe')
-
-    @classmethod
-    def tearDownClass(cls):
-        import rclpy
-
-        cls.probe.close()
-        rclpy.shutdown(context=cls.context)
+    COMMANDS = COMMANDS
 
     def _parameters(self, *names):
         from rcl_interfaces.srv import GetParameters
@@ -114,8 +79,13 @@ class TestPolicyLaunch(unittest.TestCase):
         client = self.probe.node.create_client(GetParameters, '/policy_node/get_parameters')
         try:
             self.assertTrue(client.wait_for_service(timeout_sec=WAIT_S), 'no /policy_node/get_parameters')
-            future = client.call_async(GetParameters.Request(names=list(names)))
-            self.assertTrue(wait_for(future.done, WAIT_S), 'get_parameters did not answer')
+            # a request sent just as the service appears can lose its response (the server has not matched this
+            # client's response reader yet): ask again, as a bounded number of tries
+            for _ in range(6):
+                future = client.call_async(GetParameters.Request(names=list(names)))
+                if wait_for(future.done, WAIT_S / 6):
+                    break
+            self.assertTrue(future.done(), 'get_parameters did not answer')
             return dict(zip(names, (parameter_value_to_python(v) for v in future.result().values), strict=True))
         finally:
             self.probe.node.destroy_client(client)

@@ -27,10 +27,11 @@ from launch.actions import IncludeLaunchDescription
 from launch.launch_description_sources import PythonLaunchDescriptionSource
 from launch_ros.substitutions import FindPackageShare
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from test_node_support import Probe, wait_for  # noqa: E402
+from launch_support import PACKAGE, ProbeTestCase  # noqa: E402
+from test_node_support import wait_for  # noqa: E402
 
-PACKAGE = 'sequence_ai_ros'
 NAMESPACE = 'robot1'
 RATE_HZ = 50.0
 COMMANDS = f'/{NAMESPACE}/g1_position_controller/commands'
@@ -49,23 +50,10 @@ def generate_test_description():
     ])
 
 
-class TestReplayLaunch(unittest.TestCase):
+class TestReplayLaunch(ProbeTestCase):
 
-    @classmethod
-    def setUpClass(cls):
-        import rclpy
-        from std_msgs.msg import Float64MultiArray
-
-        cls.context = rclpy.Context()
-        rclpy.init(context=cls.context)
-        cls.probe = Probe(cls.context, Float64MultiArray, COMMANDS, namespace=NAMESPACE, name='launch_test_probe')
-
-    @classmethod
-    def tearDownClass(cls):
-        import rclpy
-
-        cls.probe.close()
-        rclpy.shutdown(context=cls.context)
+    COMMANDS = COMMANDS
+    NAMESPACE = NAMESPACE
 
     def test_replay_drives_the_namespaced_node(self):
         probe = self.probe

@@ -17,7 +17,6 @@ counted. After the tests launch_testing shuts down as Ctrl-C does: every process
 from __future__ import annotations
 
 import os
-import re
 import sys
 import time
 import unittest
@@ -26,72 +25,46 @@ from pathlib import Path
 import launch_testing
 import launch_testing.asserts
 from launch import LaunchDescription
-from launch.actions import ExecuteProcess, IncludeLaunchDescription, RegisterEventHandler
-from launch.event_handlers import OnProcessIO
+from launch.actions import IncludeLaunchDescription
 from launch.launch_description_sources import PythonLaunchDescriptionSource
-from launch_ros.substitutions import FindPackagePrefix, FindPackageShare
+from launch_ros.substitutions import FindPackageShare
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from test_node_support import Probe, wait_for  # noqa: E402
+from launch_support import PACKAGE, ProbeTestCase, serve_then  # noqa: E402
+from test_node_support import wait_for  # noqa: E402
 
-PACKAGE = 'sequence_ai_ros'
 NAMESPACE = 'sim1'
 RATE_HZ = 80.0                   # config/sim_policy_node.yaml's control_rate_hz
 MAX_STEPS = 400
 WAIT_S = 90.0
 
 
-def _worker_started(event):
-    match = re.search(r'serving \S+ on (127\.0\.0\.1:\d+)', event.text.decode(errors='replace'))
-    if match is None or _worker_started.done:
-        return None
-    _worker_started.done = True
-    arguments = {'model': 'expert', 'endpoint': match.group(1), 'namespace': NAMESPACE, 'camera_names': 'none',
-                 'max_steps': str(MAX_STEPS)}
-    return [IncludeLaunchDescription(
-        PythonLaunchDescriptionSource([FindPackageShare(PACKAGE), '/launch/sim.launch.py']),
-        launch_arguments=arguments.items())]
-
-
-_worker_started.done = False
-
-
 def generate_test_description():
-    worker = ExecuteProcess(
-        cmd=[[FindPackagePrefix(PACKAGE), f'/lib/{PACKAGE}/seq'], 'serve', os.environ['SEQ_LT_EXPERT'],
-             '--port', '0'],
-        name='seq_serve', output='screen')
-    return LaunchDescription([
-        worker,
-        RegisterEventHandler(OnProcessIO(target_action=worker, on_stdout=_worker_started)),
-        launch_testing.actions.ReadyToTest(),
-    ])
+    def then(endpoint):
+        arguments = {'model': 'expert', 'endpoint': endpoint, 'namespace': NAMESPACE, 'camera_names': 'none',
+                     'max_steps': str(MAX_STEPS)}
+        return [IncludeLaunchDescription(
+            PythonLaunchDescriptionSource([FindPackageShare(PACKAGE), '/launch/sim.launch.py']),
+            launch_arguments=arguments.items())]
+    return LaunchDescription([*serve_then(os.environ['SEQ_LT_EXPERT'], then), launch_testing.actions.ReadyToTest()])
 
 
-class TestSimLaunch(unittest.TestCase):
+class TestSimLaunch(ProbeTestCase):
+
+    COMMANDS = f'/{NAMESPACE}/position_controller/commands'
+    NAMESPACE = NAMESPACE
 
     @classmethod
     def setUpClass(cls):
-        import rclpy
         from sequence_ai_msgs.msg import SimStatus
         from sequence_ai_msgs.srv import ResetSim
-        from std_msgs.msg import Float64MultiArray
 
-        cls.context = rclpy.Context()
-        rclpy.init(context=cls.context)
-        cls.probe = Probe(cls.context, Float64MultiArray, f'/{NAMESPACE}/position_controller/commands',
-                          namespace=NAMESPACE, name='launch_test_probe')
+        super().setUpClass()
         cls.sim_status = []
         cls.probe.node.create_subscription(SimStatus, f'/{NAMESPACE}/sim_robot/status', cls.sim_status.append, 10)
         cls.reset = cls.probe.node.create_client(ResetSim, f'/{NAMESPACE}/sim_robot/reset')
         cls.ResetSim = ResetSim
-
-    @classmethod
-    def tearDownClass(cls):
-        import rclpy
-
-        cls.probe.close()
-        rclpy.shutdown(context=cls.context)
 
     def _status_after(self, t):
         return [s for s in list(self.sim_status) if s.stamp.sec + s.stamp.nanosec * 1e-9 > t]
