@@ -165,7 +165,8 @@ test-fast: $(STAMP_BUILD) $(STAMP_BENCH)
 # launch_testing wheels of $(ROS2_TOOLS)/jazzy and composition_interfaces built from source, beside a system Python of
 # its own that holds the distro's numpy. Its setup.bash is sourced, then make test's ROS_DISTRO branch runs with that
 # Python, its own venv (.venv-jazzy) and colcon folders (made again when the stand-in changes) and JAZZY_TESTS (the
-# ROS-graph, launch and ros2cli tests), with the distro's launch_testing importable as on a robot. Without a
+# ROS-graph, launch and ros2cli tests), with the distro's launch_testing importable as on a robot; a development
+# shell's Kilted paths (venv, install/) are dropped first. Without a
 # Python 3.12 (JAZZY_PYTHON=...) or $(ROS2_TOOLS)/jazzy, or in a shell with a distro already sourced, it skips.
 JAZZY_PYTHON ?= $(shell PYENV_VERSION=3.12.1 pyenv which python3.12 2>/dev/null || command -v python3.12 || true)
 JAZZY_TESTS ?= -m ros
@@ -183,6 +184,7 @@ test-jazzy:
 	echo "test-jazzy: distro $$distro ($$(( $$(date +%s) - start )) s so far)"; \
 	if [ "$$(cat .venv-jazzy/.distro 2>/dev/null)" != "$$distro" ]; then \
 	  rm -rf .venv-jazzy build-jazzy install-jazzy log-jazzy && mkdir .venv-jazzy && echo "$$distro" > .venv-jazzy/.distro; fi; \
+	unset AMENT_PREFIX_PATH CMAKE_PREFIX_PATH COLCON_PREFIX_PATH PYTHONPATH VIRTUAL_ENV; \
 	set +u; source "$$distro/setup.bash"; set -u; \
 	rc=0; $(MAKE) --no-print-directory test PYTHON="$$distro/usr/bin/python3" VENV=.venv-jazzy BUILD_BASE=build-jazzy \
 	  INSTALL_BASE=install-jazzy LOG_BASE=log-jazzy TESTS='$(JAZZY_TESTS)' || rc=$$?; \
