@@ -23,7 +23,7 @@ standard launch / launch_ros API (Humble, Jazzy, Kilted).
 """
 
 from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument, OpaqueFunction
+from launch.actions import DeclareLaunchArgument, OpaqueFunction, Shutdown
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 from launch_ros.substitutions import FindPackageShare
@@ -41,8 +41,10 @@ def _launch_node(context):
         model=LaunchConfiguration('model').perform(context), endpoint=LaunchConfiguration('endpoint').perform(context),
         use_sim_time=LaunchConfiguration('use_sim_time').perform(context),
         autostart=LaunchConfiguration('autostart').perform(context))
+    # a node that exits (a parameter it refuses: exit 2) ends the launch, rather than leaving it up with no node
     return [Node(package=PACKAGE, executable='policy_node', name=NODE_NAME, namespace=namespace,
-                 parameters=[params], output='screen', emulate_tty=True)]
+                 parameters=[params], output='screen', emulate_tty=True,
+                 on_exit=[Shutdown(reason='policy_node exited; see its output above')])]
 
 
 def generate_launch_description():

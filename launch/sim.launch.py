@@ -22,7 +22,7 @@ API (Humble, Jazzy, Kilted).
 """
 
 from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument, OpaqueFunction
+from launch.actions import DeclareLaunchArgument, OpaqueFunction, Shutdown
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 from launch_ros.substitutions import FindPackageShare
@@ -53,10 +53,12 @@ def _launch_nodes(context):
                                     endpoint=LaunchConfiguration('endpoint').perform(context),
                                     autostart=LaunchConfiguration('autostart').perform(context))
     return [
+        # either node exiting (a parameter it refuses: exit 2) ends the launch, rather than leaving the other alone
         Node(package=PACKAGE, executable='sim_robot', name='sim_robot', namespace=namespace, parameters=[sim],
-             output='screen', emulate_tty=True),
+             output='screen', emulate_tty=True, on_exit=[Shutdown(reason='sim_robot exited; see its output above')]),
         Node(package=PACKAGE, executable='policy_node', name='policy_node', namespace=namespace,
-             parameters=[policy], output='screen', emulate_tty=True),
+             parameters=[policy], output='screen', emulate_tty=True,
+             on_exit=[Shutdown(reason='policy_node exited; see its output above')]),
     ]
 
 

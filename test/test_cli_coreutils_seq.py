@@ -54,6 +54,18 @@ def test_a_coreutils_call_answers_as_coreutils_seq(args: list[str], system_seq: 
         assert _run(program + args) == expected, program
 
 
+def test_a_pipe_closed_early_ends_the_handed_over_seq_as_it_ends_coreutils_seq(system_seq: str) -> None:
+    """``seq 1000000 | head -1``: coreutils' seq dies quietly by SIGPIPE; handed over, it must too.
+
+    Python ignores SIGPIPE, and an exec would keep that: a 'write error: Broken pipe' and status 1.
+    """
+    script = 'set -o pipefail; "$@" 1000000 | head -1; echo "status $?"'
+    expected = _run(['bash', '-c', script, 'bash', system_seq])
+    assert expected == (b'1\nstatus 141\n', b'', 0), expected
+    for program in [[str(s)] for s in SCRIPTS] + [MODULE]:
+        assert _run(['bash', '-c', script, 'bash', *program]) == expected, program
+
+
 def test_a_shell_loop_over_seq_works_with_the_development_shells_path(system_seq: str) -> None:
     if not SCRIPTS:
         pytest.skip('no installed seq console script (colcon build or pip install -e)')

@@ -142,3 +142,17 @@ def test_replay_launch_shuts_down_when_its_worker_cannot_start(g1_inputs, tmp_pa
                 proc.wait(10)
     assert f'cannot bind 127.0.0.1:{port}' in output, output[-4000:]
     assert '[ERROR] [seq-1]: process has died' in output, output[-4000:]     # and the launch ended with it
+
+
+def test_policy_launch_ends_when_the_node_refuses_its_parameters(tmp_path):
+    """A params file with an unknown parameter: policy_node exits 2 naming it, and the launch ends with it."""
+    ros2 = shutil.which('ros2')
+    if ros2 is None or importlib.util.find_spec('ros2launch') is None:
+        pytest.skip('no ros2 launch (ros2cli and ros2launch come from a sourced distro or ../shared/ros2-tools)')
+    params = tmp_path / 'typo.yaml'
+    params.write_text(yaml.safe_dump({'/**/policy_node': {'ros__parameters': {'modell': 'hold'}}}))
+    done = subprocess.run([ros2, 'launch', 'sequence_ai_ros', 'policy.launch.py', 'model:=hold',
+                           f'params_file:={params}'], capture_output=True, text=True, timeout=90,
+                          start_new_session=True)
+    output = done.stdout + done.stderr
+    assert 'modell' in output and 'process has died' in output, output[-4000:]

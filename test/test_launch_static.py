@@ -294,3 +294,15 @@ def test_sim_robot_parameters_layer_the_params_files_then_the_arguments_given(tm
     names = layered('sim_robot', 'sim1', shipped, given={'camera_names': ('corner, behindGripper', list)})
     assert names['camera_names'] == ['corner', 'behindGripper']
     assert layered('sim_robot', '', shipped, given={'camera_names': ('[corner]', list)})['camera_names'] == ['corner']
+
+
+@pytest.mark.parametrize('text', ['[1, 2]\n', '/**/policy_node: [a]\n', '/**/policy_node: {ros__parameters: 5}\n'],
+                         ids=['a list', 'a section that is a list', 'parameters that are a number'])
+def test_a_params_file_of_another_shape_is_refused_naming_it(tmp_path, text):
+    from sequence_ai_ros.exceptions import ConfigError
+    from sequence_ai_ros.node.launch_parameters import node_parameters
+
+    path = tmp_path / 'bad.yaml'
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=f'params file {path}'):
+        node_parameters(str(path), 'policy_node')

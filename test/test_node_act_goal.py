@@ -82,8 +82,9 @@ def _trailing_run(values: list) -> int:
     return run
 
 
-def test_ctrl_c_cancels_the_goal_and_the_arm_holds(tmp_path, processes, rclpy_context):
-    """SIGINT to the command mid-episode: it cancels the goal, prints the result and exits 0; the node holds.
+@pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM], ids=['SIGINT', 'SIGTERM'])
+def test_ctrl_c_cancels_the_goal_and_the_arm_holds(signum, tmp_path, processes, rclpy_context):
+    """SIGINT (Ctrl-C) or SIGTERM (timeout, systemd) mid-episode: the command cancels, prints, exits 0; arm holds.
 
     The goal's bound is long (120 s): only the cancel can end the episode this soon. After the node's stop
     (the result's commands_sent), at most a couple of fresh commands reach the controller, then the hold repeats.
@@ -99,7 +100,7 @@ def test_ctrl_c_cancels_the_goal_and_the_arm_holds(tmp_path, processes, rclpy_co
             cli = processes.spawn(CLI + ['--instruction', 'reach', '--max-seconds', '120', '--episode-id', 'ctrl-c'])
             assert wait_for(lambda: _changes(probe.values()) > 20, 60), node_log(proc)     # the arm moves
             assert cli.poll() is None, cli.communicate()
-            cli.send_signal(signal.SIGINT)
+            cli.send_signal(signum)
             out, err = cli.communicate(timeout=90)
             # the hold is republished: wait (in order of arrival) until it has repeated for a while
             assert wait_for(lambda: _trailing_run(probe.values()) >= 10, 30), node_log(proc)

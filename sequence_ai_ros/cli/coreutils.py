@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -143,4 +144,9 @@ def hand_over(argv: Sequence[str]) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os.environ[GUARD] = '1'
+    # Python ignores SIGPIPE (and SIGXFSZ); an exec keeps that, and `seq 1000000 | head -1` would then end with
+    # coreutils' 'write error: Broken pipe' and status 1 instead of dying quietly by SIGPIPE as it does alone
+    for name in ('SIGPIPE', 'SIGXFSZ'):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
     os.execv(target, ['seq', *argv])        # argv[0] 'seq', as a shell passes it: coreutils' messages say seq:

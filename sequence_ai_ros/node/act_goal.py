@@ -6,7 +6,8 @@ PyPI-wheel development set-up), and prints the result as ``key: value`` lines::
     python -m sequence_ai_ros.node.act_goal --instruction "pick up the bottle" --max-seconds 10
     python -m sequence_ai_ros.node.act_goal --node /robot1/policy_node --max-seconds 5 --label success
 
-Ctrl-C cancels the goal, which is an interrupt: the node stops between actions and the arm holds; the
+Ctrl-C (also SIGTERM or SIGHUP) cancels the goal, which is an interrupt: the node stops between actions and
+the arm holds; the
 command waits (up to ``--wait`` s for the cancel, 30 s for the result) and prints the result (``reason:
 interrupted``). A second Ctrl-C exits at once, without the result (the node has the cancel if it was sent).
 Exit status: 0 when the episode ran and ended (completed, until, timeout, interrupted), 2 when it ended
@@ -41,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 class _Interrupts:
-    """A SIGINT handler: the first Ctrl-C sets :attr:`requested`, a second raises KeyboardInterrupt.
+    """A SIGINT/SIGTERM/SIGHUP handler: the first sets :attr:`requested`, a second raises KeyboardInterrupt.
 
     rclpy's own handler would shut the context down on the first Ctrl-C, before a cancel could be sent;
     this one lets the command cancel its goal and wait for the result.
@@ -73,8 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     from rclpy.signals import SignalHandlerOptions
 
     interrupts = _Interrupts()
-    previous = signal.signal(signal.SIGINT, interrupts)
-    rclpy.init(signal_handler_options=SignalHandlerOptions.NO)   # Ctrl-C is ours: it cancels the goal
+    # Ctrl-C is ours: it cancels the goal; so do SIGTERM and SIGHUP (timeout, systemd, docker stop, a closed
+    # terminal), which would otherwise end the command without a cancel and leave the arm moving
+    stop_signals = [signal.SIGINT, signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, 'SIGHUP') else [])
+    previous = {signum: signal.signal(signum, interrupts) for signum in stop_signals}
+    rclpy.init(signal_handler_options=SignalHandlerOptions.NO)
     node = rclpy.create_node('seq_act_goal')
     try:
         return _run(args, node, interrupts)
@@ -82,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         print('interrupted again: exiting without the result', file=sys.stderr)
         return 130
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
         node.destroy_node()
         rclpy.try_shutdown()
 

@@ -51,7 +51,8 @@ class GoalClientWatch:
     endpoint GID) and reports the goal orphaned once none of them is on the graph any more. A client that is
     still there (also another observer of the same action) keeps the goal running; its bound is then
     ``max_seconds``, as always. Discovery on the node's side may lag the goal: nothing is decided before a
-    subscriber has been seen.
+    subscriber has been seen. A client that exits cleanly leaves the graph at once; a killed one only when
+    DDS drops its participant, after the participant lease (20 s by default with Fast DDS).
 
     :param node: the node serving the action (its graph cache answers the queries).
     :param topic: the action's fully qualified feedback topic (``<action>/_action/feedback``).

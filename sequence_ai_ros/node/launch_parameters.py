@@ -65,14 +65,22 @@ def node_parameters(path: str, node_name: str, namespace: str = '') -> dict[str,
     :param node_name: the node's name (``policy_node``, ``sim_robot``).
     :param namespace: the node's namespace (``robot1``, ``/robot1`` or empty).
     :returns: the parameters, flat (see :func:`flatten`).
+    :raises ConfigError: for a file that is not a params file's shape, naming it.
     """
     with open(path) as f:
         data = yaml.safe_load(f) or {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f'params file {path}: expected a mapping of node names to sections, '
+                          f'got a {type(data).__name__}')
     fqn = [t for t in namespace.split('/') if t] + [node_name]
     out: dict[str, Any] = {}
     for key, section in data.items():
         if isinstance(key, str) and _matches([t for t in key.split('/') if t], fqn):
-            out.update(flatten((section or {}).get('ros__parameters', {}) or {}))
+            params = (section or {}).get('ros__parameters', {}) if isinstance(section, Mapping) else section
+            if not isinstance(params or {}, Mapping):
+                raise ConfigError(f'params file {path}: {key}: expected {{ros__parameters: {{name: value}}}}, '
+                                  f'got {section!r:.80}')
+            out.update(flatten(params or {}))
     return out
 
 
