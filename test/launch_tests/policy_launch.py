@@ -132,8 +132,8 @@ class TestPolicyLaunch(ProbeTestCase):
         self.assertGreater(result.commands_sent, 0)
         received = [t for t, _ in list(probe.commands) if t_accepted <= t <= t_result]
         self.assertGreater(len(received), 0, 'no command reached the controller topic during the goal')
-        self.assertLessEqual(len(received), result.commands_sent + result.ticks_held + 1,
-                             'more commands on the controller topic than the node counted')
+        # (no upper bound from this side: between the episode's end and the result's arrival the node holds, and
+        # those hold commands fall inside this window too; the node's own counts above are the exact claim)
 
 
 @launch_testing.post_shutdown_test()

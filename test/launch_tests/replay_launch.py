@@ -71,7 +71,6 @@ class TestReplayLaunch(ProbeTestCase):
         self.assertLessEqual(abs(counted - result.elapsed_s * RATE_HZ), 2.0, result)
         received = [t for t, _ in list(probe.commands) if t_accepted <= t <= t_result]
         self.assertGreater(len(received), 0, f'no command on {COMMANDS} during the goal')
-        self.assertLessEqual(len(received), counted + 1)
 
 
 @launch_testing.post_shutdown_test()
