@@ -131,7 +131,8 @@ def test_replay_launch_shuts_down_when_its_worker_cannot_start(g1_inputs, tmp_pa
         port = taken.getsockname()[1]
         bag, policy = g1_inputs['SEQ_LT_BAG'], g1_inputs['SEQ_LT_POLICY']
         proc = subprocess.Popen([ros2, 'launch', 'sequence_ai_ros', 'replay.launch.py', f'bag:={bag}',
-                                 f'policy:={policy}', 'model:=hold', f'port:={port}'],
+                                 f'policy:={policy}', 'model:=hold', f'port:={port}',
+                                 f'params_file:={REPO / "config" / "g1.yaml"}'],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env={**os.environ, **g1_inputs}, start_new_session=True)
         try:
