@@ -14,9 +14,7 @@ Skipped, saying why, without launch_testing or ros2launch (the dev venv installs
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -26,6 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import G1_DATASET, REPO
+from test_node_support import ros_command
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
@@ -36,15 +35,8 @@ TIMEOUT_S = 600
 
 def _launch_test() -> str:
     """The ``launch_test`` command; skips, saying why, where the ROS 2 launch tools are not installed."""
-    missing = [m for m in ('launch', 'launch_ros', 'launch_testing', 'ros2launch')
-               if importlib.util.find_spec(m) is None]
-    if missing:
-        pytest.skip(f'{", ".join(missing)} not installed: the ROS 2 launch tools come from a sourced distro, or '
-                    'from ../shared/ros2-tools into .venv (make setup)')
-    command = shutil.which('launch_test')
-    if command is None:
-        pytest.skip('no launch_test command on PATH (launch_testing installed without its scripts)')
-    return command
+    return ros_command('launch_test', ('launch', 'launch_ros', 'launch_testing', 'ros2launch'),
+                       'the ROS 2 launch tools')
 
 
 @pytest.fixture(scope='module')
@@ -122,9 +114,7 @@ def test_replay_launch_shuts_down_when_its_worker_cannot_start(g1_inputs, tmp_pa
     """
     import signal
 
-    ros2 = shutil.which('ros2')
-    if ros2 is None or importlib.util.find_spec('ros2launch') is None:
-        pytest.skip('no ros2 launch (ros2cli and ros2launch come from a sourced distro or ../shared/ros2-tools)')
+    ros2 = ros_command('ros2', ('ros2cli', 'ros2launch'), 'ros2cli and ros2launch')
     with socket.socket() as taken:
         taken.bind(('127.0.0.1', 0))
         taken.listen()
@@ -147,9 +137,7 @@ def test_replay_launch_shuts_down_when_its_worker_cannot_start(g1_inputs, tmp_pa
 
 def test_policy_launch_ends_when_the_node_refuses_its_parameters(tmp_path):
     """A params file with an unknown parameter: policy_node exits 2 naming it, and the launch ends with it."""
-    ros2 = shutil.which('ros2')
-    if ros2 is None or importlib.util.find_spec('ros2launch') is None:
-        pytest.skip('no ros2 launch (ros2cli and ros2launch come from a sourced distro or ../shared/ros2-tools)')
+    ros2 = ros_command('ros2', ('ros2cli', 'ros2launch'), 'ros2cli and ros2launch')
     params = tmp_path / 'typo.yaml'
     params.write_text(yaml.safe_dump({'/**/policy_node': {'ros__parameters': {'modell': 'hold'}}}))
     done = subprocess.run([ros2, 'launch', 'sequence_ai_ros', 'policy.launch.py', 'model:=hold',

@@ -87,6 +87,26 @@ def spawn_worker(processes: Any, policy: Path, name: str, **kwargs: Any) -> int:
     return int(line)
 
 
+def ros_command(command: str, modules: tuple[str, ...], what: str) -> str:
+    """Return the path of the ROS tool ``command``; skip the test, saying why, where it or ``modules`` are missing.
+
+    :param what: the tools' name in the message (e.g. 'ros2cli', 'the ROS 2 launch tools').
+    """
+    import importlib.util
+    import shutil
+
+    import pytest
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f'{", ".join(missing)} not installed: {what} come from a sourced distro, or from '
+                    '../shared/ros2-tools into .venv (make setup)')
+    found = shutil.which(command)
+    if found is None:
+        pytest.skip(f'no {command} command on PATH')
+    return found
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float, step: float = 0.02) -> Any:
     """Poll ``predicate`` until it returns a truthy value (returned) or ``timeout`` s pass (None)."""
     deadline = time.monotonic() + timeout

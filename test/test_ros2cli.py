@@ -21,10 +21,8 @@ process. The module's tests run in order on one pytest worker (one launch).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -35,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import G1_DATASET, REPO
-from test_node_support import Probe, wait_for
+from test_node_support import Probe, ros_command, wait_for
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow, pytest.mark.xdist_group('ros2cli')]
 
@@ -51,15 +49,8 @@ ACT = 'sequence_ai_msgs/action/Act'
 
 def _ros2() -> str:
     """The ``ros2`` command; skips, saying why, where ros2cli or the launch tools are not installed."""
-    missing = [m for m in ('ros2cli', 'ros2launch', 'ros2action', 'ros2lifecycle', 'ros2param', 'ros2service')
-               if importlib.util.find_spec(m) is None]
-    if missing:
-        pytest.skip(f'{", ".join(missing)} not installed: ros2cli comes from a sourced distro, or from '
-                    '../shared/ros2-tools into .venv (make setup)')
-    command = shutil.which('ros2')
-    if command is None:
-        pytest.skip('no ros2 command on PATH')
-    return command
+    return ros_command('ros2', ('ros2cli', 'ros2launch', 'ros2action', 'ros2lifecycle', 'ros2param', 'ros2service'),
+                       'ros2cli and its verbs')
 
 
 def ros2(*args: str, timeout: float = WAIT_S) -> subprocess.CompletedProcess:

@@ -5,13 +5,15 @@
   with ``endpoint:=127.0.0.1:<port>``), so no port is guessed.
 - :class:`ProbeTestCase`: a unittest class whose ``probe`` (test/test_node_support.py's Probe: commands on
   ``COMMANDS``, ~/status, /diagnostics, the node's services and Act action in ``NAMESPACE``) lives in an rclpy
-  Context of its own for the class.
+  Context of its own for the class; :meth:`ProbeTestCase.assert_a_goal_is_counted` runs one goal and checks its
+  counts.
 """
 
 from __future__ import annotations
 
 import re
 import sys
+import time
 import unittest
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +24,7 @@ from launch.event_handlers import OnProcessIO
 from launch_ros.substitutions import FindPackagePrefix
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from test_node_support import Probe  # noqa: E402
+from test_node_support import Probe, wait_for  # noqa: E402
 
 PACKAGE = 'sequence_ai_ros'
 
@@ -65,3 +67,28 @@ class ProbeTestCase(unittest.TestCase):
 
         cls.probe.close()
         rclpy.shutdown(context=cls.context)
+
+    def assert_a_goal_is_counted(self, rate_hz: float, wait_s: float, max_seconds: float = 3.0) -> Any:
+        """Once the observations are fresh, run a ``max_seconds`` goal; return its Act.Result.
+
+        It must end ``timeout``, count every control period at ``rate_hz`` (commands_sent + ticks_held +
+        ticks_skipped = elapsed_s * rate_hz, within two), and commands must reach ``COMMANDS`` meanwhile. There is
+        no upper bound from this side: between the episode's end and the result's arrival the node holds, and
+        those hold commands fall inside the window too; the node's own counts are the exact claim.
+        """
+        probe = self.probe
+        fresh = wait_for(lambda: probe.diag_message('observation') == 'all sources fresh', wait_s)
+        self.assertTrue(fresh, f'observation: {probe.diag_message("observation")}')
+        handle = probe.send_goal(instruction='hold still', max_seconds=max_seconds)
+        self.assertTrue(handle.accepted)
+        t_accepted = time.monotonic()
+        result = probe.result(handle, timeout=wait_s)
+        t_result = time.monotonic()
+        self.assertEqual(result.reason, 'timeout', result.message)
+        periods = result.elapsed_s * rate_hz
+        counted = result.commands_sent + result.ticks_held + result.ticks_skipped
+        self.assertLessEqual(abs(counted - periods), 2.0, f'{counted} ticks counted for {periods:.2f} periods')
+        self.assertGreater(result.commands_sent, 0)
+        received = [t for t, _ in list(probe.commands) if t_accepted <= t <= t_result]
+        self.assertGreater(len(received), 0, f'no command on {self.COMMANDS} during the goal')
+        return result

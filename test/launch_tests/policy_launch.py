@@ -118,22 +118,7 @@ class TestPolicyLaunch(ProbeTestCase):
         self.assertEqual(probe.lifecycle_state(), 'active')
         if mode != 'given':
             return
-        fresh = wait_for(lambda: probe.diag_message('observation') == 'all sources fresh', WAIT_S)
-        self.assertTrue(fresh, f'observation: {probe.diag_message("observation")}')
-        handle = probe.send_goal(instruction='hold still', max_seconds=3.0)
-        self.assertTrue(handle.accepted)
-        t_accepted = time.monotonic()
-        result = probe.result(handle, timeout=WAIT_S)
-        t_result = time.monotonic()
-        self.assertEqual(result.reason, 'timeout', result.message)
-        periods = result.elapsed_s * RATE_HZ
-        counted = result.commands_sent + result.ticks_held + result.ticks_skipped
-        self.assertLessEqual(abs(counted - periods), 2.0, f'{counted} ticks counted for {periods:.2f} periods')
-        self.assertGreater(result.commands_sent, 0)
-        received = [t for t, _ in list(probe.commands) if t_accepted <= t <= t_result]
-        self.assertGreater(len(received), 0, 'no command reached the controller topic during the goal')
-        # (no upper bound from this side: between the episode's end and the result's arrival the node holds, and
-        # those hold commands fall inside this window too; the node's own counts above are the exact claim)
+        self.assert_a_goal_is_counted(RATE_HZ, WAIT_S)
 
 
 @launch_testing.post_shutdown_test()

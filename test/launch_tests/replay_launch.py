@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 import unittest
 from pathlib import Path
 
@@ -30,7 +29,6 @@ from launch_ros.substitutions import FindPackageShare
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from launch_support import PACKAGE, ProbeTestCase  # noqa: E402
-from test_node_support import wait_for  # noqa: E402
 
 NAMESPACE = 'robot1'
 RATE_HZ = 50.0
@@ -59,18 +57,7 @@ class TestReplayLaunch(ProbeTestCase):
         probe = self.probe
         self.assertTrue(probe.wait_connected(timeout=WAIT_S), 'the node did not become connected and active')
         self.assertEqual(probe.lifecycle_state(), 'active')
-        fresh = wait_for(lambda: probe.diag_message('observation') == 'all sources fresh', WAIT_S)
-        self.assertTrue(fresh, f'observation: {probe.diag_message("observation")}')
-        handle = probe.send_goal(instruction='pick up the bottle', max_seconds=3.0)
-        self.assertTrue(handle.accepted)
-        t_accepted = time.monotonic()
-        result = probe.result(handle, timeout=WAIT_S)
-        t_result = time.monotonic()
-        self.assertEqual(result.reason, 'timeout', result.message)
-        counted = result.commands_sent + result.ticks_held + result.ticks_skipped
-        self.assertLessEqual(abs(counted - result.elapsed_s * RATE_HZ), 2.0, result)
-        received = [t for t, _ in list(probe.commands) if t_accepted <= t <= t_result]
-        self.assertGreater(len(received), 0, f'no command on {COMMANDS} during the goal')
+        self.assert_a_goal_is_counted(RATE_HZ, WAIT_S)
 
 
 @launch_testing.post_shutdown_test()
