@@ -96,20 +96,45 @@ def fingerprint(definition: PolicyDefinition) -> Fingerprint:
 def changes(definition: PolicyDefinition, record: Any) -> list[str]:
     """What differs from the deployed version (empty when nothing): never re-hashes an artifact.
 
-    :param record: the registry's record (``sha256``, ``config_sha256``, ``files``, ``artifact_roots``).
+    :param record: the registry's record (``sha256``, ``content_sha256``, ``config_sha256``, ``files``,
+        ``artifact_roots``); a record from before content hashing (``content_sha256`` empty) has its config
+        file not compared.
+    """
+    return _differences(definition, record.sha256, record.config_sha256 if record.content_sha256 else None,
+                        record.artifact_roots, record.files)
+
+
+def changes_since(definition: PolicyDefinition, taken: Fingerprint) -> list[str]:
+    """What differs from ``taken``, this definition's own :func:`fingerprint` of a moment ago (empty when nothing).
+
+    ``seq deploy`` takes the fingerprint before the dry run and checks with this after it that what it
+    validated is what it records. Never re-hashes an artifact.
+    """
+    return _differences(definition, definition.sha256, taken.config_sha256, taken.roots, taken.files)
+
+
+def _differences(definition: PolicyDefinition, sha256: str, config_sha256: str | None, roots: Iterable[str],
+                 files: dict[str, list[int]]) -> list[str]:
+    """What differs from the given content (empty when nothing).
+
+    :param sha256: policy.py's.
+    :param config_sha256: the config file's (None: not compared).
+    :param roots: the artifact paths named.
+    :param files: each artifact file -> ``[size, mtime_ns]``.
     """
     out = []
-    if definition.sha256 != record.sha256:
+    if definition.sha256 != sha256:
         out.append(f'{definition.path} changed')
     config = config_path(definition)
     now = file_sha256(config) if config.is_file() else ''
-    if record.content_sha256 and now != record.config_sha256:
+    if config_sha256 is not None and now != config_sha256:
         out.append(f'{config} changed')
-    if [str(r) for r in artifact_roots(definition)] != list(record.artifact_roots):
+    roots = list(roots)
+    if [str(r) for r in artifact_roots(definition)] != roots:
         out.append(f'the artifacts it names changed (now {[str(r) for r in artifact_roots(definition)]})')
         return out
-    present = {str(p) for p in _walk(Path(r) for r in record.artifact_roots)}
-    recorded = dict(record.files)
+    present = {str(p) for p in _walk(Path(r) for r in roots)}
+    recorded = dict(files)
     for gone in sorted(set(recorded) - present)[:3]:
         out.append(f'{gone} is gone')
     for new in sorted(present - set(recorded))[:3]:
@@ -123,4 +148,4 @@ def changes(definition: PolicyDefinition, record: Any) -> list[str]:
     return out
 
 
-__all__ = ['Fingerprint', 'artifact_roots', 'changes', 'config_path', 'fingerprint']
+__all__ = ['Fingerprint', 'artifact_roots', 'changes', 'changes_since', 'config_path', 'fingerprint']

@@ -412,20 +412,10 @@ class Host:
         """Answer once the interpreter is up (the worker's deadlines start after it)."""
 
     def dry_run(self, timeout_s: float | None, said_s: float | None = None) -> dict[str, Any]:
-        """``seq deploy``'s fingerprint and dry run (:func:`~sequence_ai_ros.worker.validate.dry_run`)."""
-        from sequence_ai_ros.exceptions import DeploymentError
-        from sequence_ai_ros.worker import content
-        from sequence_ai_ros.worker.registry import _blank
-        from sequence_ai_ros.worker.validate import dry_run
+        """``seq deploy``'s fingerprint and dry run (:func:`.validate.fingerprint_and_dry_run`)."""
+        from sequence_ai_ros.worker.validate import fingerprint_and_dry_run
 
-        d = self.definition
-        fp = content.fingerprint(d)        # before the dry run: what it validates is what is recorded
-        figures = dry_run(d, timeout_s=timeout_s, said_s=said_s)
-        blank = _blank(d)
-        blank.content_sha256, blank.config_sha256, blank.files, blank.artifact_roots = (
-            fp.content_sha256, fp.config_sha256, fp.files, fp.roots)
-        if content.changes(d, blank):
-            raise DeploymentError(f'{d.path}: its files changed during the dry run; deploy again')
+        fp, figures = fingerprint_and_dry_run(self.definition, timeout_s=timeout_s, said_s=said_s)
         return {'figures': figures, 'fingerprint': fp}
 
     def infer(self, inp: Any, ident: tuple[str, str, str]) -> Any:

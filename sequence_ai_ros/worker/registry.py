@@ -275,7 +275,7 @@ def deploy(path: str | Path, name: str | None = None, home: str | Path | None = 
         invalid, or the dry run fails or exceeds ``dry_timeout_s``.
     :raises ConfigError: for an invalid name, or a $SEQ_HOME that cannot be created or written.
     """
-    from sequence_ai_ros.worker.validate import dry_run
+    from sequence_ai_ros.worker.validate import fingerprint_and_dry_run
 
     path, name = _target(path, name)
     Registry(home).ensure_home()              # before the dry run, which may take minutes
@@ -290,14 +290,5 @@ def deploy(path: str | Path, name: str | None = None, home: str | Path | None = 
         definition, fp, figures = deploy_check(path, name, dry_timeout_s)
         return Registry(home).record(name, definition, load_s=figures.get('load_s', 0.0), fingerprint=fp), figures
     definition = load_policy_file(path)
-    fp = content.fingerprint(definition)        # before the dry run: what it validates is what is recorded
-    figures = dry_run(definition, timeout_s=dry_timeout_s) if dry else {}
-    if content.changes(definition, dataclasses.replace(_blank(definition), content_sha256=fp.content_sha256,
-                                                       config_sha256=fp.config_sha256, files=fp.files,
-                                                       artifact_roots=fp.roots)):
-        raise DeploymentError(f'{path}: its files changed during the dry run; deploy again')
+    fp, figures = fingerprint_and_dry_run(definition, timeout_s=dry_timeout_s, dry=dry)
     return Registry(home).record(name, definition, load_s=figures.get('load_s', 0.0), fingerprint=fp), figures
-
-
-def _blank(definition: PolicyDefinition) -> DeploymentRecord:
-    return DeploymentRecord(name='', version=0, path=str(definition.path), sha256=definition.sha256, deployed_at=0)

@@ -23,7 +23,9 @@ from sequence_ai_ros.policy.loader import PolicyDefinition
 from sequence_ai_ros.protocol import messages
 from sequence_ai_ros.protocol.contract import Contract
 from sequence_ai_ros.protocol.types import ImageLike, Observation
+from sequence_ai_ros.worker import content
 from sequence_ai_ros.worker.config import DRY_RUN_TIMEOUT_S
+from sequence_ai_ros.worker.content import Fingerprint
 
 
 def synthetic_observation(contract: Contract, timestamp: float = 0.0) -> Observation:
@@ -142,6 +144,25 @@ def dry_run(definition: PolicyDefinition, timeout_s: float | None = DRY_RUN_TIME
             raise error
         raise _fail(f'dry run failed while {step[0]}', error) from error
     return outcome['figures']
+
+
+def fingerprint_and_dry_run(definition: PolicyDefinition, timeout_s: float | None = DRY_RUN_TIMEOUT_S,
+                            said_s: float | None = None, dry: bool = True) -> tuple[Fingerprint, dict[str, float]]:
+    """``seq deploy``'s checks of an imported policy: its content's fingerprint, then :func:`dry_run`.
+
+    The fingerprint is taken before the dry run, and the files are checked unchanged after it
+    (:func:`~sequence_ai_ros.worker.content.changes_since`), so that what the dry run validated is what is
+    recorded.
+
+    :param dry: run the dry run (else only the fingerprint; the figures are then empty).
+    :return: the :class:`~sequence_ai_ros.worker.content.Fingerprint` and the dry run's figures.
+    :raises DeploymentError: as :func:`dry_run`, or when the policy's files changed during the dry run.
+    """
+    fp = content.fingerprint(definition)
+    figures = dry_run(definition, timeout_s=timeout_s, said_s=said_s) if dry else {}
+    if content.changes_since(definition, fp):
+        raise DeploymentError(f'{definition.path}: its files changed during the dry run; deploy again')
+    return fp, figures
 
 
 def _dry_run(definition: PolicyDefinition, step: list[str]) -> dict[str, float]:
