@@ -408,11 +408,11 @@ def test_capture_names_are_checked_even_with_force(tmp_path: Path, seq_home: Pat
 
 
 def test_episode_dirs_never_collide_whatever_the_client_sends(tmp_path: Path) -> None:
-    from sequence_ai_ros.capture.episode import _dir_name
+    from sequence_ai_ros.capture.episode import episode_dir_name
 
     store = make_store(tmp_path / 'cap')
     weird = 'we/ird'
-    hashed = _dir_name(weird)
+    hashed = episode_dir_name(weird)
     assert hashed.startswith('_h-')
     (store.root / 'episodes' / 'ep-0123').mkdir(parents=True)   # a legacy or stray directory
     for eid in (weird, hashed[1:], 'ep-0123', hashed.replace('_h-', 'ep-')):

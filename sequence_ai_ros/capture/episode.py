@@ -32,19 +32,18 @@ import shutil
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sequence_ai_ros.capture.claims import REFRESH_S
 from sequence_ai_ros.capture.frame_check import FrameChecker
+from sequence_ai_ros.capture.index import Index
 from sequence_ai_ros.capture.records import CHUNK, ERROR, REQUEST, TELEMETRY, Record, encode_record, read_records
 from sequence_ai_ros.capture.settings import CaptureSettings
 from sequence_ai_ros.exceptions import CaptureError, ContractViolation
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import CameraSpec, Contract, ObservationContract
-
-if TYPE_CHECKING:
-    from sequence_ai_ros.capture.store import CaptureStore
 
 RECORDS_FILE = 'episode.rec'
 META_FILE = 'episode.json'
@@ -56,7 +55,7 @@ FORMAT = 2
 _SAFE = re.compile(r'[A-Za-z0-9][A-Za-z0-9._-]{0,99}')
 
 
-def _dir_name(episode_id: str) -> str:
+def episode_dir_name(episode_id: str) -> str:
     """Return the storage directory name of an episode id.
 
     A safe id (letters, digits, ``._-``, starting with a letter or digit) is its own name; any other id
@@ -158,13 +157,38 @@ class CapturedEpisode:
                 if isinstance(r.message, pb.TelemetryFrame)]
 
 
+class EpisodeHost(Protocol):
+    """What an :class:`EpisodeCapture` needs of the store that began it (:class:`~.store.CaptureStore` is one).
+
+    :ivar root: the store directory (``staging/`` and ``episodes/`` are under it).
+    :ivar index: the store's index, where a committed episode is added.
+    :ivar clock: wall clock (s since the epoch) for record and episode times.
+    """
+
+    root: Path
+    index: Index
+    clock: Callable[[], float]
+
+    def reserve(self, nbytes: int) -> None:
+        """Make room for ``nbytes`` more of an episode.
+
+        :raises CaptureError: when they would take the store past its quota.
+        """
+
+    def release(self, ep: EpisodeCapture) -> None:
+        """Forget ``ep`` as running and give up its claim on its id (it was committed or dropped)."""
+
+    def fault(self, exc: BaseException, what: str) -> CaptureError:
+        """Pause capture for a storage fault met while doing ``what``; return the CaptureError to raise."""
+
+
 class EpisodeCapture:
     """One episode being captured; made by :meth:`CaptureStore.begin`, ended by commit() or abort().
 
     After a storage fault the episode is dropped, the store paused, and later calls do nothing.
     """
 
-    def __init__(self, store: CaptureStore, episode_id: str, instruction: str, contract: Contract | None,
+    def __init__(self, store: EpisodeHost, episode_id: str, instruction: str, contract: Contract | None,
                  settings: CaptureSettings, started_at: float) -> None:
         self.store = store
         self.episode_id = episode_id
@@ -174,7 +198,7 @@ class EpisodeCapture:
         self.images = settings.images
         self.fps = settings.row_fps(contract.dt if contract is not None else None)
         self.started_at = started_at
-        self.dir_name = _dir_name(episode_id)
+        self.dir_name = episode_dir_name(episode_id)
         self.staging = store.root / 'staging' / f'{os.getpid()}-{self.dir_name}'
         self.claim: Path | None = None   # the store's claim on the id (released at commit or drop)
         self._refreshed = time.monotonic()   # when the claim's mtime was last touched (claims.REFRESH_S)
@@ -289,7 +313,7 @@ class EpisodeCapture:
                 _fsync_dir(final.parent)
             except (OSError, TypeError, ValueError) as exc:
                 self._drop()
-                raise self.store._fault(exc, f'committing episode {self.episode_id}') from None
+                raise self.store.fault(exc, f'committing episode {self.episode_id}') from None
             label = None
             try:
                 label = self.store.index.pending_label(self.episode_id)
@@ -299,9 +323,9 @@ class EpisodeCapture:
                 self.store.index.checkpoint()
             except (OSError, sqlite3.Error) as exc:
                 # Kept: the directory is complete; the next open() indexes it.
-                raise self.store._fault(exc, f'indexing episode {self.episode_id}') from None
+                raise self.store.fault(exc, f'indexing episode {self.episode_id}') from None
             finally:
-                self.store._release(self)
+                self.store.release(self)
             return CapturedEpisode(path=final, label=label, contract=self.contract,
                                    **{k: v for k, v in row.items() if k != 'dir'})
 
@@ -317,12 +341,12 @@ class EpisodeCapture:
             if self._closed:
                 return
             try:
-                self.store._reserve(len(blob))
+                self.store.reserve(len(blob))
                 self._file.write(blob)
             except (OSError, CaptureError) as exc:
                 self._closed = True
                 self._drop()
-                raise self.store._fault(exc, f'capturing episode {self.episode_id}') from None
+                raise self.store.fault(exc, f'capturing episode {self.episode_id}') from None
             self.bytes += len(blob)
             self.requests += requests
             self.frames += frames
@@ -339,5 +363,5 @@ class EpisodeCapture:
         except OSError:
             pass
         shutil.rmtree(self.staging, ignore_errors=True)
-        self.store._release(self)
+        self.store.release(self)
 

@@ -48,8 +48,8 @@ from sequence_ai_ros.capture.episode import (
     META_FILE,
     CapturedEpisode,
     EpisodeCapture,
-    _dir_name,
     contract_from_json,
+    episode_dir_name,
     write_json_atomic,
 )
 from sequence_ai_ros.capture.index import INDEX_FILE, Index
@@ -188,7 +188,7 @@ class CaptureStore:
                 raise
             return ep
         except (OSError, sqlite3.Error) as exc:
-            self._last_refusal = str(self._fault(exc, f'starting episode {episode_id}'))
+            self._last_refusal = str(self.fault(exc, f'starting episode {episode_id}'))
             return None
 
     def refusal(self) -> str:
@@ -235,7 +235,7 @@ class CaptureStore:
                                   {'success': bool(success), 'notes': str(notes), 'labelled_at': when})
             self.index.checkpoint()
         except (OSError, sqlite3.Error) as exc:
-            raise self._fault(exc, f'labelling episode {episode_id}') from None
+            raise self.fault(exc, f'labelling episode {episode_id}') from None
         return known
 
     def labels(self) -> dict[str, dict[str, Any]]:
@@ -252,7 +252,7 @@ class CaptureStore:
             self._open()
             return self.index.labels()
         except (OSError, sqlite3.Error) as exc:
-            raise self._fault(exc, 'reading labels') from None
+            raise self.fault(exc, 'reading labels') from None
 
     def unmatched_labels(self) -> list[str]:
         """Return the ids of the labels held for an episode this store never saw, sorted.
@@ -270,7 +270,7 @@ class CaptureStore:
             self._open()
             return sorted(self.index.unmatched_labels())
         except (OSError, sqlite3.Error) as exc:
-            raise self._fault(exc, 'reading labels') from None
+            raise self.fault(exc, 'reading labels') from None
 
     def seen(self, episode_ids: Iterable[str]) -> set[str]:
         """Return those of ``episode_ids`` this store saw (ran, decided on, or holds).
@@ -284,7 +284,7 @@ class CaptureStore:
             self._open()
             return {eid for eid in ids if self.index.seen(eid)}
         except (OSError, sqlite3.Error) as exc:
-            raise self._fault(exc, 'reading runs') from None
+            raise self.fault(exc, 'reading runs') from None
 
     def record_run(self, run: dict[str, Any]) -> None:
         """Record one episode the worker ran (captured or not), for labels and ``seq policy stats``.
@@ -299,7 +299,7 @@ class CaptureStore:
             self._open()
             self.index.add_run(run)
         except (OSError, sqlite3.Error) as exc:
-            raise self._fault(exc, f'recording run {run.get("episode_id")}') from None
+            raise self.fault(exc, f'recording run {run.get("episode_id")}') from None
 
     def runs(self) -> list[dict[str, Any]]:
         """Return every run recorded (oldest first), each with ``success`` (None when unlabelled).
@@ -312,7 +312,7 @@ class CaptureStore:
             self._open()
             return self.index.runs()
         except (OSError, sqlite3.Error) as exc:
-            raise self._fault(exc, 'reading runs') from None
+            raise self.fault(exc, 'reading runs') from None
 
     def retire(self) -> None:
         """Stop for good (the deployment was deleted): no capture, no run, nothing re-created on disk."""
@@ -343,7 +343,7 @@ class CaptureStore:
                 shutil.rmtree(self.root / 'episodes' / row['dir'], ignore_errors=True)
             self.index.forget_decisions(cutoff)
         except (OSError, sqlite3.Error) as exc:
-            raise self._fault(exc, 'applying retention') from None
+            raise self.fault(exc, 'applying retention') from None
         return len(old)
 
     def bytes_used(self) -> int:
@@ -379,7 +379,7 @@ class CaptureStore:
             self._open()
             count = self.index.totals()['episodes']
         except (OSError, sqlite3.Error) as exc:
-            raise self._fault(exc, 'repairing the index') from None
+            raise self.fault(exc, 'repairing the index') from None
         with self._lock:
             self._pause = None
         self._save_pause(None)
@@ -469,7 +469,7 @@ class CaptureStore:
             self._open()
             rows = self.index.episodes(where=' AND '.join(where), args=tuple(args))
         except (OSError, sqlite3.Error) as exc:
-            raise self._fault(exc, 'listing episodes') from None
+            raise self.fault(exc, 'listing episodes') from None
         out = []
         for row in rows:
             path = self.root / 'episodes' / row.pop('dir')
@@ -494,7 +494,7 @@ class CaptureStore:
                 self._open()
                 totals = self.index.totals()
             except (OSError, sqlite3.Error) as exc:
-                raise self._fault(exc, 'reading totals') from None
+                raise self.fault(exc, 'reading totals') from None
         return {'deployment': self.deployment, 'root': str(self.root), 'settings': self.settings.to_json(),
                 'status': self.status(), **totals, 'bytes_on_disk': self.bytes_used()}
 
@@ -553,7 +553,11 @@ class CaptureStore:
         finally:
             probe.unlink(missing_ok=True)
 
-    def _reserve(self, nbytes: int) -> None:
+    def reserve(self, nbytes: int) -> None:
+        """Make room for ``nbytes`` more of a running episode (:class:`~.episode.EpisodeHost`).
+
+        :raises CaptureError: when they would take the store past ``settings.quota_bytes``.
+        """
         quota = self.settings.quota_bytes
         if quota is None:
             return
@@ -582,7 +586,7 @@ class CaptureStore:
         import uuid
 
         staging = self.root / 'staging'
-        path = staging / f'.claim-{_dir_name(episode_id)}'
+        path = staging / f'.claim-{episode_dir_name(episode_id)}'
         me = claims.this_process()
         mine = staging / f'.claim-new-{uuid.uuid4().hex}'
         mine.write_text(me.to_json(), encoding='utf-8')
@@ -608,7 +612,8 @@ class CaptureStore:
         finally:
             mine.unlink(missing_ok=True)
 
-    def _release(self, ep: EpisodeCapture) -> None:
+    def release(self, ep: EpisodeCapture) -> None:
+        """Forget a committed or dropped episode and remove its claim (:class:`~.episode.EpisodeHost`)."""
         with self._lock:
             self._active.discard(ep)
         claim = ep.claim
@@ -644,10 +649,11 @@ class CaptureStore:
         except OSError:
             pass
 
-    def _fault(self, exc: BaseException, what: str) -> CaptureError:
+    def fault(self, exc: BaseException, what: str) -> CaptureError:
         """Pause capture for a storage fault; return the CaptureError to raise (with the diagnostic).
 
-        A reader (read_only) pauses nothing: only its message says the store cannot be read.
+        Its episodes call it too (:class:`~.episode.EpisodeHost`). A reader (read_only) pauses nothing: only
+        its message says the store cannot be read.
         """
         lead = 'cannot read the store' if self.read_only else 'capture paused'
         if isinstance(exc, CaptureError) and 'quota' in str(exc):
