@@ -31,7 +31,7 @@ import numpy as np
 
 from sequence_ai_ros.datasets import stats as lerobot_stats
 from sequence_ai_ros.datasets.episode_frames import IMAGE_PREFIX, write_camera
-from sequence_ai_ros.datasets.lerobot_writer import arrow_schema, import_pyarrow, table
+from sequence_ai_ros.datasets.parquet import arrow_schema, import_pyarrow, table
 from sequence_ai_ros.datasets.video import VideoWriter
 
 CODEBASE_VERSION = 'v3.0'

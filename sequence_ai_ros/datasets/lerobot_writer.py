@@ -44,54 +44,15 @@ from sequence_ai_ros.datasets.episode_frames import (
     write_camera,
 )
 from sequence_ai_ros.datasets.export_common import check_out, finish, select, staging_dir, unmatched_labels
+from sequence_ai_ros.datasets.parquet import arrow_schema, import_pyarrow, table
 from sequence_ai_ros.datasets.video import VCODECS, VideoWriter
-from sequence_ai_ros.exceptions import ExportError, MissingDependency
+from sequence_ai_ros.exceptions import ExportError
 from sequence_ai_ros.protocol.limits import json_safe
 
 CODEBASE_VERSION = 'v2.1'
 CHUNKS_SIZE = 1000
 DATA_PATH = 'data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet'
 VIDEO_PATH = 'videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4'
-
-
-def import_pyarrow() -> tuple[Any, Any]:
-    """Return ``(pyarrow, pyarrow.parquet)``, or raise MissingDependency with the install hint."""
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError as exc:
-        raise MissingDependency(f'a LeRobot export needs pyarrow ({exc}); install it with: pip install pyarrow') \
-            from None
-    return pa, pq
-
-
-def hf_features(features: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Return the ``datasets`` feature spec of the parquet columns (LeRobot's get_hf_features_from_features)."""
-    out: dict[str, Any] = {}
-    for key, ft in features.items():
-        if ft['dtype'] in ('video', 'image'):
-            continue
-        if list(ft['shape']) == [1]:
-            out[key] = {'dtype': ft['dtype'], '_type': 'Value'}
-        else:
-            out[key] = {'feature': {'dtype': ft['dtype'], '_type': 'Value'}, 'length': int(ft['shape'][0]),
-                        '_type': 'Sequence'}
-    return out
-
-
-def arrow_schema(features: dict[str, dict[str, Any]]) -> Any:
-    """Return the pyarrow schema of an episode's parquet file, with the ``huggingface`` metadata."""
-    pa, _ = import_pyarrow()
-    types = {'float32': pa.float32(), 'float64': pa.float64(), 'int64': pa.int64(), 'bool': pa.bool_()}
-    fields = []
-    for key, spec in hf_features(features).items():
-        if spec['_type'] == 'Value':
-            fields.append(pa.field(key, types[spec['dtype']]))
-        else:
-            item = pa.field('element', types[spec['feature']['dtype']])
-            fields.append(pa.field(key, pa.list_(item, spec['length'])))
-    meta = {'huggingface': json.dumps({'info': {'features': hf_features(features)}})}
-    return pa.schema(fields, metadata=meta)
 
 
 class V21Layout:
@@ -149,19 +110,6 @@ class V21Layout:
         _jsonl(self.root / 'meta' / 'episodes.jsonl', self.episodes)
         _jsonl(self.root / 'meta' / 'tasks.jsonl', [{'task_index': i, 'task': t} for t, i in tasks.items()])
         _jsonl(self.root / 'meta' / 'episodes_stats.jsonl', self.stats)
-
-
-def table(cols: dict[str, np.ndarray], schema: Any) -> Any:
-    """Return a pyarrow Table of the columns, in ``schema``'s order and types."""
-    pa, _ = import_pyarrow()
-    arrays = []
-    for field in schema:
-        data = cols[field.name]
-        if data.ndim == 2:
-            arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(data.reshape(-1)), type=field.type))
-        else:
-            arrays.append(pa.array(data, type=field.type))
-    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 def export_lerobot(store: CaptureStore, out: str | Path, *, since: float | None = None, until: float | None = None,

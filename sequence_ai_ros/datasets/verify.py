@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from sequence_ai_ros.datasets.lerobot_reader import LeRobotDataset
-from sequence_ai_ros.datasets.lerobot_writer import arrow_schema, hf_features
+from sequence_ai_ros.datasets.parquet import arrow_schema, hf_features
 from sequence_ai_ros.exceptions import ConfigError, ExportError
 
 STAT_KEYS = {'min', 'max', 'mean', 'std', 'count', 'q01', 'q10', 'q50', 'q90', 'q99'}
