@@ -141,6 +141,6 @@ def test_an_act_callback_that_overruns_is_counted_and_the_rows_stay_on_their_dea
 
 
 def _telemetry(episode) -> list[pb.TelemetryFrame]:
-    from sequence_ai_ros.datasets.rows import _frames
+    from sequence_ai_ros.datasets.rows import telemetry_frames
 
-    return list(_frames(episode))
+    return list(telemetry_frames(episode))

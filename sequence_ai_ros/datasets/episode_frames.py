@@ -19,7 +19,7 @@ import numpy as np
 
 from sequence_ai_ros.capture.store import CapturedEpisode
 from sequence_ai_ros.datasets import stats as lerobot_stats
-from sequence_ai_ros.datasets.rows import EpisodeRows, build_rows, row_images
+from sequence_ai_ros.datasets.rows import EpisodeRows, build_rows, row_images, telemetry_frames
 from sequence_ai_ros.datasets.video import VCODECS, VideoWriter, video_info
 from sequence_ai_ros.exceptions import CaptureError, ContractViolation, ExportError
 from sequence_ai_ros.protocol import codec
@@ -105,10 +105,8 @@ def _safe_key(key: str) -> bool:
 
 
 def _all_keys(e: CapturedEpisode) -> list[str]:
-    from sequence_ai_ros.datasets.rows import _frames
-
     keys: list[str] = []
-    for i, frame in enumerate(_frames(e)):
+    for i, frame in enumerate(telemetry_frames(e)):
         keys += [im.key for im in frame.images if im.key not in keys]
         if i > 50:
             break

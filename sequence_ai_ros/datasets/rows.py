@@ -119,7 +119,11 @@ class _Record:
     raw_parts: tuple[np.ndarray, list[float]] | None = None
 
 
-def _frames(episode: CapturedEpisode) -> Iterator[pb.TelemetryFrame]:
+def telemetry_frames(episode: CapturedEpisode) -> Iterator[pb.TelemetryFrame]:
+    """Yield the episode's telemetry frames in arrival order, read one record at a time (unchecked).
+
+    :raises CaptureError: when the episode's file is missing, truncated or corrupt (at the bad record).
+    """
     for rec in read_records(episode.path / RECORDS_FILE):
         if isinstance(rec.message, pb.TelemetryFrame):
             yield rec.message
@@ -143,7 +147,7 @@ def _read(episode: CapturedEpisode, state_dim: int, action_dim: int, camera_keys
     skipped, problem = 0, ''
     velocity = episode.contract is not None and episode.contract.action_space is ActionSpace.JOINT_VELOCITY
     legacy: bool | None = None
-    for i, frame in enumerate(_frames(episode)):
+    for i, frame in enumerate(telemetry_frames(episode)):
         try:
             checker.check(frame)
             state = codec.from_tensor(frame.state, what='state', dtype='float32', ndim=1, finite=True)
@@ -397,7 +401,7 @@ def row_images(episode: CapturedEpisode, key: str, frame_ticks: np.ndarray) -> I
     repeats = {int(t): int(c) for t, c in zip(*np.unique(frame_ticks, return_counts=True), strict=True)}
     want = iter(needed.tolist())
     target = next(want, None)
-    for i, frame in enumerate(_frames(episode)):
+    for i, frame in enumerate(telemetry_frames(episode)):
         if target is None:
             return
         if i == target:
