@@ -102,14 +102,19 @@ def start_server_process(code: str, *args: str) -> tuple[subprocess.Popen, str]:
     return proc, line[0].split()[-1]
 
 
-def _worker_process(policy: Path = POLICY, **kwargs: object) -> tuple[subprocess.Popen, str]:
-    """Start a worker process (as on a real machine: its threads do not share this process's GIL)."""
+def worker_process(policy: Path = POLICY, **kwargs: object) -> tuple[subprocess.Popen, str]:
+    """Start a worker process serving ``policy`` as deployment ``lat``; return it and its endpoint.
+
+    As on a real machine, its threads do not share this process's GIL. ``kwargs`` (JSON-serialisable) go to
+    :func:`~sequence_ai_ros.worker.serve_policy_file` (e.g. ``dt``, ``chunk_length``, the policy's own
+    options). The caller kills and waits for the process.
+    """
     return start_server_process(SERVE, str(policy), json.dumps(kwargs))
 
 
 def pacing() -> dict:
     """Return p50/p99/max of |dt - 20 ms| between act() calls (ms), against a worker process."""
-    proc, endpoint = _worker_process(dt=0.02, chunk_length=30)
+    proc, endpoint = worker_process(dt=0.02, chunk_length=30)
     try:
         with connect('lat', endpoint=endpoint) as policy:
             policy.wait_until_ready(timeout=30)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sequence_ai_ros.bench.bench_client import _worker_process
+from sequence_ai_ros.bench.bench_client import worker_process
 from sequence_ai_ros.bench.delay_proxy import DelayProxy
 from sequence_ai_ros.client import Observation, connect
 
@@ -92,7 +92,7 @@ def main() -> dict:
           'seam_gap  p50_ms  target')
     rows = []
     for ratio, jitter, goal in CASES:
-        proc, endpoint = _worker_process(policy, dt=DT, chunk_length=T, compute_s=COMPUTE * covers)
+        proc, endpoint = worker_process(policy, dt=DT, chunk_length=T, compute_s=COMPUTE * covers)
         port = endpoint.rsplit(':', 1)[-1]
         proxy = DelayProxy(int(port), one_way_s=one_way_s(ratio), jitter=jitter, seed=11)
         margin = margin_s(ratio, jitter)
