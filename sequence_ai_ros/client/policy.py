@@ -13,13 +13,15 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
 from sequence_ai_ros.client import checks, driving
 from sequence_ai_ros.client.adapter import ObservationAdapter, check_fit
+from sequence_ai_ros.client.driving import ActFn, ObserveFn
 from sequence_ai_ros.client.engine import MAX_IN_FLIGHT, EpisodeEngine
 from sequence_ai_ros.client.labels import LabelResult
 from sequence_ai_ros.client.latency import LatencyWindow
@@ -39,8 +41,6 @@ from sequence_ai_ros.protocol.spaces import ActionSpace
 from sequence_ai_ros.protocol.types import Action, Observation
 
 LOG = logging.getLogger(__name__)
-ObserveFn = Callable[[], Observation | Mapping[str, Any]]
-ActFn = Callable[[Action], Any]
 
 
 class _OpenEpisode:
@@ -620,8 +620,8 @@ class Policy:
     def _drive(self, observe: ObserveFn, act: ActFn, settings: EpisodeSettings, *, pin: bool,
                until: Callable[[], bool] | None, on_underrun: Callable[[], Any] | None,
                episode_id: str | None) -> RunOutcome:
-        return driving.drive(self, observe, act, settings, pin=pin, until=until, on_underrun=on_underrun,
-                             episode_id=episode_id)
+        return driving.drive(_Driving(self), observe, act, settings, pin=pin, until=until,
+                             on_underrun=on_underrun, episode_id=episode_id)
 
     def _tick(self, obs: Observation, now: float, grid_index: int | None = None) -> Action | None:
         ep = self._episode
@@ -699,6 +699,50 @@ class Policy:
             closer.start()
         ep.closed = out
         return out
+
+
+class _Driving:
+    """The handle's side of one act()/run() call, as :func:`~sequence_ai_ros.client.driving.drive` needs it.
+
+    A :class:`~sequence_ai_ros.client.driving.Drivable` over its :class:`Policy`: the call's guard and stop,
+    the warming wait, the episode's opening, ticks and records, its end.
+    """
+
+    def __init__(self, policy: Policy) -> None:
+        self._policy = policy
+        self.contract = policy.contract
+        self.adapter = policy.adapter
+        self.wake = policy._wake
+
+    @contextmanager
+    def call(self) -> Iterator[None]:
+        """One control thread at a time; an interrupt from here on stops this call."""
+        with self._policy._guard, self._policy._stop.call():
+            yield
+
+    def wait_ready(self, episode_id: str | None) -> None:
+        """The warming wait before the episode, cut short by a kept interrupt."""
+        self._policy._wait_ready(None, episode_id, stoppable=True)
+
+    def open(self, settings: EpisodeSettings, episode_id: str | None) -> EpisodeEngine:
+        """Open the call's episode, one chunk step per tick; return its engine."""
+        return self._policy._open(settings, episode_id, fixed_step=True).engine
+
+    def tick(self, obs: Observation, now: float, grid_index: int) -> Action | None:
+        """One tick of the open episode (:meth:`Policy._tick`)."""
+        return self._policy._tick(obs, now, grid_index)
+
+    def commit(self) -> None:
+        """Commit this tick's record (:meth:`Policy._commit`)."""
+        self._policy._commit()
+
+    def skip_to(self, grid_index: int) -> None:
+        """Count the deadlines skipped after the last tick (:meth:`Policy._skip_to`)."""
+        self._policy._skip_to(grid_index)
+
+    def end(self, reason: str) -> RunOutcome | None:
+        """End the episode: :meth:`Policy.end_episode`."""
+        return self._policy.end_episode(reason)
 
 
 def connect(model: str, *, endpoint: str | None = None, token: str | None = None, tls: TlsLike = None,
