@@ -61,7 +61,7 @@ def test_act_returns_at_max_seconds_while_an_inference_runs_and_its_chunk_is_dis
         policy.wait_until_ready(timeout=30)
         out, elapsed = _timed(policy.act, 'pick', robot.observe, robot.act, max_seconds=2.0,
                               on_underrun=robot.hold)
-        instance = runtime._instance
+        instance = runtime._instance.policy
         assert instance.hooks == []            # EpisodeEnded did not wait for the hook behind the running inference
     assert out.reason == 'timeout' and out.worker_confirmed, out
     assert elapsed <= 2.0 + SLACK_S, elapsed
@@ -87,7 +87,7 @@ def test_a_queued_request_of_an_ended_episode_never_starts(slow):
     robot_a, robot_b = CountingRobot(), CountingRobot()
     with connect('slow', endpoint=endpoint) as policy_a, connect('slow', endpoint=endpoint) as policy_b:
         policy_a.wait_until_ready(timeout=30)
-        instance = runtime._instance
+        instance = runtime._instance.policy
         driver = threading.Thread(target=lambda: results.update(a=_timed(
             policy_a.run, robot_a.observe, robot_a.act, max_seconds=1.5, episode_id='robot-a')))
         driver.start()

@@ -94,10 +94,10 @@ def test_concurrent_episodes_share_calls_and_keep_their_own_state(mlp_server):
             reply = r.recv()
             assert reply.HasField('chunk'), reply
             assert reply.chunk.request_id == rid and reply.chunk.episode_id == r.episode_id
-            policy = server.runtimes['mlp']._instance
+            policy = server.runtimes['mlp']._instance.policy
             expected = policy.forward(states[r.episode_id][rid - 1][None])[0]
             np.testing.assert_allclose(codec.from_tensor(reply.chunk.actions), expected, rtol=1e-5, atol=1e-6)
-    policy = server.runtimes['mlp']._instance
+    policy = server.runtimes['mlp']._instance.policy
     # 48 requests in fewer MLP passes than requests: the batch cost grows sublinearly in requests
     assert sum(policy.batch_sizes) == 48 and max(policy.batch_sizes) > 1
     assert len(policy.batch_sizes) < 48 and max(policy.batch_sizes) <= 8
@@ -188,7 +188,7 @@ class Picky:
             assert rb.HasField('chunk') and rb.chunk.request_id == rid
             np.testing.assert_array_equal(codec.from_tensor(rb.chunk.actions), np.full((2, 1), 3.0, np.float32))
         # both requests of each round went in one call (the batch fills at 2 before its 5 s wait)
-        assert server.runtimes['picky']._instance.batches == [['a', 'b'], ['a', 'b']]
+        assert server.runtimes['picky']._instance.policy.batches == [['a', 'b'], ['a', 'b']]
         assert a.end().HasField('ended') and b.end().HasField('ended')
         ch.close()
 

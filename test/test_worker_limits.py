@@ -61,7 +61,7 @@ def test_hung_inference_fails_typed_marks_deployment_failed_and_spares_others(se
         hung.send(observation=stuck_req(1, hang='30'))
         runtime = server.runtimes['stuck']          # in-worker: its instance is the worker's (isolation none)
         # the hung request holds the inference thread; this one waits behind it
-        wait_for(lambda: runtime._instance.hanging.is_set(), timeout=30, what='the hung inference')
+        wait_for(lambda: runtime._instance.policy.hanging.is_set(), timeout=30, what='the hung inference')
         queued.send(observation=stuck_req(1))
         for stream in (hung, queued):
             reply = stream.recv(timeout=10)        # well inside the 30 s hang: cut at the 0.4 s deadline
@@ -99,7 +99,7 @@ def test_a_hung_inference_nobody_waits_for_still_turns_ready_and_health_to_faile
         assert stream.start().HasField('started')
         stream.send(observation=stuck_req(1, hang='30'))
         runtime = server.runtimes['stuck']          # in-worker: its instance is the worker's (isolation none)
-        wait_for(lambda: runtime._instance.hanging.is_set(), timeout=30, what='the hung inference')
+        wait_for(lambda: runtime._instance.policy.hanging.is_set(), timeout=30, what='the hung inference')
         stream.cancel()  # the robot is gone; the policy call still hangs
         reply = wait_for(lambda: _failed(stub), timeout=30, what='Ready to say failed')
         assert 'inference exceeded 0.3 s' in reply.message

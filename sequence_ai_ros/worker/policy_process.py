@@ -46,6 +46,7 @@ from typing import Any
 from sequence_ai_ros.exceptions import ContractViolation, DeploymentError, PolicyException
 from sequence_ai_ros.policy.loader import PolicyDefinition
 from sequence_ai_ros.worker import policy_host as wire
+from sequence_ai_ros.worker.hosting import InProcessHost, PolicyHost
 
 LOG = logging.getLogger(__name__)
 #: The isolation modes: ``process`` (each deployment in its own process) and ``none`` (in the worker).
@@ -426,13 +427,15 @@ def _ident(episode: Any) -> tuple[str, str, str]:
 
 
 class RemotePolicy:
-    """A policy instance living in its deployment process: ``infer``, ``infer_batch``, ``load`` and the hook.
+    """A policy instance living in its deployment process (the :class:`.hosting.PolicyHost` of ``--isolation process``).
 
-    Constructed by a remote definition's ``instantiate()`` (the runtime's loader thread): starts the
-    process; ``load()`` imports the file there, constructs the policy and runs its ``load()``, so that the
-    runtime can kill the process (:meth:`kill`) when the load deadline passes at any of these steps.
+    Constructed by a remote definition's ``instantiate()`` (the runtime's loader thread, :func:`open_host`):
+    starts the process; ``load()`` imports the file there, constructs the policy and runs its ``load()``, so
+    that the runtime can kill the process (:meth:`kill`) when the load deadline passes at any of these steps.
     """
 
+    #: an inference may be sent from the worker's event loop (:meth:`start_infer`)
+    starts_on_loop = True
     _path = ''
     _name = ''
     _hook = ''
@@ -480,17 +483,20 @@ class RemotePolicy:
             taken.append(self._ended.popleft())
         return tuple(taken)
 
-    def __getattr__(self, name: str) -> Any:
-        if name and name == type(self)._hook:
-            def hook(episode: Any) -> None:
-                self.process.call('hook', name, _ident(episode), episode.reason or '', ended=self._take_ended(),
-                                  step='running the episode hook')
-            return hook
-        raise AttributeError(name)
+    def episode_hook(self, name: str) -> Callable[[Any], None]:
+        """The ``@seq.on_episode`` method ``name``, run in the process for an episode's end (its state is dropped)."""
+        def hook(episode: Any) -> None:
+            self.process.call('hook', name, _ident(episode), episode.reason or '', ended=self._take_ended(),
+                              step='running the episode hook')
+        return hook
 
     def alive(self) -> bool:
         """True while the process runs."""
         return self.process.alive()
+
+    def exit_reason(self) -> str | None:
+        """None while the process runs and answers; else how it ended (:func:`exit_words`)."""
+        return None if self.alive() else exit_words(self.process.exit_status())
 
     def kill(self, why: str = '') -> None:
         """Kill the process (a stuck or failed policy); never blocks."""
@@ -499,6 +505,22 @@ class RemotePolicy:
     def close(self, timeout: float = 2.0) -> None:
         """Stop the process."""
         self.process.close(timeout)
+
+
+def runs_isolated(definition: PolicyDefinition) -> bool:
+    """True when ``definition`` is remote (:func:`describe_policy_file`): its policy runs in a deployment process."""
+    return isinstance(definition.cls, type) and issubclass(definition.cls, RemotePolicy)
+
+
+def open_host(definition: PolicyDefinition) -> PolicyHost:
+    """Construct the policy of ``definition`` (``instantiate()``) and return its host (not loaded yet).
+
+    A remote definition's construction starts its deployment process (:class:`RemotePolicy`); any other's
+    constructs the class here, in the worker (:class:`~sequence_ai_ros.worker.hosting.InProcessHost`).
+    Exceptions of the constructor propagate.
+    """
+    policy = definition.instantiate()
+    return policy if isinstance(policy, RemotePolicy) else InProcessHost(policy)
 
 
 def _remote_class(name: str, described: dict[str, Any]) -> type:

@@ -198,7 +198,7 @@ class Rollouts:
             self._fail(name, rec.version, old, why)
             return
         new = self._new(rec, definition, old)
-        new.load_gate = threading.Event()     # it loads once the old version is unloaded
+        new.load_plan.hold()     # it loads once the old version is unloaded
         if self.mode == 'cut':
             self.state[name] = 'cutting'
             LOG.warning('deployment %s: version %d cannot load beside version %d (%s); --rollout cut: switching at '
@@ -224,7 +224,7 @@ class Rollouts:
             self._unload_when_idle(old)            # any episode that started meanwhile ends first
         if self._giving_up():                      # the worker stops: it closes the served runtime
             return
-        new.load_gate.set()
+        new.load_plan.release()
         new.ensure_loading()
         if not self._ready(new) and not self._giving_up() and self._runtimes.get(name) is new:
             self._fail(name, rec.version, None, new.readiness()[3])   # alone, it fails too: the deployment is failed
@@ -253,7 +253,7 @@ class Rollouts:
     def _new(self, rec: Any, definition: Any, old: DeploymentRuntime) -> DeploymentRuntime:
         """A cold runtime of the new version, held by the rollout, that passes a dry run before it is ready."""
         new = self._make(rec, definition, old)
-        new.dry_run_on_load = True
+        new.load_plan.dry_run = True
         self._held.add(new)
         return new
 

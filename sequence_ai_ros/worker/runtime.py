@@ -26,6 +26,7 @@ import logging
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -38,7 +39,7 @@ from sequence_ai_ros.exceptions import (
     NotReady,
     PolicyException,
 )
-from sequence_ai_ros.policy.api import Episode, Result
+from sequence_ai_ros.policy.api import Batching, Episode, Result
 from sequence_ai_ros.policy.loader import PolicyDefinition
 from sequence_ai_ros.protocol import messages
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
@@ -46,9 +47,17 @@ from sequence_ai_ros.protocol.contract import Contract, clip
 from sequence_ai_ros.worker import content
 from sequence_ai_ros.worker.capture_hook import EpisodeRecorder
 from sequence_ai_ros.worker.config import ServerConfig
+from sequence_ai_ros.worker.deployment_state import (
+    EndCounts,
+    EpisodeTable,
+    LoadPlan,
+    Readiness,
+    RestartBudget,
+)
+from sequence_ai_ros.worker.hosting import PolicyHost
 from sequence_ai_ros.worker.logs import episode_fields, log_episode
 from sequence_ai_ros.worker.metrics import MetricsSink
-from sequence_ai_ros.worker.policy_process import PolicyProcessDied, RemoteError, RemotePolicy, exit_words
+from sequence_ai_ros.worker.policy_process import PolicyProcessDied, RemoteError, open_host, runs_isolated
 from sequence_ai_ros.worker.scheduler import InferenceScheduler
 from sequence_ai_ros.worker.usage import UsageMeter
 
@@ -61,9 +70,6 @@ HOOK_WAIT_S = 30.0
 DEFAULT_INFERENCE_TIMEOUT_S = ServerConfig.inference_timeout_s
 #: Default deadline (s) of construct + load(); past it the deployment is marked failed (from ServerConfig).
 DEFAULT_LOAD_TIMEOUT_S = ServerConfig.load_timeout_s
-#: A deployment process that dies more than this many times within :data:`RESTART_WINDOW_S` stays failed.
-MAX_RESTARTS = 5
-RESTART_WINDOW_S = 60.0
 #: The episode id of the dry inference a restarted deployment process, or a rollout's new version, passes
 #: before it serves robots.
 DRY_RUN_EPISODE = 'seq-dry-run'
@@ -160,6 +166,9 @@ class ActiveEpisode:
 class DeploymentRuntime:
     """A deployment being served.
 
+    Its policy runs behind one :class:`~sequence_ai_ros.worker.hosting.PolicyHost`: in the worker, or in a
+    deployment process (``--isolation process``, which a crash, exit or hang restarts).
+
     :param name: deployment name.
     :param version: deployment version (from the registry; 0 when ad hoc).
     :param definition: the imported policy file.
@@ -198,56 +207,66 @@ class DeploymentRuntime:
         self.usage = usage
         self.capture_store = capture_store
         batching = definition.spec.batching
-        self.batching = batching
         plan = None if batching is None else (batching.max_batch_size, batching.max_wait_s, self._call_batch)
         self.scheduler = InferenceScheduler(name, max_pending=max_pending, batching=plan,
                                             on_batch=self._on_batch)
         #: True when the policy runs in a deployment process (``--isolation process``)
-        self.isolated = isinstance(definition.cls, type) and issubclass(definition.cls, RemotePolicy)
+        self.isolated = runs_isolated(definition)
         if self.isolated:
             self.scheduler.stuck_words = 'the policy is stuck: its process is killed and restarted'
         #: where requests, batches and episode ends are reported (Prometheus when ``--metrics-port`` is set)
         self.metrics: MetricsSink = MetricsSink()
+        #: guards :attr:`_status`, :attr:`_instance` and :attr:`_restarts` together
         self._lock = threading.Lock()
-        self._state = 'cold'
-        self._message = ''
-        self._instance: Any = None
-        self._load_started = 0.0
-        self._eta_hint = eta_hint_s if eta_hint_s is not None else DEFAULT_LOAD_ETA_S
+        self._status = Readiness(eta_hint_s if eta_hint_s is not None else DEFAULT_LOAD_ETA_S)
+        #: the policy serving robots (None until loaded, and while a deployment process restarts)
+        self._instance: PolicyHost | None = None
+        #: the policy the last load constructed (a load past its deadline is killed through it)
+        self._instance_loading: PolicyHost | None = None
         self._loader: threading.Thread | None = None
-        self._episodes: dict[str, ActiveEpisode] = {}
-        self._counts_lock = threading.Lock()
-        self._unread_dropped = 0
-        self._discarded = 0
-        self.ready_event = threading.Event()
+        self._restarts = RestartBudget()
+        self._episodes: EpisodeTable[ActiveEpisode] = EpisodeTable()
+        self._ends = EndCounts()
         self.on_state_change: Any = None
-        self._instance_loading: Any = None
         self._closing = False
-        #: times the deployment process was restarted after a crash, exit or hang (``--isolation process``)
-        self.restarts = 0
-        self._restart_times: list[float] = []
-        #: a load that is not allowed to start yet: while set and not yet open, :meth:`ensure_loading` leaves the
-        #: policy cold (robots get NOT_READY). A rollout holds a new version so while the old one unloads.
-        self.load_gate: threading.Event | None = None
-        #: run one dry inference after load, before the policy is ready (a rollout's new version: it serves
-        #: robots only once an inference on the synthetic observation of ``seq deploy`` passed)
-        self.dry_run_on_load = False
+        #: how the next load goes: held by a rollout while the old version unloads, or ending with a dry run
+        self.load_plan = LoadPlan()
         #: the worker's event loop (set by the server): a request submitted there while the inference thread is
         #: idle goes to the deployment process from the loop, which also reads the answer (:meth:`submit`)
         self.loop: asyncio.AbstractEventLoop | None = None
-        #: what the last load (construct, ``load()``, dry run) raised; None while it has not failed, and when it
-        #: failed by passing ``load_timeout_s`` (a rollout tells an out-of-memory failure from the others)
-        self.load_error: BaseException | None = None
+
+    @property
+    def batching(self) -> Batching | None:
+        """The policy's :class:`~sequence_ai_ros.policy.api.Batching`, or None when it infers one request a call."""
+        return self.definition.spec.batching
+
+    @property
+    def ready_event(self) -> threading.Event:
+        """Set while the policy is ready (cleared while a deployment process restarts)."""
+        return self._status.event
+
+    @property
+    def restarts(self) -> int:
+        """Times the deployment process was restarted after a crash, exit or hang (``--isolation process``)."""
+        return self._restarts.count
+
+    @property
+    def load_error(self) -> BaseException | None:
+        """What the last load (construct, ``load()``, dry run) raised.
+
+        None while it has not failed, and when it failed by passing ``load_timeout_s`` (a rollout tells an
+        out-of-memory failure from the others).
+        """
+        return self._status.load_error
 
     # -- warming ------------------------------------------------------------------------------------------
     def ensure_loading(self) -> None:
-        """Start loading in ``seq-load-<name>`` if the policy is cold (and :attr:`load_gate` is open); never blocks."""
+        """Start loading in ``seq-load-<name>`` if the policy is cold (and :attr:`load_plan` lets it); never blocks."""
         with self._lock:
-            if self._state != 'cold' or (self.load_gate is not None and not self.load_gate.is_set()):
+            if self._status.state != 'cold' or not self.load_plan.may_start:
                 return
-            self._state = 'warming'
-            self._load_started = time.monotonic()
-            self.load_error = None
+            self._status.warming(time.monotonic())
+            self._status.load_error = None
             self._loader = threading.Thread(target=self._load, name=f'seq-load-{self.name}', daemon=True)
             self._loader.start()
         self._notify()
@@ -260,38 +279,31 @@ class DeploymentRuntime:
                 if changed:
                     raise DeploymentError(f'{"; ".join(changed)} since version {self.version} was deployed; run '
                                           f'`seq deploy {self.definition.path}` again to validate it as a new version')
-            instance = self.definition.instantiate()
-            self._instance_loading = instance
-            load = getattr(instance, 'load', None)
-            if callable(load):
-                load()
-            if self.dry_run_on_load or (isinstance(instance, RemotePolicy) and self.restarts):
-                self._dry_run(instance)      # a restarted process or a new version serves after a good dry run
+            host = open_host(self.definition)
+            self._instance_loading = host
+            host.load()
+            if self.load_plan.dry_run or self.restarts:
+                self._dry_run(host)      # a restarted process or a new version serves after a good dry run
         except BaseException as exc:  # SystemExit/KeyboardInterrupt inside a policy are its failure too
             msg = f'policy {self.name!r} failed to load: {describe(exc)}'
             LOG.error('%s\n%s', msg, traceback.format_exc())
-            loading = getattr(self, '_instance_loading', None)
-            if isinstance(loading, RemotePolicy):
+            loading = self._instance_loading
+            if loading is not None:
                 loading.close(timeout=0.5)
             with self._lock:
-                if self._state == 'warming':
-                    self._state, self._message = 'failed', msg
-                    self.load_error = exc
+                if self._status.state == 'warming':
+                    self._status.fail(msg, exc)
         else:
             with self._lock:
-                late = self._state != 'warming'  # the load deadline passed: stay failed
+                late = self._status.state != 'warming'  # the load deadline passed: stay failed
                 if not late:
-                    self._instance = instance
-                    self._state, self._message = 'ready', ''
+                    self._instance = host
+                    self._status.ready(time.monotonic() - start)     # a later (re)load is timed from this one
             if late:
                 LOG.error('policy %s finished loading after its deadline; it stays failed', self.name)
-                if isinstance(instance, RemotePolicy):
-                    instance.close(timeout=0.5)
+                host.close(timeout=0.5)
             else:
-                self.ready_event.set()
-                with self._lock:
-                    self._eta_hint = time.monotonic() - start     # a later (re)load is timed from this one
-                LOG.info('policy %s ready after %.2f s', self.name, self._eta_hint)
+                LOG.info('policy %s ready after %.2f s', self.name, self._status.eta_hint_s)
         self._notify()           # health follows Ready at once; the usage row's disk write comes after
         self.usage.add(warming_s=time.monotonic() - start)
         try:
@@ -299,58 +311,55 @@ class DeploymentRuntime:
         except Exception as exc:  # a full disk: the counts wait in memory for the next flush
             LOG.error('usage of %s not written (kept for the next flush): %s', self.name, exc)
 
-    def _dry_run(self, instance: Any) -> None:
+    def _dry_run(self, host: PolicyHost) -> None:
         """One inference on the synthetic observation of ``seq deploy``; its chunk must fit the contract."""
         from sequence_ai_ros.worker.validate import synthetic_request
 
         inp = messages.unpack_observation(synthetic_request(self.contract), self.contract)
         episode = Episode(id=DRY_RUN_EPISODE, instruction='dry run before serving', deployment=self.name)
-        out = instance.infer(inp, episode)
-        if isinstance(instance, RemotePolicy):
-            instance.forget(episode.id)
+        out = host.infer(inp, episode)
+        host.forget(episode.id)
         actions = out.actions if isinstance(out, Result) else out
         messages.pack_chunk(np.asarray(actions), self.contract, request_id=1, episode_id=episode.id, robot_time_s=0.0)
 
     def _on_wedged(self, wedged: PolicyException) -> None:
         """An inference passed its deadline: restart a deployment process; in the worker, mark the deployment failed."""
-        instance = self._instance
+        host = self._instance
         if not self.isolated:
             self.mark_failed(str(wedged))
-        elif isinstance(instance, RemotePolicy):   # None: already restarting
-            self.restart(instance, str(wedged))
+        elif host is not None:   # None: already restarting
+            self.restart(host, str(wedged))
 
-    def restart(self, instance: RemotePolicy, why: str) -> None:
-        """Kill ``instance``'s deployment process and load a new one (``seq-load-<name>``); returns at once.
+    def restart(self, host: PolicyHost, why: str) -> None:
+        """Kill ``host``'s deployment process and load a new one (``seq-load-<name>``); returns at once.
 
         Until the new process has loaded and passed the dry run, requests get NOT_READY naming ``why``
-        (health NOT_SERVING). More than :data:`MAX_RESTARTS` restarts within :data:`RESTART_WINDOW_S` mark
-        the deployment failed instead. Only the first call for a given instance acts.
+        (health NOT_SERVING). More than :data:`~.deployment_state.MAX_RESTARTS` restarts within
+        :data:`~.deployment_state.RESTART_WINDOW_S` mark the deployment failed instead. Only the first call for
+        a given host acts.
         """
         with self._lock:
-            if self._closing or self._instance is not instance or self._state != 'ready':
+            if self._closing or self._instance is not host or self._status.state != 'ready':
                 return
             now = time.monotonic()
-            self._restart_times = [t for t in self._restart_times if now - t < RESTART_WINDOW_S] + [now]
             self._instance = None
-            self.ready_event.clear()
-            if len(self._restart_times) > MAX_RESTARTS:
-                self._state = 'failed'
-                self._message = (f'deployment {self.name!r} failed: its policy process died {MAX_RESTARTS + 1} times '
-                                 f'within {RESTART_WINDOW_S:g} s; last: {why}')
+            self._status.event.clear()
+            if self._restarts.spend(now):
+                self._status.warming(now, f'deployment {self.name!r} is restarting: {why}')
             else:
-                self._state, self._message = 'warming', f'deployment {self.name!r} is restarting: {why}'
-                self._load_started = now
-                self.restarts += 1
-            state = self._state
-        instance.kill(why)
-        LOG.error('%s', self._message)
+                budget = self._restarts
+                self._status.fail(f'deployment {self.name!r} failed: its policy process died {budget.limit + 1} '
+                                  f'times within {budget.window_s:g} s; last: {why}')
+            state, message = self._status.state, self._status.message
+        host.kill(why)
+        LOG.error('%s', message)
         self._notify()
         if state == 'warming':
-            self._loader = threading.Thread(target=self._reload, args=(instance,), name=f'seq-load-{self.name}',
+            self._loader = threading.Thread(target=self._reload, args=(host,), name=f'seq-load-{self.name}',
                                             daemon=True)
             self._loader.start()
 
-    def _reload(self, old: RemotePolicy) -> None:
+    def _reload(self, old: PolicyHost) -> None:
         deadline = time.monotonic() + 10.0
         while self.scheduler.inferring and time.monotonic() < deadline:   # the killed call returns at once
             time.sleep(0.005)
@@ -365,9 +374,8 @@ class DeploymentRuntime:
     def mark_failed(self, message: str) -> None:
         """Mark the deployment failed (health NOT_SERVING; Ready answers ``failed`` with ``message``)."""
         with self._lock:
-            if self._state == 'failed':
+            if not self._status.fail(message):
                 return
-            self._state, self._message = 'failed', message
         LOG.error('deployment %s marked failed: %s', self.name, message)
         self._notify()
 
@@ -378,34 +386,30 @@ class DeploymentRuntime:
         turns the state to ``failed`` here (also when no robot is waiting for that inference).
         """
         with self._lock:
-            state = self._state
-            elapsed = time.monotonic() - self._load_started if state == 'warming' else 0.0
+            state = self._status.state
+            elapsed = self._status.elapsed(time.monotonic())
+            host = self._instance
         if state == 'warming' and elapsed > self.load_timeout_s:
             self.mark_failed(f'policy {self.name!r} failed to load: load exceeded {self.load_timeout_s:g} s')
-            loading = getattr(self, '_instance_loading', None)
-            if isinstance(loading, RemotePolicy):   # a busy loop in load() stops burning a core
+            loading = self._instance_loading
+            if loading is not None:   # a busy loop in a deployment process's load() stops burning a core
                 loading.kill(f'load exceeded {self.load_timeout_s:g} s')
         elif state == 'ready':
             wedged = self.scheduler.expire(self.inference_timeout_s)
             if wedged is not None:
                 self._on_wedged(wedged)
-            elif isinstance(self._instance, RemotePolicy) and not self._instance.alive():
-                self.restart(self._instance, f'the policy process of deployment {self.name!r} exited '
-                                             f'({exit_words(self._instance.process.exit_status())})')
+            elif host is not None and (ended := host.exit_reason()) is not None:
+                self.restart(host, f'the policy process of deployment {self.name!r} exited ({ended})')
         with self._lock:
-            state, message = self._state, self._message
-        eta = 0.0
-        if state == 'cold':
-            eta = self._eta_hint
-        elif state == 'warming':
-            eta = max(0.1, self._eta_hint - elapsed)
-        return state == 'ready', eta, state, message
+            state, message = self._status.state, self._status.message
+        return state == 'ready', self._status.eta(state, elapsed), state, message
 
-    def hook_callable(self) -> Any:
+    def hook_callable(self) -> Callable[[Episode], None] | None:
         """Return the bound ``@seq.on_episode`` method, or None (no hook, or never loaded)."""
-        if self.definition.hook is None or self._instance is None:
+        host = self._instance
+        if self.definition.hook is None or host is None:
             return None
-        return getattr(self._instance, self.definition.hook)
+        return host.episode_hook(self.definition.hook)
 
     # -- episodes -----------------------------------------------------------------------------------------
     def start_episode(self, episode_id: str, instruction: str, client_id: str = '') -> ActiveEpisode:
@@ -413,18 +417,14 @@ class DeploymentRuntime:
 
         :raises EpisodeStateError: when an episode with this id is already running on this worker.
         """
-        with self._lock:
-            running = episode_id in self._episodes
-        if running:   # refused before its capture is touched (a second start never disturbs the first's)
-            raise self._already_running(episode_id)
+        if episode_id in self._episodes:   # refused before its capture is touched (a second start never disturbs
+            raise self._already_running(episode_id)     # the first's)
         recorder = EpisodeRecorder(self.capture_store, episode_id, instruction, self.contract, version=self.version)
         active = ActiveEpisode(self, Episode(id=episode_id, instruction=instruction, deployment=self.name),
                                recorder)
-        with self._lock:
-            if episode_id in self._episodes:   # a start that raced the check above
-                recorder.commit('duplicate', {})
-                raise self._already_running(episode_id)
-            self._episodes[episode_id] = active
+        if not self._episodes.add(episode_id, active):   # a start that raced the check above
+            recorder.commit('duplicate', {})
+            raise self._already_running(episode_id)
         active.client_id = client_id
         self.usage.add(episodes=1)
         log_episode(LOG, 'started', active.fields(captured=recorder.active))
@@ -436,22 +436,18 @@ class DeploymentRuntime:
 
     def forget(self, episode_id: str) -> None:
         """Drop an ended episode from the running set (and from its deployment process)."""
-        with self._lock:
-            self._episodes.pop(episode_id, None)
-            instance = self._instance
-        if isinstance(instance, RemotePolicy):
-            instance.forget(episode_id)
+        self._episodes.remove(episode_id)
+        host = self._instance
+        if host is not None:
+            host.forget(episode_id)
 
     def running_episodes(self) -> list[ActiveEpisode]:
         """Return the episodes in progress."""
-        with self._lock:
-            return list(self._episodes.values())
+        return self._episodes.all()
 
     def count_at_end(self, dropped: int = 0, discarded: int = 0) -> None:
         """Count requests a stream dropped unread at its episode's end, and results it discarded (any thread)."""
-        with self._counts_lock:
-            self._unread_dropped += dropped
-            self._discarded += discarded
+        self._ends.add(dropped, discarded)
 
     def end_stats(self) -> dict[str, int]:
         """Return the counts of what episode ends cut short, since the worker started.
@@ -463,10 +459,10 @@ class DeploymentRuntime:
         - ``inferences_started_after_end``: inferences started for an episode whose end had arrived (0).
         """
         sched = self.scheduler.stats()
-        with self._counts_lock:
-            return {'requests_dropped_at_end': sched['requests_dropped_at_end'] + self._unread_dropped,
-                    'results_discarded_at_end': self._discarded,
-                    'inferences_started_after_end': sched['inferences_started_after_end']}
+        unread_dropped, discarded = self._ends.totals()
+        return {'requests_dropped_at_end': sched['requests_dropped_at_end'] + unread_dropped,
+                'results_discarded_at_end': discarded,
+                'inferences_started_after_end': sched['inferences_started_after_end']}
 
     # -- inference ----------------------------------------------------------------------------------------
     def submit(self, active: ActiveEpisode, req: pb.ObservationRequest,
@@ -486,12 +482,12 @@ class DeploymentRuntime:
         if inp is None:
             inp = self.decode(req)
         episode = active.episode
-        instance = self._instance
-        if isinstance(instance, RemotePolicy) and self.batching is None:
-            future = self._start(instance, inp, episode)
+        host = self._instance
+        if host is not None and host.starts_on_loop and self.batching is None:
+            future = self._start(host, inp, episode)
             if future is not None:
                 return future
-        return self.scheduler.submit(episode.id, lambda: self._call(instance, inp, episode), payload=(inp, episode),
+        return self.scheduler.submit(episode.id, lambda: self._call(host, inp, episode), payload=(inp, episode),
                                      ended=lambda: active.ending)
 
     def check_ready(self) -> None:
@@ -509,7 +505,7 @@ class DeploymentRuntime:
         raise NotReady(message or f'policy {self.name!r} is {state}; ready in about {eta:.1f} s',
                        retry_after_s=eta if loading else 0.0)
 
-    def _start(self, instance: RemotePolicy, inp: messages.PolicyInput,
+    def _start(self, host: PolicyHost, inp: messages.PolicyInput,
                episode: Episode) -> concurrent.futures.Future | None:
         """On the event loop, with the inference thread idle: send the request to the deployment process from here.
 
@@ -536,7 +532,7 @@ class DeploymentRuntime:
             if status == 'ok':
                 self.scheduler.give_back(job, elapsed, result=(value, elapsed))
             elif status is None:                # died (a thread of its own): this deployment restarts
-                self.restart(instance, str(value))
+                self.restart(host, str(value))
                 self.scheduler.give_back(job, elapsed, exception=PolicyException(str(value)))
             elif status == 'contract':
                 LOG.warning('policy %s refused episode %s request %d: %s', self.name, episode.id, inp.request_id,
@@ -547,7 +543,7 @@ class DeploymentRuntime:
                             inp.request_id, value)
                 self.scheduler.give_back(job, elapsed, exception=PolicyException(value))
 
-        if instance.start_infer(loop, inp, episode, done):
+        if host.start_infer(loop, inp, episode, done):
             return job.future
         self.scheduler.give_back(job)
         return None
@@ -631,14 +627,17 @@ class DeploymentRuntime:
                 self.check_wait(active, req)
         return self.finish(active, req, result)
 
-    def _call(self, instance: Any, inp: messages.PolicyInput, episode: Episode) -> tuple[Any, float]:
+    def _call(self, host: PolicyHost | None, inp: messages.PolicyInput, episode: Episode) -> tuple[Any, float]:
         if episode.reason is not None:
             raise EpisodeStateError(f'episode {episode.id!r} already ended ({episode.reason})')
         start = time.perf_counter()
         try:
-            out = instance.infer(inp, episode)
+            if host is None:
+                raise PolicyProcessDied(f'deployment {self.name!r} is restarting')
+            out = host.infer(inp, episode)
         except PolicyProcessDied as exc:   # a crash, os._exit or kill: this deployment restarts
-            self.restart(instance, str(exc))
+            if host is not None:
+                self.restart(host, str(exc))
             raise PolicyException(str(exc)) from exc
         except ContractViolation as exc:   # the policy found the request malformed: the robot's fault, typed so
             LOG.warning('policy %s refused episode %s request %d: %s', self.name, episode.id, inp.request_id, exc)
@@ -663,16 +662,16 @@ class DeploymentRuntime:
         if not live:
             return results
         start = time.perf_counter()
-        instance = self._instance
+        host = self._instance
         try:
-            if instance is None:
+            if host is None:
                 raise PolicyProcessDied(f'deployment {self.name!r} is restarting')
-            outs = list(instance.infer_batch([items[i][0] for i in live], [items[i][1] for i in live]))
+            outs = list(host.infer_batch([items[i][0] for i in live], [items[i][1] for i in live]))
             if len(outs) != len(live):
                 raise ValueError(f'infer_batch returned {len(outs)} chunks for {len(live)} inputs')
         except BaseException as exc:  # SystemExit/KeyboardInterrupt inside a policy become POLICY_EXCEPTION
-            if isinstance(exc, PolicyProcessDied) and instance is not None:
-                self.restart(instance, str(exc))
+            if isinstance(exc, PolicyProcessDied) and host is not None:
+                self.restart(host, str(exc))
             LOG.warning('policy %s raised on a batch of %d (episodes %s): %s', self.name, len(live),
                         [items[i][1].id for i in live], describe(exc))
             err = PolicyException(describe(exc))
@@ -704,9 +703,9 @@ class DeploymentRuntime:
         self.scheduler.stop(0.1 if self.scheduler.wedged is not None else timeout)
         if self._loader is not None:
             self._loader.join(0.1 if stuck else timeout)
-        for instance in (self._instance, getattr(self, '_instance_loading', None)):
-            if isinstance(instance, RemotePolicy):
-                instance.close(timeout=0.1 if stuck else min(timeout, 2.0))
+        for host in (self._instance, self._instance_loading):
+            if host is not None:
+                host.close(timeout=0.1 if stuck else min(timeout, 2.0))
         try:
             self.usage.flush()
         except Exception as exc:  # stopping goes on; the counts that could not be written are named

@@ -384,7 +384,7 @@ def test_isolation_none_keeps_the_policy_in_the_worker(tmp_path):
         chunk = robot.ask(req(1, 2.5)).chunk
         assert np.allclose(codec.from_tensor(chunk.actions)[:, 0], 2.5)
         robot.end()
-        assert server.runtimes['inproc']._instance.__class__.__name__ == 'Crashy'
+        assert server.runtimes['inproc']._instance.policy.__class__.__name__ == 'Crashy'
 
 
 def test_batching_across_robots_holds_in_the_deployment_process(tmp_path):

@@ -2,7 +2,7 @@
 
 Rows are client_latency's: row ``i`` answering an observation at ``frame`` ``f`` is ``[f + i, request_id]``,
 so :class:`doubles.CountingRobot` drives it. The worker runs in the test's process, so a test reads the
-instance (``server.runtimes[name]._instance``):
+instance (``server.runtimes[name]._instance.policy``):
 
 - ``begun``: {episode id: inferences begun}; ``finished``: {episode id: inferences that returned};
 - ``hooks``: ``(episode id, reason, inferences begun)`` per on_episode call, in order.
