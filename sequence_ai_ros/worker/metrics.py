@@ -137,6 +137,176 @@ class MetricsSink:
         """Stop serving metrics."""
 
 
+#: A metric family labelled by deployment, with the values of its other labels (one tuple per series).
+Labelled = tuple[Any, list[tuple[str, ...]]]
+
+
+class RequestFamilies:
+    """The families of requests and policy calls: counts by outcome, request, queue and first-chunk times, calls.
+
+    :param prom: the ``prometheus_client`` module.
+    :param reg: the registry they join.
+    """
+
+    def __init__(self, prom: Any, reg: Any) -> None:
+        self.requests = prom.Counter('seq_requests', 'Observation requests by outcome', ['deployment', 'outcome'],
+                                     registry=reg)
+        self.inference = prom.Histogram('seq_inference_seconds', 'Duration of one policy call (s)', ['deployment'],
+                                        buckets=INFERENCE_BUCKETS, registry=reg)
+        self.batch_size = prom.Histogram('seq_batch_size', 'Requests per policy call', ['deployment'],
+                                         buckets=BATCH_BUCKETS, registry=reg)
+        self.request_s = prom.Histogram('seq_request_seconds', 'From a request\'s arrival to its reply, in the '
+                                        'worker (s)', ['deployment'], buckets=LATENCY_BUCKETS, registry=reg)
+        self.queue_s = prom.Histogram('seq_queue_seconds', 'Time a request waited for the inference thread (s)',
+                                      ['deployment'], buckets=LATENCY_BUCKETS, registry=reg)
+        self.first_chunk_s = prom.Histogram('seq_time_to_first_chunk_seconds', 'From EpisodeStart to the '
+                                            'episode\'s first chunk (s)', ['deployment'], buckets=LATENCY_BUCKETS,
+                                            registry=reg)
+
+    def labelled(self) -> list[Labelled]:
+        """Each family with the values of its labels besides ``deployment``."""
+        outcomes: list[tuple[str, ...]] = [(outcome,) for outcome in OUTCOMES]
+        return [(self.requests, outcomes)] + [(family, [()]) for family in (
+            self.inference, self.batch_size, self.request_s, self.queue_s, self.first_chunk_s)]
+
+    def request(self, name: str, outcome: str) -> None:
+        """Count one request of deployment ``name`` answered with ``outcome``."""
+        self.requests.labels(name, outcome).inc()
+
+    def batch(self, name: str, size: int, seconds: float) -> None:
+        """Record one policy call of ``size`` requests that took ``seconds``."""
+        self.inference.labels(name).observe(seconds)
+        self.batch_size.labels(name).observe(size)
+
+    def timed(self, name: str, request_s: float, queue_s: float | None, first_chunk_s: float | None) -> None:
+        """Record one answered request's times (s; negative ones as 0); None: not measured."""
+        self.request_s.labels(name).observe(max(0.0, request_s))
+        if queue_s is not None:
+            self.queue_s.labels(name).observe(max(0.0, queue_s))
+        if first_chunk_s is not None:
+            self.first_chunk_s.labels(name).observe(max(0.0, first_chunk_s))
+
+
+class EpisodeFamilies:
+    """The families of episode ends and underruns: as the robots reported them at EpisodeEnd, and from telemetry.
+
+    :param prom: the ``prometheus_client`` module.
+    :param reg: the registry they join.
+    """
+
+    def __init__(self, prom: Any, reg: Any) -> None:
+        self.ended = prom.Counter('seq_episodes_ended', 'Episodes ended, by reason', ['deployment', 'reason'],
+                                  registry=reg)
+        self.underruns = prom.Counter('seq_client_underruns', 'Underruns reported by robots at EpisodeEnd',
+                                      ['deployment'], registry=reg)
+        self.underrun_s = prom.Counter('seq_client_underrun_seconds', 'Seconds robots held, reported at EpisodeEnd',
+                                       ['deployment'], registry=reg)
+        self.live_underruns = prom.Counter('seq_telemetry_underruns', 'Underruns seen in the robots\' telemetry',
+                                           ['deployment'], registry=reg)
+        self.live_underrun_s = prom.Counter('seq_telemetry_underrun_seconds', 'Seconds held in underrun, from the '
+                                            'robots\' telemetry', ['deployment'], registry=reg)
+
+    def labelled(self) -> list[Labelled]:
+        """Each family with the values of its labels besides ``deployment``."""
+        reasons: list[tuple[str, ...]] = [(reason,) for reason in (*REASONS, OTHER_REASON)]
+        return [(self.ended, reasons)] + [(family, [()]) for family in (
+            self.underruns, self.underrun_s, self.live_underruns, self.live_underrun_s)]
+
+    def episode_ended(self, name: str, reason: str, underruns: Any, underrun_s: Any) -> None:
+        """Count an ended episode and its reported underruns (a non-finite or negative figure is not counted)."""
+        self.ended.labels(name, reason_label(reason)).inc()
+        if isinstance(underruns, int) and underruns > 0:
+            self.underruns.labels(name).inc(underruns)
+        if isinstance(underrun_s, (int, float)) and math.isfinite(underrun_s) and underrun_s > 0:
+            self.underrun_s.labels(name).inc(underrun_s)
+
+    def live(self, name: str, count: int, seconds: float) -> None:
+        """Count underruns seen live in telemetry."""
+        if count > 0:
+            self.live_underruns.labels(name).inc(count)
+        if math.isfinite(seconds) and seconds > 0:
+            self.live_underrun_s.labels(name).inc(seconds)
+
+
+class ScrapeGauges:
+    """The gauges read from each deployment's runtime at scrape time: queue depth, episodes, streams, capture bytes.
+
+    A capture store's size is cached :attr:`capture_bytes_ttl_s` s (it walks the store's files).
+
+    :param prom: the ``prometheus_client`` module.
+    :param reg: the registry they join.
+    :param open_streams: the number of open Episode streams of a deployment (its name).
+    """
+
+    def __init__(self, prom: Any, reg: Any, open_streams: Callable[[str], int]) -> None:
+        self.queue = prom.Gauge('seq_queue_depth', 'Requests waiting for inference', ['deployment'], registry=reg)
+        self.active = prom.Gauge('seq_active_episodes', 'Episodes in progress', ['deployment'], registry=reg)
+        self.streams = prom.Gauge('seq_open_streams', 'Episode streams open', ['deployment'], registry=reg)
+        self.capture = prom.Gauge('seq_capture_bytes', 'Bytes in the capture store', ['deployment'], registry=reg)
+        self._open_streams = open_streams
+        #: seconds a capture-store size is reused before the store is walked again
+        self.capture_bytes_ttl_s = CAPTURE_BYTES_TTL_S
+        self._lock = threading.Lock()
+        self._capture_cache: dict[str, tuple[float, int]] = {}
+
+    def add(self, name: str, runtime: Any) -> None:
+        """Read deployment ``name``'s gauges from ``runtime`` and the server's open streams."""
+        self.track(name, runtime)
+        self.streams.labels(name).set_function(functools.partial(self._open_streams, name))
+        if runtime.capture_store is not None:
+            self.capture.labels(name).set_function(functools.partial(self._capture_bytes, name, runtime))
+
+    def track(self, name: str, runtime: Any) -> None:
+        """Read the queue depth and episodes of ``name`` from ``runtime`` (a new version) from now on."""
+        self.queue.labels(name).set_function(functools.partial(_queue_depth, runtime))
+        self.active.labels(name).set_function(functools.partial(_active_episodes, runtime))
+
+    def forget(self, name: str) -> None:
+        """Remove ``name``'s gauges."""
+        for gauge in (self.queue, self.active, self.streams, self.capture):
+            with contextlib.suppress(KeyError):
+                gauge.remove(name)
+        with self._lock:
+            self._capture_cache.pop(name, None)
+
+    def _capture_bytes(self, name: str, runtime: Any) -> int:
+        with self._lock:
+            at, value = self._capture_cache.get(name, (float('-inf'), 0))
+            if time.monotonic() - at >= self.capture_bytes_ttl_s:
+                try:
+                    value = runtime.capture_store.bytes_used()
+                except OSError:
+                    pass
+                self._capture_cache[name] = (time.monotonic(), value)
+            return value
+
+
+class BuildInfo:
+    """``seq_build_info``: 1 for the worker's package version and each served deployment's registered version.
+
+    :param prom: the ``prometheus_client`` module.
+    :param reg: the registry it joins.
+    """
+
+    def __init__(self, prom: Any, reg: Any) -> None:
+        self.gauge = prom.Gauge('seq_build_info', 'The worker\'s version and each deployment\'s registered version '
+                                '(1)', ['version', 'deployment', 'deployment_version'], registry=reg)
+        self._versions: dict[str, str] = {}
+
+    def serving(self, name: str, version: Any) -> None:
+        """Deployment ``name`` serves ``version`` now (its previous version's series goes)."""
+        self.forget(name)
+        self._versions[name] = str(version)
+        self.gauge.labels(package_version(), name, self._versions[name]).set(1)
+
+    def forget(self, name: str) -> None:
+        """Remove ``name``'s series."""
+        version = self._versions.pop(name, None)
+        if version is not None:
+            with contextlib.suppress(KeyError):
+                self.gauge.remove(package_version(), name, version)
+
+
 class PrometheusMetrics(MetricsSink):
     """Serve a worker's metrics over HTTP at ``http://host:port/metrics``.
 
@@ -158,33 +328,10 @@ class PrometheusMetrics(MetricsSink):
             raise MissingDependency(f'--metrics-port needs the python package prometheus_client '
                                     f'(pip install "sequence_ai_ros[metrics]"): {exc}') from None
         self.registry = reg = prom.CollectorRegistry(auto_describe=True)
-        self._requests = prom.Counter('seq_requests', 'Observation requests by outcome', ['deployment', 'outcome'],
-                                      registry=reg)
-        self._inference = prom.Histogram('seq_inference_seconds', 'Duration of one policy call (s)', ['deployment'],
-                                         buckets=INFERENCE_BUCKETS, registry=reg)
-        self._batch = prom.Histogram('seq_batch_size', 'Requests per policy call', ['deployment'],
-                                     buckets=BATCH_BUCKETS, registry=reg)
-        self._ended = prom.Counter('seq_episodes_ended', 'Episodes ended, by reason', ['deployment', 'reason'],
-                                   registry=reg)
-        self._underruns = prom.Counter('seq_client_underruns', 'Underruns reported by robots at EpisodeEnd',
-                                       ['deployment'], registry=reg)
-        self._underrun_s = prom.Counter('seq_client_underrun_seconds', 'Seconds robots held, reported at EpisodeEnd',
-                                        ['deployment'], registry=reg)
+        self._requests = RequestFamilies(prom, reg)
+        self._episodes = EpisodeFamilies(prom, reg)
         self._refused = prom.Counter('seq_streams_refused', 'Episode streams refused', ['reason'], registry=reg)
-        self._request_s = prom.Histogram('seq_request_seconds', 'From a request\'s arrival to its reply, in the '
-                                         'worker (s)', ['deployment'], buckets=LATENCY_BUCKETS, registry=reg)
-        self._queue_s = prom.Histogram('seq_queue_seconds', 'Time a request waited for the inference thread (s)',
-                                       ['deployment'], buckets=LATENCY_BUCKETS, registry=reg)
-        self._first_chunk_s = prom.Histogram('seq_time_to_first_chunk_seconds', 'From EpisodeStart to the '
-                                             'episode\'s first chunk (s)', ['deployment'], buckets=LATENCY_BUCKETS,
-                                             registry=reg)
-        self._live_underruns = prom.Counter('seq_telemetry_underruns', 'Underruns seen in the robots\' telemetry',
-                                            ['deployment'], registry=reg)
-        self._live_underrun_s = prom.Counter('seq_telemetry_underrun_seconds', 'Seconds held in underrun, from the '
-                                             'robots\' telemetry', ['deployment'], registry=reg)
-        self._build = build = prom.Gauge('seq_build_info', 'The worker\'s version and each deployment\'s '
-                                         'registered version (1)', ['version', 'deployment', 'deployment_version'],
-                                         registry=reg)
+        self._build = BuildInfo(prom, reg)
         prom.ProcessCollector(registry=reg)     # process_cpu_seconds_total, process_resident_memory_bytes, fds
         prom.PlatformCollector(registry=reg)    # python_info
         prom.GCCollector(registry=reg)          # python_gc_*
@@ -193,45 +340,34 @@ class PrometheusMetrics(MetricsSink):
         self._rollout_failures = prom.Counter('seq_rollout_failures', 'Versions registered while serving that '
                                               'failed to import, load or pass the dry run', ['deployment'],
                                               registry=reg)
+        self._gauges = ScrapeGauges(prom, reg, open_streams)     # read from the runtime at scrape time
         self._served = set(runtimes)
         self._token = token or None
         self._generate = prom.generate_latest
-        self._queue = queue = prom.Gauge('seq_queue_depth', 'Requests waiting for inference', ['deployment'],
-                                         registry=reg)
-        self._active = active = prom.Gauge('seq_active_episodes', 'Episodes in progress', ['deployment'],
-                                           registry=reg)
-        capture = prom.Gauge('seq_capture_bytes', 'Bytes in the capture store', ['deployment'], registry=reg)
-        self._versions: dict[str, str] = {}
-        streams = prom.Gauge('seq_open_streams', 'Episode streams open', ['deployment'], registry=reg)
-        self._capture_cache: dict[str, tuple[float, int]] = {}
-        #: seconds a capture-store size is reused before the store is walked again
-        self.capture_bytes_ttl_s = CAPTURE_BYTES_TTL_S
-        self._lock = threading.Lock()
         #: every family labelled by deployment, with the values of its other labels: each series exists at 0
         #: from the start, and :meth:`forget` removes them all
-        self._by_deployment: list[tuple[Any, list[tuple[str, ...]]]] = [
-            (self._requests, [(outcome,) for outcome in OUTCOMES]),
-            (self._ended, [(reason,) for reason in (*REASONS, OTHER_REASON)]),
-            (self._boundary, [(field,) for field in (*FIELDS, 'other')])]
-        self._by_deployment += [(family, [()]) for family in (
-            self._inference, self._batch, self._underruns, self._underrun_s, self._request_s, self._queue_s,
-            self._first_chunk_s, self._live_underruns, self._live_underrun_s, self._rollout_failures)]
-        self._gauges = (queue, active, streams, capture)     # read from the runtime at scrape time
+        self._by_deployment: list[Labelled] = [
+            *self._requests.labelled(), *self._episodes.labelled(),
+            (self._boundary, [(field,) for field in (*FIELDS, 'other')]), (self._rollout_failures, [()])]
         for reason in REFUSALS:
             self._refused.labels(reason)
         for name, runtime in runtimes.items():   # every labelled series, at 0 from the start
             for family, rest in self._by_deployment:
                 for values in rest:
                     family.labels(name, *values)
-            self._versions[name] = str(getattr(runtime, 'version', ''))
-            build.labels(package_version(), name, self._versions[name]).set(1)
-            queue.labels(name).set_function(functools.partial(_queue_depth, runtime))
-            active.labels(name).set_function(functools.partial(_active_episodes, runtime))
-            streams.labels(name).set_function(functools.partial(open_streams, name))
-            if runtime.capture_store is not None:
-                capture.labels(name).set_function(functools.partial(self._capture_bytes, name, runtime))
+            self._build.serving(name, getattr(runtime, 'version', ''))
+            self._gauges.add(name, runtime)
         self._server = BoundedServer('metrics', self._serve, host, port)
         self.port: int = self._server.port
+
+    @property
+    def capture_bytes_ttl_s(self) -> float:
+        """Seconds a capture-store size is reused before the store is walked again."""
+        return self._gauges.capture_bytes_ttl_s
+
+    @capture_bytes_ttl_s.setter
+    def capture_bytes_ttl_s(self, seconds: float) -> None:
+        self._gauges.capture_bytes_ttl_s = seconds
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Answer one HTTP/1.x request: GET /metrics (token checked), 404 or 401 otherwise; then close."""
@@ -259,72 +395,40 @@ class PrometheusMetrics(MetricsSink):
         writer.write(head if request[:1] == [b'HEAD'] else head + body)
         await writer.drain()
 
-    def _capture_bytes(self, name: str, runtime: Any) -> int:
-        with self._lock:
-            at, value = self._capture_cache.get(name, (float('-inf'), 0))
-            if time.monotonic() - at >= self.capture_bytes_ttl_s:
-                try:
-                    value = runtime.capture_store.bytes_used()
-                except OSError:
-                    pass
-                self._capture_cache[name] = (time.monotonic(), value)
-            return value
-
     def _deployment(self, name: str) -> str:
         return name if name in self._served else ''
 
     def request(self, deployment: str, outcome: str) -> None:
         """Count one observation request answered with ``outcome`` (``chunk`` or an ErrorCode name)."""
-        self._requests.labels(self._deployment(deployment), outcome).inc()
+        self._requests.request(self._deployment(deployment), outcome)
 
     def batch(self, deployment: str, size: int, seconds: float) -> None:
         """Record one policy call."""
-        self._inference.labels(self._deployment(deployment)).observe(seconds)
-        self._batch.labels(self._deployment(deployment)).observe(size)
+        self._requests.batch(self._deployment(deployment), size, seconds)
 
     def track(self, runtime: Any) -> None:
         """Read ``runtime``'s queue depth and episodes from now on, and name its version in ``seq_build_info``."""
         name = runtime.name
         if name not in self._served:
             return
-        self._queue.labels(name).set_function(functools.partial(_queue_depth, runtime))
-        self._active.labels(name).set_function(functools.partial(_active_episodes, runtime))
-        old = self._versions.get(name)
-        if old is not None:
-            with contextlib.suppress(KeyError):
-                self._build.remove(package_version(), name, old)
-        self._versions[name] = str(runtime.version)
-        self._build.labels(package_version(), name, self._versions[name]).set(1)
+        self._gauges.track(name, runtime)
+        self._build.serving(name, runtime.version)
 
     def timed(self, deployment: str, request_s: float, queue_s: float | None = None,
               first_chunk_s: float | None = None) -> None:
         """Record one answered request's times (s); None: not measured (no chunk, not the first)."""
-        name = self._deployment(deployment)
-        self._request_s.labels(name).observe(max(0.0, request_s))
-        if queue_s is not None:
-            self._queue_s.labels(name).observe(max(0.0, queue_s))
-        if first_chunk_s is not None:
-            self._first_chunk_s.labels(name).observe(max(0.0, first_chunk_s))
+        self._requests.timed(self._deployment(deployment), request_s, queue_s, first_chunk_s)
 
     def underruns(self, deployment: str, count: int, seconds: float) -> None:
         """Count underruns seen live in telemetry (see :class:`UnderrunWatch`)."""
-        name = self._deployment(deployment)
-        if count > 0:
-            self._live_underruns.labels(name).inc(count)
-        if math.isfinite(seconds) and seconds > 0:
-            self._live_underrun_s.labels(name).inc(seconds)
+        self._episodes.live(self._deployment(deployment), count, seconds)
 
     def episode_ended(self, deployment: str, reason: str, underruns: int = 0, underrun_s: float = 0.0) -> None:
         """Count an ended episode (its reason's label: documented, else ``other``) and its reported underruns.
 
         A non-finite or negative figure is not counted (one ``inf`` would leave the counter at +Inf for good).
         """
-        name = self._deployment(deployment)
-        self._ended.labels(name, reason_label(reason)).inc()
-        if isinstance(underruns, int) and underruns > 0:
-            self._underruns.labels(name).inc(underruns)
-        if isinstance(underrun_s, (int, float)) and math.isfinite(underrun_s) and underrun_s > 0:
-            self._underrun_s.labels(name).inc(underrun_s)
+        self._episodes.episode_ended(self._deployment(deployment), reason, underruns, underrun_s)
 
     def refused(self, reason: str) -> None:
         """Count a refused stream."""
@@ -350,15 +454,8 @@ class PrometheusMetrics(MetricsSink):
             for values in rest:
                 with contextlib.suppress(KeyError):
                     family.remove(deployment, *values)
-        for gauge in self._gauges:
-            with contextlib.suppress(KeyError):
-                gauge.remove(deployment)
-        version = self._versions.pop(deployment, None)
-        if version is not None:
-            with contextlib.suppress(KeyError):
-                self._build.remove(package_version(), deployment, version)
-        with self._lock:
-            self._capture_cache.pop(deployment, None)
+        self._gauges.forget(deployment)
+        self._build.forget(deployment)
 
     def close(self) -> None:
         """Shut the HTTP endpoint down (timed join)."""
