@@ -389,6 +389,42 @@ def _pack_telemetry(frames: list[TelemetrySample], contract: Contract,
     return out, problems
 
 
+class SentBeforeStart:
+    """What an episode's calls sent before the worker accepted it, kept to be sent again.
+
+    A call the worker refuses before the episode starts (a draining replica) is opened again; the new call
+    sends what the refused ones had sent. Once EpisodeStarted came nothing more is kept. Thread-safe: gRPC's
+    request-consumer thread keeps and replays, ``seq-recv`` marks the start.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._started = False
+        self._sent: list[bytes | pb.EpisodeRequest] = []
+
+    @property
+    def started(self) -> bool:
+        """True once EpisodeStarted came: the worker accepted the episode."""
+        return self._started
+
+    def keep(self, msg: bytes | pb.EpisodeRequest) -> None:
+        """Keep a message sent on this call, while the episode has not started."""
+        with self._lock:
+            if not self._started:
+                self._sent.append(msg)
+
+    def again(self) -> list[bytes | pb.EpisodeRequest]:
+        """What calls refused before the start sent, in order (a new call sends it first)."""
+        with self._lock:
+            return list(self._sent)
+
+    def start(self) -> None:
+        """EpisodeStarted came: forget what was kept, keep nothing more."""
+        with self._lock:
+            self._started = True
+            self._sent.clear()
+
+
 class EpisodeCall:
     """One Episode call: EpisodeStart, requests, telemetry and EpisodeEnd out; replies to callbacks.
 
@@ -434,10 +470,7 @@ class EpisodeCall:
         self.refusal: SequenceAIError | None = None
         tag = episode_id[:24]
         self._reader = threading.Thread(target=self._read_loop, name=f'seq-recv-{tag}', daemon=True)
-        self._started = threading.Event()   # EpisodeStarted came: the worker accepted the episode
-        # sent on calls the worker refused before the start: sent again
-        self._unstarted: list[bytes | pb.EpisodeRequest] = []
-        self._sent_lock = threading.Lock()
+        self._before_start = SentBeforeStart()   # sent on calls the worker refused before the start: sent again
 
     def start(self) -> None:
         """Start ``seq-recv``, which opens the call (gRPC then starts its request-consumer thread)."""
@@ -516,9 +549,7 @@ class EpisodeCall:
         that the worker waits for after a refusal).
         """
         yield pb.EpisodeRequest(start=self._start)
-        with self._sent_lock:
-            again = list(self._unstarted)
-        yield from again
+        yield from self._before_start.again()
         while True:
             try:
                 item = self._outbox.get(timeout=0.1)
@@ -537,9 +568,7 @@ class EpisodeCall:
             except SequenceAIError as exc:
                 self._fail(exc)
                 return
-            with self._sent_lock:
-                if not self._started.is_set():
-                    self._unstarted.append(msg)
+            self._before_start.keep(msg)
             if refused.is_set():   # this call is over: the next one sends it
                 return
             yield msg
@@ -581,14 +610,12 @@ class EpisodeCall:
                 if kind == 'chunk':
                     self._on_chunk(reply.chunk)
                 elif kind == 'started':
-                    with self._sent_lock:
-                        self._started.set()
-                        self._unstarted.clear()
+                    self._before_start.start()
                     self.refusal = None
                     self._on_started(reply.started)
                 elif kind == 'error':
                     error = errors.from_error(reply.error)
-                    if reply.error.refusal and not self._started.is_set():   # nothing ran: close our side
+                    if reply.error.refusal and not self._before_start.started:   # nothing ran: close our side
                         refusal = error
                         refused.set()
                         with contextlib.suppress(queue.Full):
