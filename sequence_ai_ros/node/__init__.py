@@ -15,10 +15,14 @@ Modules, one concept each:
   schema) and :mod:`.parameters` (the ROS declarations with descriptors, and the on-set checks);
 - :mod:`.images` (Image/CompressedImage -> arrays or untouched JPEG, no cv_bridge),
   :mod:`.observation` (latest message per source, ages, joint mapping by name);
-- :mod:`.runner` (one episode at a time; hold semantics), :mod:`.controller_commands` (ros2_control command
-  interfaces), :mod:`.safety` (limits, step limits, non-finite values);
-- :mod:`.trajectory` (trajectory mode: a chunk's horizon as one JointTrajectory);
-- :mod:`.tick` (the control thread), :mod:`.diagnostics` (~/status, /diagnostics, the WARN/ERROR levels);
+- :mod:`.runner` (one episode at a time; hold semantics; each episode owns its tick counts),
+  :mod:`.worker_link` (the connection to the worker, and what the runner uses of the client's Policy),
+  :mod:`.controller_commands` (ros2_control command interfaces), :mod:`.safety` (limits, step limits,
+  non-finite values);
+- :mod:`.command_output` (one output per ``command.mode``, picked once: streaming, or trajectory), and
+  :mod:`.trajectory` (trajectory mode: a chunk's horizon as one JointTrajectory);
+- :mod:`.tick` (the control thread of each activation), :mod:`.diagnostics` (~/status, /diagnostics, the
+  WARN/ERROR levels);
 - :mod:`.policy_node` (the lifecycle node), :mod:`.episode_services` (its services and Act action),
   :mod:`.executors` (two executors split by callback group), :mod:`.main` (entry point, autostart).
 
@@ -32,11 +36,13 @@ Threads and their owners:
   lifecycle node, split by callback group (:mod:`.executors`);
 - ``seq-autostart`` (owned by :func:`.main.main`, with ``autostart``): configures (retrying every second)
   and activates the node;
-- ``seq-tick`` (owned by :class:`.policy_node.PolicyNode` while active): the fixed-rate control thread.
+- ``seq-tick`` (owned by :class:`.policy_node.PolicyNode`'s :class:`.tick.ControlThreads` while active): the
+  fixed-rate control thread.
   It reads the latest observation, calls the client's non-blocking ``next_action`` and publishes; it
   never waits on gRPC, and takes no lock that is held across I/O. Deadlines come from the client's
   :class:`~sequence_ai_ros.client.pacing.Pacer`;
-- ``seq-session`` (owned by :class:`.policy_node.PolicyNode` while configured): the blocking gRPC calls:
+- ``seq-session`` (owned by :class:`.policy_node.PolicyNode`'s :class:`.runner.SessionThread` while
+  configured): the blocking gRPC calls:
   reconnects (every second), ``ready()`` (polled every second), ``end_episode``;
 - per episode, the client's ``seq-recv-*`` thread and gRPC's request thread (owned by the client).
 

@@ -22,19 +22,17 @@ before its cancel went out), nobody is left to cancel it, and the arm holds inst
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import CallbackGroup
+from rclpy.node import Node
 from sequence_ai_msgs.action import Act
 from sequence_ai_msgs.srv import EndEpisode, Label, StartEpisode
 from std_srvs.srv import Trigger
 
 from sequence_ai_ros.exceptions import ConfigError, ContractViolation, SequenceAIError
-from sequence_ai_ros.node.runner import EpisodeReport, episode_settings
-
-if TYPE_CHECKING:
-    from sequence_ai_ros.node.policy_node import PolicyNode
+from sequence_ai_ros.node.runner import EpisodeReport, Runner, episode_settings
 
 #: Reasons that end an Act goal as succeeded; the others abort it (interrupted: canceled if asked).
 SUCCESS_REASONS = ('completed', 'until', 'timeout')
@@ -77,20 +75,33 @@ class GoalClientWatch:
         return bool(self._seen) and not (self._seen & present)
 
 
+class EpisodeHost(Protocol):
+    """What the services need of the node they serve beyond its rclpy Node (:class:`.policy_node.PolicyNode`)."""
+
+    @property
+    def runner(self) -> Runner:
+        """The node's current runner (a lifecycle cleanup replaces it)."""
+
+    @property
+    def lifecycle_state(self) -> str:
+        """The lifecycle state's label (goals are refused naming it while the node is not active)."""
+
+
 def _refusal(exc: BaseException) -> str:
     return 'validate' if isinstance(exc, (ContractViolation, ConfigError)) else 'error'
 
 
 class EpisodeServices:
-    """Services and the Act action of a :class:`PolicyNode`, created on that node.
+    """Services and the Act action of the policy node, created on that node.
 
-    :param policy_node: the node that serves them and whose runner the callbacks drive.
+    :param node: the rclpy node that serves them (``ros2 node info`` lists them there).
+    :param host: the same node as the services see it: the runner the callbacks drive, its lifecycle state.
     :param group: their callback group (reentrant: the callbacks block).
     """
 
-    def __init__(self, policy_node: PolicyNode, group: CallbackGroup) -> None:
-        self.policy_node = policy_node
-        node = policy_node
+    def __init__(self, node: Node, host: EpisodeHost, group: CallbackGroup) -> None:
+        self.node = node
+        self.host = host
         self.act_server = ActionServer(node, Act, '~/act', execute_callback=self._execute,
                                        goal_callback=self._on_goal, cancel_callback=self._on_cancel,
                                        callback_group=group)
@@ -102,13 +113,13 @@ class EpisodeServices:
         node.create_service(Label, '~/label', self._label, callback_group=group)
 
     @property
-    def runner(self) -> Any:
+    def runner(self) -> Runner:
         """The node's current runner (a lifecycle cleanup replaces it)."""
-        return self.policy_node.runner
+        return self.host.runner
 
     def get_logger(self) -> Any:
         """The node's logger."""
-        return self.policy_node.get_logger()
+        return self.node.get_logger()
 
     def destroy(self) -> None:
         """Destroy the action server (the services go with the node)."""
@@ -118,7 +129,7 @@ class EpisodeServices:
     def _on_goal(self, goal: Act.Goal) -> GoalResponse:
         if not self.runner.accepting:
             self.get_logger().warning(f'Act goal rejected: the node is not active (lifecycle state '
-                                      f'{self.policy_node.lifecycle_state})')
+                                      f'{self.host.lifecycle_state})')
             return GoalResponse.REJECT
         ep = self.runner.episode
         if ep is not None and not ep.done.is_set():
@@ -139,7 +150,7 @@ class EpisodeServices:
             goal_handle.abort()
             return Act.Result(reason=_refusal(exc), episode_id=goal.episode_id, message=str(exc))
         cancelled = orphaned = False
-        watch = GoalClientWatch(self.policy_node, f'{self.act_server_name}/_action/feedback')
+        watch = GoalClientWatch(self.node, f'{self.act_server_name}/_action/feedback')
         next_feedback = 0.0
         while True:
             result = self.runner.wait(eid, 0.02)

@@ -31,7 +31,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from sequence_ai_ros.client.session import ENDPOINT_HINT
 from sequence_ai_ros.client.settings import EpisodeSettings
 from sequence_ai_ros.exceptions import (
     ConfigError,
@@ -45,13 +44,8 @@ from sequence_ai_ros.node.config import NodeConfig
 from sequence_ai_ros.node.controller_commands import CommandInterface
 from sequence_ai_ros.node.observation import ObservationAssembler, Snapshot
 from sequence_ai_ros.node.safety import SafetyFilter
+from sequence_ai_ros.node.worker_link import RunnerPolicy, WorkerLink, node_hint
 from sequence_ai_ros.protocol.contract import Contract, check_names
-
-
-def _node_hint(message: str) -> str:
-    """The client's error message with its hint for connect() callers replaced by the node's endpoint parameter."""
-    return message.replace(ENDPOINT_HINT, 'set the node parameter endpoint (-p endpoint:=HOST:PORT, or the launch '
-                                          'argument endpoint:=HOST:PORT), or $SEQ_ENDPOINT where it is empty')
 
 
 class ControlGrid(Protocol):
@@ -72,7 +66,11 @@ class ControlGrid(Protocol):
 
 @dataclasses.dataclass
 class EpisodeRun:
-    """One episode as the node tracks it.
+    """One episode as the node tracks it, and the owner of its tick counts (``sent``, ``held``, ``skipped``).
+
+    The counts are the node's own, on the control thread's grid: every period of the episode is a tick
+    counted in ``sent`` or ``held``, or a ``skipped`` one. The client's ledger counts only the ticks that
+    asked it for an action (see :meth:`count`), so the Act feedback and result, ~/status and the log read these.
 
     :param id: episode id.  :param instruction: the pinned task.  :param max_seconds: limit (s).
     :param started: ``time.monotonic()`` at begin (s).
@@ -91,7 +89,7 @@ class EpisodeRun:
     stale_since: float | None = None
     sent: int = 0                 # control ticks that commanded one of the policy's actions
     skipped: int = 0              # control periods of the episode no tick served (the thread fell behind):
-                                  # its periods (Runner.periods) less the ticks counted in sent and held
+                                  # its periods (see account) less the ticks counted in sent and held
     held: int = 0                 # control ticks that held instead (invalid observation, underrun, before the
                                   # first chunk, a refused command, the tick that found the episode over),
                                   # whether a hold was published or not (on_underrun 'stop'):
@@ -116,6 +114,50 @@ class EpisodeRun:
                 self.end_index = max(self.accounted_index,
                                      min(self.grid.index_at(self.stopped_at), self.grid.settled_index()))
             self.stopped = True
+
+    def count(self, now: float, *, sent: bool) -> None:
+        """Count the control tick at ``now`` (s) in ``sent`` (it commanded one of the policy's actions) or ``held``.
+
+        Every tick the node serves for the episode is counted here, those that never asked the client for an
+        action included (an invalid observation, before the first request, a tick that raced the stop).
+        """
+        if sent:
+            self.sent += 1
+        else:
+            self.held += 1
+        self.last_tick = now
+        if self.grid is not None and self.end_index is not None:   # counted after the stop: its deadline is the
+            self.end_index = max(self.end_index, self.grid.current_index())   # episode's (it saw no stop)
+        self.account(now)
+
+    def account(self, until: float) -> None:
+        """Set ``skipped``: the episode's control periods up to ``until`` (s) no counted tick served.
+
+        A period is a deadline of the control thread's grid in (start, until]; each one got a tick counted in
+        ``sent`` or ``held``, or none (the thread was late by more than a period, or stalled). Counting them on
+        the grid, not as the pacer notices them one tick late, keeps a stall across the episode's start or end
+        on the right side of it. ``until`` is cut to what the grid has decided (a deadline not yet a period
+        old may still get its tick) and to the episode's end: the counts are exact at every call, and
+        ``accounted_until`` (elapsed_s) never outruns them.
+        """
+        grid = self.grid    # its own grid: a re-activate before its end starts another one
+        if grid is None:
+            self.accounted_until = max(until, self.accounted_until)
+            return
+        # a deadline not decided yet may still get its tick; after the stop, ticks no longer count
+        last = min(grid.index_at(until), grid.settled_index())
+        if self.end_index is not None:
+            last = min(last, self.end_index)
+        last = max(last, self.accounted_index)
+        self.skipped = max(0, last - self.first_index - self.sent - self.held)
+        self.accounted_index = last
+        self.accounted_until = max(self.started, grid.deadline_s(last))
+
+    def served_before_stop(self) -> bool:
+        """Whether this tick's deadline came before the episode's stop though the tick saw the stop (a race)."""
+        if self.grid is None or self.end_index is None:
+            return False
+        return self.accounted_index < self.grid.current_index() <= self.end_index
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,6 +216,74 @@ def episode_settings(instruction: str, max_seconds: float, *, max_actions: int =
         raise ConfigError(str(exc)) from None
 
 
+class RunTotals:
+    """The runner's counts over every episode, for /diagnostics (its windows take their increments)."""
+
+    def __init__(self) -> None:
+        self.episode_ticks = 0      # control ticks of running episodes after their first command
+        self.underrun_ticks = 0     # of which held for lack of an action (an underrun)
+        self.telemetry_rejected = 0   # capture frames the worker refused, over ended episodes
+        self.episodes_failed = 0      # episodes that ended 'error' (/diagnostics episode WARNs)
+        self._dropped: dict[str, int] = {}    # capture frames the client could not send, per episode id
+
+    def dropped_telemetry(self, policy: RunnerPolicy | None) -> int:
+        """Capture frames the client could not send (its send queue was full), over every episode so far.
+
+        Read from the client's live ``stats()['dropped_telemetry']`` when it reports it, else from the
+        episode stream's counter (``Policy._episode.stream.dropped_telemetry``, where the client counts it).
+        """
+        ep = getattr(policy, '_episode', None)
+        if ep is not None and policy is not None:
+            stream = getattr(ep, 'stream', None)
+            eid = str(getattr(stream, 'episode_id', '') or getattr(ep.engine, 'episode_id', ''))
+            n: Any
+            try:
+                n = policy.stats().get('dropped_telemetry')
+            except Exception:  # stats are best effort
+                n = None
+            if n is None:
+                n = getattr(stream, 'dropped_telemetry', 0)
+            self._dropped[eid] = max(self._dropped.get(eid, 0), int(n))
+        return sum(self._dropped.values())
+
+
+class SessionThread:
+    """The session thread ``seq-session``: the runner's blocking work (:meth:`Runner.session_step`) every 20 ms.
+
+    It runs while the node is configured (from configure to cleanup).
+
+    :param step: called with ``time.monotonic()`` (the node's current runner's ``session_step``).
+    :param on_error: called with what ``step`` raised (the loop goes on).
+    """
+
+    def __init__(self, step: Callable[[float], None], on_error: Callable[[Exception], None]) -> None:
+        self._step = step
+        self._on_error = on_error
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the thread."""
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name='seq-session', daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread and join it (up to 5 s: a blocking call it is in may take that long)."""
+        self._stop.set()
+        if self._thread is not None and self._thread.is_alive():
+            self._thread.join(5.0)
+        self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._step(time.monotonic())
+            except Exception as exc:  # keep the session alive; report it
+                self._on_error(exc)
+            self._stop.wait(0.02)
+
+
 class Runner:
     """Run episodes against a worker for one node.
 
@@ -181,29 +291,25 @@ class Runner:
     :param commands: the command interface (its ``bind`` checks contracts).
     :param safety: the safety filter.
     :param assembler: observation assembly.
-    :param connect: ``connect(model, endpoint, token)`` returning a client ``Policy``; defaults to
-        :func:`sequence_ai_ros.client.connect`.
+    :param connect: ``connect(model, endpoint=, token=, timeout=)`` returning a client ``Policy``
+        (:class:`.worker_link.RunnerPolicy`); defaults to :func:`sequence_ai_ros.client.connect`.
     :param on_contract: called with the contract once connected (the node configures camera converters).
     :param log: ``log(level, message)``.
     """
 
     def __init__(self, cfg: NodeConfig, commands: CommandInterface, safety: SafetyFilter,
-                 assembler: ObservationAssembler, *, connect: Callable[..., Any] | None = None,
+                 assembler: ObservationAssembler, *, connect: Callable[..., RunnerPolicy] | None = None,
                  on_contract: Callable[[Contract], None] | None = None,
                  log: Callable[[str, str], None] | None = None) -> None:
         self.cfg = cfg
         self.commands = commands
         self.safety = safety
         self.assembler = assembler
-        self._connect = connect
         self._on_contract = on_contract
         self._log = log or (lambda level, msg: None)
+        #: the connection to the worker (its Policy, contract, state; :class:`.worker_link.WorkerLink`)
+        self.link = WorkerLink(cfg, connect, self._connected, self._log)
         self.on_underrun = cfg.on_underrun
-        self.policy: Any = None
-        self.contract: Contract | None = None
-        self.connection = 'connecting'
-        self.connection_error = ''
-        self.ready = False
         self.episode: EpisodeRun | None = None
         self.last_episode_id = ''
         self.last_result: EpisodeReport | None = None
@@ -212,23 +318,52 @@ class Runner:
         self.holding = False
         self.accepting = False      # the lifecycle node sets it while active: episodes may start
         self.last_action: Any = None  # the client's Action of the last tick (None when it held without one)
-        self.episode_ticks = 0      # control ticks of running episodes after their first command
-        self.underrun_ticks = 0     # of which held for lack of an action (an underrun), for /diagnostics
-        self._trajectory = cfg.command.mode == 'trajectory'
+        #: counts over every episode, for /diagnostics
+        self.totals = RunTotals()
         #: the control thread's grid (its :class:`~sequence_ai_ros.node.tick.TickThread`); the node sets it on
         #: activate; None before any control thread
         self.grid: ControlGrid | None = None
-        self._dropped: dict[str, int] = {}    # capture frames the client could not send, per episode id
-        self.telemetry_rejected = 0           # capture frames the worker refused, over ended episodes
-        self.episodes_failed = 0              # episodes that ended 'error' (/diagnostics episode WARNs)
         self._lock = threading.Lock()
         self._starting = False
-        self._next_ready_poll = 0.0
-        self._next_connect = 0.0
         names = list(cfg.joints.names)
         cmd = cfg.command_joint_names
         self._measured_index = (np.array([names.index(n) for n in cmd], np.intp)
                                 if cmd and all(n in names for n in cmd) else None)
+
+    @property
+    def policy(self) -> RunnerPolicy | None:
+        """The client's Policy once connected, else None."""
+        return self.link.policy
+
+    @property
+    def contract(self) -> Contract | None:
+        """The deployment's contract once connected, else None."""
+        return self.link.contract
+
+    @property
+    def connection(self) -> str:
+        """The connection's state (see :class:`.worker_link.WorkerLink`)."""
+        return self.link.state
+
+    @property
+    def connection_error(self) -> str:
+        """Why the connection is not up ('' when it is)."""
+        return self.link.error
+
+    @property
+    def ready(self) -> bool:
+        """The deployment answered ready at the last poll."""
+        return self.link.ready
+
+    @property
+    def telemetry_rejected(self) -> int:
+        """Capture frames the worker refused, over ended episodes (:attr:`totals`)."""
+        return self.totals.telemetry_rejected
+
+    def _connected(self, contract: Contract) -> None:
+        self.assembler.required_cameras = tuple(c.key for c in contract.observation.cameras)
+        if self._on_contract is not None:
+            self._on_contract(contract)
 
     # -- session thread ------------------------------------------------------------------------------
     def session_step(self, now: float) -> None:
@@ -240,71 +375,33 @@ class Runner:
             elif now - ep.started > ep.max_seconds + 2.0:   # backstop behind the client's own limit
                 ep.end_reason, ep.message = 'timeout', f'max_seconds {ep.max_seconds} s reached'
                 self._end(ep, 'timeout')
-        if self.policy is None:
-            if now >= self._next_connect:
-                self._try_connect()
-                self._next_connect = now + 1.0
-        elif now >= self._next_ready_poll:
-            self._next_ready_poll = now + 1.0
-            try:
-                self.ready, _eta_s = self.policy.ready()
-                self.connection, self.connection_error = ('ready' if self.ready else 'warming'), ''
-            except SequenceAIError as exc:
-                self.ready, self.connection, self.connection_error = False, 'disconnected', _node_hint(str(exc))
+        self.link.poll(now)
 
     def connect_now(self) -> str:
         """Connect to the worker now (blocking, bounded by ``connect_timeout_s``); return '' or the error."""
-        self._try_connect()
-        self._next_connect = time.monotonic() + 1.0
-        return '' if self.policy is not None else (self.connection_error or self.connection)
-
-    def _try_connect(self) -> None:
-        cfg = self.cfg
-        if not cfg.model:
-            self.connection, self.connection_error = 'unconfigured', 'parameter model is empty'
-            return
-        try:
-            connect = self._connect
-            if connect is None:
-                from sequence_ai_ros.client import connect as client_connect
-
-                connect = client_connect
-            policy = connect(cfg.model, endpoint=cfg.endpoint, token=cfg.token or None,
-                             timeout=cfg.connect_timeout_s)
-            contract = policy.contract
-            policy.max_in_flight = cfg.max_in_flight
-        except (SequenceAIError, OSError) as exc:
-            # the client's hint is for connect() callers; the node's endpoint is a parameter
-            self.connection, self.connection_error = 'disconnected', _node_hint(str(exc))
-            return
-        self.contract = contract
-        self.assembler.required_cameras = tuple(c.key for c in contract.observation.cameras)
-        if self._on_contract is not None:
-            self._on_contract(contract)
-        self.policy = policy
-        self.connection, self.connection_error = 'connected', ''
-        self._log('info', f'connected to {cfg.model} at {cfg.endpoint}: {contract.action_space.value}, '
-                          f'{contract.action_dim} dims, dt {contract.dt:.4f} s')
+        return self.link.connect_now()
 
     def _end(self, ep: EpisodeRun, reason: str) -> None:
         outcome = None
         ep.stop()   # first: the control thread stops asking the client for actions
+        policy = self.policy
+        assert policy is not None     # an episode runs only on a connected runner, which keeps its Policy
         try:
-            outcome = self.policy.end_episode(reason=reason)
+            outcome = policy.end_episode(reason=reason)
         except SequenceAIError as exc:
-            ep.message = ep.message or _node_hint(str(exc))
+            ep.message = ep.message or node_hint(str(exc))
             ep.end_reason = ep.end_reason or 'error'
         ep.stop()
         ep.outcome = outcome
         # The episode's periods run from its start to the node's stop (which the client's own finish may trail,
         # when its session thread was busy): every one is a counted tick or a skipped one.
-        self.account(ep, ep.stopped_at if ep.stopped_at is not None else time.monotonic())
+        ep.account(ep.stopped_at if ep.stopped_at is not None else time.monotonic())
         until = ep.accounted_until
         final = ep.end_reason or (outcome.reason if outcome is not None else reason)
         if final == 'error':
-            self.episodes_failed += 1
+            self.totals.episodes_failed += 1
         if outcome is not None and outcome.error is not None and not ep.message:
-            ep.message = _node_hint(str(outcome.error))
+            ep.message = node_hint(str(outcome.error))
         if outcome is not None and outcome.capture_error:
             note = f'not captured: {outcome.capture_error}'
             ep.message = f'{ep.message}; {note}' if ep.message else note
@@ -322,7 +419,7 @@ class Runner:
         self.last_result = report
         self._log('info', episode_line(self.last_result, outcome))
         if self.last_result.telemetry_rejected:
-            self.telemetry_rejected += self.last_result.telemetry_rejected
+            self.totals.telemetry_rejected += self.last_result.telemetry_rejected
             self._log('warning', f'episode {ep.id}: the worker refused {self.last_result.telemetry_rejected} '
                                  f'capture frames (kept without them); first: {self.last_result.telemetry_error}')
         ep.done.set()
@@ -377,7 +474,7 @@ class Runner:
             policy, contract = self.policy, self.contract
             if policy is None or contract is None:
                 raise ConnectionLost(f'not connected to {self.cfg.model!r} at {self.cfg.endpoint}: '
-                                     f'{self.connection_error or self.connection}')
+                                     f'{self.link.not_connected()}')
             self._starting = True
         try:
             self.validate(contract)
@@ -416,7 +513,8 @@ class Runner:
         if not ep.end_reason:
             ep.end_reason, ep.message = 'interrupted', ep.message or message
         try:
-            self.policy.interrupt()
+            if self.policy is not None:
+                self.policy.interrupt()
         except SequenceAIError as exc:  # the hold has already fired; the end path reports the rest
             self._log('warn', f'interrupt: {exc}')
         return ep.id
@@ -452,29 +550,14 @@ class Runner:
         eid = episode_id or self.last_episode_id
         if not eid:
             raise EpisodeStateError('no episode to label: none has run on this node and none was named')
-        if self.policy is None:
+        policy = self.policy
+        if policy is None:
             raise NotReady(f'not connected to {self.cfg.model!r}')
-        return eid, bool(self.policy.label(success, notes=notes, episode_id=eid))
+        return eid, bool(policy.label(success, notes=notes, episode_id=eid))
 
     def dropped_telemetry(self) -> int:
-        """Capture frames the client could not send (its send queue was full), over every episode so far.
-
-        Read from the client's live ``stats()['dropped_telemetry']`` when it reports it, else from the
-        episode stream's counter (``Policy._episode.stream.dropped_telemetry``, where the client counts it).
-        """
-        policy = self.policy
-        ep = getattr(policy, '_episode', None)
-        if ep is not None:
-            stream = getattr(ep, 'stream', None)
-            eid = str(getattr(stream, 'episode_id', '') or getattr(ep.engine, 'episode_id', ''))
-            try:
-                n = policy.stats().get('dropped_telemetry')
-            except Exception:  # stats are best effort
-                n = None
-            if n is None:
-                n = getattr(stream, 'dropped_telemetry', 0)
-            self._dropped[eid] = max(self._dropped.get(eid, 0), int(n))
-        return sum(self._dropped.values())
+        """Capture frames the client could not send (its send queue was full), over every episode so far."""
+        return self.totals.dropped_telemetry(self.policy)
 
     def horizon(self) -> tuple[int, float, float, np.ndarray] | None:
         """The playing chunk of the running episode (see ``Policy.chunk_horizon``), or None."""
@@ -490,11 +573,7 @@ class Runner:
             ep.end_reason = ep.end_reason or 'interrupted'
             ep.stop()
             self._end(ep, ep.end_reason)
-        if self.policy is not None:
-            try:
-                self.policy.close()
-            except SequenceAIError as exc:
-                self._log('warn', f'close: {exc}')
+        self.link.close()
 
     # -- control thread --------------------------------------------------------------------------------
     def measured_state(self) -> np.ndarray | None:
@@ -536,46 +615,9 @@ class Runner:
             return np.zeros(len(self._measured_index))   # a joint velocity hold before any command: stand still
         return None
 
-    def account(self, ep: EpisodeRun, until: float) -> None:
-        """Set ``ep.skipped``: the episode's control periods up to ``until`` (s) no counted tick served.
-
-        A period is a deadline of the control thread's grid in (start, until]; each one got a tick counted in
-        ``sent`` or ``held``, or none (the thread was late by more than a period, or stalled). Counting them on
-        the grid, not as the pacer notices them one tick late, keeps a stall across the episode's start or end
-        on the right side of it. ``until`` is cut to what the grid has decided (a deadline not yet a period
-        old may still get its tick) and to the episode's end: the counts are exact at every call, and
-        ``accounted_until`` (elapsed_s) never outruns them.
-        """
-        grid = ep.grid    # its own grid: a re-activate before its end starts another one
-        if grid is None:
-            ep.accounted_until = max(until, ep.accounted_until)
-            return
-        # a deadline not decided yet may still get its tick; after the stop, ticks no longer count
-        last = min(grid.index_at(until), grid.settled_index())
-        if ep.end_index is not None:
-            last = min(last, ep.end_index)
-        last = max(last, ep.accounted_index)
-        ep.skipped = max(0, last - ep.first_index - ep.sent - ep.held)
-        ep.accounted_index = last
-        ep.accounted_until = max(ep.started, grid.deadline_s(last))
-
-    @staticmethod
-    def _served_before_stop(ep: EpisodeRun) -> bool:
-        """Whether this tick's deadline came before the episode's stop though the tick saw the stop (a race)."""
-        if ep.grid is None or ep.end_index is None:
-            return False
-        return ep.accounted_index < ep.grid.current_index() <= ep.end_index
-
-    def _counted(self, ep: EpisodeRun, now: float) -> None:
-        ep.last_tick = now
-        if ep.grid is not None and ep.end_index is not None:   # counted after the stop: its deadline is the
-            ep.end_index = max(ep.end_index, ep.grid.current_index())   # episode's (it saw no stop)
-        self.account(ep, now)
-
     def _episode_hold(self, ep: EpisodeRun, snap: Snapshot, now: float) -> np.ndarray | None:
         """Hold during a running episode, counted in ``ep.held`` (also when nothing is published: 'stop')."""
-        ep.held += 1
-        self._counted(ep, now)
+        ep.count(now, sent=False)
         return self._hold(snap)
 
     def tick(self, now: float, dry: bool = False) -> np.ndarray | None:
@@ -592,7 +634,7 @@ class Runner:
         snap = self.assembler.snapshot(now, ep.instruction if ep is not None else '')
         self.last_snapshot = snap
         self.last_action = None
-        if ep is not None and ep.stopped and self._served_before_stop(ep):
+        if ep is not None and ep.stopped and ep.served_before_stop():
             return self._episode_hold(ep, snap, now)    # its deadline is the episode's: this tick holds for it
         if ep is None or ep.stopped or ep.done.is_set():
             # between episodes: the last command held, or nothing when there is none (before the first goal,
@@ -616,6 +658,7 @@ class Runner:
                 return self._episode_hold(ep, snap, now)
             ep.requested = True
         policy = self.policy
+        assert policy is not None     # an episode runs only on a connected runner
         grid = self.grid
         try:
             # the tick's record is placed on the episode's timeline by the deadline it serves (capture's rows)
@@ -628,12 +671,12 @@ class Runner:
             ep.stop(now)
             return self._episode_hold(ep, snap, now)
         if ep.sent:
-            self.episode_ticks += 1
+            self.totals.episode_ticks += 1
         if action is None:
             return self._episode_hold(ep, snap, now)
         if action.hold:
             if ep.sent:
-                self.underrun_ticks += 1
+                self.totals.underrun_ticks += 1
             return self._episode_hold(ep, snap, now)
         self.last_action = action
         values = self.commands.order(action.values)
@@ -642,7 +685,7 @@ class Runner:
         if last is None:
             last = self.last_command if self.last_command is not None else self._measured(snap)
         # trajectory mode publishes the chunk's points (checked there), not this per-tick value
-        checked = self.safety.check(values, last, count=not self._trajectory)
+        checked = self.safety.check(values, last, count=self.cfg.command.mode != 'trajectory')
         if checked.values is None:
             policy.report_command(None, hold_reason='refused')   # this tick held: the policy's action was refused
             self.request_end('validate', f'safety: {checked.stop}')
@@ -651,9 +694,8 @@ class Runner:
         if dry:
             policy.report_command(None, hold_reason='dry_run')
         else:
-            policy.report_command(self.commands.unorder(checked.values), clamped=checked.clamped)
+            policy.report_command(self.commands.unorder(checked.values), clamped=checked.clamped > 0)
         self.holding = False
         self.last_command = checked.values
-        ep.sent += 1
-        self._counted(ep, now)
+        ep.count(now, sent=True)
         return checked.values

@@ -188,3 +188,51 @@ class TickThread:
             except Exception as exc:  # the control loop must survive a bad tick; the error is reported
                 if self.on_error is not None:
                     self.on_error(exc)
+
+
+class ControlThreads:
+    """The control thread of each activation, and the ticks skipped over all of them (for /diagnostics).
+
+    One :class:`TickThread` runs while the node is active; each deactivate stops it, and its skipped ticks
+    are added to those of the earlier ones. A thread being stopped still counts its skips
+    (:meth:`skipped`), so the count never falls while a stop joins it.
+
+    :param period_s: the control period (s).
+    :param priority: the SCHED_FIFO priority the threads ask for (0: the default scheduler).
+    """
+
+    def __init__(self, period_s: float, priority: int) -> None:
+        self.period_s = period_s
+        self.priority = priority
+        #: the running control thread (None while inactive)
+        self.current: TickThread | None = None
+        self._stopping: TickThread | None = None   # a control thread being stopped (its skips still count)
+        self._skipped_before = 0                   # ticks skipped by control threads of earlier activations
+        self._lock = threading.Lock()              # current, _stopping and _skipped_before change together
+
+    def start(self, fn: Callable[[float], None], on_error: Callable[[BaseException], None]) -> TickThread:
+        """Start a control thread calling ``fn(now)`` (``seq-tick``); return it, running (see its scheduling)."""
+        tick = TickThread(self.period_s, fn, on_error=on_error, name='seq-tick', priority=self.priority)
+        with self._lock:
+            self.current = tick
+        tick.start()
+        return tick
+
+    def stop(self) -> bool:
+        """Stop the running control thread (joins it, up to 2 s); False when none ran."""
+        with self._lock:
+            tick, self.current = self.current, None
+            self._stopping = tick          # /diagnostics goes on counting its skips while it stops
+        if tick is None:
+            return False
+        tick.stop()
+        with self._lock:
+            self._skipped_before += tick.skipped_now()
+            self._stopping = None
+        return True
+
+    def skipped(self) -> tuple[TickThread | None, int]:
+        """The running thread (or None) and the ticks skipped so far by every thread (never falls)."""
+        with self._lock:
+            tick = self.current
+            return tick, self._skipped_before + sum(t.skipped_now() for t in (tick, self._stopping) if t is not None)
