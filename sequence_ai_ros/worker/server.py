@@ -147,6 +147,110 @@ def _read_pem(value: str | bytes | Path) -> bytes:
     return Path(value).expanduser().read_bytes()
 
 
+class WorkerLoop:
+    """The worker's event loop, run by the thread ``seq-grpc-loop``, with its executor ``seq-io``.
+
+    Every gRPC call and Episode stream runs on :attr:`loop`; blocking work goes to the executor, a fixed pool of
+    :data:`IO_THREADS` threads. Started at construction; :meth:`close` stops it and sets :attr:`closed`.
+    """
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix='seq-io')
+        self.loop.set_default_executor(self._executor)
+        self._thread = threading.Thread(target=self.loop.run_forever, name='seq-grpc-loop', daemon=True)
+        self._thread.start()
+        #: set once the loop is stopped and closed
+        self.closed = threading.Event()
+
+    def run(self, coroutine: Any, timeout: float | None = 30.0) -> Any:
+        """Run ``coroutine`` on the loop and wait for its result (from any other thread).
+
+        :raises concurrent.futures.TimeoutError: past ``timeout`` s.
+        """
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def send(self, coroutine: Any) -> None:
+        """Schedule ``coroutine`` on the loop without waiting (applied in order); dropped once the loop is closed."""
+        if self.loop.is_closed():
+            coroutine.close()
+        else:
+            asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+
+    def close(self) -> None:
+        """Stop the loop (timed join of its thread), close it, let the executor go, set :attr:`closed`."""
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5.0)
+        if not self.loop.is_running():
+            self.loop.close()
+        self._executor.shutdown(wait=False)
+        self.closed.set()
+
+
+class RegistryWatch:
+    """The $SEQ_HOME registry a worker serves from, and whether deployments.json changed since the last look.
+
+    :param registry: the registry.
+    """
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+        self._mtime: int | None = None
+
+    def changed(self) -> dict[str, Any] | None:
+        """The registered records by name when deployments.json changed since the last call, else None.
+
+        Cheap when nothing changed (one ``stat``). A file that is gone gives no records; one being rewritten
+        (unreadable) gives None and is read again at the next call.
+        """
+        try:
+            mtime = self.registry.file.stat().st_mtime_ns
+        except OSError:
+            mtime = -1
+        if mtime == self._mtime:
+            return None
+        self._mtime = mtime
+        try:
+            return {r.name: r for r in self.registry.list()} if mtime != -1 else {}
+        except Exception as exc:  # a registry being rewritten: look again at the next lookup
+            LOG.debug('registry unreadable: %s', exc)
+            self._mtime = None
+            return None
+
+
+class RetiredRuntimes:
+    """Deleted deployments' runtimes whose policy is not unloaded yet (their running episodes go on; any thread)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runtimes: list[DeploymentRuntime] = []
+
+    def add(self, runtime: DeploymentRuntime) -> None:
+        """Hold ``runtime`` until it is taken back."""
+        with self._lock:
+            self._runtimes.append(runtime)
+
+    def names(self) -> list[str]:
+        """The held runtimes' deployment names."""
+        with self._lock:
+            return [r.name for r in self._runtimes]
+
+    def take(self, runtime: DeploymentRuntime) -> bool:
+        """Let go of ``runtime``; False when it was not held (already taken)."""
+        with self._lock:
+            if runtime not in self._runtimes:
+                return False
+            self._runtimes.remove(runtime)
+            return True
+
+    def take_all(self) -> list[DeploymentRuntime]:
+        """Let go of every held runtime and return them."""
+        with self._lock:
+            taken, self._runtimes = self._runtimes, []
+            return taken
+
+
 class WorkerServer:
     """A running worker: ``.port``, ``.probe_port`` (None: off), ``.address``, ``.stop(grace)``, ``.usage()``.
 
@@ -174,32 +278,26 @@ class WorkerServer:
         self.runtimes = runtimes
         self._stop = threading.Event()
         self._stopped = False
-        self._terminated = threading.Event()
-        self._loop = asyncio.new_event_loop()
-        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix='seq-io')
-        self._loop.set_default_executor(self._executor)
-        self._loop_thread = threading.Thread(target=self._loop.run_forever, name='seq-grpc-loop', daemon=True)
-        self._loop_thread.start()
+        self._io = WorkerLoop()
         try:
             self._server, self.servicer, self.health = self._run(self._build(config))
         except BaseException:
             for runtime in runtimes.values():
                 runtime.close(timeout=1.0)
-            self._close_loop()
+            self._io.close()
             raise
         self.host = config.host
         self.tls = config.tls is not None
-        self._registry = registry
-        self._registry_mtime: float | None = None
-        self._retire_lock = threading.Lock()
-        self._retired: list[DeploymentRuntime] = []   # deleted deployments whose policy is not unloaded yet
+        self._watch = RegistryWatch(registry) if registry is not None else None
+        self._retire_lock = threading.Lock()   # one look at the registry at a time
+        self._retired = RetiredRuntimes()
         self._live: LiveFile | None = None
         self._rollouts: Rollouts | None = None
         if registry is not None:
             self.servicer.before_lookup = self.retire_deleted
         for runtime in runtimes.values():
             runtime.on_state_change = self._on_state
-            runtime.loop = self._loop
+            runtime.loop = self._io.loop
             self._on_state(runtime)
         self.metrics: MetricsSink = MetricsSink()
         self.metrics_port: int | None = None
@@ -210,7 +308,7 @@ class WorkerServer:
             except BaseException:
                 for runtime in runtimes.values():
                     runtime.close(timeout=1.0)
-                self._close_loop()
+                self._io.close()
                 raise
             self.metrics_port = self.metrics.port
             self.servicer.on_refused = self.metrics.refused
@@ -259,7 +357,7 @@ class WorkerServer:
 
     def _run(self, coroutine: Any, timeout: float | None = 30.0) -> Any:
         """Run ``coroutine`` on the worker's event loop and wait for its result (from any other thread)."""
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
+        return self._io.run(coroutine, timeout)
 
     def _abandon_start(self, runtimes: Iterable[DeploymentRuntime]) -> None:
         """Undo a start that failed once the gRPC server was started: the side ports, the server, metrics, runtimes."""
@@ -269,16 +367,7 @@ class WorkerServer:
         self.metrics.close()
         for runtime in runtimes:
             runtime.close(timeout=1.0)
-        self._close_loop()
-
-    def _close_loop(self) -> None:
-        if self._loop.is_running():
-            self._loop.call_soon_threadsafe(self._loop.stop)
-        self._loop_thread.join(timeout=5.0)
-        if not self._loop.is_running():
-            self._loop.close()
-        self._executor.shutdown(wait=False)
-        self._terminated.set()
+        self._io.close()
 
     async def _build(self, config: ServerConfig) -> tuple[grpc.aio.Server, PolicyServicer, Any]:
         # The transport accepts 4x the largest contract's request, so that an oversized observation gets a
@@ -346,21 +435,11 @@ class WorkerServer:
 
         :returns: the names retired by this call.
         """
-        if self._registry is None:
+        if self._watch is None:
             return []
         with self._retire_lock:
-            try:
-                mtime = self._registry.file.stat().st_mtime_ns
-            except OSError:
-                mtime = -1
-            if mtime == self._registry_mtime:
-                return []
-            self._registry_mtime = mtime
-            try:
-                records = {r.name: r for r in self._registry.list()} if mtime != -1 else {}
-            except Exception as exc:  # a registry being rewritten: look again at the next lookup
-                LOG.debug('registry unreadable: %s', exc)
-                self._registry_mtime = None
+            records = self._watch.changed()
+            if records is None:
                 return []
             gone = [name for name, runtime in list(self.runtimes.items())
                     if name not in records or not _same_lineage(records[name], runtime)]
@@ -383,9 +462,7 @@ class WorkerServer:
 
     def _live_names(self) -> list[str]:
         """The deployments the live file counts streams of: the served ones, and deleted ones still running."""
-        with self._retire_lock:
-            retired = [r.name for r in self._retired]
-        return [*self.runtimes, *retired]
+        return [*self.runtimes, *self._retired.names()]
 
     def _before_start(self, runtime: DeploymentRuntime) -> bool:
         """Before an episode of ``runtime`` starts: list its stream in the live file, then look at the registry.
@@ -404,21 +481,19 @@ class WorkerServer:
             while runtime.running_episodes():
                 if self._stop.wait(0.2):
                     return              # the worker stops: stop() closes it
-            with self._retire_lock:
-                if runtime not in self._retired:
-                    return
-                self._retired.remove(runtime)
+            if not self._retired.take(runtime):
+                return
             runtime.close()
             self.metrics.forget(runtime.name)    # its series go (counters too): it is never served again here
             LOG.info('deployment %s: deleted version %d unloaded', runtime.name, runtime.version)
 
-        self._retired.append(runtime)
+        self._retired.add(runtime)
         threading.Thread(target=close_when_idle, name=f'seq-retire-{runtime.name}', daemon=True).start()
 
     def _load_version(self, name: str) -> tuple[Any, PolicyDefinition]:
         """The registry's validated import of ``name``'s current version, as at start (``--isolation``'s importer)."""
-        assert self._registry is not None
-        return self._registry.load(name, importer(self.config, name))
+        assert self._watch is not None
+        return self._watch.registry.load(name, importer(self.config, name))
 
     def _next_runtime(self, rec: Any, definition: PolicyDefinition, old: DeploymentRuntime) -> DeploymentRuntime:
         """The runtime of a new version of ``old``'s deployment: same usage meter and capture store, cold."""
@@ -428,7 +503,7 @@ class WorkerServer:
                                     load_timeout_s=self.config.load_timeout_s, eta_hint_s=rec.load_s or None,
                                     record=rec)
         runtime.metrics = self.metrics
-        runtime.loop = self._loop
+        runtime.loop = self._io.loop
         return runtime
 
     def _adopt(self, runtime: DeploymentRuntime) -> None:
@@ -444,8 +519,7 @@ class WorkerServer:
 
     def _set_health(self, service: str, status: int) -> None:
         """Set one service's gRPC health from any thread (the aio servicer's ``set`` is a coroutine of the loop)."""
-        if not self._loop.is_closed():  # applied in order on the loop
-            asyncio.run_coroutine_threadsafe(self.health.set(service, status), self._loop)
+        self._io.send(self.health.set(service, status))  # applied in order on the loop
 
     def _housekeep(self) -> None:
         next_retention = time.monotonic()
@@ -525,18 +599,16 @@ class WorkerServer:
             self._rollouts.close()
         if self._live is not None:
             self._live.close()
-        with self._retire_lock:
-            retired, self._retired = self._retired, []
-        for runtime in [*self.runtimes.values(), *retired]:
+        for runtime in [*self.runtimes.values(), *self._retired.take_all()]:
             runtime.close()
         self.metrics.close()
         if self.agent is not None:
             self.agent.close()
-        self._close_loop()
+        self._io.close()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the server terminates (or ``timeout`` s); return True when it did."""
-        return self._terminated.wait(timeout)
+        return self._io.closed.wait(timeout)
 
     def __enter__(self) -> WorkerServer:
         return self
