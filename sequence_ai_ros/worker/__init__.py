@@ -7,9 +7,11 @@ Layout (one concept per module):
 - :mod:`.config`: :class:`ServerConfig`, every worker setting once (its defaults are ``seq serve``'s).
 - :mod:`.servicer`: the thin ``PolicyService`` servicer.  :mod:`.episode_call`: one Episode call
   (:class:`EpisodeCallHandler`).
-- :mod:`.runtime`: one deployment (warming, episodes, inference, usage).  :mod:`.scheduler`: its single
-  inference thread with per-episode round-robin, batching requests of different episodes when the policy
-  declares ``seq.Batching``.
+- :mod:`.runtime`: one deployment (warming, episodes, inference, usage), made of the parts in
+  :mod:`.deployment_state` (readiness, restart budget, load plan, running episodes, end counts).
+  :mod:`.hosting`: the one interface it calls its policy through (:class:`~.hosting.PolicyHost`: in the
+  worker, or in a deployment process).  :mod:`.scheduler`: its single inference thread with per-episode
+  round-robin, batching requests of different episodes when the policy declares ``seq.Batching``.
 - :mod:`.registry` and :mod:`.validate`: ``seq deploy`` (dry run) and the $SEQ_HOME registry.
 - :mod:`.policy_process` and :mod:`.policy_host`: the deployment process (``--isolation process``, the default): each
   deployment's policy code runs in its own process, restarted when it crashes or hangs.
