@@ -3,7 +3,8 @@
 The loop of :meth:`Policy.act`/:meth:`Policy.run`, kept apart from the handle, which hands it a
 :class:`Drivable` for the call. It runs on the caller's control thread; it waits for a warming deployment
 (cut short by an interrupt), then only in the pacer (absolute deadlines), which a chunk arriving while
-nothing plays, an interrupt or the episode's end wakes early. An interrupt from the call until it returns stops it (:mod:`~sequence_ai_ros.client.stopping`).
+nothing plays, an interrupt or the episode's end wakes early. An interrupt from the call until it returns
+stops it (:mod:`~sequence_ai_ros.client.stopping`).
 """
 
 from __future__ import annotations
