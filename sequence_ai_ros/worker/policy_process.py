@@ -10,6 +10,9 @@ segfault or a hang in one policy fails only that deployment's robots; the worker
   deployment process (:class:`RemotePolicy`) instead of constructing the class here.
 - :func:`deploy_check`: ``seq deploy``'s import, fingerprint and dry run in a deployment process under one
   deadline (a busy loop or ``sleep`` at import cannot outlast it; ``os._exit(7)`` is named).
+- :func:`open_host`: construct a definition's policy as the runtime's
+  :class:`~sequence_ai_ros.worker.hosting.PolicyHost`: a :class:`RemotePolicy` for a remote definition, the
+  in-worker :class:`~sequence_ai_ros.worker.hosting.InProcessHost` otherwise (:func:`runs_isolated` tells which).
 - :class:`RemotePolicy`: the policy object as the runtime and scheduler see it; every call is one
   round trip, made by the calling thread (:meth:`PolicyProcess.call`) or, for an inference when the
   deployment's inference thread is idle, straight from the worker's event loop, which reads the answer as
