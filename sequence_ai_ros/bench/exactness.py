@@ -33,6 +33,17 @@ tick woken a little late still starts its own step at 1x. The truth for row ``k`
   ``k`` (the last tick whose span starts at or before ``k``);
 - ``observation.state``: the observation of that same tick (the one the row's step started under).
 
+A tick that runs the end of its chunk covers only the chunk's rows left (the engine emits no more): the
+robot counts ``min(1/m, T - index)`` steps for it (``T`` the chunk length, ``index`` the action's position in
+its chunk), so across a dry spell its step count is the policy's steps it really ran.
+
+Disturbed replays (:class:`Disturbance`, :data:`DISTURBANCES`; ``python -m sequence_ai_ros.bench exactness
+--disturbed``, ``test/test_capture_disturbed.py``): a latency-shaped worker (the replay policy sleeps a seeded
+uniform draw of a range of chunk durations per call: late seams, dry spells), or an overrunning ``act()``
+callback (a seeded share of the robot's ticks take one period and a fraction more: skipped deadlines worth a
+fraction of a step at 2x and 2.5x). The truth is the same log; rows held for a dry spell or a skipped period
+are allowed (:func:`disturbed_score`): the rows not held must be one per step executed, each the policy's step.
+
 Nothing here asserts a time: ticks that run late change no expected value (the log, not the clock, is the
 reference).
 """
@@ -41,6 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
 import tempfile
 import time
 from collections.abc import Sequence
@@ -78,6 +90,83 @@ ACTION_ATOL, STATE_ATOL = 1e-5, 1e-6
 #: Slack on positions in chunk steps: by step they are exact fractions; by clock the robot adds the same
 #: floats as the engine and snaps them to whole steps within 1e-7 as it does.
 STEP_EPS = 1e-9
+#: Steps per disturbed episode (three chunks and more: several seams, each a chance of a dry spell).
+WX_DISTURBED_STEPS, G1_DISTURBED_STEPS = 30, 90
+#: Starts of the disturbed WidowX episodes: :data:`WX_STARTS` with room for 30 steps (490: the shoulder, elbow
+#: and wrist move in 510-520).
+WX_DISTURBED_STARTS = (490, *WX_STARTS[1:])
+
+
+class Overrun:
+    """An ``act()`` callback's overruns: a seeded share of the calls take one period and a fraction more.
+
+    :param share: probability that a call overruns. :param by: (low, high) the overrun beyond one period, in
+        periods (uniform). :param seed: the draws' seed (one sequence per episode).
+    """
+
+    def __init__(self, share: float, by: tuple[float, float], seed: int) -> None:
+        self.share, self.by = float(share), (float(by[0]), float(by[1]))
+        self.rng = random.Random(seed)
+        #: the overruns drawn so far, beyond one period (periods); over 1, the call missed a deadline for sure
+        self.drawn: list[float] = []
+
+    @property
+    def count(self) -> int:
+        """Calls that overran."""
+        return len(self.drawn)
+
+    def __call__(self, period_s: float) -> None:
+        """Sleep as this call's draw says (``period_s``: the control period, s)."""
+        if self.rng.random() < self.share:
+            self.drawn.append(self.rng.uniform(*self.by))
+            time.sleep(period_s * (1.0 + self.drawn[-1]))
+
+
+@dataclasses.dataclass(frozen=True)
+class Disturbance:
+    """What disturbs a replay: the policy's latency, the robot's overruns (seeded draws).
+
+    :param name: its name in the table.
+    :param latency: (low, high) the policy's sleep per call in chunk durations (``T * dt``), uniform, drawn from
+        one seeded sequence per worker; None: no sleep.
+    :param aim_seam: (steps; 0: off) the policy answers when the playing chunk runs out, give or take a uniform
+        draw of this many steps (from ``chunk_tail`` and the observation's stamp); ``latency`` where there is
+        no tail (the first request, a dry spell's).
+    :param overrun: the share of ``act()`` calls that overrun (0: none). :param overrun_by: (low, high) by how
+        much beyond one period, in periods.
+    :param seed: the seed of the draws (the worker's; episode ``n``'s overruns use ``seed + n``).
+    """
+
+    name: str
+    latency: tuple[float, float] | None = None
+    aim_seam: float = 0.0
+    overrun: float = 0.0
+    overrun_by: tuple[float, float] = (0.5, 1.5)
+    seed: int = 7
+
+    def policy_config(self, source: Source) -> dict[str, Any]:
+        """The replay policy's config with this latency (``mean_s``, ``jitter``, ``seed``, ``aim_seam``)."""
+        config = dict(source.config)
+        if self.aim_seam > 0:
+            config['aim_seam'] = self.aim_seam
+        if self.latency is None:
+            return config
+        lo, hi = self.latency
+        chunk_s = int(source.config['chunk_length']) * source.dt
+        return {**config, 'mean_s': chunk_s * (lo + hi) / 2, 'jitter': (hi - lo) / (hi + lo), 'seed': self.seed}
+
+    def overruns(self, episode: int) -> Overrun | None:
+        """Episode ``episode``'s overruns (None: none)."""
+        return Overrun(self.overrun, self.overrun_by, self.seed + episode) if self.overrun > 0 else None
+
+
+#: The disturbances of the table and the test: a worker whose round trip is half a chunk to more than a chunk
+#: (dry spells, some of a fraction of a step); one that answers when the playing chunk runs out, +-0.25 step
+#: (late seams: a chunk landing just after the tick that ran the old one's end; short dry spells), 0.2-0.5 chunk
+#: without a tail; and an act() callback that takes 1.5-2.5 periods at 1 tick in 8: the next tick is late by a
+#: fraction of a period, or (past two periods, the pacer's rule) its deadline is skipped: a gap of 1/m of a step.
+DISTURBANCES = (Disturbance('latency', latency=(0.5, 1.2)), Disturbance('seam', latency=(0.2, 0.5), aim_seam=0.25),
+                Disturbance('overrun', overrun=0.125, overrun_by=(0.5, 1.5)))
 
 
 @dataclasses.dataclass
@@ -108,9 +197,14 @@ class Robot:
     never past ``limit``.
     """
 
-    def __init__(self, source: Source, first: int, multiple: Fraction, limit: int, by_clock: bool = False) -> None:
+    def __init__(self, source: Source, first: int, multiple: Fraction, limit: int, by_clock: bool = False,
+                 overrun: Overrun | None = None, capped: bool = True) -> None:
         self.source, self.first, self.span = source, int(first), Fraction(1) / Fraction(multiple)
         self.limit, self.by_clock = int(limit), by_clock
+        #: act() overruns (a disturbed replay); capped: the engine cuts the last tick at ``limit`` (max_actions)
+        self.overrun, self.capped = overrun, capped
+        self.chunk_length = int(source.config.get('chunk_length', 0))
+        self._room = math.inf       # by_clock: chunk steps left in the last action's chunk
         self.clock: Fraction | float = Fraction(0)
         self.start = source.path[self.first].astype(np.float32).copy()
         self.pose = self.start.copy()
@@ -131,7 +225,8 @@ class Robot:
 
         self._now = time.monotonic() if timestamp is None else timestamp
         if self._acted_at is not None:
-            adv = max(0.0, min((self._now - self._acted_at) / self.source.dt, self.limit - float(self.clock)))
+            adv = max(0.0, min((self._now - self._acted_at) / self.source.dt, self.limit - float(self.clock),
+                               float(self._room)))
             self.ticks[-1].span = adv
             clock = float(self.clock) + adv
             self.clock = float(round(clock)) if abs(clock - round(clock)) < 1e-7 else clock
@@ -165,8 +260,21 @@ class Robot:
         self.ticks.append(Tick(start, float(self.span), self._state, values.copy(), before, self.pose.copy()))
         if self.by_clock:
             self._acted_at = self._now
+            self._room = self._left(action.index)
         else:
-            self.clock += self.span
+            span = min(self.span, self._left(action.index))
+            if self.capped:
+                span = min(span, self.limit - self.clock)
+            self.ticks[-1].span = float(span)
+            self.clock += span
+        if self.overrun is not None:
+            self.overrun(self.source.dt * float(self.span))
+
+    def _left(self, index: float) -> Fraction:
+        """Chunk steps left in an action's chunk from its ``index`` (the most its tick can run)."""
+        if not self.chunk_length:
+            return self.span
+        return max(Fraction(0), Fraction(self.chunk_length) - Fraction(float(index)).limit_denominator(10_000))
 
 
 def drive(policy: Any, robot: Robot, driver: str, steps: int, episode_id: str, timeout_s: float = 120.0) -> Any:
@@ -222,9 +330,11 @@ class Episode:
 
 
 def replay(source: Source, driver: str, multiple: Fraction, firsts: Sequence[int], steps: int,
-           workdir: Path | None = None, timeout_s: float = 120.0) -> list[Episode]:
+           workdir: Path | None = None, timeout_s: float = 120.0,
+           disturbance: Disturbance | None = None) -> list[Episode]:
     """Serve ``source`` with capture on, drive one episode per start in ``firsts``, export, read the rows back.
 
+    :param disturbance: the policy's latency and the robot's overruns (None: neither).
     :raises ExportError: when no episode could be exported at all.
     """
     from sequence_ai_ros.capture.settings import CaptureSettings, save_settings
@@ -237,16 +347,18 @@ def replay(source: Source, driver: str, multiple: Fraction, firsts: Sequence[int
 
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix='seq-exact-') as tmp:
-            return replay(source, driver, multiple, firsts, steps, Path(tmp), timeout_s)
+            return replay(source, driver, multiple, firsts, steps, Path(tmp), timeout_s, disturbance)
     capture = Path(workdir) / 'capture'
     save_settings(capture / DEPLOYMENT, CaptureSettings(rate=1.0, enabled=True))
     done: list[tuple[Robot, Any]] = []
-    with serve_policy_file(source.policy, DEPLOYMENT, capture_root=capture, port=0, **source.config) as server, \
+    config = source.config if disturbance is None else disturbance.policy_config(source)
+    with serve_policy_file(source.policy, DEPLOYMENT, capture_root=capture, port=0, **config) as server, \
             connect(DEPLOYMENT, endpoint=f'127.0.0.1:{server.port}') as policy:
         policy.wait_until_ready(timeout=60)
         for n, first in enumerate(firsts):
             robot = Robot(source, first, multiple, steps,
-                          by_clock=driver.startswith('next_action') and ActionSpace(source.space).is_absolute)
+                          by_clock=driver.startswith('next_action') and ActionSpace(source.space).is_absolute,
+                          overrun=None if disturbance is None else disturbance.overruns(n), capped=driver != 'act')
             done.append((robot, drive(policy, robot, driver, steps, f'{driver}-{n}-{first}', timeout_s)))
     store = CaptureStore(capture / DEPLOYMENT, DEPLOYMENT)
     res = export_lerobot(store, Path(workdir) / 'lerobot', images=False, progress=False)
@@ -370,6 +482,100 @@ def score(episode: Episode) -> Score:
                  want.client_err)
 
 
-__all__ = ['ACTION_ATOL', 'DATA', 'DRIVERS', 'G1_DATASET', 'G1_STARTS', 'G1_STEPS', 'MULTIPLES', 'SPACES',
-           'STATE_ATOL', 'TABLE_DRIVERS', 'WX200_BAG', 'WX_STARTS', 'WX_STEPS', 'Episode', 'Expected', 'Robot',
-           'Rows', 'Score', 'Source', 'Tick', 'drive', 'expected', 'g1_source', 'replay', 'score', 'wx200_source']
+@dataclasses.dataclass
+class DisturbedScore:
+    """How one disturbed episode compares: its rows not held against the steps executed (see :func:`disturbed_score`).
+
+    Errors are over the rows both have (inf when nothing was exported); ``skipped``: why it was not scored.
+    """
+
+    rows: int
+    steps: int            # steps the client reported executed (RunOutcome.actions)
+    robot_steps: float    # steps the robot ran (its clock)
+    held: int             # rows flagged held (gap rows of an absolute next_action loop not counted)
+    held_bound: int       # ticks that held or periods skipped (RunOutcome.ticks_held + ticks_skipped)
+    underruns: int
+    periods_skipped: int
+    path_err: float
+    position_err: float
+    state_err: float
+    client_err: float
+    skipped: str = ''
+
+    @property
+    def steps_ok(self) -> bool:
+        """The client reported the steps the robot ran (whole steps: act's last tick may end inside one)."""
+        return math.floor(self.robot_steps + STEP_EPS) == self.steps
+
+    @property
+    def count_ok(self) -> bool:
+        """One row not held per step executed, no more held rows than ticks that held or periods skipped."""
+        return self.steps_ok and self.rows - self.held == self.steps and self.held <= self.held_bound
+
+    @property
+    def exact(self) -> bool:
+        """The right rows with the right values (within :data:`ACTION_ATOL`, :data:`STATE_ATOL`)."""
+        return (self.count_ok and self.path_err <= ACTION_ATOL and self.position_err <= ACTION_ATOL
+                and self.state_err <= STATE_ATOL and self.client_err <= ACTION_ATOL)
+
+
+def step_rows(episode: Episode) -> np.ndarray:
+    """The exported rows that stand for the policy's steps: bool (rows,).
+
+    Those not held; in an absolute next_action loop the gap rows too (no tick started in their step: the previous
+    command stays in effect there).
+    """
+    assert episode.rows is not None
+    rows = ~episode.rows.held
+    if episode.robot.by_clock:
+        gaps = expected(episode).gaps
+        m = min(len(rows), len(gaps))
+        rows[:m] |= gaps[:m]
+    return rows
+
+
+def disturbed_score(episode: Episode) -> DisturbedScore:
+    """Compare a disturbed ``episode``'s rows with :func:`expected`: held rows allowed where the robot held.
+
+    The rows not held (:func:`step_rows`) must be one per step executed, in order: delta spaces, the cumulative
+    sum of all rows (a held row adds nothing) at each is the commanded path at the step's end; position channels
+    and the state, those of the tick in effect at its start. An absolute next_action loop (the robot follows the
+    clock) is not scored across a dry spell (``skipped``): its rows are the control grid's, which a dry spell
+    moves off the steps.
+    """
+    out, robot = episode.outcome, episode.robot
+    if not robot.ticks:
+        return DisturbedScore(0, int(out.actions), 0.0, 0, 0, int(out.underruns), 0, math.inf, math.inf, math.inf,
+                              math.inf, f'the robot executed nothing ({out.reason})')
+    want = expected(episode)
+    bound = int(getattr(out, 'ticks_held', 0)) + int(getattr(out, 'ticks_skipped', 0))
+    base = dict(steps=int(out.actions), robot_steps=float(robot.steps), held_bound=bound,
+                underruns=int(out.underruns), periods_skipped=int(getattr(out, 'ticks_skipped', 0)),
+                client_err=want.client_err)
+    rows = episode.rows
+    why = episode.skipped or ('' if out.reason in ('completed', 'until') else f'ended: {out.reason}')
+    if rows is None or why:
+        return DisturbedScore(0 if rows is None else len(rows.action), held=0, path_err=math.inf,
+                              position_err=math.inf, state_err=math.inf, skipped=why or 'absent', **base)
+    if robot.by_clock and out.underruns:
+        return DisturbedScore(len(rows.action), held=int(rows.held.sum()), path_err=math.nan, position_err=math.nan,
+                              state_err=math.nan, skipped='by clock across a dry spell', **base)
+    sel = step_rows(episode)
+    r = robot.source.rate_dims
+    m = min(int(sel.sum()), episode.steps, len(want.state))
+    path_err = pos_err = 0.0
+    if r and m:
+        got = np.cumsum(rows.action[:, :r].astype(np.float64), 0)[sel][:m]
+        path_err = float(np.max(np.abs(got - want.path[:m])))
+    if rows.action.shape[1] > r and m:
+        pos_err = float(np.max(np.abs(rows.action[sel][:m, r:].astype(np.float64) - want.positions[:m])))
+    state_err = float(np.max(np.abs(rows.state[sel][:m].astype(np.float64) - want.state[:m]))) if m else math.inf
+    return DisturbedScore(len(rows.action), held=int((rows.held & ~sel).sum()),
+                          path_err=path_err, position_err=pos_err, state_err=state_err, **base)
+
+
+__all__ = ['ACTION_ATOL', 'DATA', 'DISTURBANCES', 'DRIVERS', 'G1_DATASET', 'G1_DISTURBED_STEPS', 'G1_STARTS',
+           'G1_STEPS', 'MULTIPLES', 'SPACES', 'STATE_ATOL', 'TABLE_DRIVERS', 'WX200_BAG', 'WX_DISTURBED_STARTS',
+           'WX_DISTURBED_STEPS', 'WX_STARTS', 'WX_STEPS', 'Disturbance', 'DisturbedScore', 'Episode', 'Expected',
+           'Overrun', 'Robot', 'Rows', 'Score', 'Source', 'Tick', 'disturbed_score', 'drive', 'expected', 'g1_source',
+           'replay', 'score', 'step_rows', 'wx200_source']
