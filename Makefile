@@ -36,13 +36,14 @@ ENV := set +u && source $(VENV)/bin/activate && \
 DATASET ?= ../shared/data/g1_pick_bottle_v21
 export DATASET
 
-.PHONY: help setup build test test-fast test-jazzy test-under-load lint demo bench bench-scale docs check-export check-lerobot \
+.PHONY: help setup build test test-fast test-properties test-jazzy test-under-load lint demo bench bench-scale docs check-export check-lerobot \
 	check-sim flywheel train-image-act rtc-sim params-yaml clean haproxy egl
 
 help:
 	@echo "make demo    run the main job end to end (set-up included)"
 	@echo "make test    lint, build the docs and run the test suite (set-up included)"
 	@echo "make test-fast  lint and the unit and protocol tests: no ROS graph, nothing slow (~2 min)"
+	@echo "make test-properties  the chunk engine's property tests, 1,500 drawn episodes each (~1 min)"
 	@echo "make test-jazzy the ROS-graph, launch and ros2cli tests on ROS 2 Jazzy, sourced as on a robot (own venv, cached distro)"
 	@echo "make test-under-load  make test beside two CPU-bound processes (RUNS=3 for three runs)"
 	@echo "make docs    serve the documentation site on 127.0.0.1:8000 (mkdocs serve)"
@@ -73,7 +74,7 @@ ifdef ROS_DISTRO
 # then stops every run before collecting (PluginValidationError). pytest 8.4 and its own dependencies are pinned here.
 DISTRO_REQUIREMENTS := $(firstword $(wildcard requirements-$(ROS_DISTRO).txt) requirements.txt)
 DISTRO_TEST_TOOLS := pytest==8.4.2 pluggy==1.6.0 iniconfig==2.1.0 pytest-xdist==3.8.0 execnet==2.1.2 ruff==0.17.6 \
-	psutil==7.2.2
+	psutil==7.2.2 hypothesis==6.170.27 sortedcontainers==2.4.0
 $(STAMP_VENV): requirements.txt $(DISTRO_REQUIREMENTS) requirements-dev.txt requirements-docs.txt
 	$(PYTHON) -m venv --system-site-packages $(VENV)
 	$(VENV)/bin/pip install -q -r $(DISTRO_REQUIREMENTS) -r requirements-docs.txt $(DISTRO_TEST_TOOLS)
@@ -159,6 +160,12 @@ test: $(STAMP_BUILD) $(STAMP_BENCH) haproxy egl
 test-fast: $(STAMP_BUILD) $(STAMP_BENCH)
 	$(VENV)/bin/ruff check .
 	$(ENV) && $(PYTEST) -m "not ros and not slow"
+
+# The chunk engine's property tests (test_engine_properties.py) with Hypothesis's long profile: 1,500 drawn
+# episodes per property (make test runs 40 each, derandomized).
+test-properties: $(STAMP_BUILD)
+	$(ENV) && HYPOTHESIS_PROFILE=long python -m pytest -p no:launch_testing -p no:launch_ros -q test/test_engine_properties.py \
+		--hypothesis-show-statistics
 
 # ROS 2 Jazzy as a robot has it: test/jazzy/ensure_distro.sh builds (once; cached under $(LEROBOT_CACHE), keyed by
 # what made it) a stand-in for a sourced /opt/ros/jazzy: PyPI's ros-jazzy-* wheels, the Jazzy ros2cli, launch and

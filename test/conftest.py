@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
 
 # ROS's launch package, imported by the pytest plugins of launch_testing, launch_pytest and launch_testing_ros
 # wherever they are installed (a sourced distro, the dev venv), sets logging's logger class to one whose loggers
@@ -65,6 +67,14 @@ SHARED_DATA = Path(os.environ.get('SEQ_DATA_DIR') or REPO.parent / 'shared' / 'd
 G1_DATASET = SHARED_DATA / 'g1_pick_bottle_v21'
 WX200_BAG = SHARED_DATA / 'wx200_joint_states' / 'rosbag2'
 
+
+# Hypothesis profiles for the property tests (test_engine_properties.py): ``fast`` in make test (derandomized, so a
+# run is repeatable and never flaky on a loaded machine; no example database), ``long`` in make test-properties.
+hypothesis_settings.register_profile('fast', max_examples=40, deadline=None, derandomize=True, database=None,
+                                     suppress_health_check=[HealthCheck.too_slow])
+hypothesis_settings.register_profile('long', max_examples=1500, deadline=None, database=None,
+                                     suppress_health_check=[HealthCheck.too_slow])
+hypothesis_settings.load_profile(os.environ.get('HYPOTHESIS_PROFILE', 'fast'))
 
 #: RMW_IMPLEMENTATION for a test without the ``ros`` marker: rclpy.init fails on it, naming it.
 NO_RMW = 'rmw_none__mark_this_test_pytest_mark_ros'

@@ -7,7 +7,8 @@ A frame is kept only when it could become a dataset row as it is:
 - ``robot_time_s``: finite and within :data:`MAX_ROBOT_TIME_S` of 0 (a monotonic clock);
 - the timeline (:mod:`sequence_ai_ros.protocol.timeline`), against the episode's records before it: every
   record has a span (``step_end > step_start``) or, in a store of an earlier version, none at all (all three
-  0), never a mix; ``grid_index`` grows and ``step_start`` never falls before the previous record's end (its
+  0), never a mix; ``grid_index`` grows (by no more deadlines than the spans' gap or the robot time between
+  the records holds) and ``step_start`` never falls before the previous record's end (its
   start, in an absolute space: there the latest record starting at a step is the one in effect); one
   span covers at most :data:`MAX_TICK_S` of the policy's time, a gap between two at most
   :data:`MAX_GAP_S`, the episode at most :data:`MAX_EPISODE_S`; ``robot_time_s`` never goes back nor leaps
@@ -140,7 +141,10 @@ class FrameChecker:
         if dt is not None and gap * dt > MAX_GAP_S:
             raise ContractViolation(f'record starts {gap * dt:g} s after the previous one ends (more than '
                                     f'{MAX_GAP_S:g} s)')
-        if frame.grid_index - last.grid_index - 1 > 2 * gap / period + 2:
+        # deadlines a stalled loop missed: a gap in the spans, or (a skip mid-step, whose held time the client
+        # pays at the next step boundary) the robot time between the records
+        missed_by_time = 2 * (frame.robot_time_s - last.robot_time_s) / (period * dt) if dt is not None else 0.0
+        if frame.grid_index - last.grid_index - 1 > max(2 * gap / period, missed_by_time) + 2:
             raise ContractViolation(f'grid index {frame.grid_index} leaps {frame.grid_index - last.grid_index} '
                                     f'deadlines past the previous record\'s, its span {gap:g} steps')
 

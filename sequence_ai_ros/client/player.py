@@ -10,6 +10,8 @@ step its observation fell in, and the rows the robot already executed are skippe
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 
 from sequence_ai_ros.client import aggregate as ensemble
@@ -143,7 +145,8 @@ class Player:
         p_old = live.origin + live.pos - prev[1]
         if not 0.0 <= p_old <= prev[0].shape[0] - 1 + _EPS:
             return None
-        return raw - resample.sample(prev[0], live.space, p_old, s, self.mask)
+        gap: np.ndarray = raw - resample.sample(prev[0], live.space, p_old, s, self.mask)
+        return gap
 
     def measured(self, obs: Observation) -> np.ndarray | None:
         """The observation's state in the action's order (float32 (A,)), or None when it cannot be read so."""
@@ -174,11 +177,12 @@ class Player:
 
     # -- chunks ------------------------------------------------------------------------------------
 
-    def take(self, chunk: Chunk, dt: float, origin: float, request_id: int) -> bool:
-        """Play ``chunk`` (row 0 at chunk step ``origin``) from the executed count on; False when all of it is stale.
+    def take(self, chunk: Chunk, dt: float, origin: float, request_id: int) -> Literal['played', 'stale', 'overtaken']:
+        """Play ``chunk`` (row 0 at chunk step ``origin``) from the executed count on; say what became of it.
 
-        latest_only replaces the live chunk (a seam to blend at its first read); aggregating folds it into
-        the rows still to play.
+        ``played``: latest_only replaces the live chunk (a seam to blend at its first read); aggregating folds
+        it into the rows still to play. ``stale``: every row was already executed. ``overtaken`` (latest_only):
+        the live chunk answers a later request (pipelined answers may arrive out of order). Both are discarded.
         """
         tally = self.tally
         skip = max(0.0, self.executed - origin)
@@ -186,12 +190,17 @@ class Player:
         if skip >= length - _EPS:
             tally.stale += length
             tally.discarded += 1
-            return False
+            return 'stale'
         old = self.live
+        if self.coeff is None and old is not None and request_id < old.request_id:
+            # an answer overtaken by a newer one (pipelined requests answered out of order): the newer chunk saw
+            # a later observation, and stays
+            tally.discarded += 1
+            return 'overtaken'
         number = tally.chunks - 1
         if self.coeff is not None:
             self.live = self._folded(old, chunk, dt, skip, origin, request_id, number)
-            return True
+            return 'played'
         if old is not None and not old.read:
             tally.discarded += 1   # replaced before any tick read it
         seam = None
@@ -202,7 +211,7 @@ class Player:
                 seam = (old.seam[0], old.seam[1] + old.pos - skip)
         self.live = LiveChunk(chunk.actions, chunk.action_space, dt, number, chunk.done, skip, seam,
                               origin=origin, request_id=request_id)
-        return True
+        return 'played'
 
     def _folded(self, old: LiveChunk | None, chunk: Chunk, dt: float, skip: float, origin: float, request_id: int,
                 number: int) -> LiveChunk:

@@ -10,16 +10,19 @@ Two axes meet here (see :mod:`sequence_ai_ros.protocol.timeline` for the fields 
 By step (act/run pacing, and every delta or velocity space) a fresh tick's span is exactly the chunk steps
 it executed: the executed count where it began, plus a whole number of steps (:attr:`Timeline.offset`).
 Time that executed nothing (a hold, a skipped deadline, the part of a tick past the end of a chunk that ran
-out) is owed as held time (:attr:`Timeline.debt`) and paid, before the next fresh tick, as whole held steps
-(rounded up). So a fractional skip or a short dry spell becomes held rows on the policy's own step grid,
-and never shifts the rows after it: row ``k`` after the first is always the policy's step ``k`` or a held
-row. On the clock (absolute spaces driven by ``next_action`` without act/run pacing) the chunk moves with
-time, and so do the spans.
+out) is owed as held time (:attr:`Timeline.debt`) and paid as whole held steps (rounded up) before the next
+fresh tick that begins on a step boundary in delta and velocity spaces (a hold or a chunk that ran out
+always ends on one; a skipped deadline mid-step is paid once the step that was running is done), at the
+next fresh tick in absolute spaces. So a fractional skip or a short dry
+spell becomes held rows on the policy's own step grid and never shifts the rows after it: every row is one
+whole step the policy's chunks gave (delta spaces: one chunk row), or a held row. On the clock (absolute
+spaces driven by ``next_action`` without act/run pacing) the chunk moves with time, and so do the spans.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from sequence_ai_ros.client.settings import EpisodeSettings
 from sequence_ai_ros.client.steps import Step
@@ -38,12 +41,16 @@ class Timeline:
     :param settings: the episode's settings (``control_period``: a fixed period in s, or None to measure it).
     :param dt: the policy's step (s).
     :param by_step: spans follow the executed chunk steps (see the module docstring), else the clock.
+    :param whole_steps: the chunks' steps are whole steps of the executed count (delta and velocity spaces:
+        row 0 of every chunk is a whole step), so held time is paid on their boundaries only; absolute
+        chunks start where their observation was taken, and held time is paid at the next fresh tick.
     """
 
-    def __init__(self, settings: EpisodeSettings, dt: float, by_step: bool) -> None:
+    def __init__(self, settings: EpisodeSettings, dt: float, by_step: bool, whole_steps: bool = True) -> None:
         self.fixed_period = settings.control_period
         self.dt = dt
         self.by_step = by_step
+        self.whole_steps = whole_steps
         #: the control period (s): the fixed one, else a running estimate of the caller's
         self.period = settings.control_period or dt
         self._last_tick: float | None = None
@@ -51,7 +58,7 @@ class Timeline:
         #: the deadline the latest tick serves, counted from the first (None before any tick)
         self.grid: int | None = None
         self._grid_t = self._t0 = 0.0
-        self._start = self._end = self._len = 0.0
+        self._start = self._len = 0.0
         #: by step: whole chunk steps added to the executed count to place a fresh tick (held time paid)
         self.offset = 0
         #: by step: chunk steps of time since the last fresh span that executed nothing (held, skipped, dry)
@@ -119,7 +126,9 @@ class Timeline:
             end = start + self._len
             self.debt += self._len
         else:
-            if self.debt > SLACK:
+            if self.debt > SLACK and (not self.whole_steps or abs(executed - round(executed)) < SLACK):
+                # increments: paid at a step boundary only, so a step the robot was executing when the time was
+                # lost stays in one row (a tick after a skipped deadline mid-step goes on from where it was)
                 self.offset += math.ceil(self.debt - SLACK)
                 self.debt = 0.0
             start = executed + self.offset
@@ -127,10 +136,9 @@ class Timeline:
             short = (ran if wanted is None else wanted) - ran
             if short > SLACK:
                 self.debt += short
-        self._end = end
         return start, end
 
-    def step(self, **fields) -> Step:
+    def step(self, **fields: Any) -> Step:
         """A :class:`Step` at the latest tick's grid index (``fields``: the rest of Step's)."""
         return Step(grid_index=self.grid or 0, **fields)
 
