@@ -7,7 +7,10 @@ Public API (re-exported as ``sequence_ai_ros.connect`` and by the ``sequence_ai`
 
 Modules, one concept each: :mod:`.policy` (the handle), :mod:`.settings` (EpisodeSettings, the one
 definition of the episode options), :mod:`.driving` (the paced act/run loop), :mod:`.engine` (one
-episode's timeline, prefetch and pipelined requests, stale-action skip, underruns), :mod:`.records`
+episode's front: ticks, chunks, limits, the outcome) over its parts :mod:`.timeline` (control grid, spans,
+Steps), :mod:`.player` (the live chunk, stale-action skip, aggregation, seams, holds), :mod:`.requests`
+(prefetch and pipelined requests, warming) and :mod:`.tally` (chunks, underruns, seams), :mod:`.steps`
+(one record per tick and the ledger that commits them), :mod:`.records`
 (its requests and constants), :mod:`.resample` (reading a chunk at the caller's period; seam blending),
 :mod:`.latency` (round-trip window, prefetch lead), :mod:`.sampling` (history and telemetry on the
 policy's clocks), :mod:`.pacing` (absolute deadlines; the one-thread rule), :mod:`.stopping` (what
