@@ -172,7 +172,7 @@ def disturbed_case(space: str, driver: str, m: Fraction, disturbance: str, sourc
             'skipped': [s.skipped for s in scores if s.skipped]}
 
 
-DISTURBED_HEADER = (f'{"space":<15}{"driver":<12}{"rate":<14}{"disturbance":<12}{"episodes":>8}{"exact":>7}'
+DISTURBED_HEADER = (f'{"space":<15}{"driver":<12}{"rate":<16}{"disturbance":<12}{"episodes":>8}{"exact":>7}'
                     f'{"off":>5}{"rows":>8}{"not held/steps":>16}{"held":>6}{"robot":>6}{"underruns":>10}'
                     f'{"skipped":>8}{"path err":>10}{"pos err":>9}{"state err":>10}{"client err":>11}{"n/a":>5}')
 
@@ -182,7 +182,7 @@ def _disturbed_line(c: dict[str, Any]) -> str:
     path = '-' if c['path_err'] is None else _err(c['path_err'])
     pos = '-' if c['pos_err'] is None else _err(c['pos_err'])
     counts = f'{_span(c["not_held"])}/{_span(c["steps"])}' if c['scored'] else f'-/{_span(c["steps"])}'
-    return (f'{c["space"]:<15}{c["driver"]:<12}{rate:<14}{c["disturbance"]:<12}{c["episodes"]:>8}'
+    return (f'{c["space"]:<15}{c["driver"]:<12}{rate:<16}{c["disturbance"]:<12}{c["episodes"]:>8}'
             f'{c["exact"]:>5}/{c["scored"]:<1}{c["off"]:>5}{_span(c["rows"]):>8}{counts:>16}{c["held"]:>6}'
             f'{c["robot_off"]:>6}{c["underruns"]:>10}{c["periods_skipped"]:>8}{path:>10}{pos:>9}'
             f'{_err(c["state_err"]):>10}{_err(c["client_err"]):>11}{c["episodes"] - c["scored"]:>5}')
