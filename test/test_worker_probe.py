@@ -54,24 +54,30 @@ def test_a_token_worker_answers_kubelet_on_the_probe_port_only_with_health():
         assert server.probe_port not in (None, 0, server.port)
         # the main port: what kubelet got before, UNAUTHENTICATED
         assert kubelet_probe(server.port) == (False, 'UNAUTHENTICATED')
-        # the probe port: '' is SERVING at once; the deployment is NOT_SERVING while its load hangs ...
+        # the probe port: '' is SERVING at once; the deployment is NOT_SERVING while its load hangs, and so is
+        # any other name: without the token a name is the worker's readiness, never looked up ...
         assert kubelet_probe(server.probe_port) == (True, 'SERVING')
         assert kubelet_probe(server.probe_port, 'stuck') == (False, 'NOT_SERVING')
-        assert kubelet_probe(server.probe_port, 'nope') == (False, 'NOT_FOUND')
+        assert kubelet_probe(server.probe_port, 'nope') == (False, 'NOT_SERVING')
         _release_loads(server)
         wait_for(lambda: kubelet_probe(server.probe_port, 'stuck')[0], timeout=10,
                  what='the deployment to turn SERVING on the probe port once loaded')
+        assert kubelet_probe(server.probe_port, 'nope') == (True, 'SERVING')
         # ... and nothing else is served there: no policy call, token or not
         with channel(server.probe_port) as ch:
             with pytest.raises(grpc.RpcError) as info:
                 handshake(pb_grpc.PolicyServiceStub(ch), 'stuck', metadata=[('authorization', 'Bearer s3cret')])
             assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
-        # the main port still wants the token for everything, health included
+        # the main port still wants the token for everything, health included; with it, each deployment's own
         with channel(server.port) as ch:
             md = [('authorization', 'Bearer s3cret')]
             reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service='stuck'),
                                                          metadata=md, timeout=5)
             assert reply.status == SERVING
+            with pytest.raises(grpc.RpcError) as info:
+                health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service='nope'), metadata=md,
+                                                     timeout=5)
+            assert info.value.code() == grpc.StatusCode.NOT_FOUND
     finally:
         _release_loads(server)
         server.stop()

@@ -6,7 +6,9 @@ default, serves ``sequence_ai.v1.PolicyService`` and the standard ``grpc.health.
 (``''`` is SERVING while the server runs; each deployment is NOT_SERVING until its policy is ready), sets
 the max receive size from the contracts' ``max_message_bytes`` and keepalive options. With a ``token``,
 an interceptor fails every call (health included) without ``authorization: Bearer <token>`` metadata
-with UNAUTHENTICATED. With ``tls=(cert, key)`` it serves TLS.
+with UNAUTHENTICATED. With ``tls=(cert, key)`` it serves TLS. Health is bounded on every port
+(:mod:`~sequence_ai_ros.worker.health_service`: names, Watch streams and their idle limit); a caller without
+the token (``anonymous_streams``, the probe port) is told the worker's readiness, never a deployment's own.
 
 Health of a deployment follows its readiness: NOT_SERVING while cold or warming, and for good once its
 load or an inference exceeds its deadline (checked on every call and by housekeeping every 10 s).
@@ -19,9 +21,9 @@ retention at start and hourly); served from a registry, ``seq-live`` (:mod:`~seq
 which deployments have episodes running, for ``seq delete``) and, for a deployment ``seq delete`` removed,
 ``seq-retire-<name>`` until its running episodes ended; with ``agent_port``, ``seq-agent``; with
 ``metrics_port``, prometheus_client's HTTP thread. With ``probe_port``, a second plaintext gRPC server on the
-same loop serves the health service alone (:mod:`~sequence_ai_ros.worker.probe`), for probes that send no
-token and no TLS. The thread count does not grow with open streams, and nothing grown by a burst is kept.
-All are stopped by :meth:`WorkerServer.stop`.
+same loop serves the health service alone (:mod:`~sequence_ai_ros.worker.probe`, with its own stream,
+message and connection caps), for probes that send no token and no TLS. The thread count does not grow
+with open streams, and nothing grown by a burst is kept. All are stopped by :meth:`WorkerServer.stop`.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sequence_ai_ros.exceptions import ConfigError, DeploymentError, Unauthenticated
 from sequence_ai_ros.home import usage_file
@@ -48,7 +50,9 @@ from sequence_ai_ros.worker.auth import authorized
 from sequence_ai_ros.worker.capture_hook import open_store
 from sequence_ai_ros.worker.config import ServerConfig, field_names
 from sequence_ai_ros.worker.drain import DRAIN_TIMEOUT_REASON
+from sequence_ai_ros.worker.grpc_bounds import HANDSHAKE_TIMEOUT_MS, KEEPALIVE_OPTIONS
 from sequence_ai_ros.worker.health_agent import HealthAgent
+from sequence_ai_ros.worker.health_service import BoundedHealthServicer, HealthStatuses, Trusted
 from sequence_ai_ros.worker.live import LiveFile
 from sequence_ai_ros.worker.metrics import MetricsSink, PrometheusMetrics
 from sequence_ai_ros.worker.probe import start_probe_server
@@ -73,16 +77,6 @@ UNARY_HEADROOM = 16
 #: Threads of the event loop's executor (capture writes, SQLite, episode-end waits, image decoding): a fixed
 #: bound, whatever the number of open streams.
 IO_THREADS = 8
-KEEPALIVE_OPTIONS = [
-    ('grpc.keepalive_time_ms', 20_000),               # ping an idle connection every 20 s
-    ('grpc.keepalive_timeout_ms', 10_000),            # drop it when a ping goes unanswered for 10 s
-    ('grpc.keepalive_permit_without_calls', 1),
-    ('grpc.http2.min_ping_interval_without_data_ms', 5_000),  # accept client pings every >= 5 s
-    ('grpc.http2.max_pings_without_data', 0),
-]
-#: A connection that has not completed its HTTP/2 start within this long is closed (ms): silent TCP
-#: connections (half-open floods) cannot hold descriptors for long.
-HANDSHAKE_TIMEOUT_MS = 5_000
 
 
 def raise_open_files_limit() -> int:
@@ -129,16 +123,33 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
             'missing or wrong token: send metadata "authorization: Bearer <token>"' if got else
             'this worker needs a token: send metadata "authorization: Bearer <token>"'))
 
-        async def deny(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def deny(requests: Any, context: grpc.aio.ServicerContext) -> Any:
             await context.abort(status, message)
 
-        kind = (handler.request_streaming, handler.response_streaming)
-        factory = {(False, False): grpc.unary_unary_rpc_method_handler,
-                   (False, True): grpc.unary_stream_rpc_method_handler,
-                   (True, False): grpc.stream_unary_rpc_method_handler,
-                   (True, True): grpc.stream_stream_rpc_method_handler}[kind]
+        # A request-streaming handler, whatever the method's kind: gRPC calls it before reading any request, so
+        # a caller without the token is refused before its message (up to the main port's receive cap) is read
+        # and held. The caller sees the same UNAUTHENTICATED either way.
+        factory = (grpc.stream_stream_rpc_method_handler if handler.response_streaming
+                   else grpc.stream_unary_rpc_method_handler)
         return factory(deny, request_deserializer=handler.request_deserializer,
                        response_serializer=handler.response_serializer)
+
+
+def _health_trust(token: str | None) -> Trusted:
+    """Who sees each deployment's own health on the main port: every caller without a token, else token holders.
+
+    A caller without the token reaches the health service only through ``--anonymous-streams`` (the
+    :class:`TokenInterceptor` fails a wrong one); it gets the probe port's tokenless view.
+    """
+    if token is None:
+        return lambda context: True
+    expected = token
+
+    def trusted(context: grpc.aio.ServicerContext) -> bool:
+        got = next((v for k, v in context.invocation_metadata() or () if k == AUTH_METADATA), '')
+        return authorized(got, expected)
+
+    return trusted
 
 
 def _read_pem(value: str | bytes | Path) -> bytes:
@@ -369,7 +380,7 @@ class WorkerServer:
             runtime.close(timeout=1.0)
         self._io.close()
 
-    async def _build(self, config: ServerConfig) -> tuple[grpc.aio.Server, PolicyServicer, Any]:
+    async def _build(self, config: ServerConfig) -> tuple[grpc.aio.Server, PolicyServicer, HealthStatuses]:
         # The transport accepts 4x the largest contract's request, so that an oversized observation gets a
         # typed in-stream CONTRACT_VIOLATION (checked per request against its own contract) instead of a
         # transport error that kills the stream.
@@ -385,8 +396,9 @@ class WorkerServer:
         server = grpc.aio.server(options=options, interceptors=interceptors)
         servicer = PolicyServicer(self.runtimes, config)
         add_to_server(servicer, server)
-        health_servicer = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        statuses = HealthStatuses()   # health_service: names bounded, Watch capped and ended when idle
+        health_pb2_grpc.add_HealthServicer_to_server(BoundedHealthServicer(statuses, _health_trust(config.token)),
+                                                     server)
         address = f'{config.host}:{config.port}'
         try:
             if config.tls is not None:
@@ -400,7 +412,7 @@ class WorkerServer:
             raise ConfigError(f'cannot bind {address} (--host/--port)')
         if config.proxy_socket is not None:
             self._bind_proxy_socket(server, Path(config.proxy_socket))
-        return server, servicer, health_servicer
+        return server, servicer, statuses
 
     @staticmethod
     def _bind_proxy_socket(server: grpc.aio.Server, path: Path) -> None:
@@ -476,9 +488,18 @@ class WorkerServer:
         return self.runtimes.get(runtime.name) is not None
 
     def _retire(self, runtime: DeploymentRuntime) -> None:
-        """Unload a deleted deployment's policy once its running episodes ended (``seq-retire-<name>``)."""
+        """Unload a deleted deployment's policy once its running episodes ended (``seq-retire-<name>``).
+
+        Its metrics go then too, once the episodes of every version of it ended: during a rollout, an old
+        version (held by the rollout, unloaded by it) may still run episodes, whose ends count under the
+        deployment's name.
+        """
+        def running() -> bool:
+            return bool(runtime.running_episodes()) or (
+                self._rollouts is not None and self._rollouts.running_episodes(runtime.name) > 0)
+
         def close_when_idle() -> None:
-            while runtime.running_episodes():
+            while running():
                 if self._stop.wait(0.2):
                     return              # the worker stops: stop() closes it
             if not self._retired.take(runtime):
@@ -650,7 +671,8 @@ def importer(config: ServerConfig, name: str, **overrides: Any) -> Any:
     from sequence_ai_ros.worker.policy_process import describe_policy_file
 
     if config.isolation == 'process':
-        return lambda path: describe_policy_file(path, name, config.load_timeout_s, **overrides)
+        return lambda path: describe_policy_file(path, name, config.load_timeout_s,
+                                                 memory_limit_mb=config.deployment_memory_mb, **overrides)
 
     def probed(path: Path) -> PolicyDefinition:
         describe_policy_file(path, name, config.load_timeout_s, **overrides)
