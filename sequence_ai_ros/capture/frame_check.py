@@ -13,6 +13,12 @@ A frame is kept only when it could become a dataset row as it is:
   span covers at most :data:`MAX_TICK_S` of the policy's time, a gap between two at most
   :data:`MAX_GAP_S`, the episode at most :data:`MAX_EPISODE_S`; ``robot_time_s`` never goes back nor leaps
   more than :data:`MAX_GAP_S`; ``hold_reason`` is '' or one of ``HOLD_REASONS``, and only on a held record;
+- the episode's bounds, in every action space (:class:`~sequence_ai_ros.protocol.limits.LimitViolation`
+  naming the bound): ``robot_time_s`` at most :data:`MAX_EPISODE_S` after the episode's first record
+  (``episode_s``), and the stalls at most :data:`MAX_STALL_S` in all (``stall_s``): each record moves the
+  timeline on by its span's end past the records before it or its robot time past the previous record's,
+  whichever is more, and what that passes :data:`MAX_TICK_S` is a stall; so a record adds at most
+  ``MAX_TICK_S`` of rows of its own and no few records make hours of held rows;
   ``pieces`` only in a delta or velocity space, float32 (P, A) with 2 <= P <= the chunk steps the span
   touches, finite, one positive ``piece_share`` each summing to 1, making up the record's policy action
   (or its action);
@@ -38,7 +44,15 @@ from sequence_ai_ros.exceptions import ContractViolation
 from sequence_ai_ros.protocol import codec
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import Contract, clip
-from sequence_ai_ros.protocol.limits import MAX_EPISODE_S, MAX_GAP_S, MAX_ROBOT_TIME_S, MAX_TICK_S, check_frame
+from sequence_ai_ros.protocol.limits import (
+    MAX_EPISODE_S,
+    MAX_GAP_S,
+    MAX_ROBOT_TIME_S,
+    MAX_STALL_S,
+    MAX_TICK_S,
+    LimitViolation,
+    check_frame,
+)
 from sequence_ai_ros.protocol.spaces import ActionSpace, position_mask
 
 _MODE_CHANNELS = {'L': 1, 'RGB': 3, 'YCbCr': 3, 'I;16': 1, 'P': 1, 'RGBA': 4, 'CMYK': 4, 'LA': 2, '1': 1}
@@ -46,9 +60,52 @@ _MODE_CHANNELS = {'L': 1, 'RGB': 3, 'YCbCr': 3, 'I;16': 1, 'P': 1, 'RGBA': 4, 'C
 
 # The limits (MAX_ROBOT_TIME_S, MAX_TICK_S, MAX_GAP_S, MAX_EPISODE_S, the step span, grid index and hold
 # reasons) are the wire schema's: sequence_ai_ros.protocol.limits.
-__all__ = ['FrameChecker', 'MAX_EPISODE_S', 'MAX_GAP_S', 'MAX_ROBOT_TIME_S', 'MAX_TICK_S']
+__all__ = ['EpisodeBounds', 'FrameChecker', 'MAX_EPISODE_S', 'MAX_GAP_S', 'MAX_ROBOT_TIME_S', 'MAX_STALL_S',
+           'MAX_TICK_S']
 #: Slack on span comparisons (chunk steps): spans are sums of floats.
 _SLACK = 1e-6
+
+class EpisodeBounds:
+    """The episode's time bounds over its kept records: robot time since the first, stalls summed.
+
+    :meth:`advance` checks a record and returns what :meth:`keep` then records once the whole record passed.
+    """
+
+    def __init__(self) -> None:
+        self.first_time: float | None = None   # robot time of the episode's first kept record (s)
+        self.end_step = 0.0                    # the furthest step_end of the kept records (chunk steps)
+        self.stall_s = 0.0                     # the stalls so far (s)
+
+    def advance(self, frame: pb.TelemetryFrame, last: pb.TelemetryFrame | None, dt: float | None) -> float:
+        """Return the episode's stall total with ``frame`` kept.
+
+        :raises LimitViolation: ``episode_s`` when its robot time is more than :data:`MAX_EPISODE_S` after
+            the episode's first record; ``stall_s`` when the stalls would pass :data:`MAX_STALL_S`.
+        """
+        if self.first_time is not None and frame.robot_time_s - self.first_time > MAX_EPISODE_S:
+            raise LimitViolation('episode_s', f'robot time at most {MAX_EPISODE_S:g} s after the episode\'s first '
+                                              'record (MAX_EPISODE_S)',
+                                 f'{frame.robot_time_s - self.first_time:.6g} s after it')
+        if last is None:
+            return self.stall_s
+        moved = frame.robot_time_s - last.robot_time_s
+        if dt is not None and frame.step_end > frame.step_start:
+            moved = max(moved, (frame.step_end - max(self.end_step, last.step_end)) * dt)
+        stall = self.stall_s + max(0.0, moved - MAX_TICK_S)
+        if stall > MAX_STALL_S:
+            raise LimitViolation('stall_s', f'at most {MAX_STALL_S:g} s of stalls per episode (MAX_STALL_S: the '
+                                            f'time records move the episode past {MAX_TICK_S:g} s each, which an '
+                                            'export fills with held rows)',
+                                 f'{moved:.6g} s on from the previous record, {self.stall_s:.6g} s before it')
+        return stall
+
+    def keep(self, frame: pb.TelemetryFrame, stall: float) -> None:
+        """Record ``frame`` as kept, with the stall total :meth:`advance` returned for it."""
+        if self.first_time is None:
+            self.first_time = frame.robot_time_s
+        self.end_step = max(self.end_step, frame.step_end)
+        self.stall_s = stall
+
 
 class FrameChecker:
     """Check the telemetry frames of one episode (it remembers each camera's size).
@@ -60,6 +117,7 @@ class FrameChecker:
     def __init__(self, contract: Contract | None) -> None:
         self.contract = contract
         self._last: pb.TelemetryFrame | None = None   # the last record kept (the timeline's checks)
+        self.bounds = EpisodeBounds()
         self.sizes: dict[str, tuple[int, int]] = {}
         self.channels: dict[str, int] = {}   # per camera key: the channel count of its first frame
         if contract is not None:
@@ -74,6 +132,7 @@ class FrameChecker:
         """
         check_frame(frame)   # its own fields, by the wire schema
         self._order(frame)
+        stall = self.bounds.advance(frame, self._last, self._dt())
         c = self.contract
         state_dim = len(c.observation.state_names) if c is not None and c.observation.state_names else None
         _vector(frame.state, 'state', state_dim)
@@ -100,7 +159,12 @@ class FrameChecker:
             self.sizes.setdefault(key, size)
         for image in frame.images:
             self.channels.setdefault(image.key, image.channels)
+        self.bounds.keep(frame, stall)
         self._last = frame
+
+    def _dt(self) -> float | None:
+        """The contract's dt (s), None when unknown."""
+        return self.contract.dt if self.contract is not None and self.contract.dt > 0 else None
 
     def _order(self, frame: pb.TelemetryFrame) -> None:
         """The record against the episode's records before it (see the module docstring)."""
@@ -110,15 +174,15 @@ class FrameChecker:
         if not spanned and (frame.step_end or frame.step_start or frame.grid_index):
             raise ContractViolation(f'step span [{frame.step_start!r}, {frame.step_end!r}) is empty: a record of this '
                                     'protocol covers at least part of a chunk step')
-        dt = self.contract.dt if self.contract is not None and self.contract.dt > 0 else None
+        dt = self._dt()
         last = self._last
         if spanned and dt is not None:
             if (frame.step_end - frame.step_start) * dt > MAX_TICK_S:
                 raise ContractViolation(f'step span of {frame.step_end - frame.step_start:g} chunk steps covers more '
                                         f'than {MAX_TICK_S:g} s: no control period is that long')
             if frame.step_end * dt > MAX_EPISODE_S:
-                raise ContractViolation(f'step_end {frame.step_end!r} is more than {MAX_EPISODE_S:g} s into the '
-                                        'episode')
+                raise LimitViolation('episode_s', f'step_end at most {MAX_EPISODE_S:g} s into the episode '
+                                                  '(MAX_EPISODE_S)', f'step_end {frame.step_end!r}')
         if last is None:
             return
         if spanned != (last.step_end > last.step_start):

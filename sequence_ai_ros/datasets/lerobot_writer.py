@@ -171,6 +171,8 @@ def export_lerobot(store: CaptureStore, out: str | Path, *, since: float | None 
             if rows.skipped_frames:
                 notes.append(f'episode {e.episode_id}: {rows.skipped_frames} telemetry frames failed the contract '
                              f'check and were left out ({rows.first_problem})')
+            if rows.stopped:
+                notes.append(f'episode {e.episode_id}: {rows.stopped}')
             task_index = tasks.setdefault(e.instruction, len(tasks))
             success = bool(e.label is not None and e.label['success'])
             cols = columns(rows, k, index, task_index, p.fps, success)

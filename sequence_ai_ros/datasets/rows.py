@@ -65,12 +65,25 @@ from sequence_ai_ros.capture.records import read_records
 from sequence_ai_ros.exceptions import ContractViolation
 from sequence_ai_ros.protocol import codec
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
+from sequence_ai_ros.protocol.limits import MAX_EPISODE_S, MAX_STALL_S, MAX_TICK_S
 from sequence_ai_ros.protocol.spaces import ActionSpace, position_mask
 
 #: Float slack on the row axis (rows): spans are sums of control periods in dt units.
 SPAN_SLACK = 1e-6
-#: Most rows one episode exports (the worker bounds an episode's records to FrameChecker's MAX_EPISODE_S).
+#: Most rows one episode exports at any fps (a backstop: :func:`row_budget` is the episode's own bound).
 MAX_ROWS = 2_000_000
+
+
+def row_budget(fps: float, records: int) -> int:
+    """The most rows an episode of ``records`` checked records can make at ``fps`` (Hz).
+
+    The checker (:class:`FrameChecker`) bounds each record's time since the episode's first to
+    ``MAX_EPISODE_S`` and the stalls to ``MAX_STALL_S``, each record adding at most ``MAX_TICK_S`` of its own
+    (a velocity record spans to the next one's robot time, the last its own length): rows past this bound
+    are not the episode's.
+    """
+    seconds = min(MAX_EPISODE_S + MAX_TICK_S, records * MAX_TICK_S + MAX_STALL_S)
+    return min(MAX_ROWS, math.ceil(seconds * fps) + 1)
 
 
 @dataclasses.dataclass
@@ -84,6 +97,8 @@ class EpisodeRows:
     :param frame_ticks: per camera key, int64 (N,) the record index whose frame each row uses.
     :param skipped_frames: telemetry records skipped because they failed the contract check.
     :param first_problem: the first such failure ('' when none).
+    :param stopped: why the rows stop before the records' end ('' when they do not): the episode's bounded
+        duration (:func:`row_budget`) was reached.
     """
 
     state: np.ndarray
@@ -94,6 +109,7 @@ class EpisodeRows:
     frame_ticks: dict[str, np.ndarray]
     skipped_frames: int = 0
     first_problem: str = ''
+    stopped: str = ''
 
     def __len__(self) -> int:
         return len(self.state)
@@ -268,8 +284,11 @@ def build_rows(episode: CapturedEpisode, fps: float, space: ActionSpace, state_d
                         {k: np.zeros(0, np.int64) for k in camera_keys}, skipped, problem)
     if first is None:
         return empty
-    rows = _reduce(records, first, space, action_dim, legacy)
+    budget = row_budget(fps, len(records))
+    rows, cut = _reduce(records, first, space, action_dim, legacy, budget)
     n = len(rows['held'])
+    stopped = (f'stopped at {budget} rows: the most the episode\'s {len(records)} records can make at {fps:g} fps '
+               f'(its bounded duration)') if cut else ''
     while n and rows['held'][n - 1]:
         n -= 1
     frame_ticks = {}
@@ -291,11 +310,15 @@ def build_rows(episode: CapturedEpisode, fps: float, space: ActionSpace, state_d
         action=np.array(rows['action'][:n], np.float32).reshape(n, action_dim),
         policy_action=np.array(rows['policy'][:n], np.float32).reshape(n, action_dim),
         clamped=np.array(rows['clamped'][:n], bool), held=np.array(rows['held'][:n], bool),
-        frame_ticks=frame_ticks, skipped_frames=skipped, first_problem=problem)
+        frame_ticks=frame_ticks, skipped_frames=skipped, first_problem=problem, stopped=stopped)
 
 
-def _reduce(records: list[_Record], first: int, space: ActionSpace, action_dim: int, legacy: bool) -> dict:
-    """The rows' numbers, from the first executed record to the end of the last record's span."""
+def _reduce(records: list[_Record], first: int, space: ActionSpace, action_dim: int, legacy: bool,
+            budget: int = MAX_ROWS) -> tuple[dict, bool]:
+    """The rows' numbers, from the first executed record to the end of the last record's span.
+
+    At most ``budget`` rows; the flag is True when the records went on past them (the rows stop there).
+    """
     mask = position_mask(space, action_dim)      # channels sampled as targets; the others are summed/averaged
     velocity = space is ActionSpace.JOINT_VELOCITY
     n_rec = len(records)
@@ -308,10 +331,14 @@ def _reduce(records: list[_Record], first: int, space: ActionSpace, action_dim: 
     u0 = records[first].a
     end = max(r.b for r in records[first:])
     out: dict[str, list] = {k: [] for k in ('state', 'action', 'policy', 'clamped', 'held', 'record')}
+    cut = False
     scan, j_latest, lo, k = first, first, first, 0
     while True:
         p = u0 + k
-        if p >= end - SPAN_SLACK or k >= MAX_ROWS:
+        if p >= end - SPAN_SLACK:
+            break
+        if k >= budget:
+            cut = True
             break
         j_cell = -1
         while scan < n_rec and records[scan].a <= p + SPAN_SLACK:
@@ -386,7 +413,7 @@ def _reduce(records: list[_Record], first: int, space: ActionSpace, action_dim: 
         out['held'].append(bool(held))
         out['record'].append(j)
         k += 1
-    return out
+    return out, cut
 
 
 def row_images(episode: CapturedEpisode, key: str, frame_ticks: np.ndarray) -> Iterator[tuple[pb.Image, int]]:

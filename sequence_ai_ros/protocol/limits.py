@@ -13,7 +13,9 @@ episode ids, client ids                printable, at most :data:`MAX_ID` charact
 instructions, label notes, params      at most :data:`MAX_TEXT` characters, no control characters but
                                        tab and newline
 numbers                                finite and within their range (robot time, the step span, the
-                                       episode's figures)
+                                       episode's figures and counts, :data:`MAX_END_COUNT`)
+a record's time                        at most :data:`MAX_EPISODE_S` since the episode's first record;
+                                       stalls at most :data:`MAX_STALL_S` per episode (rows per record)
 EpisodeEnd.reason                      printable, at most :data:`MAX_REASON` characters; one of
                                        :data:`REASONS` is a metric label as it is, any other is kept as
                                        free text (stored, shown escaped) and labelled ``other``
@@ -65,8 +67,16 @@ MAX_ROBOT_TIME_S = 1e9
 MAX_TICK_S = 10.0
 #: Longest stall between two records (s): a larger leap is a bad record (the export fills a stall with rows).
 MAX_GAP_S = 300.0
-#: Longest episode a record may belong to (s of the policy's time), which bounds an export's rows.
+#: Longest episode a record may belong to (s), which bounds an export's rows: a record's ``step_end`` (in the
+#: policy's time) and its robot time since the episode's first record, in every action space.
 MAX_EPISODE_S = 7200.0
+#: Most time (s) an episode's stalls may add in all: each record moves the episode's timeline on (its span's
+#: end past the records before it, or its robot time past the previous record's: what a velocity export
+#: spans), and what one record moves it past :data:`MAX_TICK_S` is a stall the export fills with held rows
+#: (or the last velocity command). So a record adds at most ``MAX_TICK_S`` of rows of its own, and an episode
+#: of N records at most ``N * MAX_TICK_S + MAX_STALL_S`` (within :data:`MAX_EPISODE_S`): 24 records 300 s
+#: apart no longer make 2 h of held rows. One stall of up to :data:`MAX_GAP_S` still fits.
+MAX_STALL_S = 300.0
 #: Largest chunk-step position a record may carry (a decade at 1 kHz control against a 1 ms dt).
 MAX_STEP = 1e12
 #: Largest grid index a record may carry (within a float64's exact integers).
@@ -80,6 +90,9 @@ HOLD_REASONS = ('waiting', 'underrun', 'refused', 'dry_run', 'ended')
 MAX_LATENCY_MS = 1e7
 MAX_SEAM_JUMP = 1e6
 MAX_UNDERRUN_S = MAX_EPISODE_S * 10
+#: Most actions, chunks or underruns one EpisodeEnd may report: an episode's ticks at 1 kHz control for
+#: :data:`MAX_EPISODE_S` (a larger count, such as 2**32-1, is refused and never reaches a counter).
+MAX_END_COUNT = int(MAX_EPISODE_S * 1000)
 
 #: The documented episode-end reasons: the robot's (EpisodeEnd.reason) and the worker's own.
 REASONS = ('completed', 'until', 'timeout', 'interrupted', 'validate', 'error',
@@ -91,7 +104,7 @@ OTHER_REASON = 'other'
 FIELDS = ('deployment', 'protocol_version', 'client_id', 'token', 'episode_id', 'instruction', 'request_id',
           'robot_time_s', 'observation_step', 'state_names', 'images', 'image.key', 'image.encoding', 'history',
           'params', 'frames', 'grid_index', 'step_span', 'hold_reason', 'reason', 'underrun_s', 'max_seam_jump',
-          'latency_p95_ms', 'notes')
+          'latency_p95_ms', 'notes', 'episode_s', 'stall_s', 'actions', 'chunks', 'underruns')
 
 _CONTROL_TEXT = re.compile(r'[\x00-\x08\x0b-\x1f\x7f-\x9f]')
 
@@ -212,7 +225,8 @@ def check_end(end: Any) -> list[LimitViolation]:
     """Check an EpisodeEnd; return its violations (the episode still ends, without the refused values)."""
     out = []
     for name, high in (('underrun_s', MAX_UNDERRUN_S), ('max_seam_jump', MAX_SEAM_JUMP),
-                       ('latency_p95_ms', MAX_LATENCY_MS)):
+                       ('latency_p95_ms', MAX_LATENCY_MS), ('actions', MAX_END_COUNT), ('chunks', MAX_END_COUNT),
+                       ('underruns', MAX_END_COUNT)):
         try:
             check_number(getattr(end, name), name, 0.0, high)
         except LimitViolation as exc:
@@ -227,11 +241,13 @@ def check_end(end: Any) -> list[LimitViolation]:
 def end_stats(end: Any) -> tuple[str, dict[str, Any], list[LimitViolation]]:
     """Return (reason, stats, violations) of an EpisodeEnd, every value within its limit.
 
-    A refused number is left out of ``stats``; a refused reason becomes ``error``.
+    A refused number is left out of ``stats`` (a count over :data:`MAX_END_COUNT` moves no counter); a
+    refused reason becomes ``error``.
     """
     bad = check_end(end)
     refused = {v.field for v in bad}
-    stats: dict[str, Any] = {'actions': end.actions, 'chunks': end.chunks, 'underruns': end.underruns}
+    stats: dict[str, Any] = {name: int(getattr(end, name)) for name in ('actions', 'chunks', 'underruns')
+                             if name not in refused}
     for name in ('underrun_s', 'max_seam_jump', 'latency_p95_ms'):
         if name not in refused:
             stats[name] = float(getattr(end, name))
