@@ -46,6 +46,7 @@ from sequence_ai_ros.worker.config import ServerConfig
 from sequence_ai_ros.worker.drain import Drain, refuse_stream
 from sequence_ai_ros.worker.episode_call import EpisodeCallHandler, Undecodable, parse_request
 from sequence_ai_ros.worker.runtime import DeploymentRuntime
+from sequence_ai_ros.worker.unary import unary_handler
 
 LOG = logging.getLogger(__name__)
 
@@ -92,21 +93,16 @@ def add_to_server(servicer: PolicyServicer, server: grpc.aio.Server) -> None:
     """Register ``servicer`` on ``server``: the generated handlers, except the Episode stream's deserializer.
 
     Episode requests are parsed by :func:`~sequence_ai_ros.worker.episode_call.parse_request`, which also
-    hands over each request's size on the wire, so the contract's size limit costs no re-encoding.
+    hands over each request's size on the wire, so the contract's size limit costs no re-encoding. A unary
+    request body that does not decode gets INVALID_ARGUMENT ([CONTRACT_VIOLATION], :mod:`.unary`), never UNKNOWN.
     """
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
-        'Handshake': grpc.unary_unary_rpc_method_handler(
-            servicer.Handshake, request_deserializer=pb.HandshakeRequest.FromString,
-            response_serializer=pb.HandshakeReply.SerializeToString),
-        'Ready': grpc.unary_unary_rpc_method_handler(
-            servicer.Ready, request_deserializer=pb.ReadyRequest.FromString,
-            response_serializer=pb.ReadyReply.SerializeToString),
+        'Handshake': unary_handler(servicer.Handshake, pb.HandshakeRequest, pb.HandshakeReply),
+        'Ready': unary_handler(servicer.Ready, pb.ReadyRequest, pb.ReadyReply),
         'Episode': grpc.stream_stream_rpc_method_handler(
             servicer.Episode, request_deserializer=parse_request,
             response_serializer=pb.EpisodeReply.SerializeToString),
-        'Label': grpc.unary_unary_rpc_method_handler(
-            servicer.Label, request_deserializer=pb.LabelRequest.FromString,
-            response_serializer=pb.LabelReply.SerializeToString),
+        'Label': unary_handler(servicer.Label, pb.LabelRequest, pb.LabelReply),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     server.add_registered_method_handlers(SERVICE, handlers)
