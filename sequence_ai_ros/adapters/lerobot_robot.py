@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from sequence_ai_ros.exceptions import ContractViolation
-from sequence_ai_ros.protocol.contract import Contract
+from sequence_ai_ros.protocol.codec import ValueKindViolation, numbers
+from sequence_ai_ros.protocol.contract import Contract, clip
 from sequence_ai_ros.protocol.spaces import rest_mask
 from sequence_ai_ros.protocol.types import Action, ImageLike, Observation
 
@@ -75,17 +76,23 @@ def _resolve(names: tuple[str, ...], keys: Mapping[str, Any], given: Mapping[str
 def _number(raw: Mapping[str, Any], key: str) -> float:
     """The robot's value ``raw[key]`` as a finite float.
 
-    :raises ContractViolation: naming the key, for a missing, non-numeric or non-finite value.
+    :raises ContractViolation: naming the key, for a missing, non-numeric or non-finite value; a complex,
+        string, bool or object value (never cut to its real part nor read as 0/1 or a parsed number) is a
+        :class:`~sequence_ai_ros.protocol.codec.ValueKindViolation` naming it.
     """
     try:
         value = raw[key]
     except KeyError:
         raise ContractViolation(f'the robot observation has no {key!r} (it has {sorted(raw)})') from None
     try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ContractViolation(f'the robot observation {key!r} is {value!r} ({type(value).__name__}), '
-                                'not a number') from None
+        arr = numbers(value, key, dtype=None)
+    except ValueKindViolation as exc:
+        raise ValueKindViolation(key, exc.kind, f'the robot observation {key!r} is {clip(repr(value), 60)} '
+                                 f'({type(value).__name__}), not a number: {exc.kind} values are refused') from None
+    if arr.size != 1:
+        raise ContractViolation(f'the robot observation {key!r} is {clip(repr(value), 60)} ({type(value).__name__}), '
+                                'not a number')
+    number = float(arr.reshape(()))
     if not abs(number) <= FLOAT32_MAX:      # NaN, inf, or beyond float32's range (inf as float32)
         raise ContractViolation(f'the robot observation {key!r} is {number!r}, not a finite float32')
     return number
@@ -154,12 +161,14 @@ class LeRobotRobot:
 
         None or a hold (``action.hold``: what ``next_action()`` answers when it has nothing new) is :meth:`hold`.
 
-        :raises ContractViolation: for values that are not D finite numbers; nothing is sent then.
+        :raises ContractViolation: for values that are not D finite numbers (complex, string, bool or object
+            values: a :class:`~sequence_ai_ros.protocol.codec.ValueKindViolation` naming ``action``); nothing is
+            sent then.
         """
         if action is None or action.hold:
             self.hold()
             return
-        values = np.asarray(action.values, dtype=np.float32)
+        values = numbers(action.values, 'action')
         if values.shape != (len(self._action_keys),) or not np.isfinite(values).all():
             raise ContractViolation(f'an action of {len(self._action_keys)} finite values is required, got '
                                     f'{values.tolist()}')

@@ -32,6 +32,7 @@ from sequence_ai_ros.client.pacing import ThreadGuard
 from sequence_ai_ros.client.policy import Policy
 from sequence_ai_ros.client.settings import check_positive
 from sequence_ai_ros.exceptions import ContractViolation, MissingDependency, PolicyException, SequenceAIError
+from sequence_ai_ros.protocol.codec import ValueKindViolation, numbers
 from sequence_ai_ros.protocol.types import Observation
 
 try:
@@ -103,7 +104,9 @@ class SequencePolicy(BasePolicy):
         """The openpi observation ``obs`` as an :class:`~sequence_ai_ros.protocol.types.Observation`.
 
         :raises ContractViolation: for ``obs`` or its images that are not dicts, a missing state or camera, a
-            state that is not a finite (D,) vector of numbers, or a prompt that is not text.
+            state that is not a finite (D,) vector of numbers, or a prompt that is not text; a state of complex,
+            string, bool or object values is a :class:`~sequence_ai_ros.protocol.codec.ValueKindViolation`
+            naming its key.
         """
         contract = self.policy.contract
         if not isinstance(obs, Mapping):
@@ -123,11 +126,11 @@ class SequencePolicy(BasePolicy):
                 raise ContractViolation(f'openpi observation has no image {cam.key!r} in {self.images_key!r} '
                                         'or at the top level')
             images[cam.key] = _hwc(image)
-        try:
-            state = np.asarray(obs[self.state_key], dtype=np.float32)
-        except (TypeError, ValueError) as exc:
-            raise ContractViolation(f'openpi observation {self.state_key!r} is not a vector of numbers: '
-                                    f'{exc}') from None
+        try:   # complex, string, bool or object values are refused naming the key, never cut or cast to numbers
+            state = numbers(obs[self.state_key], self.state_key)
+        except ValueKindViolation as exc:
+            raise ValueKindViolation(self.state_key, exc.kind, f'openpi observation {self.state_key!r} is not a '
+                                     f'vector of numbers: {exc.kind} values are refused') from None
         return Observation(state=state, state_names=contract.observation.state_names, images=images,
                            instruction=self._prompt(obs.get(self.prompt_key)))
 

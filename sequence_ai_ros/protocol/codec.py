@@ -28,26 +28,88 @@ _BY_DTYPE = {native: (name, wire) for name, (native, wire) in _DTYPES.items()}
 _CHANNELS_OF_MODE = {'P': 3, '1': 1, 'I;16': 1, 'I': 1, 'F': 1}
 
 
+#: numpy dtype kinds of real numbers (signed and unsigned integers, floats): what a numeric field takes.
+NUMBER_KINDS = frozenset('iuf')
+_KIND_NAMES = {'b': 'bool', 'c': 'complex', 'U': 'string', 'S': 'bytes', 'O': 'object', 'V': 'void',
+               'M': 'datetime', 'm': 'timedelta'}
+
+
+class ValueKindViolation(ContractViolation):
+    """Values that are not real numbers (complex, string, bool, object...) where numbers are required.
+
+    ``field`` names the values (``state``, ``actions``, a robot's observation key); ``kind`` says what they were.
+    A complex value is never cut to its real part, a bool never becomes 0/1 and a string never a number.
+    """
+
+    def __init__(self, field: str, kind: str, message: str = '') -> None:
+        self.field = field
+        self.kind = kind
+        super().__init__(message or f'{_clip(field, 60)}: {kind} values are refused; real numbers (int or float) '
+                                    'are required')
+
+
+def kind_name(dtype: np.dtype) -> str:
+    """A dtype's kind in words: ``complex128`` -> 'complex', ``<U3`` -> 'string', ``bool`` -> 'bool'."""
+    return _KIND_NAMES.get(dtype.kind, str(dtype))
+
+
+def numbers(value: npt.ArrayLike, field: str, dtype: str | None = 'float32') -> np.ndarray:
+    """Return ``value`` as an array of ``dtype`` (None: as it is) once its values are real numbers.
+
+    Python and numpy ints and floats, of any size, pass; float64 beyond float32 becomes inf (a finite check
+    after this refuses it).
+
+    :param field: the values' name, for the error.
+    :raises ValueKindViolation: naming ``field``, for complex, string, bytes, bool, object or other non-number
+        values (a bool array, ``[1+2j]``, ``['1.5']``, ``[1, None]``), or a value numpy cannot make an array of.
+    """
+    if isinstance(value, np.ndarray):
+        arr = value
+    else:
+        try:
+            arr = np.asarray(value)
+        except Exception:  # a ragged list, an object whose __array__ raises
+            raise ValueKindViolation(field, f'{type(value).__name__} (not an array)') from None
+    if arr.dtype.kind not in NUMBER_KINDS:
+        raise ValueKindViolation(field, kind_name(arr.dtype))
+    if dtype is None:
+        return arr
+    with np.errstate(over='ignore', invalid='ignore'):
+        return arr.astype(dtype, copy=False)
+
+
 def _clip(text: object, limit: int = 100) -> str:
     """Return ``str(text)`` cut to ``limit`` characters, for echoing untrusted input in an error."""
     text = str(text)
     return text if len(text) <= limit else f'{text[:limit]}...(+{len(text) - limit} chars)'
 
 
-def to_tensor(array: npt.ArrayLike, dtype: str | None = None, out: pb.Tensor | None = None) -> pb.Tensor:
+def to_tensor(array: npt.ArrayLike, dtype: str | None = None, out: pb.Tensor | None = None, *,
+              what: str = 'tensor') -> pb.Tensor:
     """Pack an array into a ``Tensor``.
 
     :param array: any array-like; converted to ``dtype`` when given.
-    :param dtype: numpy dtype name, e.g. ``'float32'``.
+    :param dtype: numpy dtype name, e.g. ``'float32'``: a numeric dtype takes real numbers only (never a
+        complex, string, bool or object array cut or cast to it).
     :param out: fill this message in place (a field of the message being built: no copy of the data
         into a second message); default a new one.
-    :raises ContractViolation: for a dtype outside :data:`ALLOWED_DTYPES`.
+    :param what: the values' name, for errors (``'state'``).
+    :raises ValueKindViolation: naming ``what``, for complex, string or object values, or bool values
+        converted to a numeric ``dtype``.
+    :raises ContractViolation: for another dtype outside :data:`ALLOWED_DTYPES`.
     """
-    arr = np.asarray(array, dtype=dtype)
+    if dtype is not None and dtype != 'bool':
+        arr = numbers(array, what, dtype)
+    else:
+        arr = np.asarray(array, dtype=dtype)
     entry = _BY_DTYPE.get(arr.dtype)
     if entry is None:                                   # a non-native byte order, or not allowed
         name = arr.dtype.name
         if name not in _DTYPES:
+            if arr.dtype.kind in _KIND_NAMES:
+                raise ValueKindViolation(what, kind_name(arr.dtype), f'{_clip(what, 60)}: {kind_name(arr.dtype)} '
+                                         f'values (dtype {name}) cannot go on the wire; use one of '
+                                         f'{sorted(ALLOWED_DTYPES)}')
             raise ContractViolation(f'dtype {name} cannot go on the wire; use one of {sorted(ALLOWED_DTYPES)}')
         entry = name, _DTYPES[name][1]
     name, wire = entry

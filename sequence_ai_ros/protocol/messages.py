@@ -102,14 +102,15 @@ def _pack_fields(obs: Observation, contract: Contract, req: pb.ObservationReques
     names = contract.observation.state_names
     req.episode_id, req.request_id, req.instruction = episode_id, request_id, obs.instruction
     req.robot_time_s, req.expected_delay_actions = obs.timestamp, int(expected_delay_actions)
-    codec.to_tensor(obs.state, 'float32', out=req.state)
+    codec.to_tensor(obs.state, 'float32', out=req.state, what='state')
     req.state_names.extend(obs.state_names or names)
     if obs.params:
         req.params.update(obs.params)
     if chunk_tail is not None:
-        codec.to_tensor(np.asarray(chunk_tail, np.float32).reshape(-1, contract.action_dim), out=req.chunk_tail)
+        codec.to_tensor(codec.numbers(chunk_tail, 'chunk_tail').reshape(-1, contract.action_dim),
+                        out=req.chunk_tail)
     if last_action is not None:
-        codec.to_tensor(last_action, 'float32', out=req.last_action)
+        codec.to_tensor(last_action, 'float32', out=req.last_action, what='last_action')
     if observation_step is not None:
         req.observation_step, req.tail_request_id, req.splice_tail = observation_step, tail_request_id, True
 
@@ -290,10 +291,11 @@ def pack_chunk(actions: np.ndarray, contract: Contract, *, request_id: int, epis
         shorter chunk is fine), D = contract.action_dim.
     :param max_bytes: the transport limit of one message (bytes), :data:`MAX_CHUNK_BYTES` by default.
     :raises ContractViolation: when actions are not (T, D) with D = action_dim and 1 <= T <= chunk_length,
-        are not finite, or the packed chunk would exceed ``max_bytes``.
+        are not finite, or the packed chunk would exceed ``max_bytes``;
+        :class:`~sequence_ai_ros.protocol.codec.ValueKindViolation` (field ``actions``) when they are not
+        real numbers (complex, string, bool, object: never cut to a real part nor cast to 0/1).
     """
-    with np.errstate(over='ignore', invalid='ignore'):  # float64 beyond float32 becomes inf, refused below
-        arr = np.asarray(actions, dtype=np.float32)
+    arr = codec.numbers(actions, 'actions')   # float64 beyond float32 becomes inf, refused below
     if arr.ndim != 2 or arr.shape[0] < 1 or arr.shape[1] != contract.action_dim:
         raise ContractViolation(f'policy returned actions of shape {arr.shape}; (T, {contract.action_dim}) '
                                 'with T >= 1 is required')

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from sequence_ai_ros.exceptions import ContractViolation
+from sequence_ai_ros.protocol.codec import numbers
 from sequence_ai_ros.protocol.spaces import ActionSpace
 
 ImageLike = np.ndarray | bytes
@@ -32,7 +33,9 @@ class Observation:
         (``time.monotonic()`` by default; the ROS node gives its control tick's deadline); never compared
         across hosts. Capture puts telemetry on dataset rows by it.
     :param params: inference parameters (e.g. ``{'seed': '3'}``), kept by capture.
-    :raises ContractViolation: for a state that is not 1-d, not finite, or whose names do not match.
+    :raises ContractViolation: for a state that is not 1-d, not finite, or whose names do not match;
+        :class:`~sequence_ai_ros.protocol.codec.ValueKindViolation` (field ``state``) for a state that is not
+        real numbers (complex, string, bool, object).
     """
 
     state: np.ndarray
@@ -43,7 +46,7 @@ class Observation:
     params: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.state = np.asarray(self.state, dtype=np.float32)
+        self.state = numbers(self.state, 'state')
         self.state_names = tuple(self.state_names)
         if self.state.ndim != 1:
             raise ContractViolation(f'observation state must be (D,), got shape {self.state.shape}')
