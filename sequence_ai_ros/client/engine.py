@@ -113,7 +113,7 @@ class EpisodeEngine:
         # advance the timeline by exactly s, else a caller whose ticks jitter would drop or repeat part of a row.
         by_step = fixed_step or not space.is_absolute
         self.tally = Tally()
-        self.timeline = Timeline(settings, contract.dt, by_step, whole_steps=not space.is_absolute)
+        self.timeline = Timeline(settings, contract.dt, by_step)
         self.player = Player(contract, space, settings.smooth_seam, self.ensemble_coeff, by_step, self.tally)
         self.requests = RequestSchedule(contract, settings, latency, send, clock,
                                         whole_steps=not space.is_absolute or self.ensemble_coeff is not None,

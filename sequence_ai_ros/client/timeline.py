@@ -11,12 +11,13 @@ By step (act/run pacing, and every delta or velocity space) a fresh tick's span 
 it executed: the executed count where it began, plus a whole number of steps (:attr:`Timeline.offset`).
 Time that executed nothing (a hold, a skipped deadline, the part of a tick past the end of a chunk that ran
 out) is owed as held time (:attr:`Timeline.debt`) and paid as whole held steps (rounded up) before the next
-fresh tick that begins on a step boundary in delta and velocity spaces (a hold or a chunk that ran out
-always ends on one; a skipped deadline mid-step is paid once the step that was running is done), at the
-next fresh tick in absolute spaces. So a fractional skip or a short dry
-spell becomes held rows on the policy's own step grid and never shifts the rows after it: every row is one
-whole step the policy's chunks gave (delta spaces: one chunk row), or a held row. On the clock (absolute
-spaces driven by ``next_action`` without act/run pacing) the chunk moves with time, and so do the spans.
+fresh tick that begins on a step boundary (a skipped deadline mid-step is paid once the step that was
+running is done), or after held records at the next fresh tick (in delta and velocity spaces a chunk always
+runs out on a step boundary; an absolute chunk starts where its observation was taken). So a fractional
+skip or a short dry spell becomes held rows on the policy's own step grid and never shifts the rows after
+it: every row is one whole step the policy's chunks gave (delta spaces: one chunk row), or a held row. On
+the clock (absolute spaces driven by ``next_action`` without act/run pacing) the chunk moves with time, and
+so do the spans.
 """
 
 from __future__ import annotations
@@ -41,16 +42,12 @@ class Timeline:
     :param settings: the episode's settings (``control_period``: a fixed period in s, or None to measure it).
     :param dt: the policy's step (s).
     :param by_step: spans follow the executed chunk steps (see the module docstring), else the clock.
-    :param whole_steps: the chunks' steps are whole steps of the executed count (delta and velocity spaces:
-        row 0 of every chunk is a whole step), so held time is paid on their boundaries only; absolute
-        chunks start where their observation was taken, and held time is paid at the next fresh tick.
     """
 
-    def __init__(self, settings: EpisodeSettings, dt: float, by_step: bool, whole_steps: bool = True) -> None:
+    def __init__(self, settings: EpisodeSettings, dt: float, by_step: bool) -> None:
         self.fixed_period = settings.control_period
         self.dt = dt
         self.by_step = by_step
-        self.whole_steps = whole_steps
         #: the control period (s): the fixed one, else a running estimate of the caller's
         self.period = settings.control_period or dt
         self._last_tick: float | None = None
@@ -63,6 +60,7 @@ class Timeline:
         self.offset = 0
         #: by step: chunk steps of time since the last fresh span that executed nothing (held, skipped, dry)
         self.debt = 0.0
+        self._held = False          # by step: a held record was placed since the last fresh one
 
     def steps_per_tick(self) -> float:
         """The control period in chunk steps."""
@@ -125,12 +123,15 @@ class Timeline:
             start = executed + self.offset + self.debt
             end = start + self._len
             self.debt += self._len
+            self._held = True
         else:
-            if self.debt > SLACK and (not self.whole_steps or abs(executed - round(executed)) < SLACK):
-                # increments: paid at a step boundary only, so a step the robot was executing when the time was
-                # lost stays in one row (a tick after a skipped deadline mid-step goes on from where it was)
+            if self.debt > SLACK and (self._held or abs(executed - round(executed)) < SLACK):
+                # paid at a step boundary, so a step the robot was executing when the time was lost stays in one
+                # row (a tick after a skipped deadline mid-step goes on from where it was); after held records
+                # at once, past their spans (an absolute chunk may run out between step boundaries)
                 self.offset += math.ceil(self.debt - SLACK)
                 self.debt = 0.0
+            self._held = False
             start = executed + self.offset
             end = start + ran
             short = (ran if wanted is None else wanted) - ran
