@@ -106,11 +106,6 @@ def _credentials(tls: TlsLike) -> grpc.ChannelCredentials | None:
     return tls
 
 
-#: The HTTP/2 client preface and an empty SETTINGS frame (RFC 9113 sec. 3.4): a plaintext gRPC server answers
-#: with its own SETTINGS frame; a TLS server reads it as a broken record and closes (or sends an alert).
-_H2_PREFACE = b'PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n' + b'\x00\x00\x00\x04\x00\x00\x00\x00\x00'
-
-
 def check_certificate(endpoint: str, roots: bytes | None, where: str, timeout: float = 2.0) -> str | None:
     """Return why the certificate of the TLS worker at ``endpoint`` is refused, or None (trusted, or unknown).
 
@@ -164,28 +159,48 @@ def _has_subject_alt_name(host: str, port: int, timeout: float) -> bool:
     return _SAN_OID in der
 
 
+def _client_hello() -> bytes:
+    """A TLS ClientHello (ALPN h2), as the first bytes a TLS client sends; nothing is verified with it."""
+    import ssl
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE     # only to see which transport answers; the channel verifies
+    ctx.set_alpn_protocols(['h2'])
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ctx.wrap_bio(incoming, outgoing)
+    with contextlib.suppress(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
 def probe_transport(endpoint: str, timeout: float = 1.0) -> str | None:
     """Return 'plaintext' or 'tls' as the worker at ``endpoint`` speaks it, or None when unknown (unreachable...).
 
-    One TCP connection, bounded by ``timeout`` (s): it sends the HTTP/2 preface and reads the first bytes.
+    One TCP connection, bounded by ``timeout`` (s): it sends a TLS ClientHello and reads the first bytes back.
+    A TLS worker answers with its ServerHello (a handshake record) or an alert; a plaintext gRPC worker sends
+    its HTTP/2 SETTINGS frame first, whatever it reads. A plaintext HTTP/2 preface would make a TLS worker's
+    gRPC core log a non-JSON ``Handshake failed ... WRONG_VERSION_NUMBER`` line on every connect; a
+    ClientHello it reads as the start of a handshake, which the probe leaves (gRPC logs nothing).
     """
     host, sep, port = endpoint.rpartition(':')
     if not sep or not port.isdigit() or '/' in host:
         return None
     host = host.strip('[]') or '127.0.0.1'
     try:
+        hello = _client_hello()
         with socket.create_connection((host, int(port)), timeout=timeout) as sock:
             sock.settimeout(timeout)
-            sock.sendall(_H2_PREFACE)
+            sock.sendall(hello)
             data = sock.recv(9)
     except ConnectionResetError:
         return 'tls'
-    except OSError:
+    except OSError:             # unreachable, or nothing came within the timeout (ssl.SSLError is one too)
         return None
-    if len(data) >= 4 and data[3] == 0x04:
-        return 'plaintext'
-    if not data or data[0] == 0x15:          # closed at once, or a TLS alert record
+    if not data or data[0] in (0x15, 0x16):  # closed at once, a TLS alert or a handshake record
         return 'tls'
+    if len(data) >= 4 and data[3] == 0x04:   # an HTTP/2 frame header of type SETTINGS (length < 2**16)
+        return 'plaintext'
     return None
 
 
