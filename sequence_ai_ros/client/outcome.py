@@ -58,7 +58,10 @@ class RunOutcome:
         (the export shows the missed periods as held rows).
     :param capture_error: capture is on for the deployment but this episode is not kept, and why: its id
         was already captured, or is being captured by another worker sharing the store (a reconnect or a
-        reused id); '' otherwise (a paused or full store is reported by the worker's diagnostics).
+        reused id); a capture record was over the worker's message limit (its size and the limit: the robot
+        stopped the capture, the run went on); a write to the worker's store failed (the worker said so at
+        the end: the deployment deleted meanwhile, a full disk); '' otherwise (a paused or full store is
+        reported by the worker's diagnostics).
     :param error: the typed exception behind reason ``validate`` or ``error``; None otherwise, and for an
         ``error`` that the caller's own code raised (that exception propagates from act()/run()). An episode
         the worker refused (:class:`~sequence_ai_ros.exceptions.Draining`, ``Overloaded``) and never started

@@ -19,6 +19,7 @@ Every unary call
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import itertools
 import logging
@@ -35,7 +36,7 @@ import grpc
 
 from sequence_ai_ros.client.engine import OutRequest
 from sequence_ai_ros.client.sampling import TelemetrySample
-from sequence_ai_ros.exceptions import ConnectionLost, Draining, NotReady, SequenceAIError
+from sequence_ai_ros.exceptions import CaptureError, ConnectionLost, Draining, NotReady, SequenceAIError
 from sequence_ai_ros.malloc_tuning import tune_malloc
 from sequence_ai_ros.protocol import (
     AUTH_METADATA,
@@ -364,44 +365,146 @@ def _serialize_request(item: bytes | pb.EpisodeRequest) -> bytes:
     return item if isinstance(item, bytes) else item.SerializeToString()
 
 
+#: Bytes a telemetry message may hold besides its frames: the EpisodeRequest and Telemetry tags and lengths.
+_MESSAGE_OVERHEAD = 16
+#: Bytes an image adds to its frame besides its data, key and encoding: tags, lengths, width, height, channels.
+_IMAGE_OVERHEAD = 48
+
+
+@dataclasses.dataclass
+class TelemetryPacking:
+    """A telemetry batch packed into messages that each fit the worker's limit.
+
+    :param messages: the Telemetry messages, in order; each at most ``limit`` bytes as an EpisodeRequest.
+    :param problems: why each camera frame that could not be fitted or encoded was left out (the frame goes).
+    :param over_limit: '' when every record was packed; else why capture stops: the first record that is
+        larger than the limit alone (its size and the limit), which and every record after it are left out.
+    """
+
+    messages: list[pb.Telemetry]
+    problems: list[str]
+    over_limit: str = ''
+
+
+def _pack_frame(f: TelemetrySample, order: list[str], fit: _FitFrames | None,
+                problems: list[str]) -> tuple[pb.TelemetryFrame, int]:
+    """One record as a TelemetryFrame, and a bound on its size in a Telemetry message (bytes).
+
+    The bound adds up the images' data instead of measuring the frame (``ByteSize()`` would encode its pixels
+    once more): a few bytes over, never under.
+    """
+    frame = pb.TelemetryFrame(robot_time_s=f.robot_time_s, state=codec.to_tensor(f.state, 'float32'),
+                              hold=f.hold, clamped=f.clamped, grid_index=f.grid_index,
+                              step_start=f.step_start, step_end=f.step_end, hold_reason=f.hold_reason)
+    if f.action is not None:
+        frame.action.CopyFrom(codec.to_tensor(f.action, 'float32'))
+    if f.policy_action is not None:
+        frame.policy_action.CopyFrom(codec.to_tensor(f.policy_action, 'float32'))
+    if f.pieces is not None and f.piece_share is not None:
+        frame.pieces.CopyFrom(codec.to_tensor(f.pieces, 'float32'))
+        frame.piece_share.extend(float(x) for x in f.piece_share)
+    size = frame.ByteSize()
+    images: Mapping[str, ImageLike] = f.images
+    if images and fit is not None:
+        try:
+            images = fit(images)
+        except SequenceAIError as exc:
+            problems.append(f'CONTRACT_VIOLATION: {exc}')
+            images = {}
+    for key in order + sorted(k for k in images if k not in order):
+        if key in images:
+            try:
+                image = codec.encode_image(key, images[key], 'jpeg')
+            except SequenceAIError as exc:
+                problems.append(f'CONTRACT_VIOLATION: {exc}')
+                continue
+            frame.images.append(image)
+            size += len(image.data) + len(image.key) + len(image.encoding) + _IMAGE_OVERHEAD
+    return frame, size + 6   # the frame's own tag and length in Telemetry
+
+
+def pack_telemetry(frames: list[TelemetrySample], contract: Contract, fit: _FitFrames | None = None,
+                   limit: int | None = None) -> TelemetryPacking:
+    """Pack telemetry records into messages of at most ``limit`` bytes; images fitted (``fit``), then JPEG.
+
+    Every camera the robot observed goes, not only those the policy uses (the contract's first): a dataset
+    captured for fine-tuning keeps the robot's cameras even when the current policy ignores them. Records
+    go in order, as many per message as fit (a record that does not fit beside the ones before starts the
+    next message, so a large one goes on its own). A record that does not fit even alone stops the packing
+    there (:attr:`TelemetryPacking.over_limit`).
+
+    :param limit: the largest message (bytes, an EpisodeRequest), :meth:`Contract.receive_bytes`; None: one
+        message, whatever its size.
+    """
+    problems: list[str] = []
+    order = [c.key for c in contract.observation.cameras]
+    out = TelemetryPacking([], problems)
+    room = None if limit is None else limit - _MESSAGE_OVERHEAD
+    current, used = pb.Telemetry(), 0
+    for f in frames:
+        frame, size = _pack_frame(f, order, fit, problems)
+        if room is not None and size > room:
+            n = len(frame.images)
+            out.over_limit = (f'a capture record of {size} bytes (robot time {f.robot_time_s:.3f} s, {n} camera '
+                              f'frame{"" if n == 1 else "s"}) is over the worker\'s {limit}-byte message limit')
+            break
+        if room is not None and current.frames and used + size > room:
+            out.messages.append(current)
+            current, used = pb.Telemetry(), 0
+        current.frames.append(frame)
+        used += size
+    if current.frames or (not out.messages and not out.over_limit):
+        out.messages.append(current)
+    return out
+
+
 def _pack_telemetry(frames: list[TelemetrySample], contract: Contract,
                     fit: _FitFrames | None = None) -> tuple[pb.Telemetry, list[str]]:
-    """Pack telemetry records; images fitted as requests are (``fit``), then JPEG, the contract's cameras first.
-
-    Every camera the robot observed goes, not only those the policy uses: a dataset captured for
-    fine-tuning keeps the robot's cameras even when the current policy ignores them.
+    """Pack telemetry records into one message, whatever its size (:func:`pack_telemetry` without a limit).
 
     :returns: the message, and why each frame that could not be fitted was left out of it.
     """
-    out = pb.Telemetry()
-    problems: list[str] = []
-    order = [c.key for c in contract.observation.cameras]
-    for f in frames:
-        frame = pb.TelemetryFrame(robot_time_s=f.robot_time_s, state=codec.to_tensor(f.state, 'float32'),
-                                  hold=f.hold, clamped=f.clamped, grid_index=f.grid_index,
-                                  step_start=f.step_start, step_end=f.step_end, hold_reason=f.hold_reason)
-        if f.action is not None:
-            frame.action.CopyFrom(codec.to_tensor(f.action, 'float32'))
-        if f.policy_action is not None:
-            frame.policy_action.CopyFrom(codec.to_tensor(f.policy_action, 'float32'))
-        if f.pieces is not None and f.piece_share is not None:
-            frame.pieces.CopyFrom(codec.to_tensor(f.pieces, 'float32'))
-            frame.piece_share.extend(float(x) for x in f.piece_share)
-        images: Mapping[str, ImageLike] = f.images
-        if images and fit is not None:
-            try:
-                images = fit(images)
-            except SequenceAIError as exc:
-                problems.append(f'CONTRACT_VIOLATION: {exc}')
-                images = {}
-        for key in order + sorted(k for k in images if k not in order):
-            if key in images:
-                try:
-                    frame.images.append(codec.encode_image(key, images[key], 'jpeg'))
-                except SequenceAIError as exc:
-                    problems.append(f'CONTRACT_VIOLATION: {exc}')
-        out.frames.append(frame)
-    return out, problems
+    packed = pack_telemetry(frames, contract, fit)
+    return packed.messages[0], packed.problems
+
+
+class CaptureReport:
+    """What became of an episode's capture telemetry on the robot's side, and what the worker said of it.
+
+    Written by gRPC's request-consumer thread (packing) and ``seq-recv`` (EpisodeEnded); read at the end.
+    """
+
+    def __init__(self) -> None:
+        #: telemetry records not sent: the send queue was full
+        self.dropped = 0
+        #: camera frames this client could not fit, and frames the worker's capture refused (EpisodeEnded)
+        self.rejected = 0
+        #: the first of those refusals
+        self.rejected_first = ''
+        #: why this episode is not captured, or not kept: the robot stopped its capture (a record over the
+        #: worker's message limit), or the worker said so at the end (a store write failed); '' otherwise
+        self.capture_error = ''
+        #: True once the robot stopped its capture: no more telemetry is sent for the episode
+        self.stopped = False
+
+    def stop(self, why: str) -> None:
+        """Stop the episode's capture on the robot's side, for ``why``: nothing more is sent."""
+        if not self.stopped:
+            self.stopped = True
+            self.capture_error = self.capture_error or why
+            LOG.warning('%s', why)
+
+    def refused(self, problems: list[str]) -> None:
+        """Count camera frames left out of a record (``problems``: why each)."""
+        if problems:
+            self.rejected += len(problems)
+            self.rejected_first = self.rejected_first or problems[0]
+
+    def ended(self, msg: pb.EpisodeEnded) -> None:
+        """Add the worker's word at the episode's end (frames refused, why the episode was not kept)."""
+        self.rejected += msg.telemetry_rejected
+        self.rejected_first = self.rejected_first or msg.telemetry_error
+        self.capture_error = self.capture_error or msg.capture_error
 
 
 class SentBeforeStart:
@@ -477,9 +580,8 @@ class EpisodeCall:
         self.captured = False
         self._call_lock = threading.Lock()
         self._call: grpc.Call | None = None
-        self.dropped_telemetry = 0
-        self.telemetry_rejected = 0     # frames the worker's capture refused (EpisodeEnded)
-        self.telemetry_error = ''
+        #: the capture telemetry's fate: dropped, refused, stopped over the message limit, not kept
+        self.report = CaptureReport()
         #: the worker's refusal of the last call while the episode has not started (a draining replica, opened
         #: again until DRAIN_RETRY_S); None once it started, or when none was refused
         self.refusal: SequenceAIError | None = None
@@ -491,6 +593,26 @@ class EpisodeCall:
         """Start ``seq-recv``, which opens the call (gRPC then starts its request-consumer thread)."""
         self._reader.start()
 
+    @property
+    def dropped_telemetry(self) -> int:
+        """Telemetry records not sent because the send queue was full."""
+        return self.report.dropped
+
+    @property
+    def telemetry_rejected(self) -> int:
+        """Camera frames this client could not fit, and telemetry frames the worker's capture refused."""
+        return self.report.rejected
+
+    @property
+    def telemetry_error(self) -> str:
+        """The first of those refusals (``"CONTRACT_VIOLATION: <why>"``), '' when none."""
+        return self.report.rejected_first
+
+    @property
+    def capture_error(self) -> str:
+        """Why this episode's capture stopped or was not kept (the robot's limit, the worker's store), or ''."""
+        return self.report.capture_error
+
     # -- control side (never blocks) ---------------------------------------------------------------
 
     def send_request(self, req: OutRequest) -> None:
@@ -501,11 +623,13 @@ class EpisodeCall:
             self._fail(ConnectionLost('send queue full: the worker stopped reading'))
 
     def send_telemetry(self, frames: list[TelemetrySample]) -> None:
-        """Enqueue a telemetry batch; dropped (and counted) if the queue is full."""
+        """Enqueue a telemetry batch; dropped (and counted) if the queue is full, or once capture stopped."""
+        if self.report.stopped:
+            return
         try:
             self._outbox.put_nowait(frames)
         except queue.Full:
-            self.dropped_telemetry += len(frames)
+            self.report.dropped += len(frames)
 
     def close(self, end: pb.EpisodeEnd | None, timeout: float = 2.0) -> bool:
         """Send EpisodeEnd (when given), wait up to ``timeout`` for EpisodeEnded, then stop and join.
@@ -538,23 +662,35 @@ class EpisodeCall:
             self._stop.set()
             self._on_error(error)
 
-    def _pack(self, item: _Outgoing) -> bytes | pb.EpisodeRequest:
+    def _pack(self, item: _Outgoing) -> list[bytes | pb.EpisodeRequest]:
+        """The messages of one outbox item: one, or none or several for a telemetry batch.
+
+        A telemetry batch goes on as many messages as the worker's limit (:meth:`Contract.receive_bytes`)
+        needs; a record over that limit alone stops the episode's capture (:meth:`CaptureReport.stop`): it and
+        every later record stay here, EpisodeEnd tells the worker to keep none of the episode, and the run
+        goes on.
+        """
         if isinstance(item, OutRequest):
-            return observation_request_bytes(
+            return [observation_request_bytes(
                 self._fit(item.obs), self.contract, episode_id=self.episode_id, request_id=item.request_id,
                 history=[self._fit(h) for h in item.history], chunk_tail=item.chunk_tail,
                 expected_delay_actions=item.expected_delay_actions, last_action=item.last_action,
-                observation_step=item.observation_step, tail_request_id=item.tail_request_id)
-        msg = pb.EpisodeRequest()
+                observation_step=item.observation_step, tail_request_id=item.tail_request_id)]
         if isinstance(item, pb.EpisodeEnd):
+            msg = pb.EpisodeRequest()
             msg.end.CopyFrom(item)
-        else:
-            packed, problems = _pack_telemetry(item, self.contract, self._fit_frames)
-            if problems:
-                self.telemetry_rejected += len(problems)
-                self.telemetry_error = self.telemetry_error or problems[0]
-            msg.telemetry.CopyFrom(packed)
-        return msg
+            if self.report.stopped:
+                msg.end.capture_error = self.report.capture_error
+            return [msg]
+        if self.report.stopped:
+            return []
+        packed = pack_telemetry(item, self.contract, self._fit_frames, self.contract.receive_bytes())
+        self.report.refused(packed.problems)
+        if packed.over_limit:
+            self.report.stop(f'capture of episode {self.episode_id!r} stopped: {packed.over_limit}; the run goes on '
+                             'uncaptured and the worker keeps none of it (send fewer or smaller camera frames: '
+                             'troubleshooting, CaptureError)')
+        return [pb.EpisodeRequest(telemetry=telemetry) for telemetry in packed.messages]
 
     def _requests(self, refused: threading.Event) -> Iterator[bytes | pb.EpisodeRequest]:
         """One call's requests: EpisodeStart, what refused calls sent before (again), then the outbox.
@@ -579,14 +715,15 @@ class EpisodeCall:
                     return
                 continue
             try:
-                msg = self._pack(item)
+                msgs = self._pack(item)
             except SequenceAIError as exc:
                 self._fail(exc)
                 return
-            self._before_start.keep(msg)
+            for msg in msgs:
+                self._before_start.keep(msg)
             if refused.is_set():   # this call is over: the next one sends it
                 return
-            yield msg
+            yield from msgs
             if isinstance(item, pb.EpisodeEnd):
                 return
 
@@ -641,8 +778,7 @@ class EpisodeCall:
                         self._fail(error)
                 elif kind == 'ended':
                     self.captured = reply.ended.captured
-                    self.telemetry_rejected += reply.ended.telemetry_rejected
-                    self.telemetry_error = self.telemetry_error or reply.ended.telemetry_error
+                    self.report.ended(reply.ended)
                     self.ended.set()
             if refusal is not None:
                 return refusal
@@ -651,8 +787,28 @@ class EpisodeCall:
         except grpc.RpcError as exc:
             if refusal is not None:   # the refusal came first: the call's end does not matter
                 return refusal
-            self._fail(errors.from_rpc_error(exc))
+            error = _stream_error(exc)
+            if isinstance(error, CaptureError):   # said in the outcome too, when it came as the episode ended
+                self.report.stop(str(error))
+            self._fail(error)
         except Exception as exc:  # a bug in a callback must not kill the episode silently
             LOG.exception('episode %s: reader failed', self.episode_id)
             self._fail(ConnectionLost(f'episode reader failed: {type(exc).__name__}: {exc}'))
         return None
+
+
+def _stream_error(exc: grpc.RpcError) -> SequenceAIError:
+    """The typed error of a failed Episode call; a message over the worker's transport limit is not Overloaded.
+
+    gRPC reports a message larger than the receiver's limit as RESOURCE_EXHAUSTED (``Received message larger
+    than max (N vs. M)``), which is otherwise the worker's OVERLOADED. This client packs telemetry within the
+    limit its contract implies; a worker with a smaller one (an older release) still refuses a large message:
+    that is a :class:`~sequence_ai_ros.exceptions.CaptureError` naming both sizes, never "add replicas".
+    """
+    details = str(exc.details() or '') if hasattr(exc, 'details') else ''
+    if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and 'larger than max' in details:
+        return CaptureError(f'the worker refused a message over its message limit ({details}): a capture record '
+                            'with large camera frames, sent to a worker that accepts less than this client packs '
+                            'for (an older release?); the stream ended. Upgrade the worker, or capture without '
+                            'images (seq policy capture NAME --no-images) or with smaller camera frames')
+    return errors.from_rpc_error(exc)

@@ -34,6 +34,10 @@ ACT_TEMPORAL_ENSEMBLE_COEFF = 0.01
 MAX_CHUNK_LENGTH = 10_000
 #: Characters of client-supplied text echoed in an error message.
 ECHO_LIMIT = 100
+#: The least a worker accepts in one message of an Episode stream (bytes): a telemetry message carries camera
+#: frames the contract may not declare (capture keeps every camera the robot has), one frame of two 1080p
+#: JPEGs of noise is ~6 MB, so this floor leaves room for a frame of several large cameras.
+MIN_RECEIVE_BYTES = 16 << 20
 
 
 def clip(text: object, limit: int = ECHO_LIMIT) -> str:
@@ -207,6 +211,13 @@ class Contract:
         per_frame = sum((c.width or 1920) * (c.height or 1080) * 3 for c in self.observation.cameras)
         return per_frame * max(1, self.observation.history) + (1 << 20)
 
+    def receive_bytes(self) -> int:
+        """The largest message a worker serving this contract accepts on an Episode stream (bytes).
+
+        :func:`receive_limit` of :meth:`max_message_bytes`: the robot packs telemetry into messages no larger.
+        """
+        return receive_limit(self.max_message_bytes())
+
     def to_proto(self, *, ready: bool = False, eta_seconds: float = 0.0) -> pb.Contract:
         """Return the handshake's ``Contract`` message."""
         obs = self.observation
@@ -284,3 +295,15 @@ def check_names(given: Sequence[str], expected: Sequence[str], what: str) -> Non
     detail = f'missing {_clip_seq(missing)}' if missing else ''
     detail += (', ' if detail and extra else '') + (f'unexpected {_clip_seq(extra)}' if extra else '')
     raise ContractViolation(f'{what} names differ from the contract: {detail or "order differs"}')
+
+
+def receive_limit(max_message_bytes: int) -> int:
+    """The largest message (bytes) a worker accepts on an Episode stream, given its largest contract's request.
+
+    Four times the largest request (so an oversized observation reaches the worker and gets a typed
+    CONTRACT_VIOLATION, not a transport error that kills the stream), and at least :data:`MIN_RECEIVE_BYTES`
+    (a telemetry message with the robot's own cameras). The worker sets its transport limit to this over its
+    contracts; a robot packs each telemetry message within it for its contract (:meth:`Contract.receive_bytes`),
+    which is never more than the worker's.
+    """
+    return max(MIN_RECEIVE_BYTES, 4 * int(max_message_bytes))

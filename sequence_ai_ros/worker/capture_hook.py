@@ -125,6 +125,23 @@ class EpisodeRecorder:
                 got = ep.rejections()
                 self.rejected, self.rejected_first = got['telemetry_rejected'], got['telemetry_error']
 
+    def abort(self, why: str) -> None:
+        """Keep none of this episode (its partial data is aborted), for ``why`` (told to the robot); the run is kept.
+
+        The robot stopped its capture (EpisodeEnd.capture_error: a record over the message limit), so what came
+        before is not a whole episode. Its run is still recorded at :meth:`commit` (``captured`` 0).
+        """
+        with self._lock:
+            ep, self._ep = self._ep, None
+            if ep is None:
+                return
+            LOG.warning('capture of episode %s not kept: %s', self.episode_id, why)
+            self.capture_error = self.capture_error or f'episode {self.episode_id!r} not kept: {why}'
+            try:
+                ep.abort()
+            except Exception as abort_exc:
+                LOG.error('capture abort of %s failed: %s', self.episode_id, abort_exc)
+
     def commit(self, reason: str, stats: dict[str, Any]) -> bool:
         """Commit the episode atomically (when captured) and record the run; return True when it was stored.
 

@@ -553,11 +553,17 @@ class EpisodeCallHandler:
 
         A value outside its limit (a NaN latency, an unprintable reason) is refused alone: the robot gets
         a CONTRACT_VIOLATION naming it, and the episode ends without it (a refused reason ends it as ``error``).
+        With ``capture_error`` (the robot stopped its capture) none of the episode's data is kept, and
+        EpisodeEnded's ``capture_error`` says so.
         """
         reason, stats, bad = limits.end_stats(end)
         replies = [_error(refuse(self.runtime, exc)) for exc in bad]
         if self.active is None:
             return [*replies, pb.EpisodeReply(ended=pb.EpisodeEnded(episode_id=self.episode_id, captured=False))]
+        if end.capture_error:     # the robot stopped its capture: what came is not the whole episode
+            recorder = self.active.recorder
+            why = f'the robot stopped its capture: {clip(limits.printable(end.capture_error), 400)}'
+            await self._io(lambda: recorder.abort(why))
         failure = await self._end_episode(reason, stats)
         return [*replies, pb.EpisodeReply(ended=self._ended(self.active.episode.id, self.active.captured, failure))]
 

@@ -46,6 +46,7 @@ from sequence_ai_ros.home import usage_file
 from sequence_ai_ros.malloc_tuning import tune_malloc
 from sequence_ai_ros.policy.loader import PolicyDefinition, load_policy_file
 from sequence_ai_ros.protocol import AUTH_METADATA, errors, messages
+from sequence_ai_ros.protocol.contract import receive_limit
 from sequence_ai_ros.worker.auth import authorized
 from sequence_ai_ros.worker.capture_hook import open_store
 from sequence_ai_ros.worker.config import ServerConfig, field_names
@@ -383,8 +384,9 @@ class WorkerServer:
     async def _build(self, config: ServerConfig) -> tuple[grpc.aio.Server, PolicyServicer, HealthStatuses]:
         # The transport accepts 4x the largest contract's request, so that an oversized observation gets a
         # typed in-stream CONTRACT_VIOLATION (checked per request against its own contract) instead of a
-        # transport error that kills the stream.
-        max_bytes = max(4 << 20, 4 * max(r.max_message_bytes for r in self.runtimes.values()))
+        # transport error that kills the stream, and at least MIN_RECEIVE_BYTES: the robot packs its telemetry
+        # (camera frames of cameras no contract declares) within receive_limit of its contract, never more.
+        max_bytes = receive_limit(max(r.max_message_bytes for r in self.runtimes.values()))
         options = [('grpc.max_receive_message_length', max_bytes),
                    ('grpc.max_send_message_length', messages.MAX_CHUNK_BYTES),
                    ('grpc.so_reuseport', 0), ('grpc.server_handshake_timeout_ms', HANDSHAKE_TIMEOUT_MS),
