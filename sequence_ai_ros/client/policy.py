@@ -697,6 +697,8 @@ class Policy:
                                       daemon=True)
             self._closers = [t for t in self._closers if t.is_alive()] + [closer]
             closer.start()
+        if ep.stream.capture_error and not out.capture_error:   # the robot stopped it, or the worker did not keep it
+            out = dataclasses.replace(out, capture_error=ep.stream.capture_error)
         ep.closed = out
         return out
 
