@@ -241,7 +241,7 @@ class EpisodeCallHandler:
         self._waiter: asyncio.Future | None = None   # what _await_inference sleeps on (loop thread)
         self._cut = 'shutdown'             # the reason of a cut by the worker (shutdown, drain_timeout, rollout)
         self._started_at: float | None = None   # when EpisodeStart came (monotonic s): time to first chunk
-        self._underruns = UnderrunWatch()  # underruns in this episode's telemetry, live
+        self._underruns = UnderrunWatch(runtime.contract.dt)  # underruns in this episode's telemetry, live
 
     def shutdown(self, reason: str = 'shutdown') -> None:
         """Ask the stream to end its episode (:data:`CUT_WHY`'s reasons) and close; at once; any thread."""

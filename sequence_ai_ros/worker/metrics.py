@@ -466,27 +466,40 @@ class UnderrunWatch:
     """Underruns of one episode as its telemetry shows them, batch by batch (not only at EpisodeEnd).
 
     An underrun starts at a frame whose ``hold_reason`` is ``underrun`` after one that was not; its held time
-    is the robot-clock time from the frame before it to the last frame in underrun, each gap bounded by
-    :data:`MAX_TELEMETRY_GAP_S`. Frames come at the capture rate, so the seconds are as fine as that rate.
+    is the time from the frame before it to the last frame in underrun, each gap bounded by
+    :data:`MAX_TELEMETRY_GAP_S`, on the robot's tick clock: a frame's ``step_start`` (its control deadline on
+    the chunk-step axis) times the policy's ``dt``. A robot that stamps every tick with the same time (one
+    ``Observation`` object reused) still ticks. Frames without a step span (an older client) fall back to
+    their ``robot_time_s``. Frames come at the capture rate, so the seconds are as fine as that rate.
+
+    :param dt: the policy's action period (s): one chunk step.
     """
 
-    __slots__ = ('_in_underrun', '_last_t')
+    __slots__ = ('_dt', '_in_underrun', '_last')
 
-    def __init__(self) -> None:
+    def __init__(self, dt: float = 0.0) -> None:
+        self._dt = float(dt) if math.isfinite(dt) and dt > 0 else 0.0
         self._in_underrun = False
-        self._last_t: float | None = None
+        self._last: tuple[bool, float] | None = None   # (on the tick clock, the time), of the frame before
+
+    def _clock(self, frame: Any) -> tuple[bool, float]:
+        """(True, its tick time) for a frame with a step span (when dt is known), else (False, its robot time)."""
+        if self._dt and frame.step_end > frame.step_start:
+            return True, frame.step_start * self._dt
+        return False, frame.robot_time_s
 
     def observe(self, frames: Any) -> tuple[int, float]:
         """Return (underruns begun, seconds held in underrun) in ``frames`` (TelemetryFrame messages, in order)."""
         count, seconds = 0, 0.0
         for frame in frames:
-            t = frame.robot_time_s
+            ticked, t = self._clock(frame)
             under = frame.hold_reason == 'underrun'
             if under and not self._in_underrun:
                 count += 1
-            if under and self._last_t is not None and math.isfinite(t) and t > self._last_t:
-                seconds += min(t - self._last_t, MAX_TELEMETRY_GAP_S)
+            last = self._last
+            if under and last is not None and last[0] == ticked and math.isfinite(t) and t > last[1]:
+                seconds += min(t - last[1], MAX_TELEMETRY_GAP_S)
             self._in_underrun = under
             if math.isfinite(t):
-                self._last_t = t
+                self._last = (ticked, t)
         return count, seconds

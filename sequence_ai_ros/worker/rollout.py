@@ -246,6 +246,13 @@ class Rollouts:
                       'failed until a version that loads is deployed: %s', name, version, why)
         self._on_failed(name)
 
+    def running_episodes(self, name: str) -> int:
+        """Episodes still running on the versions of ``name`` this rollout holds (an old version finishing its own).
+
+        A deployment ``seq delete --force`` removed during a rollout keeps its metrics until these ended too.
+        """
+        return sum(len(r.running_episodes()) for r in list(self._held) if r.name == name)
+
     def _giving_up(self) -> bool:
         """True once the worker drains or stops: rollouts start nothing more."""
         return self._stopping.is_set() or self._held_now()
