@@ -113,3 +113,37 @@ def test_the_round_trips_carry_over_to_the_next_implicit_episode(serve):
         assert second.chunks >= 2
         # Every answer of both episodes is in the one window; only the connection's first was the cold one.
         assert len(policy.latency.samples()) == first.chunks + second.chunks - 1
+
+
+def test_a_loop_on_its_own_grid_reads_its_counts_from_the_ledger(serve):
+    """start_ticks/hold_tick/end_ticks and stats(): the ledger counts every deadline, the node's way.
+
+    The loop begins the episode at deadline 100 of its own grid, holds twice without asking (before its
+    first request), asks at every other deadline (a dry run's tick is held: it commanded nothing), skips
+    three, and ends at deadline 150: the live counts and the outcome's cover the 50 deadlines once.
+    """
+    endpoint = serve(dt=0.01, chunk_length=20)
+    with connect('lat', endpoint=endpoint) as policy:
+        policy.wait_until_ready(timeout=30)
+        policy.begin_episode('pick', max_seconds=30)
+        policy.start_ticks(100)
+        robot = CountingRobot()
+        assert policy.hold_tick(101, 'waiting') and policy.hold_tick(102, 'waiting')
+        dry = 0
+        for k in [*range(103, 120), *range(123, 140)]:
+            action = policy.next_action(robot.observe(), grid_index=k)
+            if action is not None and not action.hold and k % 2:
+                policy.report_command(None, hold_reason='dry_run')
+                dry += 1
+            time.sleep(0.01)
+        live = policy.stats()
+        through = live['ticks_grid_index']                    # a hold the tick did not report commits at the next
+        assert through in (138, 139), live
+        assert live['commands_sent'] + live['ticks_held'] + live['ticks_skipped'] == through - 100, live
+        assert live['ticks_skipped'] == 3 and live['ticks_held'] >= 2 + dry, live
+        policy.end_ticks(150)
+        assert not policy.hold_tick(145, 'ended')             # counted already (skipped): not twice
+        out = policy.end_episode()
+        assert out.commands_sent + out.ticks_held + out.ticks_skipped == 50, out
+        assert out.ticks_skipped == 3 + 11 and dry > 0 and out.commands_sent > 0, out
+        assert not policy.hold_tick(151, 'ended')             # the episode is over: nothing to count

@@ -80,3 +80,34 @@ def test_the_first_command_clamped_executes_what_the_controller_received() -> No
     clamped = (measured + np.float32(0.0005)).astype(np.float32)
     assert ledger.report(clamped, clamped=True)
     np.testing.assert_allclose(committed[0].executed, clamped - measured, atol=1e-7)
+
+
+def test_the_ledger_counts_every_deadline_from_the_origin_holds_without_a_record_included() -> None:
+    """start(), hold(), open() on the caller's grid and end(): sent + held + skipped = the episode's deadlines.
+
+    The caller's grid has its own origin (deadline 40 is the episode's start); a hold without a record (an
+    invalid observation, before the first request) is counted but never reaches capture; a dry run's tick
+    is held; end() counts the deadlines after the last tick, and a tick racing it is not counted twice.
+    """
+    committed: list[Step] = []
+    ledger = StepLedger(ActionSpace.JOINT_ABSOLUTE)
+    ledger.sink = committed.append
+    ledger.start(40)
+    assert ledger.hold(41, 'waiting') and ledger.hold(42, 'refused')         # before the first request
+    ledger.open(_step(0, [0.1, 0.1], [0.1, 0.1]), 43)                         # the engine's own grid starts at 0
+    ledger.open(_step(1, [0.2, 0.2], [0.2, 0.2]), 46)                         # 44, 45 skipped; 43 committed
+    assert ledger.report(None, hold_reason='dry_run')                         # a dry run sends nothing: held
+    counts = ledger.counts()
+    assert (counts.commands_sent, counts.ticks_held, counts.ticks_skipped, counts.grid_index) == (1, 3, 2, 46)
+    ledger.end(50)                                                            # 47..50 no tick served
+    assert not ledger.hold(49, 'ended')                                       # raced the end: counted once
+    counts = ledger.counts()
+    assert counts.commands_sent + counts.ticks_held + counts.ticks_skipped == 50 - 40, counts
+    assert (counts.commands_sent, counts.ticks_held, counts.ticks_skipped) == (1, 3, 6)
+    assert [s.hold_reason for s in committed] == ['', 'dry_run']              # the holds made no record
+    try:
+        ledger.hold(51, 'tired')
+    except ValueError:
+        pass
+    else:
+        raise AssertionError('an unknown hold_reason was counted')

@@ -38,6 +38,7 @@ from sequence_ai_ros.protocol import DRAINING
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import Contract
 from sequence_ai_ros.protocol.spaces import ActionSpace
+from sequence_ai_ros.protocol.timeline import HOLD_REASONS
 from sequence_ai_ros.protocol.types import Action, Observation
 
 LOG = logging.getLogger(__name__)
@@ -72,9 +73,9 @@ class _OpenEpisode:
 
     def counted(self, out: RunOutcome) -> RunOutcome:
         """``out`` with the ledger's tick counts (commands_sent, ticks_held, ticks_skipped) so far."""
-        ledger = self.ledger
-        return dataclasses.replace(out, commands_sent=ledger.commands_sent, ticks_held=ledger.ticks_held,
-                                   ticks_skipped=ledger.ticks_skipped)
+        counts = self.ledger.counts()
+        return dataclasses.replace(out, commands_sent=counts.commands_sent, ticks_held=counts.ticks_held,
+                                   ticks_skipped=counts.ticks_skipped)
 
     def capture(self, step: Step) -> None:
         """The ledger's sink: one committed step, one telemetry record (when the episode is captured)."""
@@ -490,9 +491,70 @@ class Policy:
         return None if out is None else ep.told(ep.counted(out))
 
     def stats(self) -> dict[str, Any]:
-        """Live numbers of the current (or last) episode: buffer_s, actions, chunks, underruns, latency..."""
+        """Live numbers of the current (or last) episode: buffer_s, actions, chunks, underruns, latency...
+
+        With its tick counts so far, as its :class:`RunOutcome` has them at the end: ``commands_sent`` (ticks
+        that executed a fresh policy action), ``ticks_held`` (ticks that held, any reason, a dry run's
+        included), ``ticks_skipped`` (control deadlines no tick served), and ``ticks_grid_index``: the last
+        control deadline they cover on the caller's grid (the ``grid_index`` its ticks gave), or None before
+        any. A tick whose record is not committed yet (the latest hold, until the next tick) is not counted.
+        """
         ep = self._episode
-        return ep.engine.stats() if ep is not None else {}
+        if ep is None:
+            return {}
+        counts = ep.ledger.counts()
+        return {**ep.engine.stats(), 'commands_sent': counts.commands_sent, 'ticks_held': counts.ticks_held,
+                'ticks_skipped': counts.ticks_skipped, 'ticks_grid_index': counts.grid_index}
+
+    # -- a control loop's ticks that asked for no action (the ROS node) -------------------------------------
+
+    def start_ticks(self, grid_index: int) -> None:
+        """Count the open episode's ticks from the control deadline after ``grid_index`` (its start).
+
+        For a loop on its own grid that begins the episode before its first tick (the ROS node, right after
+        :meth:`begin_episode`): every deadline after ``grid_index`` is then the episode's, counted as a tick
+        (``commands_sent`` or ``ticks_held``) or as skipped, those before the first :meth:`next_action`
+        included. Without it the counts start at the first tick. Never blocks; does nothing without an open
+        episode, or once a tick was counted.
+        """
+        ep = self._episode
+        if ep is not None and ep.closed is None:
+            ep.ledger.start(grid_index)
+
+    def hold_tick(self, grid_index: int | None, hold_reason: str) -> bool:
+        """Count a control tick of the open episode that held without calling :meth:`next_action`.
+
+        For a loop that holds the arm on its own (the ROS node: an invalid observation, before its first
+        request, a tick that found the episode over or stopping): the tick is counted in ``ticks_held``, so
+        the counts cover every deadline. It makes no record: a captured episode's export shows its deadline
+        as a gap (a held row). Never blocks.
+
+        :param grid_index: the control deadline the tick serves, on the grid of the ``grid_index`` given to
+            :meth:`next_action` and :meth:`start_ticks`; None counts the tick without placing it.
+        :param hold_reason: why, one of :data:`~sequence_ai_ros.protocol.timeline.HOLD_REASONS`
+            (``waiting``, ``refused``, ``ended``...).
+        :returns: True when counted; False without an open episode, or for a deadline already counted (a
+            tick that raced :meth:`end_ticks`).
+        :raises ValueError: for an unknown hold_reason.
+        """
+        ep = self._episode
+        if ep is None or ep.closed is not None:
+            if hold_reason not in HOLD_REASONS:
+                raise ValueError(f'unknown hold_reason {hold_reason!r}; expected one of {HOLD_REASONS}')
+            return False
+        return ep.ledger.hold(grid_index, hold_reason)
+
+    def end_ticks(self, grid_index: int) -> None:
+        """Count the open episode's deadlines up to ``grid_index`` (included) that no tick served as skipped.
+
+        For a loop on its own grid ending the episode (the ROS node, before :meth:`end_episode`):
+        ``grid_index`` is the episode's last control deadline, so a stall across the end is counted as the
+        ones between two ticks are. A tick after this at a deadline already counted is not counted again.
+        Never blocks; does nothing without an open episode.
+        """
+        ep = self._episode
+        if ep is not None and ep.closed is None:
+            ep.ledger.end(grid_index)
 
     def chunk_horizon(self) -> tuple[int, float, float, Any] | None:
         """The playing chunk of the open episode: (number, next row position, dt (s), float32 (T, D) rows), or None.
@@ -630,7 +692,7 @@ class Policy:
         if ep.engine.settings.instruction and not obs.instruction:
             obs = dataclasses.replace(obs, instruction=ep.engine.settings.instruction)
         action = ep.engine.tick(obs, now, grid_index)
-        ep.ledger.open(ep.engine.step)          # the previous tick's record is committed as it stands
+        ep.ledger.open(ep.engine.step, grid_index)   # the previous tick's record is committed as it stands
         if ep.engine.outcome() is not None:
             ep.ledger.drop()                    # a tick after the end is not the episode's
         return action

@@ -104,8 +104,33 @@ class Step:
         self.completed = True
 
 
+@dataclasses.dataclass(frozen=True)
+class TickCounts:
+    """An episode's control ticks as its :class:`StepLedger` counted them, read at one instant.
+
+    Every control deadline of the episode from its first (the grid's origin, :meth:`StepLedger.start`) to
+    ``grid_index`` is counted once: ``commands_sent + ticks_held + ticks_skipped`` = the deadlines in
+    ``(origin, grid_index]`` (from the first tick when no origin was set).
+
+    :param commands_sent: ticks that executed a fresh policy action.
+    :param ticks_held: ticks that held instead, any reason (a dry run's included: it sent nothing to the robot).
+    :param ticks_skipped: control deadlines no tick served (a callback overran the period, or a stall).
+    :param grid_index: the last deadline the counts cover, on the caller's grid (the ``grid_index`` its
+        ticks gave, else the engine's estimate); None before any tick and without an origin.
+    """
+
+    commands_sent: int = 0
+    ticks_held: int = 0
+    ticks_skipped: int = 0
+    grid_index: int | None = None
+
+
 class StepLedger:
     """Commits an episode's steps in order: executed values, counts, the engine's feedback, capture.
+
+    The ledger is the one owner of the episode's tick counts (:class:`TickCounts`): a tick that asked for an
+    action is counted when its step commits; a tick that held without asking (:meth:`hold`) and the deadlines
+    no tick served (:meth:`skip_to`, :meth:`end`) are counted here too, on the caller's control grid.
 
     :param space: the contract's action space.
     :param on_target: called with each committed joint_delta target (float32 (A,)), which the engine
@@ -122,12 +147,19 @@ class StepLedger:
         self.sink: Callable[[Step], None] | None = None
         self._early: list[Step] | None = []        # committed before the capture decision (EpisodeStarted)
         self.pending: Step | None = None
+        self._pending_grid = 0                     # the pending step's deadline on the caller's grid
         self.warn_overruns = True                  # the node counts its own skipped ticks and says so
         self._target: np.ndarray | None = None     # joint_delta: the robot's last commanded target
-        self._last_grid: int | None = None
+        self._last_grid: int | None = None         # the last deadline counted (served or skipped)
+        self._ended = False                        # end(): the deadlines up to the episode's last are counted
         self.commands_sent = 0      # ticks that executed a fresh policy action
         self.ticks_held = 0         # ticks that held instead (any reason)
         self.ticks_skipped = 0      # control deadlines no tick served (a callback overran the period)
+
+    def counts(self) -> TickCounts:
+        """The tick counts so far, read together (any thread)."""
+        with self._lock:
+            return TickCounts(self.commands_sent, self.ticks_held, self.ticks_skipped, self._last_grid)
 
     def set_sink(self, sink: Callable[[Step], None] | None) -> None:
         """Decide capture (at EpisodeStarted): ``sink`` takes every committed step, those before it included."""
@@ -138,11 +170,27 @@ class StepLedger:
                 for step in early:
                     sink(step)
 
-    def open(self, step: Step | None) -> None:
-        """Take the engine's new step; the previous one is committed first, as it stands."""
+    def start(self, grid_index: int) -> None:
+        """Make ``grid_index`` the grid's origin: the deadlines after it are the episode's, each a tick or a skip.
+
+        For a caller that begins the episode before its first tick (the node): without it the counts start at
+        the first tick. Ignored once a tick was counted.
+        """
+        with self._lock:
+            if self._last_grid is None and not (self.commands_sent or self.ticks_held):
+                self._last_grid = int(grid_index)
+
+    def open(self, step: Step | None, grid_index: int | None = None) -> None:
+        """Take the engine's new step; the previous one is committed first, as it stands.
+
+        :param grid_index: the deadline the step serves on the caller's grid, which the counts use (None: the
+            step's own ``grid_index``).
+        """
         with self._lock:
             self.commit()
             self.pending = step
+            if step is not None:
+                self._pending_grid = step.grid_index if grid_index is None else int(grid_index)
 
     def drop(self) -> None:
         """Forget the pending step without committing it (a tick after the episode's end)."""
@@ -162,6 +210,28 @@ class StepLedger:
             self.commit()
             return True
 
+    def hold(self, grid_index: int | None, hold_reason: str) -> bool:
+        """Count a tick that held without asking for an action (no step: capture shows its deadline as a gap).
+
+        The pending step is committed first. A deadline already counted (served, or skipped by :meth:`end`)
+        is not counted again: return False then.
+
+        :param grid_index: the deadline the tick serves on the caller's grid, or None (counted, no skips).
+        :param hold_reason: why, one of :data:`~sequence_ai_ros.protocol.timeline.HOLD_REASONS`.
+        :raises ValueError: for an unknown hold_reason.
+        """
+        if hold_reason not in HOLD_REASONS:
+            raise ValueError(f'unknown hold_reason {hold_reason!r}; expected one of {HOLD_REASONS}')
+        with self._lock:
+            self._commit()
+            if grid_index is not None:
+                if self._last_grid is not None and grid_index <= self._last_grid:
+                    return False
+                self._skip(grid_index)
+                self._last_grid = grid_index
+            self.ticks_held += 1
+            return True
+
     def commit(self) -> Step | None:
         """Commit the pending step (its command as completed, or as the engine made it); return it."""
         with self._lock:
@@ -173,12 +243,15 @@ class StepLedger:
             return None
         step.completed = True
         step.executed = self._executed(step)
-        self._skip(step.grid_index)
-        self._last_grid = step.grid_index
-        if step.held:
-            self.ticks_held += 1
-        else:
-            self.commands_sent += 1
+        grid = self._pending_grid
+        # after end() a tick at a deadline already counted (it raced the end) is not counted twice
+        if not (self._ended and self._last_grid is not None and grid <= self._last_grid):
+            self._skip(grid)
+            self._last_grid = grid
+            if step.held:
+                self.ticks_held += 1
+            else:
+                self.commands_sent += 1
         if self.sink is not None:
             self.sink(step)
         elif self._early is not None and len(self._early) < MAX_EARLY_STEPS:
@@ -195,6 +268,17 @@ class StepLedger:
             self._skip(grid_index)
             if self._last_grid is not None:
                 self._last_grid = max(self._last_grid, grid_index - 1)
+
+    def end(self, grid_index: int) -> None:
+        """Count the deadlines after the last counted one up to ``grid_index`` (included) as skipped: the end.
+
+        ``grid_index`` is the episode's last deadline on the caller's grid (the pending step is committed
+        first). A tick after this at a deadline already counted is not counted again.
+        """
+        with self._lock:
+            self._commit()
+            self.skip_to(grid_index + 1)
+            self._ended = True
 
     def _skip(self, grid_index: int) -> None:
         if self._last_grid is None:
