@@ -1208,7 +1208,7 @@ def test_the_skip_count_never_falls_on_a_robot_up_twelve_days(monkeypatch):
     (Health.update) and adds the whole new value to the window: after N real skips, each fall adds N - 1 to
     the ticks_skipped WARN/ERROR grading (fed 30, 29, 30, 29 the real Health graded 89 skips in 10 s; fed 0, -1,
     0 it grades 1, a WARN with nothing skipped). On this machine's own clock (~2.2e4 s up) 1 kHz shows it already.
-    The episode's ticks_skipped (Runner.account, until = settled()) falls by one the same way.
+    The episode's ticks_skipped (then Runner.account, until = settled()) fell by one the same way.
     """
     from sequence_ai_ros.node.tick import TickThread
 

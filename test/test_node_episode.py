@@ -226,6 +226,8 @@ def test_dry_run_publishes_nothing_to_the_controller(tmp_path, processes, rclpy_
             assert result.reason == 'timeout'
             assert len(probe.values()) > 20, 'dry run shows what would be commanded on ~/would_command'
             assert not spy, 'dry run published to the controller'
+            # nothing reached the controller: the ticks are held (dry_run), never counted as sent
+            assert result.commands_sent == 0 and result.ticks_held > 20, result
     finally:
         probe.close()
 

@@ -311,7 +311,9 @@ def test_a_dry_run_exports_no_executed_action_and_a_reused_episode_id_is_told(tm
     assert probe.wait_connected(timeout=60), node_log(proc)
     handle = probe.send_goal(instruction='reach', max_seconds=30.0, max_actions=45, episode_id='dry-1')
     result = probe.result(handle, timeout=60)
-    assert result.reason == 'completed' and result.commands_sent > 30, (result, node_log(proc))
+    # a dry run's ticks send nothing to the controller: the client's ledger counts them held (dry_run)
+    assert result.reason == 'completed' and result.commands_sent == 0 and result.ticks_held > 30, \
+        (result, node_log(proc))
     assert probe.values() == [], 'dry run: nothing reaches the controller topic'
     # the same id again: served, not captured, and the goal's result says so
     again = probe.result(probe.send_goal(instruction='reach', max_seconds=5.0, max_actions=10, episode_id='dry-1'),

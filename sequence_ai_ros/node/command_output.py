@@ -259,7 +259,7 @@ class TrajectoryOutput(CommandOutput):
                     # (an episode's first chunk: the measured state, the robot may have been reset since)
                     measured = runner.measured_state()
                     ep = runner.episode
-                    first = ep is not None and ep.sent <= 1
+                    first = ep is not None and ep.first_command
                     if first and measured is not None:
                         last = measured
                     else:

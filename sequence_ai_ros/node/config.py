@@ -246,7 +246,8 @@ class NodeConfig:
     :param token: bearer token, empty for none.
     :param control_rate_hz: commands per second (Hz) on the steady clock.
     :param thread_priority: SCHED_FIFO priority (1-99) of the control thread; 0 for the default scheduler.
-    :param enabled: False is a dry run: everything runs and is reported, nothing is commanded.
+    :param enabled: False is a dry run: everything runs and is reported, nothing is commanded (its ticks
+        count as held).
     :param on_underrun: ``hold`` republishes the last command; ``stop`` publishes nothing.
     :param stamp_source: age measured from the local ``receive`` time or the message ``header`` stamp.
     :param stale_grace_s: a source stale for longer than this (s) mid-run ends the episode ('error').

@@ -76,7 +76,7 @@ class Report:
     scheduling: str = ''          # the control thread's scheduler ('SCHED_FIFO 50', 'default (... refused ...)')
     observing: str = ''           # why there is no observation to report (not configured), else ''
     episode_skipped: int = 0      # control periods of the episode skipped
-    episode_elapsed_s: float = 0.0   # the episode's start to its latest counted tick (s)
+    episode_elapsed_s: float = 0.0   # the episode's start to the latest deadline its counts cover (s)
 
 
 #: The cumulative counters :class:`Health` takes the window's differences of.
@@ -172,7 +172,7 @@ def state_of(runner: Any) -> str:
         return 'error'
     ep = runner.episode
     if ep is not None and not ep.done.is_set():
-        if ep.sent == 0:
+        if not ep.commanded:
             return 'warming'
         return 'holding' if runner.holding else 'running'
     return 'holding' if runner.last_command is not None else 'idle'

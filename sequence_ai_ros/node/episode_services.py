@@ -32,7 +32,7 @@ from sequence_ai_msgs.srv import EndEpisode, Label, StartEpisode
 from std_srvs.srv import Trigger
 
 from sequence_ai_ros.exceptions import ConfigError, ContractViolation, SequenceAIError
-from sequence_ai_ros.node.runner import EpisodeReport, Runner, episode_settings
+from sequence_ai_ros.node.runner import EpisodeCounts, EpisodeReport, Runner, episode_settings
 
 #: Reasons that end an Act goal as succeeded; the others abort it (interrupted: canceled if asked).
 SUCCESS_REASONS = ('completed', 'until', 'timeout')
@@ -199,14 +199,14 @@ class EpisodeServices:
                 stats = dict(self.runner.policy.stats())
             except Exception:  # feedback is best effort
                 stats = {}
-        return Act.Feedback(episode_id=eid, commands_sent=ep.sent if ep is not None else 0,
-                            ticks_held=ep.held if ep is not None else 0,
-                            ticks_skipped=ep.skipped if ep is not None else 0,
+        # the client's counts (its ledger owns them), over the time they cover: to the latest deadline they
+        # count, not to now, so a control thread that has not run for a while (load), or an episode that has
+        # stopped, adds no periods the counts lack
+        counts = self.runner.counts() if ep is not None and ep.id == eid else EpisodeCounts()
+        return Act.Feedback(episode_id=eid, commands_sent=counts.commands_sent, ticks_held=counts.ticks_held,
+                            ticks_skipped=counts.ticks_skipped,
                             chunks=int(stats.get('chunks', 0)), underruns=int(stats.get('underruns', 0)),
-                            buffer_s=float(stats.get('buffer_s', 0.0)),
-                            # to the latest counted tick, not to now: a control thread that has not run for a
-                            # while (load), or an episode that has stopped, adds no periods the counts lack
-                            elapsed_s=ep.accounted_until - ep.started if ep is not None else 0.0)
+                            buffer_s=float(stats.get('buffer_s', 0.0)), elapsed_s=counts.elapsed_s)
 
     @staticmethod
     def _result(r: EpisodeReport) -> Act.Result:

@@ -439,6 +439,7 @@ class PolicyNode(LifecycleNode):
                 stats = {'error': str(exc)}
         snap = r.last_snapshot
         ep = r.episode
+        counts = r.counts()     # the client's (its ledger owns them), live or the ended episode's
         last = r.last_result
         message = ''
         if last is not None and (ep is None or ep.done.is_set()):
@@ -474,9 +475,8 @@ class PolicyNode(LifecycleNode):
             connection=connection, connection_error=connection_error, ready=r.ready, enabled=self.enabled,
             stats=stats, clamps=self.safety.clamps, clamp_counts=self.safety.counts(),
             jitter_ms=jitter, rate_hz=self.cfg.control_rate_hz, ticks_skipped=skipped,
-            sent=ep.sent if ep is not None else 0, held=ep.held if ep is not None else 0,
-            episode_skipped=ep.skipped if ep is not None else 0,
-            episode_elapsed_s=ep.accounted_until - ep.started if ep is not None else 0.0,
+            sent=counts.commands_sent, held=counts.ticks_held, episode_skipped=counts.ticks_skipped,
+            episode_elapsed_s=counts.elapsed_s,
             problems=list(snap.problems) if snap else [],
             ages=dict(snap.ages) if snap else {}, message=message, dropped_telemetry=dropped,
             telemetry_rejected=r.totals.telemetry_rejected,

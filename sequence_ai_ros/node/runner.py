@@ -66,11 +66,13 @@ class ControlGrid(Protocol):
 
 @dataclasses.dataclass
 class EpisodeRun:
-    """One episode as the node tracks it, and the owner of its tick counts (``sent``, ``held``, ``skipped``).
+    """One episode as the node tracks it: its span on the control thread's grid, and how it ends.
 
-    The counts are the node's own, on the control thread's grid: every period of the episode is a tick
-    counted in ``sent`` or ``held``, or a ``skipped`` one. The client's ledger counts only the ticks that
-    asked it for an action (see :meth:`count`), so the Act feedback and result, ~/status and the log read these.
+    Its tick counts are the client's (the episode's ``StepLedger``, one owner): the node tells the client
+    where the episode starts and ends on its grid (``Policy.start_ticks``, ``Policy.end_ticks``) and every
+    tick that held without asking for an action (``Policy.hold_tick``), and reads the counts back
+    (``Policy.stats()`` live, the outcome at the end; :meth:`Runner.counts`), so every period of the episode
+    is a tick counted in ``commands_sent`` or ``ticks_held``, or a skipped one.
 
     :param id: episode id.  :param instruction: the pinned task.  :param max_seconds: limit (s).
     :param started: ``time.monotonic()`` at begin (s).
@@ -83,25 +85,15 @@ class EpisodeRun:
     goal_at: float = -float('inf')  # ``time.monotonic()`` when the goal arrived (before begin_episode): the
                                     # first request is built from an observation received after it
     requested: bool = False         # the client has been given the episode's first observation
+    commanded: bool = False         # a tick has decided one of the policy's actions (sent, or to a dry run)
+    first_command: bool = False     # the latest such tick was the episode's first
     end_reason: str = ''          # set when the node (not the client) ends it
     message: str = ''
     stopped: bool = False         # the control thread no longer asks the client for actions
     stale_since: float | None = None
-    sent: int = 0                 # control ticks that commanded one of the policy's actions
-    skipped: int = 0              # control periods of the episode no tick served (the thread fell behind):
-                                  # its periods (see account) less the ticks counted in sent and held
-    held: int = 0                 # control ticks that held instead (invalid observation, underrun, before the
-                                  # first chunk, a refused command, the tick that found the episode over),
-                                  # whether a hold was published or not (on_underrun 'stop'):
-                                  # sent + held + skipped ticks = the episode's periods
-    last_tick: float = 0.0        # monotonic time of the latest tick counted in sent or held (s)
-    accounted_until: float = 0.0  # sent + held + skipped cover the periods from started to here (s): the
-                                  # latest counted tick, then the stop (feedback and ~/status elapsed_s)
     grid: ControlGrid | None = None   # the control thread's grid the episode started on (Runner.grid)
     first_index: int = -1         # its periods are that grid's deadlines after this index ...
-    accounted_index: int = -1     # ... up to this one, so far (sent + held + skipped cover them)
-    end_index: int | None = None  # ... and at most this one: what the grid had decided at the stop (a later
-                                  # deadline's tick no longer counts for the episode)
+    end_index: int | None = None  # ... and at most this one: what the grid had decided at the stop
     stopped_at: float | None = None   # monotonic time the node stopped asking for actions (s)
     outcome: Any = None           # the client's RunOutcome once ended
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
@@ -111,53 +103,42 @@ class EpisodeRun:
         if not self.stopped:
             self.stopped_at = time.monotonic() if now is None else now
             if self.grid is not None:
-                self.end_index = max(self.accounted_index,
+                self.end_index = max(self.first_index,
                                      min(self.grid.index_at(self.stopped_at), self.grid.settled_index()))
             self.stopped = True
 
-    def count(self, now: float, *, sent: bool) -> None:
-        """Count the control tick at ``now`` (s) in ``sent`` (it commanded one of the policy's actions) or ``held``.
-
-        Every tick the node serves for the episode is counted here, those that never asked the client for an
-        action included (an invalid observation, before the first request, a tick that raced the stop).
-        """
-        if sent:
-            self.sent += 1
-        else:
-            self.held += 1
-        self.last_tick = now
-        if self.grid is not None and self.end_index is not None:   # counted after the stop: its deadline is the
-            self.end_index = max(self.end_index, self.grid.current_index())   # episode's (it saw no stop)
-        self.account(now)
-
-    def account(self, until: float) -> None:
-        """Set ``skipped``: the episode's control periods up to ``until`` (s) no counted tick served.
-
-        A period is a deadline of the control thread's grid in (start, until]; each one got a tick counted in
-        ``sent`` or ``held``, or none (the thread was late by more than a period, or stalled). Counting them on
-        the grid, not as the pacer notices them one tick late, keeps a stall across the episode's start or end
-        on the right side of it. ``until`` is cut to what the grid has decided (a deadline not yet a period
-        old may still get its tick) and to the episode's end: the counts are exact at every call, and
-        ``accounted_until`` (elapsed_s) never outruns them.
-        """
-        grid = self.grid    # its own grid: a re-activate before its end starts another one
-        if grid is None:
-            self.accounted_until = max(until, self.accounted_until)
-            return
-        # a deadline not decided yet may still get its tick; after the stop, ticks no longer count
-        last = min(grid.index_at(until), grid.settled_index())
-        if self.end_index is not None:
-            last = min(last, self.end_index)
-        last = max(last, self.accounted_index)
-        self.skipped = max(0, last - self.first_index - self.sent - self.held)
-        self.accounted_index = last
-        self.accounted_until = max(self.started, grid.deadline_s(last))
-
     def served_before_stop(self) -> bool:
-        """Whether this tick's deadline came before the episode's stop though the tick saw the stop (a race)."""
+        """Whether this tick's deadline came before the episode's stop though the tick saw the stop (a race).
+
+        The client counts such a tick once (``Policy.hold_tick`` refuses a deadline it already counted).
+        """
         if self.grid is None or self.end_index is None:
             return False
-        return self.accounted_index < self.grid.current_index() <= self.end_index
+        return self.first_index < self.grid.current_index() <= self.end_index
+
+    def elapsed_to(self, grid_index: int | None) -> float:
+        """The episode's time (s) from its start to deadline ``grid_index`` (the last one its counts cover).
+
+        Without a grid: to the stop, or to now.
+        """
+        if self.grid is None:
+            return (self.stopped_at if self.stopped_at is not None else time.monotonic()) - self.started
+        if grid_index is None:
+            return 0.0
+        return max(0.0, self.grid.deadline_s(grid_index) - self.started)
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeCounts:
+    """An episode's tick counts as the client's ledger has them, with the time they cover (~/status, feedback).
+
+    ``commands_sent + ticks_held + ticks_skipped`` = ``elapsed_s`` / the control period, to within one.
+    """
+
+    commands_sent: int = 0
+    ticks_held: int = 0
+    ticks_skipped: int = 0
+    elapsed_s: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -386,6 +367,10 @@ class Runner:
         ep.stop()   # first: the control thread stops asking the client for actions
         policy = self.policy
         assert policy is not None     # an episode runs only on a connected runner, which keeps its Policy
+        if ep.end_index is not None:
+            # the episode's periods run from its start to the node's stop (which the client's own finish may
+            # trail, when its session thread was busy): the client counts those no tick served as skipped
+            policy.end_ticks(ep.end_index)
         try:
             outcome = policy.end_episode(reason=reason)
         except SequenceAIError as exc:
@@ -393,10 +378,7 @@ class Runner:
             ep.end_reason = ep.end_reason or 'error'
         ep.stop()
         ep.outcome = outcome
-        # The episode's periods run from its start to the node's stop (which the client's own finish may trail,
-        # when its session thread was busy): every one is a counted tick or a skipped one.
-        ep.account(ep.stopped_at if ep.stopped_at is not None else time.monotonic())
-        until = ep.accounted_until
+        counts = self._counts(ep, policy, outcome)
         final = ep.end_reason or (outcome.reason if outcome is not None else reason)
         if final == 'error':
             self.totals.episodes_failed += 1
@@ -406,12 +388,12 @@ class Runner:
             note = f'not captured: {outcome.capture_error}'
             ep.message = f'{ep.message}; {note}' if ep.message else note
             self._log('warning', f'episode {ep.id} {note}')
-        report = EpisodeReport(ep.id, final, ep.message, commands_sent=ep.sent, ticks_held=ep.held,
-                               ticks_skipped=ep.skipped)
+        report = EpisodeReport(ep.id, final, ep.message, commands_sent=counts.commands_sent,
+                               ticks_held=counts.ticks_held, ticks_skipped=counts.ticks_skipped)
         if outcome is not None:
             report = dataclasses.replace(
                 report, actions=outcome.actions, chunks=outcome.chunks, underruns=outcome.underruns,
-                underrun_s=outcome.underrun_s, max_seam_jump=outcome.max_seam_jump, elapsed_s=until - ep.started,
+                underrun_s=outcome.underrun_s, max_seam_jump=outcome.max_seam_jump, elapsed_s=counts.elapsed_s,
                 latency_p50_ms=outcome.latency_p50_ms, latency_p95_ms=outcome.latency_p95_ms,
                 dropped_telemetry=outcome.dropped_telemetry, telemetry_rejected=outcome.telemetry_rejected,
                 telemetry_error=outcome.telemetry_error, max_seam_gap=outcome.max_seam_gap,
@@ -423,6 +405,38 @@ class Runner:
             self._log('warning', f'episode {ep.id}: the worker refused {self.last_result.telemetry_rejected} '
                                  f'capture frames (kept without them); first: {self.last_result.telemetry_error}')
         ep.done.set()
+
+    def _counts(self, ep: EpisodeRun, policy: RunnerPolicy, outcome: Any = None) -> EpisodeCounts:
+        """``ep``'s tick counts from the client: its ``outcome``'s when given, else its live ``stats()``.
+
+        Zeros when the client's current episode is another one (or its stats fail: they are best effort).
+        """
+        try:
+            stats = policy.stats()
+        except Exception:  # noqa: BLE001  (stats are best effort)
+            stats = {}
+        if stats.get('episode_id') != ep.id:
+            stats = {}
+        through = stats.get('ticks_grid_index')
+        if through is None and outcome is not None:
+            through = ep.end_index
+        if outcome is not None:
+            sent, held, skipped = outcome.commands_sent, outcome.ticks_held, outcome.ticks_skipped
+        else:
+            sent, held, skipped = (int(stats.get(k, 0)) for k in ('commands_sent', 'ticks_held', 'ticks_skipped'))
+        return EpisodeCounts(sent, held, skipped, ep.elapsed_to(through))
+
+    def counts(self) -> EpisodeCounts:
+        """The running (or last) episode's tick counts and the time they cover, read from the client (any thread).
+
+        Live while it runs (``Policy.stats()``); once it ended, its result's.
+        """
+        ep, policy, last = self.episode, self.policy, self.last_result
+        if ep is None:
+            return EpisodeCounts()
+        if ep.done.is_set() and last is not None and last.episode_id == ep.id:
+            return EpisodeCounts(last.commands_sent, last.ticks_held, last.ticks_skipped, last.elapsed_s)
+        return self._counts(ep, policy) if policy is not None else EpisodeCounts()
 
     # -- services ------------------------------------------------------------------------------------
     def validate(self, contract: Contract) -> None:
@@ -486,10 +500,10 @@ class Runner:
             with self._lock:
                 self._starting = False
         started = time.monotonic()
-        ep = EpisodeRun(str(eid), settings.instruction, max_seconds, started, goal_at=goal_at,
-                        last_tick=started, accounted_until=started, grid=self.grid)
+        ep = EpisodeRun(str(eid), settings.instruction, max_seconds, started, goal_at=goal_at, grid=self.grid)
         if ep.grid is not None:
-            ep.first_index = ep.accounted_index = ep.grid.index_at(started)
+            ep.first_index = ep.grid.index_at(started)
+            policy.start_ticks(ep.first_index)    # the episode's periods: the client counts each one
         with self._lock:
             self._starting = False
             self.episode = ep
@@ -593,7 +607,7 @@ class Runner:
     def _fresh(self) -> bool:
         """True from a goal's arrival until its episode's first command (any thread; attribute reads only)."""
         ep = self.episode
-        return self._starting or (ep is not None and not ep.stopped and not ep.done.is_set() and ep.sent == 0)
+        return self._starting or (ep is not None and not ep.stopped and not ep.done.is_set() and not ep.commanded)
 
     def _hold(self, snap: Snapshot) -> np.ndarray | None:
         self.holding = True
@@ -615,9 +629,15 @@ class Runner:
             return np.zeros(len(self._measured_index))   # a joint velocity hold before any command: stand still
         return None
 
-    def _episode_hold(self, ep: EpisodeRun, snap: Snapshot, now: float) -> np.ndarray | None:
-        """Hold during a running episode, counted in ``ep.held`` (also when nothing is published: 'stop')."""
-        ep.count(now, sent=False)
+    def _episode_hold(self, ep: EpisodeRun, snap: Snapshot, hold_reason: str) -> np.ndarray | None:
+        """Hold during ``ep`` without asking the client for an action.
+
+        The client counts the tick in ``ticks_held`` (``Policy.hold_tick``), also when nothing is published
+        ('stop'); not once ``ep`` is done (the client's episode may then be another one).
+        """
+        policy, grid = self.policy, self.grid
+        if policy is not None and not ep.done.is_set():
+            policy.hold_tick(grid.current_index() if grid is not None else None, hold_reason)
         return self._hold(snap)
 
     def tick(self, now: float, dry: bool = False) -> np.ndarray | None:
@@ -635,7 +655,7 @@ class Runner:
         self.last_snapshot = snap
         self.last_action = None
         if ep is not None and ep.stopped and ep.served_before_stop():
-            return self._episode_hold(ep, snap, now)    # its deadline is the episode's: this tick holds for it
+            return self._episode_hold(ep, snap, 'ended')    # its deadline is the episode's: this tick holds for it
         if ep is None or ep.stopped or ep.done.is_set():
             # between episodes: the last command held, or nothing when there is none (before the first goal,
             # after a re-activate, after an episode that never commanded)
@@ -647,7 +667,7 @@ class Runner:
             elif now - ep.stale_since > self.cfg.stale_grace_s:
                 self.request_end('error', f'observation invalid for over {self.cfg.stale_grace_s} s: '
                                           f'{"; ".join(snap.problems)}')
-            return self._episode_hold(ep, snap, now)
+            return self._episode_hold(ep, snap, 'refused')
         if ep.stale_since is not None:
             self._log('info', 'observation valid again; resuming')
             ep.stale_since = None
@@ -655,7 +675,7 @@ class Runner:
             if snap.received <= ep.goal_at:
                 # the first request is built from an observation newer than the goal: one taken before it may
                 # show the robot before a reset
-                return self._episode_hold(ep, snap, now)
+                return self._episode_hold(ep, snap, 'waiting')
             ep.requested = True
         policy = self.policy
         assert policy is not None     # an episode runs only on a connected runner
@@ -666,22 +686,21 @@ class Runner:
                                         grid_index=grid.current_index() if grid is not None else None)
         except EpisodeStateError:   # the session thread ended the episode between our checks
             ep.stop(now)
-            return self._episode_hold(ep, snap, now)    # the episode's last period: this tick holds
+            return self._episode_hold(ep, snap, 'ended')    # the episode's last period: this tick holds
         if policy.episode_outcome() is not None:
-            ep.stop(now)
-            return self._episode_hold(ep, snap, now)
-        if ep.sent:
+            ep.stop(now)          # the client dropped this tick's record (after the end): the tick holds
+            return self._episode_hold(ep, snap, 'ended')
+        if ep.commanded:
             self.totals.episode_ticks += 1
-        if action is None:
-            return self._episode_hold(ep, snap, now)
-        if action.hold:
-            if ep.sent:
+        if action is None or action.hold:
+            # the client counts this tick (its record: waiting or underrun) as held
+            if action is not None and ep.commanded:
                 self.totals.underrun_ticks += 1
-            return self._episode_hold(ep, snap, now)
+            return self._hold(snap)
         self.last_action = action
         values = self.commands.order(action.values)
         # the step limit's reference: the last command, or the measured state for an episode's first command
-        last = self._measured(snap) if ep.sent == 0 else None
+        last = self._measured(snap) if not ep.commanded else None
         if last is None:
             last = self.last_command if self.last_command is not None else self._measured(snap)
         # trajectory mode publishes the chunk's points (checked there), not this per-tick value
@@ -689,7 +708,7 @@ class Runner:
         if checked.values is None:
             policy.report_command(None, hold_reason='refused')   # this tick held: the policy's action was refused
             self.request_end('validate', f'safety: {checked.stop}')
-            return self._episode_hold(ep, snap, now)
+            return self._hold(snap)     # the client counted the refused tick as held
         # the tick's record: what reaches the controller, and the policy's action beside it when clamped
         if dry:
             policy.report_command(None, hold_reason='dry_run')
@@ -697,5 +716,5 @@ class Runner:
             policy.report_command(self.commands.unorder(checked.values), clamped=checked.clamped > 0)
         self.holding = False
         self.last_command = checked.values
-        ep.count(now, sent=True)
+        ep.first_command, ep.commanded = not ep.commanded, True
         return checked.values

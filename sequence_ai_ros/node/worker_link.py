@@ -48,6 +48,15 @@ class RunnerPolicy(Protocol):
     def report_command(self, commanded: Any, clamped: bool = False, *, hold_reason: str = '') -> None:
         """Complete the tick's record with what the robot commanded (None: it held, ``hold_reason`` why)."""
 
+    def start_ticks(self, grid_index: int) -> None:
+        """Count the open episode's ticks from the control deadline after ``grid_index`` (its start)."""
+
+    def hold_tick(self, grid_index: int | None, hold_reason: str) -> bool:
+        """Count a control tick that held without asking for an action (``ticks_held``); never blocks."""
+
+    def end_ticks(self, grid_index: int) -> None:
+        """Count the deadlines up to ``grid_index``, the episode's last, that no tick served as skipped."""
+
     def episode_outcome(self) -> RunOutcome | None:
         """None while the episode runs; its outcome once it finished."""
 
@@ -61,7 +70,7 @@ class RunnerPolicy(Protocol):
         """Store a label for an episode on the worker (blocking)."""
 
     def stats(self) -> Mapping[str, Any]:
-        """Live numbers of the current or last episode (buffer_s, chunks, underruns...)."""
+        """Live numbers of the current or last episode (buffer_s, chunks, underruns, the tick counts...)."""
 
     def chunk_horizon(self) -> tuple[int, float, float, Any] | None:
         """The playing chunk: (number, next row position, dt (s), float32 (T, D) rows), or None."""
