@@ -131,6 +131,10 @@ class ServerConfig:
         fraction of a millisecond to a round trip (``make bench``: isolation). ``none``: every policy runs
         inside the worker process (its import is first tried, bounded, in a deployment process, so a hang or
         exit at import is reported); a crash there ends the worker and every deployment's robots.
+    :param deployment_memory_mb: with ``isolation='process'``: a deployment process whose resident memory
+        passes this many MB is ended (with what its policy started) and restarted; the call in flight gets
+        :class:`~sequence_ai_ros.worker.policy_process.MemoryLimitExceeded` naming the limit, other deployments
+        go on. 0 (default): no limit.
     :param rollout: when a version registered while serving (``seq deploy`` again) cannot load beside the
         running one (its load ran out of memory: two versions need twice the model's memory): ``wait``
         (default) keeps serving the old version and switches when its episodes have ended; ``cut`` cuts the
@@ -184,6 +188,9 @@ class ServerConfig:
     isolation: str = _opt('process', '--isolation', "where policy code runs: 'process' (each deployment in its "
                           "own process, restarted when it crashes or hangs) or 'none' "
                           '(inside the worker) (default {default})', 'MODE', rule='isolation')
+    deployment_memory_mb: int = _opt(0, '--deployment-memory-mb', 'with --isolation process: end and restart a '
+                                     'deployment process whose resident memory passes N MB; its robots get an '
+                                     'error naming the limit (default {default}: no limit)', 'N', rule='count_or_0')
     rollout: str = _opt('wait', '--rollout', "when a new version registered while serving cannot load beside the "
                         "running one (out of memory): 'wait' (serve the old one until its episodes end, then "
                         "switch) or 'cut' (cut its episodes, reason rollout, and switch at once) (default {default})",
@@ -206,6 +213,9 @@ class ServerConfig:
         if self.anonymous_streams and self.token is None:
             raise ConfigError(f'{_named("anonymous_streams")} needs a token (--token-file): without one every '
                               'stream is anonymous and max_streams is the only cap')
+        if self.deployment_memory_mb and self.isolation != 'process':
+            raise ConfigError(f'{_named("deployment_memory_mb")} needs isolation \'process\' (--isolation process): '
+                              'a policy inside the worker has no process of its own to limit')
         if self.anonymous_streams >= self.max_streams:
             raise ConfigError(f'{_named("anonymous_streams")} ({self.anonymous_streams}) must be below max_streams '
                               f'({self.max_streams}): the difference is the headroom kept for token holders')

@@ -29,8 +29,15 @@ Commands: ``describe`` (import the file; answer what the worker needs without im
 them ended.
 
 The process dies with the worker (a watchdog on its parent pid, and at EOF on the socket), so a worker killed
-with ``kill -9`` leaves no policy behind; the worker makes it the leader of a process group, and what the
-policy started (``subprocess``, ``multiprocessing``) ends with it. The socket is this process's alone: programs
+with ``kill -9`` leaves no policy behind; the worker makes it the leader of a process group, and it is a child
+subreaper (:mod:`~sequence_ai_ros.worker.descendants`): everything the policy started (``subprocess``,
+``multiprocessing``, detached with ``start_new_session=True`` or a double fork and ``setsid``) descends from it
+and ends with it. Its stdout and stderr are pipes the worker reads into its log
+(:mod:`~sequence_ai_ros.worker.policy_output`). With a memory limit (``policy_host FD PPID MEMORY_MB``, ``seq
+serve --deployment-memory-mb``) the watchdog exits with :data:`MEMORY_EXIT_CODE` once the process's resident
+memory passes it, ending what the policy started. ``seq deploy``'s dry run runs on the main thread (a policy
+may install signal handlers in ``__init__``), its deadline kept by a timer that answers the call and exits.
+The socket is this process's alone: programs
 the policy starts never inherit it (close-on-exec), a copy the policy forks (``os.fork``, ``multiprocessing``)
 closes it at once, and such a copy that returns from the policy's code into this module exits instead of
 answering (:func:`serve`). SIGINT and SIGTERM do nothing here: the worker, which drains on them, decides when
@@ -49,6 +56,8 @@ import signal
 import socket
 import struct
 import sys
+import threading
+import time
 import traceback
 from collections.abc import Sequence
 from typing import Any
@@ -56,6 +65,7 @@ from typing import Any
 import numpy as np
 
 from sequence_ai_ros.policy.api import Episode, Result
+from sequence_ai_ros.worker import descendants
 
 _U32 = struct.Struct('<I')
 _I32 = struct.Struct('<i')
@@ -75,6 +85,10 @@ LOG = logging.getLogger('sequence_ai_ros.worker.policy_host')
 DEPLOYMENT_PROCESS_ENV = 'SEQ_DEPLOYMENT_PROCESS'
 #: True in a copy of the deployment process that the policy forked (it never answers the worker).
 _forked = False
+#: Exit status of a deployment process that went over its memory limit (the worker names the limit).
+MEMORY_EXIT_CODE = 86
+#: Period (s) of the watchdog: the parent pid, and the resident memory when there is a limit.
+WATCH_PERIOD_S = 0.1
 
 
 class ProtocolError(Exception):
@@ -375,14 +389,60 @@ def describe_exc(exc: BaseException) -> str:
     return ''.join(traceback.format_exception_only(type(exc), exc)).strip()
 
 
-class Host:
-    """The policy side: one definition, one instance, the episodes by id."""
+class Answer:
+    """The answer to the call in flight, sent once: by the serve loop, or by a deadline (:meth:`Host.dry_run`).
 
-    def __init__(self) -> None:
+    :param channel: the socket's :class:`Channel`.
+    """
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+        self._lock = threading.Lock()
+        self._seq: int | None = None     # the call due an answer; None once answered
+
+    def due(self, seq: int) -> None:
+        """The call numbered ``seq`` arrived: it is due one answer."""
+        with self._lock:
+            self._seq = seq
+
+    def send(self, parts: Sequence[bytes | memoryview]) -> bool:
+        """Send the answer of the call due; False when it was answered already (a deadline did).
+
+        :raises OSError: when the worker is gone.
+        """
+        with self._lock:
+            if self._seq is None:
+                return False
+            seq, self._seq = self._seq, None
+            self.channel.send(parts, seq=seq)
+        return True
+
+
+def reply_body(status: str, value: Any) -> bytes:
+    """A reply's ``(status, value)`` pickled; an unpicklable value is the policy's failure (``'err'``)."""
+    try:
+        return pickle.dumps((status, value), protocol=5)
+    except Exception as exc:
+        return pickle.dumps(('err', _describe_safely(exc)), protocol=5)
+
+
+def reply_parts(released: list[int], body: bytes) -> list[bytes]:
+    """A reply's parts: the ids of the segments released, then its :func:`reply_body`."""
+    return [_U32.pack(len(released)) + b''.join(_I32.pack(k) for k in released), body]
+
+
+class Host:
+    """The policy side: one definition, one instance, the episodes by id.
+
+    :param answer: the serve loop's :class:`Answer` (a dry run's deadline answers through it); None: none.
+    """
+
+    def __init__(self, answer: Answer | None = None) -> None:
         self.definition: Any = None
         self.instance: Any = None
         self.episodes: dict[str, Any] = {}
         self.name = ''
+        self.answer = answer
 
     def episode(self, ident: tuple[str, str, str]) -> Any:
         """The Episode of ``(id, instruction, deployment)``, created at its first call."""
@@ -412,11 +472,38 @@ class Host:
         """Answer once the interpreter is up (the worker's deadlines start after it)."""
 
     def dry_run(self, timeout_s: float | None, said_s: float | None = None) -> dict[str, Any]:
-        """``seq deploy``'s fingerprint and dry run (:func:`.validate.fingerprint_and_dry_run`)."""
+        """``seq deploy``'s fingerprint and dry run (:func:`.validate.fingerprint_and_dry_run`), on this thread.
+
+        The main thread, so that the policy's ``__init__`` and ``load()`` may install signal handlers
+        (``signal.signal`` works there only). Past ``timeout_s`` a timer answers the call with the dry run's
+        overrun (naming the step that runs) and ends this process, and what the policy started.
+        """
         from sequence_ai_ros.worker.validate import fingerprint_and_dry_run
 
-        fp, figures = fingerprint_and_dry_run(self.definition, timeout_s=timeout_s, said_s=said_s)
+        step = ['constructing the policy']
+        timer = None
+        if timeout_s is not None and timeout_s > 0 and self.answer is not None:
+            timer = threading.Timer(timeout_s, self._overran, args=(step, said_s or timeout_s))
+            timer.name = 'seq-dry-run-deadline'
+            timer.daemon = True
+            timer.start()
+        try:
+            fp, figures = fingerprint_and_dry_run(self.definition, timeout_s=timeout_s, said_s=said_s, step=step)
+        finally:
+            if timer is not None:
+                timer.cancel()
         return {'figures': figures, 'fingerprint': fp}
+
+    def _overran(self, step: list[str], bound: float) -> None:
+        """The dry run's deadline passed: answer with its overrun (unless it just answered), then end."""
+        from sequence_ai_ros.worker.validate import overran_words
+
+        assert self.answer is not None
+        try:
+            self.answer.send(reply_parts([], reply_body('err', overran_words(bound, step[0]))))
+        except OSError:
+            pass
+        _end_and_exit(0)
 
     def infer(self, inp: Any, ident: tuple[str, str, str]) -> Any:
         """The policy's ``infer`` for one request."""
@@ -461,37 +548,39 @@ def _safe_plain(out: Any) -> Any:
         return RemoteFailure(describe_exc(exc))
 
 
-def _end_group() -> None:
-    """SIGKILL the other processes of this process's group (what the policy started), when it leads that group."""
-    me = os.getpid()
-    if os.getpgid(0) != me:       # not started by a worker (its own group is not ours to end)
-        return
-    for entry in os.listdir('/proc'):
-        if not entry.isdigit() or int(entry) == me:
-            continue
-        try:
-            with open(f'/proc/{entry}/stat', 'rb') as stat:
-                fields = stat.read()
-            if int(fields[fields.rindex(b')') + 2:].split()[2]) == me:     # its process group
-                os.kill(int(entry), signal.SIGKILL)
-        except (OSError, ValueError):                                       # gone meanwhile
-            pass
+def _end_and_exit(code: int) -> None:
+    """End every process the policy started (:func:`.descendants.end_descendants`), then exit now with ``code``."""
+    descendants.end_descendants()
+    os._exit(code)
 
 
-def _die_with_parent(ppid: int) -> None:
-    """Exit when the worker is gone (``kill -9`` included): a watchdog thread polls the parent pid.
+def resident_bytes() -> int:
+    """The resident memory of this process (bytes), from ``/proc/self/statm``; 0 where there is none."""
+    try:
+        with open('/proc/self/statm', 'rb') as statm:
+            return int(statm.read().split()[1]) * mmap.PAGESIZE
+    except (OSError, ValueError, IndexError):
+        return 0
 
+
+def _die_with_parent(ppid: int, memory_mb: int = 0) -> None:
+    """Exit when the worker is gone (``kill -9`` included), or past ``memory_mb`` of resident memory (0: no limit).
+
+    A watchdog thread polls the parent pid (and the resident memory) every :data:`WATCH_PERIOD_S`; either way
+    what the policy started ends first. Over the limit, the exit status is :data:`MEMORY_EXIT_CODE`.
     ``PR_SET_PDEATHSIG`` would fire when the worker's *thread* that started this process ends (its loader
     thread), so it is not used.
     """
-    import threading
-    import time
+    limit = memory_mb << 20
 
     def watch() -> None:
         while os.getppid() == ppid:
-            time.sleep(0.25)
-        _end_group()
-        os._exit(1)
+            if limit and (rss := resident_bytes()) > limit:
+                os.write(2, (f'the deployment process (pid {os.getpid()}) holds {rss >> 20} MB, over its memory limit '
+                             f'of {memory_mb} MB: it exits\n').encode())
+                _end_and_exit(MEMORY_EXIT_CODE)
+            time.sleep(WATCH_PERIOD_S)
+        _end_and_exit(1)
 
     threading.Thread(target=watch, name='seq-host-watchdog', daemon=True).start()
 
@@ -541,15 +630,16 @@ def _exit_forked() -> None:
 
 def serve(sock: socket.socket) -> None:
     """Answer calls until the worker closes the socket (a copy forked by the policy answers none)."""
-    host = Host()
     channel = Channel(sock)
+    answer = Answer(channel)
+    host = Host(answer)
     segments = Segments()
     while True:
         try:
             payload, fds = channel.recv()
         except (EOFError, OSError, ProtocolError):
             return
-        seq = channel.seq
+        answer.due(channel.seq)
         seg = -1
         try:
             call, seg = segments.parse(payload, fds)
@@ -570,14 +660,11 @@ def serve(sock: socket.socket) -> None:
         if _forked:                       # a copy the policy forked, back from its code: it answers nothing
             _exit_forked()
         del payload
-        try:
-            body = pickle.dumps((status, value), protocol=5)
-        except Exception as exc:          # an unpicklable answer is the policy's failure
-            body = pickle.dumps(('err', _describe_safely(exc)), protocol=5)
+        body = reply_body(status, value)
         del value                         # before the segments are checked: the answer may view an input
         released = segments.release(seg)
         try:
-            channel.send([_U32.pack(len(released)) + b''.join(_I32.pack(k) for k in released), body], seq=seq)
+            answer.send(reply_parts(released, body))
         except OSError:
             return
 
@@ -590,10 +677,12 @@ def _describe_safely(exc: BaseException) -> str:
 
 
 def main(argv: list[str]) -> int:
-    """Entry point: ``policy_host FD PPID``."""
+    """Entry point: ``policy_host FD PPID [MEMORY_MB]``."""
     fd, ppid = int(argv[0]), int(argv[1])
+    memory_mb = int(argv[2]) if len(argv) > 2 else 0
     _ignore_stop_signals()
-    _die_with_parent(ppid)
+    descendants.become_subreaper()   # orphans of what the policy starts come here, and end with this process
+    _die_with_parent(ppid, memory_mb)
     logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s [policy %(process)d] %(message)s')
     os.environ.setdefault('OMP_NUM_THREADS', '1')
     os.environ[DEPLOYMENT_PROCESS_ENV] = str(ppid)    # a policy may tell it runs in a deployment process
@@ -601,7 +690,7 @@ def main(argv: list[str]) -> int:
     sock = socket.socket(fileno=fd)
     _forget_in_forks(sock)
     serve(sock)
-    _end_group()                 # the worker closed the socket (or died): what the policy started ends too
+    descendants.end_descendants()   # the worker closed the socket (or died): what the policy started ends too
     return 0
 
 

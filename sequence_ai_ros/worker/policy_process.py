@@ -20,6 +20,13 @@ segfault or a hang in one policy fails only that deployment's robots; the worker
   shared memory (``memfd`` segments, reused once the policy no longer references a call's arrays), never
   pickled; the policy gets views of them (:mod:`~sequence_ai_ros.worker.policy_host`).
 
+Every process the policy starts, detached or not, ends with its deployment process (a child subreaper; and when
+the deployment process itself was killed, the worker kills what carries its mark:
+:mod:`~sequence_ai_ros.worker.descendants`). Its stdout and stderr are pipes read into the worker's log, cut and
+bounded per deployment process (:mod:`~sequence_ai_ros.worker.policy_output`). An optional memory limit
+(``memory_limit_mb``, ``seq serve --deployment-memory-mb``) ends a process whose resident memory passes it:
+its call raises :class:`MemoryLimitExceeded`, naming the limit, and the runtime restarts it.
+
 Errors: a policy's exception comes back as :class:`RemoteError` (its text is the policy's own
 ``Type: message``); a process that dies or is killed raises :class:`PolicyProcessDied`, naming the
 deployment, the step and the exit code or signal. Its exit is noticed at once, also while something the policy
@@ -42,14 +49,17 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from sequence_ai_ros.exceptions import ContractViolation, DeploymentError, PolicyException
 from sequence_ai_ros.policy.loader import PolicyDefinition
+from sequence_ai_ros.worker import descendants
 from sequence_ai_ros.worker import policy_host as wire
 from sequence_ai_ros.worker.hosting import InProcessHost, PolicyHost
+from sequence_ai_ros.worker.policy_output import OutputBudget, OutputRelay
 
 LOG = logging.getLogger(__name__)
 #: The isolation modes: ``process`` (each deployment in its own process) and ``none`` (in the worker).
@@ -61,6 +71,8 @@ START_TIMEOUT_S = 60.0
 #: Largest answer taken from a deployment process (bytes), four times the largest action chunk
 #: (:data:`~sequence_ai_ros.protocol.messages.MAX_CHUNK_BYTES`); a frame claiming more is no answer.
 MAX_REPLY_BYTES = 256 << 20
+#: Longest wait (s) at close for the last lines of a deployment process's stdout and stderr.
+OUTPUT_JOIN_S = 1.0
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
@@ -70,6 +82,19 @@ class RemoteError(PolicyException):
 
 class PolicyProcessDied(PolicyException):
     """The deployment process exited, was killed or stopped answering; the message names how."""
+
+
+class MemoryLimitExceeded(PolicyProcessDied):
+    """The deployment process went over its memory limit (``seq serve --deployment-memory-mb``) and was ended.
+
+    The message names the deployment, the limit (MB) and the step that ran; the runtime restarts the process.
+    """
+
+
+def memory_words(limit_mb: int) -> str:
+    """How a deployment process over its memory limit ended, for messages."""
+    return (f'it went over its memory limit of {limit_mb} MB of resident memory (seq serve --deployment-memory-mb '
+            f'{limit_mb}) and was stopped')
 
 
 def exit_words(code: int | None) -> str:
@@ -87,26 +112,45 @@ def exit_words(code: int | None) -> str:
 class PolicyProcess:
     """One deployment process and the socket to it; one call at a time (a lock serializes callers).
 
+    Its stdout and stderr are read into the worker's log (:class:`~.policy_output.OutputRelay`, bounded by one
+    :class:`~.policy_output.OutputBudget`); its environment carries a fresh mark
+    (:data:`~.descendants.MARK_ENV`), by which what it started is found once it is gone.
+
     :param name: the deployment (for messages and the process title).
+    :param memory_limit_mb: end the process once its resident memory passes this many MB (0: no limit).
     :raises DeploymentError: when the process cannot be started.
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, memory_limit_mb: int = 0) -> None:
         self.name = name
+        self.memory_limit_mb = memory_limit_mb
+        #: the value of :data:`~.descendants.MARK_ENV` in this process's environment, and its descendants'
+        self.mark = uuid.uuid4().hex
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (_PACKAGE_ROOT, os.environ.get('PYTHONPATH'))
                                                           if p))
         env.setdefault('OMP_NUM_THREADS', '1')       # before numpy's import there
+        env[descendants.MARK_ENV] = self.mark
+        pipes = [os.pipe2(os.O_CLOEXEC) for _ in range(2)]     # stdout, stderr: (read end, write end)
         try:
             self.process = subprocess.Popen(
-                [sys.executable, '-m', 'sequence_ai_ros.worker.policy_host', str(theirs.fileno()), str(os.getpid())],
-                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env,
-                start_new_session=True)     # its group: what the policy starts ends with it (_end, kill)
+                [sys.executable, '-m', 'sequence_ai_ros.worker.policy_host', str(theirs.fileno()), str(os.getpid()),
+                 str(memory_limit_mb)],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=pipes[0][1], stderr=pipes[1][1],
+                env=env, start_new_session=True)     # its group: what the policy starts ends with it (_end, kill)
         except OSError as exc:
             ours.close()
+            for fd in (*pipes[0], *pipes[1]):
+                os.close(fd)
             raise DeploymentError(f'deployment {name!r}: cannot start its policy process: {exc}') from None
         finally:
             theirs.close()
+        for _, write_end in pipes:
+            os.close(write_end)
+        budget = OutputBudget()
+        #: the relays of its stdout and stderr into the log
+        self.output = [OutputRelay(pipes[k][0], name, stream, self.process.pid, budget)
+                       for k, stream in enumerate(('stdout', 'stderr'))]
         self._sock = ours
         self._sock_lock = threading.Lock()        # the exit watch's shutdown against close()
         self._channel = wire.Channel(ours, limit=MAX_REPLY_BYTES)
@@ -136,6 +180,17 @@ class PolicyProcess:
     def alive(self) -> bool:
         """True while the process runs and has not failed a call."""
         return self._dead is None and self.exit_status() is None
+
+    def exit_words(self) -> str:
+        """How the process ended (:func:`exit_words`; over its memory limit: :func:`memory_words`)."""
+        code = self.exit_status()
+        if self.over_memory(code):
+            return memory_words(self.memory_limit_mb)
+        return exit_words(code)
+
+    def over_memory(self, code: int | None) -> bool:
+        """True when exit status ``code`` says the process went over its memory limit."""
+        return bool(self.memory_limit_mb) and code == wire.MEMORY_EXIT_CODE
 
     def exit_status(self) -> int | None:
         """The exit status as Popen's ``returncode`` gives it (-N: signal N); None while it runs. Never reaps it."""
@@ -362,11 +417,12 @@ class PolicyProcess:
         if broke and self._dead is None:
             self._dead = (f'the socket of the policy process of deployment {self.name!r} (pid {self.pid}) carried '
                           f'what is no answer while {step} ({exc}): the process was stopped')
+        over = self._dead is None and self.over_memory(code)
         how = self._dead or (f'the policy process of deployment {self.name!r} (pid {self.pid}) died while {step}: '
-                             f'{exit_words(code)}')
+                             f'{memory_words(self.memory_limit_mb) if over else exit_words(code)}')
         self._dead = how
         LOG.error('%s', how)
-        return PolicyProcessDied(how)
+        return MemoryLimitExceeded(how) if over else PolicyProcessDied(how)
 
     def kill(self, why: str = '') -> None:
         """Kill the process now (SIGKILL; a call in flight then fails with PolicyProcessDied); never blocks."""
@@ -388,6 +444,8 @@ class PolicyProcess:
         except OSError:
             pass
         self._end(timeout)
+        for relay in self.output:      # its last lines into the log (the pipes end with the process's descendants)
+            relay.join(OUTPUT_JOIN_S)
         self._let_go()
         with self._sock_lock:
             self._sock.close()
@@ -405,6 +463,9 @@ class PolicyProcess:
 
         The group (the process's session) holds what the policy started (``subprocess``, ``multiprocessing``):
         it is killed while the process, exited or not, is unreaped, so that its pid still names that group.
+        The process, a subreaper, ends everything else it started as it exits; in case it could not (killed, or
+        ended by the policy's ``os._exit``), what still carries its mark is killed here
+        (:func:`~.descendants.end_marked`, a read of ``/proc``).
         """
         if self.process.returncode is None:
             deadline = time.monotonic() + timeout
@@ -413,6 +474,8 @@ class PolicyProcess:
                 time.sleep(pause)
                 pause = min(0.05, 2 * pause)
             self._kill_group()
+            self.process.wait()
+            descendants.end_marked(self.mark)
         return self.process.wait()
 
     def _kill_group(self) -> None:
@@ -443,10 +506,12 @@ class RemotePolicy:
     _name = ''
     _hook = ''
 
+    _memory_limit_mb = 0
+
     def __init__(self, **config: Any) -> None:
         self._ended: collections.deque[str] = collections.deque()
         self._config = config
-        self.process = PolicyProcess(self._name)
+        self.process = PolicyProcess(self._name, self._memory_limit_mb)
 
     def load(self) -> None:
         """Import the file, construct the policy and run its ``load()`` in the process.
@@ -499,7 +564,7 @@ class RemotePolicy:
 
     def exit_reason(self) -> str | None:
         """None while the process runs and answers; else how it ended (:func:`exit_words`)."""
-        return None if self.alive() else exit_words(self.process.exit_status())
+        return None if self.alive() else self.process.exit_words()
 
     def kill(self, why: str = '') -> None:
         """Kill the process (a stuck or failed policy); never blocks."""
@@ -526,10 +591,11 @@ def open_host(definition: PolicyDefinition) -> PolicyHost:
     return policy if isinstance(policy, RemotePolicy) else InProcessHost(policy)
 
 
-def _remote_class(name: str, described: dict[str, Any]) -> type:
+def _remote_class(name: str, described: dict[str, Any], memory_limit_mb: int = 0) -> type:
     artifacts = [Path(p) for p in described['artifacts']]
     return type(f'Remote{described["cls_name"]}', (RemotePolicy,), {
         '_path': described['path'], '_name': name, '_hook': described['spec'].hook or '',
+        '_memory_limit_mb': memory_limit_mb,
         'artifacts': classmethod(lambda cls, config: list(artifacts)),
         '__module__': __name__})
 
@@ -545,16 +611,20 @@ def _bounded(process: PolicyProcess, timeout_s: float, what: str, command: str, 
         timer.cancel()
 
 
-def describe_policy_file(path: str | Path, name: str, timeout_s: float, **overrides: Any) -> PolicyDefinition:
+def describe_policy_file(path: str | Path, name: str, timeout_s: float, *, memory_limit_mb: int = 0,
+                         **overrides: Any) -> PolicyDefinition:
     """Import ``path`` in a deployment process within ``timeout_s`` s; return its (remote) definition.
 
     The returned definition's ``instantiate()`` starts the deployment process that serves it
     (:class:`RemotePolicy`); its ``cls.artifacts(config)`` answers what the file's class named.
 
+    :param memory_limit_mb: the memory limit of this deployment's processes (MB; 0: none), the importing one
+        included (:class:`PolicyProcess`).
+
     :raises DeploymentError: naming the deployment: the file does not import (its error), the import
         exceeded ``timeout_s``, or the process died while importing (with its exit code or signal).
     """
-    process = PolicyProcess(name)
+    process = PolicyProcess(name, memory_limit_mb)
     start = time.monotonic()
     try:
         _bounded(process, START_TIMEOUT_S, 'starting', 'ping')
@@ -566,7 +636,8 @@ def describe_policy_file(path: str | Path, name: str, timeout_s: float, **overri
         raise DeploymentError(f'{path}: {_timed_out(exc, start, timeout_s)}') from None
     finally:
         process.close()
-    return PolicyDefinition(path=Path(described['path']), cls=_remote_class(name, described), spec=described['spec'],
+    return PolicyDefinition(path=Path(described['path']), cls=_remote_class(name, described, memory_limit_mb),
+                            spec=described['spec'],
                             config=described['config'], contract=described['contract'], sha256=described['sha256'])
 
 

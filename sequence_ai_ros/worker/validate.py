@@ -52,11 +52,32 @@ def synthetic_request(contract: Contract, episode_id: str = 'seq-deploy-dry-run'
                                      expected_delay_actions=expected_delay_actions)
 
 
+#: What ``signal.signal`` says off a process's main thread (CPython's words).
+_SIGNAL_OFF_MAIN = 'signal only works in main thread'
+#: What to do about it: under ``--isolation process`` a policy's calls run on its deployment process's main thread.
+SIGNAL_HINT = ('signal.signal() works only on a process\'s main thread, and this policy code ran on a worker '
+               'thread (--isolation none): deploy and serve with --isolation process (the default), where '
+               '__init__, load(), infer and the episode hook run on the deployment process\'s main thread, or '
+               'install signal handlers only when threading.current_thread() is threading.main_thread()')
+
+
+def signal_words(exc: BaseException) -> str:
+    """:data:`SIGNAL_HINT` when ``exc`` is ``signal.signal``'s refusal off the main thread, else ``''``."""
+    return SIGNAL_HINT if isinstance(exc, ValueError) and _SIGNAL_OFF_MAIN in str(exc) else ''
+
+
 def _fail(what: str, exc: BaseException) -> DeploymentError:
     if isinstance(exc, MissingDependency):
         return DeploymentError(f'{what}: missing dependency: {exc}')
     last = ''.join(traceback.format_exception_only(type(exc), exc)).strip()
-    return DeploymentError(f'{what}: {last}')
+    hint = signal_words(exc)
+    return DeploymentError(f'{what}: {last}' + (f' ({hint})' if hint else ''))
+
+
+def overran_words(bound_s: float, step: str) -> str:
+    """The message of a dry run that ran past ``bound_s`` while ``step`` ran."""
+    return (f'dry run exceeded {bound_s:g} s while {step}: the policy hangs or is too slow (raise the bound with '
+            'seq deploy --timeout S)')
 
 
 def _dry_batch(instance: Any, contract: Contract, inp: Any, step: list[str], tail: bool) -> None:
@@ -106,12 +127,14 @@ def _batch_pass(instance: Any, contract: Contract, inputs: list[Any], episodes: 
 
 
 def dry_run(definition: PolicyDefinition, timeout_s: float | None = DRY_RUN_TIMEOUT_S,
-            said_s: float | None = None) -> dict[str, float]:
+            said_s: float | None = None, step: list[str] | None = None) -> dict[str, float]:
     """Construct, load and call the policy once; check its chunk; all within ``timeout_s``.
 
     The steps run in the thread ``seq-dry-run``, joined with ``timeout_s``. A policy that hangs cannot be
     interrupted (Python threads cannot be killed): the thread is a daemon, left behind, and the caller
-    (``seq deploy``, a short-lived process) gets the error at once.
+    (``seq deploy``, a short-lived process) gets the error at once. Given ``step``, they run on the calling
+    thread instead, unbounded (a deployment process's main thread, whose deadline ends the process), and
+    ``step[0]`` names the step running, for the caller's overrun message (:func:`overran_words`).
 
     :param timeout_s: bound of the whole dry run (s); None waits forever.
     :param said_s: the bound the message names (default ``timeout_s``): the whole deploy's, when the
@@ -123,6 +146,14 @@ def dry_run(definition: PolicyDefinition, timeout_s: float | None = DRY_RUN_TIME
     """
     if timeout_s is not None and not timeout_s > 0:
         raise DeploymentError(f'the dry run timeout must be > 0 s, got {timeout_s}')
+    if step is not None:
+        step[0] = 'constructing the policy'
+        try:
+            return _dry_run(definition, step)
+        except DeploymentError:
+            raise
+        except BaseException as exc:
+            raise _fail(f'dry run failed while {step[0]}', exc) from exc
     step = ['constructing the policy']
     outcome: dict[str, Any] = {}
 
@@ -136,8 +167,7 @@ def dry_run(definition: PolicyDefinition, timeout_s: float | None = DRY_RUN_TIME
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():
-        raise DeploymentError(f'dry run exceeded {said_s or timeout_s:g} s while {step[0]}: the policy hangs or is too '
-                              'slow (raise the bound with seq deploy --timeout S)')
+        raise DeploymentError(overran_words(said_s or timeout_s or 0.0, step[0]))
     if 'error' in outcome:
         error = outcome['error']
         if isinstance(error, DeploymentError):
@@ -147,7 +177,8 @@ def dry_run(definition: PolicyDefinition, timeout_s: float | None = DRY_RUN_TIME
 
 
 def fingerprint_and_dry_run(definition: PolicyDefinition, timeout_s: float | None = DRY_RUN_TIMEOUT_S,
-                            said_s: float | None = None, dry: bool = True) -> tuple[Fingerprint, dict[str, float]]:
+                            said_s: float | None = None, dry: bool = True,
+                            step: list[str] | None = None) -> tuple[Fingerprint, dict[str, float]]:
     """``seq deploy``'s checks of an imported policy: its content's fingerprint, then :func:`dry_run`.
 
     The fingerprint is taken before the dry run, and the files are checked unchanged after it
@@ -155,11 +186,12 @@ def fingerprint_and_dry_run(definition: PolicyDefinition, timeout_s: float | Non
     recorded.
 
     :param dry: run the dry run (else only the fingerprint; the figures are then empty).
+    :param step: run it on the calling thread, naming its step there (:func:`dry_run`).
     :return: the :class:`~sequence_ai_ros.worker.content.Fingerprint` and the dry run's figures.
     :raises DeploymentError: as :func:`dry_run`, or when the policy's files changed during the dry run.
     """
     fp = content.fingerprint(definition)
-    figures = dry_run(definition, timeout_s=timeout_s, said_s=said_s) if dry else {}
+    figures = dry_run(definition, timeout_s=timeout_s, said_s=said_s, step=step) if dry else {}
     if content.changes_since(definition, fp):
         raise DeploymentError(f'{definition.path}: its files changed during the dry run; deploy again')
     return fp, figures
