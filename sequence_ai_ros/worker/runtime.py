@@ -60,6 +60,7 @@ from sequence_ai_ros.worker.metrics import MetricsSink
 from sequence_ai_ros.worker.policy_process import PolicyProcessDied, RemoteError, open_host, runs_isolated
 from sequence_ai_ros.worker.scheduler import InferenceScheduler
 from sequence_ai_ros.worker.usage import UsageMeter
+from sequence_ai_ros.worker.validate import signal_words
 
 LOG = logging.getLogger(__name__)
 #: ETA (s) announced for a first load whose duration is unknown.
@@ -76,10 +77,16 @@ DRY_RUN_EPISODE = 'seq-dry-run'
 
 
 def describe(exc: BaseException) -> str:
-    """Return ``'Type: message'`` for a policy's exception (a deployment process's: its own words)."""
+    """Return ``'Type: message'`` for a policy's exception (a deployment process's: its own words).
+
+    ``signal.signal`` refused off the main thread (``--isolation none``) says what to do
+    (:func:`~sequence_ai_ros.worker.validate.signal_words`).
+    """
     if isinstance(exc, (RemoteError, PolicyProcessDied)):
         return str(exc)
-    return ''.join(traceback.format_exception_only(type(exc), exc)).strip()
+    text = ''.join(traceback.format_exception_only(type(exc), exc)).strip()
+    hint = signal_words(exc)
+    return f'{text} ({hint})' if hint else text
 
 
 class ActiveEpisode:
