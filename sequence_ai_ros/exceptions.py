@@ -73,6 +73,14 @@ class NotReady(SequenceAIError):
         self.retry_after_s = retry_after_s
 
 
+class PermissionDenied(SequenceAIError):
+    """Raised when the worker refuses the caller what it asks.
+
+    E.g. a label of an episode another client ran, or a label from a caller without the worker's token
+    (``--anonymous-streams``).
+    """
+
+
 class EpisodeStateError(SequenceAIError):
     """Raised when an episode call comes in the wrong order (no start, a second start, ended)."""
 

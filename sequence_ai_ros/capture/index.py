@@ -2,7 +2,10 @@
 
 It holds what is cheap to query: the committed episodes (with counts and bytes), every sampling decision,
 every episode the worker ran (``runs``: version, times, how it ended, underruns, latency p95, captured or
-not; the scoreboard of ``seq policy stats``), and the labels (of any episode the worker saw). The episode data
+not; the scoreboard of ``seq policy stats``), the owner of every episode it started (the caller's identity,
+:mod:`sequence_ai_ros.worker.identity`: its labels are accepted from that identity only), and the labels (of any
+episode the worker saw, and, for fleet failover, of episodes it did not see, each with the identity that gave
+it). The episode data
 itself lives in files (see :mod:`sequence_ai_ros.capture.store`), and each committed episode directory
 carries its own ``episode.json`` and ``label.json``, so the index can always be rebuilt from the files
 (:meth:`CaptureStore.repair`): a corrupted index never loses a kept episode.
@@ -61,9 +64,22 @@ CREATE TABLE IF NOT EXISTS labels(
     episode_id TEXT PRIMARY KEY,
     success INTEGER NOT NULL,
     notes TEXT NOT NULL DEFAULT '',
-    labelled_at REAL NOT NULL
+    labelled_at REAL NOT NULL,
+    owner TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS owners(
+    episode_id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    since REAL NOT NULL
 );
 """
+#: Created after :data:`SCHEMA` and the migration of an older store's ``labels`` (which had no ``owner``).
+OWNER_INDEX = 'CREATE INDEX IF NOT EXISTS labels_owner ON labels(owner)'
+#: Tables whose rows mean the store saw an episode (ran it, started it, decided on its capture, or holds it).
+SEEN_TABLES = ('runs', 'decisions', 'episodes', 'owners')
+#: :meth:`Index.label`'s verdicts: stored for an episode the store saw, stored for one it never saw, refused
+#: because another identity owns the episode, refused because the labeller holds too many labels of unseen ones.
+SEEN, UNSEEN, NOT_OWNER, OVER_BOUND = 'seen', 'unseen', 'not_owner', 'over_bound'
 
 RUN_COLUMNS = ('episode_id', 'version', 'started_at', 'ended_at', 'reason', 'actions', 'underruns',
                'latency_p95_ms', 'captured')
@@ -184,6 +200,9 @@ class Index:
             if problems != ['ok']:
                 raise sqlite3.DatabaseError(f'quick_check: {"; ".join(problems[:3])}')
             conn.executescript(SCHEMA)
+            if 'owner' not in _columns(conn, 'labels'):   # a store written before labels had owners
+                conn.execute("ALTER TABLE labels ADD COLUMN owner TEXT NOT NULL DEFAULT ''")
+            conn.execute(OWNER_INDEX)
             conn.execute('SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM episodes').fetchone()
         finally:
             conn.close()
@@ -195,9 +214,10 @@ class Index:
             conn.execute(f'INSERT OR REPLACE INTO episodes({",".join(EPISODE_COLUMNS)}) '
                          f'VALUES ({",".join("?" * len(EPISODE_COLUMNS))})', values)
             if label is not None:
-                conn.execute('INSERT OR REPLACE INTO labels VALUES (?, ?, ?, ?)',
+                conn.execute('INSERT OR REPLACE INTO labels(episode_id, success, notes, labelled_at, owner) '
+                             'VALUES (?, ?, ?, ?, ?)',
                              (row['episode_id'], int(bool(label['success'])), label.get('notes', ''),
-                              float(label.get('labelled_at', row['ended_at']))))
+                              float(label.get('labelled_at', row['ended_at'])), str(label.get('owner') or '')))
 
     def decide(self, episode_id: str, when: float, captured: bool, why: str) -> bool:
         """Record the sampling decision for an episode; return False (recording nothing) if it was committed."""
@@ -236,24 +256,76 @@ class Index:
             out.append(d)
         return out
 
-    def label(self, episode_id: str, success: bool, notes: str, when: float) -> None:
-        """Store (or replace) an episode's label."""
+    def label(self, episode_id: str, success: bool, notes: str, when: float, owner: str = '',
+              unseen_bound: tuple[int, int] | None = None) -> str:
+        """Store (or replace) an episode's label, given by ``owner``, when the episode's owner allows it.
+
+        One transaction: the owner check, the bound and the write cannot be raced by another thread or process.
+
+        :param owner: the labeller's identity; '' (a local caller, not the wire) is not checked.
+        :param unseen_bound: (labels, bytes): the most labels of episodes this store never saw that one owner
+            may hold here, and their bytes (id and notes, UTF-8); None: no bound. Replacing a label counts once.
+        :returns: :data:`SEEN` or :data:`UNSEEN` when stored; :data:`NOT_OWNER` (the episode's recorded owner is
+            another identity) or :data:`OVER_BOUND` when refused, nothing stored.
+        """
         with self.connect() as conn:
-            conn.execute('INSERT OR REPLACE INTO labels VALUES (?, ?, ?, ?)',
-                         (episode_id, int(bool(success)), notes, when))
+            row = conn.execute('SELECT owner FROM owners WHERE episode_id=?', (episode_id,)).fetchone()
+            if row is not None and owner and row[0] != owner:
+                return NOT_OWNER
+            seen = row is not None or _seen(conn, episode_id)
+            if not seen and unseen_bound is not None:
+                count, nbytes = conn.execute(
+                    'SELECT COUNT(*), COALESCE(SUM(LENGTH(CAST(episode_id AS BLOB)) + LENGTH(CAST(notes AS BLOB))), 0) '
+                    f'FROM labels l WHERE owner=? AND episode_id != ? AND {_unseen_where()}',
+                    (owner, episode_id)).fetchone()
+                size = len(episode_id.encode('utf-8')) + len(notes.encode('utf-8'))
+                if count + 1 > unseen_bound[0] or nbytes + size > unseen_bound[1]:
+                    return OVER_BOUND
+            conn.execute('INSERT OR REPLACE INTO labels(episode_id, success, notes, labelled_at, owner) '
+                         'VALUES (?, ?, ?, ?, ?)', (episode_id, int(bool(success)), notes, when, owner))
+        return SEEN if seen else UNSEEN
+
+    def own(self, episode_id: str, owner: str, when: float) -> str:
+        """Record ``owner`` as the owner of an episode starting now, unless it has one; return its owner.
+
+        The first start of an id records it; a later start (a reconnect, or another caller reusing the id) gets
+        the recorded owner back. A label another identity gave the id before it first started here (a forged
+        one, or a mistyped id that is now an episode's) is dropped.
+        """
+        with self.connect() as conn:
+            row = conn.execute('SELECT owner FROM owners WHERE episode_id=?', (episode_id,)).fetchone()
+            if row is not None:
+                return str(row[0])
+            conn.execute('INSERT INTO owners VALUES (?, ?, ?)', (episode_id, owner, when))
+            conn.execute('DELETE FROM labels WHERE episode_id=? AND owner != ?', (episode_id, owner))
+        return owner
+
+    def owners(self) -> dict[str, str]:
+        """Return ``{episode_id: owner}`` of every episode whose start recorded one (none in an older store)."""
+        with self.connect() as conn:
+            if 'owners' not in _tables(conn):
+                return {}
+            return {str(e): str(o) for e, o in conn.execute('SELECT episode_id, owner FROM owners')}
 
     def pending_label(self, episode_id: str) -> dict[str, Any] | None:
         """Return the label stored for an episode (committed or not), or None."""
         with self.connect() as conn:
-            row = conn.execute('SELECT success, notes, labelled_at FROM labels WHERE episode_id=?',
+            row = conn.execute('SELECT success, notes, labelled_at, owner FROM labels WHERE episode_id=?',
                                (episode_id,)).fetchone()
-        return None if row is None else {'success': bool(row[0]), 'notes': row[1], 'labelled_at': row[2]}
+        return None if row is None else {'success': bool(row[0]), 'notes': row[1], 'labelled_at': row[2],
+                                         'owner': row[3]}
 
     def labels(self) -> dict[str, dict[str, Any]]:
-        """Return every stored label, of committed episodes or not: ``{episode_id: label}``."""
+        """Return every stored label, of committed episodes or not: ``{episode_id: label}``.
+
+        A label is ``{'success', 'notes', 'labelled_at', 'owner'}``; ``owner`` is '' in a store written before
+        labels had owners.
+        """
         with self.connect() as conn:
-            rows = conn.execute('SELECT episode_id, success, notes, labelled_at FROM labels').fetchall()
-        return {e: {'success': bool(s), 'notes': n, 'labelled_at': at} for e, s, n, at in rows}
+            owner = 'owner' if 'owner' in _columns(conn, 'labels') else "''"
+            rows = conn.execute(f'SELECT episode_id, success, notes, labelled_at, {owner} FROM labels').fetchall()
+        return {e: {'success': bool(s), 'notes': n, 'labelled_at': at, 'owner': str(o or '')}
+                for e, s, n, at, o in rows}
 
     def add_run(self, run: dict[str, Any]) -> None:
         """Record (or replace) one episode the worker ran: the keys of the ``runs`` table.
@@ -275,20 +347,16 @@ class Index:
         A store written before a table existed (an older worker's: no ``runs``) is read with the tables it has.
         """
         with self.connect() as conn:
-            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            tables = _tables(conn)
             if 'labels' not in tables:
                 return set()
-            seen_in = [t for t in ('runs', 'decisions', 'episodes') if t in tables]
-            where = ' AND '.join(f'NOT EXISTS (SELECT 1 FROM {t} x WHERE x.episode_id = l.episode_id)'
-                                 for t in seen_in) or '1'
-            rows = conn.execute(f'SELECT episode_id FROM labels l WHERE {where}').fetchall()
+            rows = conn.execute(f'SELECT episode_id FROM labels l WHERE {_unseen_where(tables)}').fetchall()
         return {r[0] for r in rows}
 
     def seen(self, episode_id: str) -> bool:
-        """True when the worker ran this episode or decided on its capture."""
+        """True when the worker ran or started this episode, or decided on its capture."""
         with self.connect() as conn:
-            return any(conn.execute(f'SELECT 1 FROM {t} WHERE episode_id=?', (episode_id,)).fetchone()
-                       for t in ('runs', 'decisions', 'episodes'))
+            return _seen(conn, episode_id)
 
     def runs(self) -> list[dict[str, Any]]:
         """Return every recorded run (oldest first) with its label: ``success`` None, True or False."""
@@ -320,6 +388,8 @@ class Index:
             conn.execute('DELETE FROM decisions WHERE decided_at < ?', (before,))
             conn.execute('DELETE FROM labels WHERE labelled_at < ? AND episode_id NOT IN '
                          '(SELECT episode_id FROM episodes)', (before,))
+            conn.execute('DELETE FROM owners WHERE since < ? AND episode_id NOT IN (SELECT episode_id FROM episodes) '
+                         'AND episode_id NOT IN (SELECT episode_id FROM runs)', (before,))
 
     def totals(self) -> dict[str, Any]:
         """Return episodes, frames, requests, bytes, labelled count, oldest/newest start."""
@@ -336,3 +406,23 @@ class Index:
         """Return {dir name: episode_id} of the committed episodes."""
         with self.connect() as conn:
             return {d: e for e, d in conn.execute('SELECT episode_id, dir FROM episodes')}
+
+
+def _tables(conn: sqlite3.Connection) -> set[str]:
+    return {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    return {r[1] for r in conn.execute(f'PRAGMA table_info({table})')}
+
+
+def _unseen_where(tables: set[str] | None = None) -> str:
+    """SQL: the label ``l`` is of an episode the store never saw (of the :data:`SEEN_TABLES` it has)."""
+    seen_in = [t for t in SEEN_TABLES if tables is None or t in tables]
+    return ' AND '.join(f'NOT EXISTS (SELECT 1 FROM {t} x WHERE x.episode_id = l.episode_id)' for t in seen_in) or '1'
+
+
+def _seen(conn: sqlite3.Connection, episode_id: str) -> bool:
+    tables = _tables(conn)
+    return any(conn.execute(f'SELECT 1 FROM {t} WHERE episode_id=?', (episode_id,)).fetchone()
+               for t in SEEN_TABLES if t in tables)

@@ -6,7 +6,8 @@ Used by the worker, one store per deployment at ``$SEQ_HOME/capture/<deployment>
     ep = store.begin(episode_id, instruction, contract)   # None: not sampled, capture off, or paused
     ep.add_request(request, chunk, error); ep.add_telemetry(frames)
     ep.commit('completed', stats)                         # atomic; or ep.abort()
-    store.label(episode_id, success=True, notes='')      # any episode id; False: not one this store ran
+    store.own(episode_id, owner)                          # at the episode's start: who may label it
+    store.label(episode_id, success=True, notes='', owner=owner)   # False: not one this store ran
     store.apply_retention()                               # on worker start and periodically
 
 Files, the commit protocol and crash safety: :mod:`sequence_ai_ros.capture.episode`. The index:
@@ -43,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from sequence_ai_ros.capture import claims
+from sequence_ai_ros.capture import index as index_verdicts
 from sequence_ai_ros.capture.episode import (
     LABEL_FILE,
     META_FILE,
@@ -55,7 +57,7 @@ from sequence_ai_ros.capture.episode import (
 from sequence_ai_ros.capture.index import INDEX_FILE, Index
 from sequence_ai_ros.capture.recovery import recover_store, tree_bytes
 from sequence_ai_ros.capture.settings import CaptureSettings, load_settings
-from sequence_ai_ros.exceptions import CaptureError, ConfigError
+from sequence_ai_ros.exceptions import CaptureError, ConfigError, Overloaded, PermissionDenied
 from sequence_ai_ros.protocol.contract import Contract
 
 __all__ = ['CaptureStore', 'CaptureSettings', 'EpisodeCapture', 'CapturedEpisode']
@@ -67,6 +69,12 @@ PAUSE_FILE = 'pause.json'
 PROBE_BYTES = 1 << 20
 #: Seconds between two automatic repairs of a corrupt index (see CaptureStore._auto_repair).
 AUTO_REPAIR_INTERVAL_S = 60.0
+#: The most labels of episodes a store never saw (fleet failover, or forged ids) that one identity may hold in
+#: it, and their bytes (ids and notes, UTF-8); past either, such a label is refused (:meth:`CaptureStore.label`).
+UNSEEN_LABELS_PER_OWNER = 1000
+UNSEEN_LABEL_BYTES_PER_OWNER = 1 << 20
+#: The refusal (``Overloaded.refusal``) of a label past that bound.
+UNSEEN_LABELS_REFUSAL = 'unseen_labels'
 LOG = logging.getLogger(__name__)
 
 
@@ -201,7 +209,36 @@ class CaptureStore:
         status = self.status()
         return status['diagnostic'] if status['state'] == 'paused' else ''
 
-    def label(self, episode_id: str, success: bool, notes: str = '', unseen: bool = True) -> bool:
+    def own(self, episode_id: str, owner: str) -> str:
+        """Record the identity starting an episode as its owner (the first start of the id); return its owner.
+
+        An episode's labels are then accepted from its owner only (:meth:`label`); the worker captures and
+        records a start of the id by another identity not at all (:class:`~sequence_ai_ros.worker.capture_hook.
+        EpisodeRecorder`). Owners are kept as long as the episode's run or data, else ``retention_days``.
+
+        :param owner: the caller's identity (:mod:`sequence_ai_ros.worker.identity`).
+        :raises CaptureError: when the store cannot be written.
+        """
+        try:
+            self._open()
+            return self.index.own(episode_id, owner, self.clock())
+        except (OSError, sqlite3.Error) as exc:
+            raise self.fault(exc, f'recording the owner of episode {episode_id}') from None
+
+    def owners(self) -> dict[str, str]:
+        """Return ``{episode_id: owner}`` of the episodes whose start recorded an owner (:meth:`own`).
+
+        :raises CaptureError: when the index cannot be read.
+        """
+        if not (self.root / INDEX_FILE).exists():
+            return {}
+        try:
+            self._open()
+            return self.index.owners()
+        except (OSError, sqlite3.Error) as exc:
+            raise self.fault(exc, 'reading owners') from None
+
+    def label(self, episode_id: str, success: bool, notes: str = '', unseen: bool = True, owner: str = '') -> bool:
         """Store an episode's label (replacing an earlier one), captured or not; a running one gets it too.
 
         Any episode this worker ran is labelled (its label counts in ``seq policy stats``); a captured one
@@ -213,30 +250,49 @@ class CaptureStore:
         (:class:`~sequence_ai_ros.capture.store_set.StoreSet`) merge labels by episode id. Having no episode
         directory here, it lives in the index alone: a repair of a corrupt index does not bring it back.
 
-        :param unseen: store a label for an episode this store never saw; False refuses it (a caller without the
-            worker's token may label only episodes this worker ran: it cannot fill the index with labels).
+        Ownership: an episode started here has an owner (:meth:`own`); a label from another identity is
+        refused. A label of an episode this store never saw is kept with its ``owner``, and an export over
+        several stores joins it to the episode only when that episode's owner is the same identity
+        (:class:`~sequence_ai_ros.capture.store_set.StoreSet`). One owner may hold at most
+        :data:`UNSEEN_LABELS_PER_OWNER` such labels here, of :data:`UNSEEN_LABEL_BYTES_PER_OWNER` bytes in all.
+
+        :param unseen: store a label for an episode this store never saw; False refuses it.
+        :param owner: the labeller's identity (:mod:`sequence_ai_ros.worker.identity`); '' (a local caller)
+            is not checked and not bounded.
         :returns: True when this store ran (or is running) the episode; False when the label is kept for an
             episode it never saw (or one past retention).
         :raises LookupError: for an episode this store never saw, when ``unseen`` is False (nothing stored).
+        :raises PermissionDenied: when another identity owns the episode (nothing stored).
+        :raises Overloaded: (refusal :data:`UNSEEN_LABELS_REFUSAL`) when ``owner`` already holds the most labels
+            of unseen episodes allowed here (nothing stored).
         :raises CaptureError: when the store cannot be written.
         """
         when = self.clock()
+        bound = (UNSEEN_LABELS_PER_OWNER, UNSEEN_LABEL_BYTES_PER_OWNER) if owner else None
         try:
             self._open()
             row = self.index.episode(episode_id)
             with self._lock:
                 running = any(ep.episode_id == episode_id for ep in self._active)
-            known = row is not None or running or self.index.seen(episode_id)
-            if not known and not unseen:
+            if not (row is not None or running or self.index.seen(episode_id)) and not unseen:
                 raise LookupError(f'episode {episode_id!r} did not run on this worker')
-            self.index.label(episode_id, bool(success), str(notes), when)
+            verdict = self.index.label(episode_id, bool(success), str(notes), when, owner, bound)
+            if verdict == index_verdicts.NOT_OWNER:
+                raise PermissionDenied(f'episode {episode_id!r} was run by another client: only the identity that '
+                                       'ran an episode may label it')
+            if verdict == index_verdicts.OVER_BOUND:
+                raise Overloaded(f'label of episode {episode_id!r} refused: this client already holds the most '
+                                 f'labels of episodes this worker did not run ({UNSEEN_LABELS_PER_OWNER} labels, '
+                                 f'{UNSEEN_LABEL_BYTES_PER_OWNER} bytes of ids and notes) until they pass '
+                                 'retention_days; check the episode ids', refusal=UNSEEN_LABELS_REFUSAL)
             if row is not None:
                 write_json_atomic(self.root / 'episodes' / row['dir'] / LABEL_FILE,
-                                  {'success': bool(success), 'notes': str(notes), 'labelled_at': when})
+                                  {'success': bool(success), 'notes': str(notes), 'labelled_at': when,
+                                   'owner': owner})
             self.index.checkpoint()
         except (OSError, sqlite3.Error) as exc:
             raise self.fault(exc, f'labelling episode {episode_id}') from None
-        return known
+        return row is not None or running or verdict == index_verdicts.SEEN
 
     def labels(self) -> dict[str, dict[str, Any]]:
         """Return every label the store holds, ``{episode_id: {'success', 'notes', 'labelled_at'}}``.

@@ -21,6 +21,12 @@ label given again later, on any replica, replaces an earlier one, as it does wit
 given at the same ``labelled_at`` are told apart by what they say, never by the order of the stores: a
 failure wins over a success, then the notes in code point order (:func:`newer_label`).
 
+A label held by a store that never saw its episode joins the episode only when it was given by the identity
+that ran it (each store records an episode's owner when it starts, and each label its labeller;
+:mod:`sequence_ai_ros.worker.identity`): another identity's label of that id (a forged one) is left out and
+listed in :attr:`StoreSet.foreign_labels`. Stores written before owners were recorded have none, and their
+labels join as before.
+
 Each store is checked before it is read: its episodes must be of the deployment asked for (the contract
 each episode was captured under names its deployment) and share a contract (state and action names,
 action space) with the other stores. A store that fails a check, or whose index cannot be read (e.g.
@@ -88,6 +94,9 @@ class StoreSet:
         self.duplicates: list[tuple[str, Path]] = []
         #: (store directory, why) of the stores not read: another deployment, another contract, a bad index.
         self.skipped_stores: list[tuple[Path, str]] = []
+        #: (episode_id, store directory) of labels left out by the last :meth:`labels`: held by a store that
+        #: never saw the episode, given by another identity than the one that ran it.
+        self.foreign_labels: list[tuple[str, Path]] = []
 
     def _skip(self, store: CaptureStore, why: str) -> None:
         if all(root != store.root for root, _ in self.skipped_stores):
@@ -131,19 +140,34 @@ class StoreSet:
 
         A label is ``{'success': bool, 'notes': str, 'labelled_at': float}`` (s since the epoch); of two
         labels for one id in two stores, the one with the larger ``labelled_at`` is kept (:func:`newer_label`:
-        the same whatever the order of the stores).
+        the same whatever the order of the stores). A label held by a store that never saw its episode, given by
+        another identity than the one another store recorded as the episode's owner, is left out and listed in
+        :attr:`foreign_labels`.
 
         :param stores: the stores to read (default those that pass the checks).
         :raises CaptureError: when no store can be read (a bad store is skipped: :attr:`skipped_stores`).
         """
-        merged: dict[str, dict[str, Any]] = {}
+        read: list[tuple[CaptureStore, dict[str, dict[str, Any]], set[str]]] = []
+        owners: dict[str, str] = {}
         for store in self._good() if stores is None else stores:
             try:
                 held = store.labels()
+                unseen = set(store.unmatched_labels()) if held else set()
+                for eid, owner in store.owners().items():
+                    owners.setdefault(eid, owner)
             except CaptureError as exc:
                 self._skip(store, str(exc))
                 continue
+            read.append((store, held, unseen))
+        merged: dict[str, dict[str, Any]] = {}
+        self.foreign_labels = []
+        for store, held, unseen in read:
             for eid, label in held.items():
+                given_by, ran_by = label.get('owner') or '', owners.get(eid, '')
+                if eid in unseen and given_by and ran_by and given_by != ran_by:
+                    self.foreign_labels.append((eid, store.root))   # not the identity that ran it
+                    continue
+                label = {k: v for k, v in label.items() if k != 'owner'}
                 seen = merged.get(eid)
                 if seen is None or newer_label(label, seen):
                     merged[eid] = label

@@ -119,11 +119,17 @@ def unmatched_labels(store: CaptureStore) -> tuple[list[str], list[str]]:
     replica's store that is not read with the others (see ``StoreSet``).
     """
     ids = list(store.unmatched_labels())
+    notes = []
+    foreign = sorted({eid for eid, _ in getattr(store, 'foreign_labels', [])})
+    if foreign:   # held by a replica that did not run the episode, given by another identity than its owner
+        shown = ', '.join(foreign[:10]) + (f' and {len(foreign) - 10} more' if len(foreign) > 10 else '')
+        notes.append(f'{len(foreign)} label(s) left out: {shown} (given on a replica that did not run the episode, '
+                     'by another client than the one that ran it)')
     if not ids:
-        return [], []
+        return [], notes
     shown = ', '.join(ids[:10]) + (f' and {len(ids) - 10} more' if len(ids) > 10 else '')
     what = '1 label matches' if len(ids) == 1 else f'{len(ids)} labels match'
-    return ids, [f'{what} no episode in the stores read: {shown} (a mistyped episode id, an episode past '
+    return ids, [*notes, f'{what} no episode in the stores read: {shown} (a mistyped episode id, an episode past '
                  'retention, or one in a replica\'s store not given with --store)']
 
 

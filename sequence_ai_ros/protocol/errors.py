@@ -23,6 +23,7 @@ _TABLE: tuple[tuple[pb.ErrorCode, type[exc.SequenceAIError], grpc.StatusCode], .
     (pb.UNAUTHENTICATED, exc.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (pb.NOT_READY, exc.NotReady, grpc.StatusCode.UNAVAILABLE),
     (pb.EPISODE_STATE, exc.EpisodeStateError, grpc.StatusCode.FAILED_PRECONDITION),
+    (pb.PERMISSION_DENIED, exc.PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
 )
 
 

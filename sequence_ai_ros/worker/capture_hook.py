@@ -54,10 +54,13 @@ class EpisodeRecorder:
     :param episode_id: the episode.
     :param instruction: its instruction.
     :param contract: the deployment's contract (stamped).
+    :param owner: the identity running it (:mod:`sequence_ai_ros.worker.identity`), recorded as its owner at its
+        first start; '' records none. A start of an id another identity owns is served but neither captured
+        (its telemetry is not kept) nor recorded (its outcome does not replace the owner's run).
     """
 
     def __init__(self, store: Any | None, episode_id: str, instruction: str, contract: Contract,
-                 version: int = 0) -> None:
+                 version: int = 0, owner: str = '') -> None:
         self.episode_id = episode_id
         self._store = store
         self._version = int(version)
@@ -72,9 +75,17 @@ class EpisodeRecorder:
         self.not_captured = ''
         #: why this episode's capture stopped, or its run was not recorded (told to the robot in EpisodeEnded)
         self.capture_error = ''
+        #: another identity owns this episode id: nothing of this run is captured or recorded
+        self.foreign = False
         if store is None:
             return
         try:
+            if owner and store.own(episode_id, owner) != owner:
+                self.foreign = True
+                self.not_captured = (f'episode {clip(episode_id)!r} was started by another client: this run of it '
+                                     'is served but neither captured nor recorded; give each new episode its own id')
+                self.capture_error = self.not_captured
+                return
             self._ep = store.begin(episode_id, instruction, contract)
             if self._ep is None:   # capture on but paused, or its start failed: the robot is told why
                 self.not_captured = store.refusal()
@@ -153,7 +164,7 @@ class EpisodeRecorder:
             if self._ep is not None:
                 stored = self._guarded('commit', self._ep.commit, reason, stats)
                 self._ep = None
-        if self._store is not None:
+        if self._store is not None and not self.foreign:
             run = {'episode_id': self.episode_id, 'version': self._version, 'started_at': self._started,
                    'ended_at': time.time(), 'reason': str(reason),
                    'actions': int(stats.get('actions', 0) or 0), 'underruns': int(stats.get('underruns', 0) or 0),

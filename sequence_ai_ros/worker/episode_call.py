@@ -213,6 +213,7 @@ class EpisodeCallHandler:
     :param idle_timeout_s: end the episode after this many seconds without a message (s).
     :param start_timeout_s: close the stream when no EpisodeStart came within this many seconds (s).
     :param client: who holds the stream (an address), for the per-client cap and logs.
+    :param owner: the caller's identity (:mod:`sequence_ai_ros.worker.identity`), the owner its episode records.
     :param before_start: called (on the executor) before an episode starts, with the runtime; False: the
         deployment is no longer served (``seq delete``), and the EpisodeStart gets UNKNOWN_DEPLOYMENT.
     :param start_refusal: called (on the loop) when EpisodeStart arrives: the refusal of a new episode (the
@@ -223,8 +224,9 @@ class EpisodeCallHandler:
     def __init__(self, runtime: DeploymentRuntime, episode_id: str, idle_timeout_s: float,
                  start_timeout_s: float = float('inf'), client: str = '',
                  before_start: Callable[[DeploymentRuntime], bool] | None = None,
-                 start_refusal: Callable[[], SequenceAIError | None] | None = None) -> None:
+                 start_refusal: Callable[[], SequenceAIError | None] | None = None, owner: str = '') -> None:
         self.runtime = runtime
+        self.owner = owner
         self.before_start = before_start
         self.start_refusal = start_refusal
         self.episode_id = episode_id
@@ -412,9 +414,10 @@ class EpisodeCallHandler:
         try:
             store = self.runtime.capture_store
             if store is None:
-                self.active = self.runtime.start_episode(eid, start.instruction, start.client_id)
+                self.active = self.runtime.start_episode(eid, start.instruction, start.client_id, self.owner)
             else:  # opening a captured episode touches its store's files
-                self.active = await self._io(self.runtime.start_episode, eid, start.instruction, start.client_id)
+                self.active = await self._io(self.runtime.start_episode, eid, start.instruction, start.client_id,
+                                             self.owner)
         except SequenceAIError as exc:
             return _error(exc)
         self.episode_id = eid

@@ -37,10 +37,15 @@ Operators already scrape Triton, vLLM and Ray Serve this way. Every series is la
 
 ``seq_boundary_refused_total{deployment,field}``  counter  values the boundary refused, by field
                                                        (:data:`sequence_ai_ros.protocol.limits.FIELDS`)
+``seq_labels_refused_total{deployment,reason}``  counter  Label calls refused: ``anonymous`` (no token),
+                                                       ``not_owner`` (another identity ran the episode),
+                                                       ``unseen_bound`` (too many labels of episodes the
+                                                       worker never saw, from one identity)
 
 Label values come only from bounded sets: the served deployments, the error code names, the documented
 episode-end reasons (:data:`~sequence_ai_ros.protocol.limits.REASONS`; any other is ``other``), the
-refusals (:data:`~sequence_ai_ros.worker.drain.REFUSALS`) and the boundary's fields. Every labelled series
+refusals (:data:`~sequence_ai_ros.worker.drain.REFUSALS`), the label refusals
+(:data:`~sequence_ai_ros.worker.identity.LABEL_REFUSALS`) and the boundary's fields. Every labelled series
 exists at 0 from the start (``rate()``/``increase()`` see its first increment), and every series of a
 deployment ``seq delete`` removed goes once the worker unloaded it (:meth:`PrometheusMetrics.forget`). A
 non-finite or negative figure a robot reports is not counted.
@@ -71,6 +76,7 @@ from sequence_ai_ros.protocol.limits import FIELDS, OTHER_REASON, REASONS, reaso
 from sequence_ai_ros.worker.auth import authorized
 from sequence_ai_ros.worker.bounded_server import BoundedServer
 from sequence_ai_ros.worker.drain import REFUSALS
+from sequence_ai_ros.worker.identity import LABEL_REFUSALS
 
 #: Seconds a capture-store size is cached (it walks the store's files).
 CAPTURE_BYTES_TTL_S = 10.0
@@ -126,6 +132,9 @@ class MetricsSink:
 
     def refused_value(self, deployment: str, field: str) -> None:
         """Count a value the boundary refused (``field``: one of the schema's fields)."""
+
+    def label_refused(self, deployment: str, reason: str) -> None:
+        """Count a refused Label call (``reason``: one of :data:`~sequence_ai_ros.worker.identity.LABEL_REFUSALS`)."""
 
     def rollout_failed(self, deployment: str) -> None:
         """Count a version of ``deployment`` registered while serving that failed (it is not tried again)."""
@@ -337,6 +346,9 @@ class PrometheusMetrics(MetricsSink):
         prom.GCCollector(registry=reg)          # python_gc_*
         self._boundary = prom.Counter('seq_boundary_refused', 'Values from the wire refused at the boundary',
                                       ['deployment', 'field'], registry=reg)
+        self._labels_refused = prom.Counter('seq_labels_refused', 'Label calls refused: without the token, of an '
+                                            "episode another identity ran, or past one identity's bound of labels "
+                                            'of episodes the worker never saw', ['deployment', 'reason'], registry=reg)
         self._rollout_failures = prom.Counter('seq_rollout_failures', 'Versions registered while serving that '
                                               'failed to import, load or pass the dry run', ['deployment'],
                                               registry=reg)
@@ -348,7 +360,8 @@ class PrometheusMetrics(MetricsSink):
         #: from the start, and :meth:`forget` removes them all
         self._by_deployment: list[Labelled] = [
             *self._requests.labelled(), *self._episodes.labelled(),
-            (self._boundary, [(field,) for field in (*FIELDS, 'other')]), (self._rollout_failures, [()])]
+            (self._boundary, [(field,) for field in (*FIELDS, 'other')]), (self._rollout_failures, [()]),
+            (self._labels_refused, [(reason,) for reason in LABEL_REFUSALS])]
         for reason in REFUSALS:
             self._refused.labels(reason)
         for name, runtime in runtimes.items():   # every labelled series, at 0 from the start
@@ -437,6 +450,10 @@ class PrometheusMetrics(MetricsSink):
     def refused_value(self, deployment: str, field: str) -> None:
         """Count a value the boundary refused."""
         self._boundary.labels(self._deployment(deployment), field if field in FIELDS else 'other').inc()
+
+    def label_refused(self, deployment: str, reason: str) -> None:
+        """Count a refused Label call."""
+        self._labels_refused.labels(self._deployment(deployment), reason if reason in LABEL_REFUSALS else 'other').inc()
 
     def rollout_failed(self, deployment: str) -> None:
         """Count a version that failed to roll out."""

@@ -419,14 +419,18 @@ class DeploymentRuntime:
         return host.episode_hook(self.definition.hook)
 
     # -- episodes -----------------------------------------------------------------------------------------
-    def start_episode(self, episode_id: str, instruction: str, client_id: str = '') -> ActiveEpisode:
+    def start_episode(self, episode_id: str, instruction: str, client_id: str = '', owner: str = '') -> ActiveEpisode:
         """Register a new episode and log its start line (with ``client_id``, the robot's EpisodeStart's).
+
+        :param owner: the caller's identity (:mod:`sequence_ai_ros.worker.identity`): the capture store records
+            it as the episode's owner, from whom alone its labels, outcome and telemetry are accepted.
 
         :raises EpisodeStateError: when an episode with this id is already running on this worker.
         """
         if episode_id in self._episodes:   # refused before its capture is touched (a second start never disturbs
             raise self._already_running(episode_id)     # the first's)
-        recorder = EpisodeRecorder(self.capture_store, episode_id, instruction, self.contract, version=self.version)
+        recorder = EpisodeRecorder(self.capture_store, episode_id, instruction, self.contract, version=self.version,
+                                   owner=owner)
         active = ActiveEpisode(self, Episode(id=episode_id, instruction=instruction, deployment=self.name),
                                recorder)
         if not self._episodes.add(episode_id, active):   # a start that raced the check above

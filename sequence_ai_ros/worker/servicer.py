@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -23,6 +24,7 @@ from sequence_ai_ros.exceptions import (
     CaptureError,
     Draining,
     Overloaded,
+    PermissionDenied,
     ProtocolVersionError,
     Unauthenticated,
     UnknownDeployment,
@@ -45,6 +47,7 @@ from sequence_ai_ros.worker.boundary import refuse
 from sequence_ai_ros.worker.config import ServerConfig
 from sequence_ai_ros.worker.drain import Drain, refuse_stream
 from sequence_ai_ros.worker.episode_call import EpisodeCallHandler, Undecodable, parse_request
+from sequence_ai_ros.worker.identity import identity
 from sequence_ai_ros.worker.runtime import DeploymentRuntime
 from sequence_ai_ros.worker.unary import unary_handler
 
@@ -205,7 +208,8 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         anonymous = self.token is not None and not self._authenticated(context)
         stream = EpisodeCallHandler(runtime, _metadata(context, EPISODE_ID_METADATA), self.idle_timeout_s,
                                     self.config.start_timeout_s, client, before_start=self.before_start,
-                                    start_refusal=self._start_refusal)
+                                    start_refusal=self._start_refusal,
+                                    owner=identity(self.token, not anonymous, client))
         refused = DRAINING if self.drain.draining else self._admit(stream, (client, anonymous))
         if refused:   # a typed refusal in the stream (drain.py: a balancer resets an aborted call)
             if self.on_refused is not None:
@@ -281,32 +285,44 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
 
         It cannot when capture is off for the deployment or the store cannot be written.
 
+        Only the identity that ran an episode labels it (:mod:`~sequence_ai_ros.worker.identity`: the token's
+        with a token, else the client's address): another one is refused PERMISSION_DENIED
+        (:class:`~sequence_ai_ros.exceptions.PermissionDenied`), and so is every caller without the token on a
+        worker with one (``anonymous_streams``), whose episodes nobody labels.
+
         An episode this worker never ran is labelled too (its replica was stopped and the balancer sent the
-        call here; or a mistyped id): the reply says so, in its message and in the trailing metadata
-        ``x-label: unmatched`` (:data:`~sequence_ai_ros.protocol.LABEL_METADATA`), which the client reports to
-        its caller; the stores merge labels by episode id at export and stats, and an export lists the labels
-        no store ran. A caller
-        without the token (``anonymous_streams``) may label only episodes this worker ran: labels of unseen
-        episodes would let it fill the store's index.
+        call here; or a mistyped id), with the labeller's identity: the reply says so, in its message and in the
+        trailing metadata ``x-label: unmatched`` (:data:`~sequence_ai_ros.protocol.LABEL_METADATA`), which the
+        client reports to its caller; the stores merge labels by episode id at export and stats when the
+        episode's owner gave them, and an export lists the labels no store ran. One identity holds at most
+        :data:`~sequence_ai_ros.capture.store.UNSEEN_LABELS_PER_OWNER` such labels per store (and as many
+        bytes as :data:`~sequence_ai_ros.capture.store.UNSEEN_LABEL_BYTES_PER_OWNER`); past that it is refused
+        OVERLOADED (:class:`~sequence_ai_ros.exceptions.Overloaded`, refusal ``unseen_labels``). Each refusal
+        counts in ``seq_labels_refused_total{deployment,reason}``.
         """
         try:
             limits.check_label(request)
             runtime = self._runtime(request.deployment)
         except (UnknownDeployment, limits.LimitViolation) as exc:
             await context.abort(*errors.abort_details(exc))
+        anonymous = self.token is not None and not self._authenticated(context)
         store = runtime.capture_store
-        if store is None:
+        if store is None and not anonymous:
             return pb.LabelReply(ok=False, message=f'capture is off for deployment {runtime.name!r}: episode '
                                                    f'{clip(request.episode_id)!r} was not captured, the label is not '
                                                    'stored')
-        anonymous = self.token is not None and not self._authenticated(context)
         try:
-            known = await asyncio.get_running_loop().run_in_executor(None, store.label, request.episode_id,
-                                                                     request.success, request.notes, not anonymous)
-        except LookupError as exc:
-            return pb.LabelReply(ok=False, message=f'label of episode {clip(request.episode_id)!r} not stored: '
-                                                   f'{clip(str(exc), 300)}; only a caller with the token may label '
-                                                   'an episode this worker did not run')
+            if anonymous or store is None:
+                raise PermissionDenied(f'label of episode {clip(request.episode_id)!r} refused: a caller without the '
+                                       'token labels no episode; send metadata "authorization: Bearer <token>"')
+            owner = identity(self.token, True, client_of(context, self.config.proxy_socket is not None))
+            known = await asyncio.get_running_loop().run_in_executor(
+                None, functools.partial(store.label, request.episode_id, request.success, request.notes, owner=owner))
+        except (PermissionDenied, Overloaded) as exc:
+            reason = 'anonymous' if anonymous else 'not_owner' if isinstance(exc, PermissionDenied) else 'unseen_bound'
+            runtime.metrics.label_refused(runtime.name, reason)
+            LOG.info('label of %s refused (%s): %s', clip(request.episode_id), reason, exc)
+            await context.abort(*errors.abort_details(exc), trailing_metadata=errors.abort_trailers(exc))
         except (CaptureError, ValueError) as exc:
             return pb.LabelReply(ok=False, message=f'label of episode {clip(request.episode_id)!r} not stored: '
                                                    f'{clip(str(exc), 300)}')
