@@ -270,8 +270,11 @@ class Policy:
         :returns: a :class:`~sequence_ai_ros.client.labels.LabelResult` (true in a condition): ``matched``
             says whether the worker that stored the label ran the episode; ``message`` is its answer.
         :raises CaptureError: with the worker's answer when it did not store the label (a worker serving
-            without a capture store, a store that cannot be written, a caller without the worker's token
-            labelling an episode that worker did not run); never a silent ok.
+            without a capture store, a store that cannot be written); never a silent ok.
+        :raises PermissionDenied: when the episode is not this caller's to label: another identity (token, or
+            without one client address) ran it, or the call carries no token on a worker with one.
+        :raises Overloaded: (``refusal == 'unseen_labels'``) for an episode that worker never ran, when this
+            caller already holds the most such labels it keeps.
         :raises EpisodeStateError: when there is no episode to label, or this Policy is closed.
         :raises ConnectionLost: when the worker cannot be reached.
         """
