@@ -182,7 +182,8 @@ def probe_transport(endpoint: str, timeout: float = 1.0) -> str | None:
     A TLS worker answers with its ServerHello (a handshake record) or an alert; a plaintext gRPC worker sends
     its HTTP/2 SETTINGS frame first, whatever it reads. A plaintext HTTP/2 preface would make a TLS worker's
     gRPC core log a non-JSON ``Handshake failed ... WRONG_VERSION_NUMBER`` line on every connect; a
-    ClientHello it reads as the start of a handshake, which the probe leaves (gRPC logs nothing).
+    ClientHello it reads as the start of a handshake, which the probe leaves (gRPC logs nothing). A connection
+    closed or reset without a byte is unknown (a plaintext gateway closes on a ClientHello).
     """
     host, sep, port = endpoint.rpartition(':')
     if not sep or not port.isdigit() or '/' in host:
@@ -194,11 +195,11 @@ def probe_transport(endpoint: str, timeout: float = 1.0) -> str | None:
             sock.settimeout(timeout)
             sock.sendall(hello)
             data = sock.recv(9)
-    except ConnectionResetError:
-        return 'tls'
-    except OSError:             # unreachable, or nothing came within the timeout (ssl.SSLError is one too)
+    except OSError:             # unreachable, reset, or nothing came within the timeout (ssl.SSLError is one too)
         return None
-    if not data or data[0] in (0x15, 0x16):  # closed at once, a TLS alert or a handshake record
+    # A connection closed without a byte says nothing: a plaintext HTTP/2 gateway (HAProxy) closes on a
+    # ClientHello as a TLS one might; only a TLS record (an alert or a handshake) says TLS.
+    if data and data[0] in (0x15, 0x16):
         return 'tls'
     if len(data) >= 4 and data[3] == 0x04:   # an HTTP/2 frame header of type SETTINGS (length < 2**16)
         return 'plaintext'
