@@ -154,7 +154,13 @@ def launched(tmp_path_factory):
 
 
 def _episode_ended(probe: Probe, episode_id: str) -> bool:
-    return any(s.episode_id == episode_id and s.state != 'running' for s in list(probe.status)[-5:])
+    """~/status says the episode ended: its message names it as the last episode (with its reason).
+
+    The state alone cannot tell: a running episode is also ``holding`` (an underrun, an invalid observation)
+    or ``warming`` (before its first command), and an ended one ``holding`` (the arm holds) or ``idle``.
+    """
+    prefix = f'last episode {episode_id}:'
+    return any(s.episode_id == episode_id and s.message.startswith(prefix) for s in list(probe.status)[-5:])
 
 
 def _assert_holding(probe: Probe, since: float) -> None:
