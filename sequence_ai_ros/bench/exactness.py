@@ -260,13 +260,13 @@ class Robot:
         self.ticks.append(Tick(start, float(self.span), self._state, values.copy(), before, self.pose.copy()))
         if self.by_clock:
             self._acted_at = self._now
-            self._room = self._left(action.index)
+            self._room = float(self._left(action.index))
         else:
-            span = min(self.span, self._left(action.index))
+            ran = min(Fraction(self.span), Fraction(self._left(action.index)))
             if self.capped:
-                span = min(span, self.limit - self.clock)
-            self.ticks[-1].span = float(span)
-            self.clock += span
+                ran = min(ran, Fraction(self.limit) - Fraction(self.clock))
+            self.ticks[-1].span = float(ran)
+            self.clock += ran
         if self.overrun is not None:
             self.overrun(self.source.dt * float(self.span))
 
@@ -549,9 +549,9 @@ def disturbed_score(episode: Episode) -> DisturbedScore:
                               math.inf, f'the robot executed nothing ({out.reason})')
     want = expected(episode)
     bound = int(getattr(out, 'ticks_held', 0)) + int(getattr(out, 'ticks_skipped', 0))
-    base = dict(steps=int(out.actions), robot_steps=float(robot.steps), held_bound=bound,
-                underruns=int(out.underruns), periods_skipped=int(getattr(out, 'ticks_skipped', 0)),
-                client_err=want.client_err)
+    base: dict[str, Any] = dict(steps=int(out.actions), robot_steps=float(robot.steps), held_bound=bound,
+                                underruns=int(out.underruns), periods_skipped=int(getattr(out, 'ticks_skipped', 0)),
+                                client_err=want.client_err)
     rows = episode.rows
     why = episode.skipped or ('' if out.reason in ('completed', 'until') else f'ended: {out.reason}')
     if rows is None or why:
