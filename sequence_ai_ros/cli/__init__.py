@@ -5,6 +5,7 @@ sets ``func`` on its parsers; ``func(args)`` returns the process exit code:
 
 - :mod:`sequence_ai_ros.cli.serving`: init, deploy, serve, deployments, delete, usage, train.
 - :mod:`sequence_ai_ros.cli.field_data`: ``policy capture``, ``policy data export``, ``data to-rosbag``.
+- :mod:`sequence_ai_ros.cli.admin`: ``admin`` (a replica's admin API).
 
 A call in coreutils seq's style (``seq 60``, ``seq -s, 1 3``) is handed over to the system's ``seq``
 (:mod:`sequence_ai_ros.cli.coreutils`), so that scripts on a robot where this ``seq`` comes first on PATH
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 
 from sequence_ai_ros.exceptions import SequenceAIError
 
-_COMMAND_MODULES = ('sequence_ai_ros.cli.serving', 'sequence_ai_ros.cli.field_data')
+_COMMAND_MODULES = ('sequence_ai_ros.cli.serving', 'sequence_ai_ros.cli.field_data', 'sequence_ai_ros.cli.admin')
 
 
 def build_parser() -> argparse.ArgumentParser:

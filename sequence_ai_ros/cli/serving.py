@@ -114,7 +114,7 @@ def _read_token(path: str | None) -> str | None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """``seq serve NAME``: serve until SIGINT/SIGTERM, then stop gracefully."""
+    """``seq serve NAME``: serve until SIGINT/SIGTERM (or ``seq admin drain``), then stop gracefully."""
     from sequence_ai_ros.worker import logs
     from sequence_ai_ros.worker.server import create_server, serve_policy_file
 
@@ -126,6 +126,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         server = create_server(args.names, config)
     stop = threading.Event()
     signals = on_stop_signals(stop.set)     # the handler takes no lock (see stop_signals)
+    server.drain_request.handle_with(stop.set)   # seq admin drain: the path SIGTERM takes
     try:
         print(f'serving {" ".join(sorted(server.runtimes))} on {server.host}:{server.port}'
               f'{" (TLS)" if server.tls else ""}', flush=True)

@@ -146,6 +146,10 @@ class ServerConfig:
     :param probe_port: serve ``grpc.health.v1.Health`` alone, in plaintext and without the token, on this port
         (0: a free one, see ``WorkerServer.probe_port``), for Kubernetes' gRPC probes, which send neither
         metadata nor TLS (:mod:`~sequence_ai_ros.worker.probe`); None: no probe port.
+    :param admin_without_token: without a ``token``, let every caller that reaches the port use the admin API
+        (:mod:`~sequence_ai_ros.worker.admin`), Drain and SetLogLevel included; False (default): without a
+        token, its reads answer callers on this host only and Drain and SetLogLevel nobody. Refused with a token
+        (the admin API then needs it from every caller).
     :raises ConfigError: for a value its field's rule (:data:`RULES`) refuses: an empty host, a timeout that
         is not finite and > 0, ``max_streams`` or ``max_pending`` < 1, a port outside [0, 65535], a bool
         where a number belongs, an empty token, a ``tls`` that is not a pair; or for ``anonymous_streams``
@@ -201,6 +205,10 @@ class ServerConfig:
     agent_port: int | None = _opt(None, '--agent-port', 'answer HAProxy agent-check probes on this port with the '
                                   "replica's gRPC health (default: off; see worker/haproxy.cfg)", 'PORT',
                                   rule='optional_port')
+    admin_without_token: bool = _opt(False, '--admin-without-token', 'without --token-file, let every caller that '
+                                     'reaches the port use the admin API (seq admin), drain and log level included '
+                                     '(default: without a token, only reads, and only from this host)',
+                                     rule='flag')
     probe_port: int | None = _opt(None, '--probe-port', 'serve only the gRPC health service on this port, in '
                                   'plaintext and without the token, for Kubernetes gRPC probes (default: off; '
                                   '0 picks a free one)', 'PORT', rule='optional_port')
@@ -213,6 +221,9 @@ class ServerConfig:
         if self.anonymous_streams and self.token is None:
             raise ConfigError(f'{_named("anonymous_streams")} needs a token (--token-file): without one every '
                               'stream is anonymous and max_streams is the only cap')
+        if self.admin_without_token and self.token is not None:
+            raise ConfigError(f'{_named("admin_without_token")} goes without a token: with --token-file every admin '
+                              'call needs the token')
         if self.deployment_memory_mb and self.isolation != 'process':
             raise ConfigError(f'{_named("deployment_memory_mb")} needs isolation \'process\' (--isolation process): '
                               'a policy inside the worker has no process of its own to limit')

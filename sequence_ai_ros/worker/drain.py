@@ -117,3 +117,30 @@ class Drain:
                 and time.monotonic() < deadline:
             time.sleep(poll_s)
         return self._open_streams() if left else 0
+
+
+class DrainRequest:
+    """A drain asked through the admin API (``seq admin drain``), taken the path SIGTERM takes; once.
+
+    :param default: what a drain does when no handler was set (an embedded worker: drain, then stop).
+    """
+
+    def __init__(self, default: Callable[[], None]) -> None:
+        self._lock = threading.Lock()
+        self._asked = False
+        self._handler = default
+
+    def handle_with(self, handler: Callable[[], None]) -> None:
+        """Let ``handler`` do the drain (``seq serve``: the event its SIGTERM handler sets)."""
+        with self._lock:
+            self._handler = handler
+
+    def ask(self) -> bool:
+        """Start the drain (the handler is called once, at once); False when it was asked already."""
+        with self._lock:
+            if self._asked:
+                return False
+            self._asked = True
+            handler = self._handler
+        handler()
+        return True

@@ -357,6 +357,7 @@ class EpisodeCallHandler:
                     if self.active is not None:   # live underruns, whether captured or not
                         live = self._underruns.observe(item.telemetry.frames)
                         self.runtime.metrics.underruns(self.runtime.name, *live)
+                        self.active.live.underran(*live)
                     if self.active is None:
                         yield _error(EpisodeStateError('Telemetry before EpisodeStart'))
                     elif self.active.recorder.active:
@@ -515,7 +516,8 @@ class EpisodeCallHandler:
         chunk = None
         try:
             self._splicer.complete(req, self.runtime.definition.contract.action_dim)   # pipelined requests
-            chunk = await self._infer(active, req, nbytes)
+            with active.live.serving():   # the admin API's in_flight
+                chunk = await self._infer(active, req, nbytes)
             self._splicer.record(req, chunk)
             reply = pb.EpisodeReply(chunk=chunk)
         except _EndArrived as cut:

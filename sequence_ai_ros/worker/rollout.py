@@ -246,6 +246,10 @@ class Rollouts:
                       'failed until a version that loads is deployed: %s', name, version, why)
         self._on_failed(name)
 
+    def held(self) -> list[DeploymentRuntime]:
+        """The runtimes a rollout holds that are not served: a new version loading, an old one finishing."""
+        return list(self._held)
+
     def running_episodes(self, name: str) -> int:
         """Episodes still running on the versions of ``name`` this rollout holds (an old version finishing its own).
 

@@ -54,6 +54,7 @@ from sequence_ai_ros.worker.deployment_state import (
     Readiness,
     RestartBudget,
 )
+from sequence_ai_ros.worker.episode_tally import LiveCounts
 from sequence_ai_ros.worker.hosting import PolicyHost
 from sequence_ai_ros.worker.logs import episode_fields, log_episode
 from sequence_ai_ros.worker.metrics import MetricsSink
@@ -106,6 +107,8 @@ class ActiveEpisode:
         self.captured = False
         #: the robot's EpisodeStart.client_id ('' when it sent none), for the episode's log lines
         self.client_id = ''
+        #: its requests in flight and underruns so far, for the admin API (:mod:`~sequence_ai_ros.worker.admin`)
+        self.live = LiveCounts()
 
     @property
     def ended(self) -> bool:

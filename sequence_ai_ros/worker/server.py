@@ -2,7 +2,9 @@
 
 Both take a :class:`~sequence_ai_ros.worker.config.ServerConfig` (or its fields as keywords) and return a
 :class:`WorkerServer` with ``.port`` and ``.stop(grace)``. The server binds 127.0.0.1 by
-default, serves ``sequence_ai.v1.PolicyService`` and the standard ``grpc.health.v1.Health`` service
+default, serves ``sequence_ai.v1.PolicyService``, the admin API ``sequence_ai.v1.Admin``
+(:mod:`~sequence_ai_ros.worker.admin`: its own access rules and rate bound) and the standard
+``grpc.health.v1.Health`` service
 (``''`` is SERVING while the server runs; each deployment is NOT_SERVING until its policy is ready), sets
 the max receive size from the contracts' ``max_message_bytes`` and keepalive options. With a ``token``,
 an interceptor fails every call (health included) without ``authorization: Bearer <token>`` metadata
@@ -20,7 +22,8 @@ threads of :mod:`sequence_ai_ros.worker.runtime`; ``seq-housekeeping`` (usage fl
 retention at start and hourly); served from a registry, ``seq-live`` (:mod:`~sequence_ai_ros.worker.live`:
 which deployments have episodes running, for ``seq delete``) and, for a deployment ``seq delete`` removed,
 ``seq-retire-<name>`` until its running episodes ended; with ``agent_port``, ``seq-agent``; with
-``metrics_port``, prometheus_client's HTTP thread. With ``probe_port``, a second plaintext gRPC server on the
+``metrics_port``, prometheus_client's HTTP thread; after an admin Drain of an embedded worker,
+``seq-admin-drain`` (drain, then stop). With ``probe_port``, a second plaintext gRPC server on the
 same loop serves the health service alone (:mod:`~sequence_ai_ros.worker.probe`, with its own stream,
 message and connection caps), for probes that send no token and no TLS. The thread count does not grow
 with open streams, and nothing grown by a burst is kept. All are stopped by :meth:`WorkerServer.stop`.
@@ -47,10 +50,11 @@ from sequence_ai_ros.malloc_tuning import tune_malloc
 from sequence_ai_ros.policy.loader import PolicyDefinition, load_policy_file
 from sequence_ai_ros.protocol import AUTH_METADATA, errors, messages
 from sequence_ai_ros.protocol.contract import receive_limit
+from sequence_ai_ros.worker.admin import AdminHooks, AdminServicer, add_admin_to_server
 from sequence_ai_ros.worker.auth import authorized
 from sequence_ai_ros.worker.capture_hook import open_store
 from sequence_ai_ros.worker.config import ServerConfig, field_names
-from sequence_ai_ros.worker.drain import DRAIN_TIMEOUT_REASON
+from sequence_ai_ros.worker.drain import DRAIN_TIMEOUT_REASON, DrainRequest
 from sequence_ai_ros.worker.grpc_bounds import HANDSHAKE_TIMEOUT_MS, KEEPALIVE_OPTIONS
 from sequence_ai_ros.worker.health_agent import HealthAgent
 from sequence_ai_ros.worker.health_service import BoundedHealthServicer, HealthStatuses, Trusted
@@ -248,6 +252,11 @@ class RetiredRuntimes:
         with self._lock:
             return [r.name for r in self._runtimes]
 
+    def all(self) -> list[DeploymentRuntime]:
+        """The held runtimes."""
+        with self._lock:
+            return list(self._runtimes)
+
     def take(self, runtime: DeploymentRuntime) -> bool:
         """Let go of ``runtime``; False when it was not held (already taken)."""
         with self._lock:
@@ -291,6 +300,14 @@ class WorkerServer:
         self._stop = threading.Event()
         self._stopped = False
         self._io = WorkerLoop()
+        #: a drain asked through the admin API: by default a thread drains and stops; ``seq serve`` takes it
+        #: the SIGTERM path (:meth:`DrainRequest.handle_with`)
+        self.drain_request = DrainRequest(self._drain_and_stop)
+        #: the admin API (``sequence_ai.v1.Admin``) on the worker's port
+        self.admin = AdminServicer(AdminHooks(streams=lambda: self.servicer.episode_streams(),
+                                              ended=lambda: self.servicer.tally.rows(),
+                                              versions=self.loaded_versions, drain=self.drain_request.ask,
+                                              draining=lambda: self.servicer.drain.draining), config)
         try:
             self._server, self.servicer, self.health = self._run(self._build(config))
         except BaseException:
@@ -398,6 +415,7 @@ class WorkerServer:
         server = grpc.aio.server(options=options, interceptors=interceptors)
         servicer = PolicyServicer(self.runtimes, config)
         add_to_server(servicer, server)
+        add_admin_to_server(self.admin, server)   # the probe port (probe.py) serves health alone
         statuses = HealthStatuses()   # health_service: names bounded, Watch capped and ended when idle
         health_pb2_grpc.add_HealthServicer_to_server(BoundedHealthServicer(statuses, _health_trust(config.token)),
                                                      server)
@@ -412,6 +430,7 @@ class WorkerServer:
             raise ConfigError(f'cannot bind {address} (--host/--port): {exc}') from None
         if not self.port:
             raise ConfigError(f'cannot bind {address} (--host/--port)')
+        self.admin.bound(self.port)
         if config.proxy_socket is not None:
             self._bind_proxy_socket(server, Path(config.proxy_socket))
         return server, servicer, statuses
@@ -473,6 +492,22 @@ class WorkerServer:
             if self._rollouts is not None:   # a version registered while serving (seq deploy again)
                 self._rollouts.check({name: rec.version for name, rec in records.items()})
             return gone
+
+    def loaded_versions(self) -> list[tuple[DeploymentRuntime, str]]:
+        """The deployment versions loaded here and their role, for the admin API (any thread).
+
+        ``serving`` (the version robots get), ``rollout_new`` (a version a rollout loads before it serves it),
+        ``rollout_old`` (an older version a rollout keeps until its episodes end), ``deleted`` (``seq delete
+        --force`` removed it; it finishes its episodes).
+        """
+        serving = dict(self.runtimes)
+        out = [(runtime, 'serving') for runtime in serving.values()]
+        for runtime in self._rollouts.held() if self._rollouts is not None else ():
+            current = serving.get(runtime.name)
+            out.append((runtime, 'rollout_new' if current is None or runtime.version > current.version
+                        else 'rollout_old'))
+        out += [(runtime, 'deleted') for runtime in self._retired.all()]
+        return out
 
     def _live_names(self) -> list[str]:
         """The deployments the live file counts streams of: the served ones, and deleted ones still running."""
@@ -598,6 +633,14 @@ class WorkerServer:
             self.servicer.shutdown_streams(DRAIN_TIMEOUT_REASON)
             self.servicer.drain.wait(CUT_WAIT_S)   # their Error and EpisodeEnded go out before the stop
         return left
+
+    def _drain_and_stop(self) -> None:
+        """Drain, then stop, in a thread of its own (``seq-admin-drain``): an embedded worker's admin Drain."""
+        def run() -> None:
+            self.drain()
+            self.stop(grace=2.0)
+
+        threading.Thread(target=run, name='seq-admin-drain', daemon=True).start()
 
     def stop(self, grace: float = 1.0) -> None:
         """Stop the worker; idempotent.

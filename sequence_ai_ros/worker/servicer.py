@@ -47,6 +47,7 @@ from sequence_ai_ros.worker.boundary import refuse
 from sequence_ai_ros.worker.config import ServerConfig
 from sequence_ai_ros.worker.drain import Drain, refuse_stream
 from sequence_ai_ros.worker.episode_call import EpisodeCallHandler, Undecodable, parse_request
+from sequence_ai_ros.worker.episode_tally import VersionTally
 from sequence_ai_ros.worker.identity import identity
 from sequence_ai_ros.worker.runtime import DeploymentRuntime
 from sequence_ai_ros.worker.unary import unary_handler
@@ -141,6 +142,8 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         self.before_start: Callable[[DeploymentRuntime], bool] | None = None
         #: set on SIGTERM: new episodes are refused (``draining``) while the open ones finish
         self.drain = Drain(self.open_streams)
+        #: the ended episodes per deployment version, for the admin API (:mod:`~sequence_ai_ros.worker.admin`)
+        self.tally = VersionTally()
 
     def _runtime(self, name: str) -> DeploymentRuntime:
         if self.before_lookup is not None:
@@ -227,6 +230,10 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         finally:
             stream.on_done()
             self._release(stream, (client, anonymous))
+            active = stream.active
+            if active is not None:   # not ended yet: on_done ends it as a disconnect
+                self.tally.ended(runtime.name, runtime.version, active.episode.reason or 'disconnect',
+                                 active.requests, active.live)
 
     def _start_refusal(self) -> Draining | None:
         """The refusal of an EpisodeStart on a stream admitted before the drain began (counted), or None."""
@@ -340,6 +347,11 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
             if deployment is None:
                 return len(self._streams)
             return sum(1 for stream in self._streams if stream.runtime.name == deployment)
+
+    def episode_streams(self) -> list[EpisodeCallHandler]:
+        """Return the Episode streams open now (started episodes or not), for the admin API."""
+        with self._streams_lock:
+            return list(self._streams)
 
     def shutdown_streams(self, reason: str = 'shutdown', runtime: Any = None) -> int:
         """Tell open episode streams to end (``reason``: ``shutdown``, ``drain_timeout``, ``rollout``) and close.
