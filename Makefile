@@ -37,7 +37,7 @@ DATASET ?= ../shared/data/g1_pick_bottle_v21
 export DATASET
 
 .PHONY: help setup build test test-fast test-properties test-jazzy test-under-load lint demo bench bench-scale docs check-export check-lerobot \
-	check-sim flywheel train-image-act rtc-sim params-yaml clean haproxy egl
+	check-sim flywheel train-image-act rtc-sim params-yaml clean haproxy prometheus egl
 
 help:
 	@echo "make demo    run the main job end to end (set-up included)"
@@ -51,6 +51,7 @@ help:
 	@echo "make bench-scale  128 robots at 10 req/s on one worker, 3 runs of 30 s, load average beside each (ROBOTS=, ISOLATION=)"
 	@echo "make check-export  load the demo's export in LeRobot's own v2.1 loader (own, large venv)"
 	@echo "make haproxy install Debian's HAProxy for the fleet (seq fleet, test_fleet.py) when root"
+	@echo "make prometheus install Debian's Prometheus for the autoscaler queries (test_fleet_autoscale.py) when root"
 	@echo "make egl     install Debian's EGL (libegl1, libgl1-mesa-dri) for the simulated robot's cameras when root"
 	@echo "make check-lerobot ACT and diffusion trained by LeRobot 0.6, a tiny SmolVLA with RTC; served, closed loop (own venv)"
 	@echo "make check-sim  drawer-open solved by a LeRobot ACT through policy_node + seq serve under link delay"
@@ -125,6 +126,15 @@ haproxy:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends haproxy; \
 	else echo "note: HAProxy is not installed and this is not root: the fleet tests will skip"; fi
 
+# The autoscalers' PromQL (deploy/kubernetes/autoscaling-*.yaml) is asked of a real Prometheus scraping real workers
+# (test/test_fleet_autoscale.py; Debian 12: 2.42). As root it is installed when missing (the binary only: the
+# package's service is not started here); otherwise that test skips and says so.
+prometheus:
+	@if command -v prometheus >/dev/null 2>&1 || [ -x /usr/bin/prometheus ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; \
+	else echo "note: Prometheus is not installed and this is not root: the autoscaler query test will skip"; fi
+
 # The simulated robot (sim_robot) renders its cameras headless through EGL (MUJOCO_GL=egl): Debian's libegl1 and
 # libgl1-mesa-dri. As root they are installed when missing; otherwise the camera tests skip and say so.
 egl:
@@ -152,7 +162,7 @@ $(STAMP_BENCH): $(STAMP_VENV) requirements-bench.txt
 # per-module handling, so one module's import error or module-level skip fails or skips the whole test folder.
 TEST_WORKERS ?= 4
 PYTEST := python -m pytest test -rfEs -n $(TEST_WORKERS) --dist loadgroup -p no:launch_testing -p no:launch_ros
-test: $(STAMP_BUILD) $(STAMP_BENCH) haproxy egl
+test: $(STAMP_BUILD) $(STAMP_BENCH) haproxy prometheus egl
 	$(VENV)/bin/ruff check .
 	$(ENV) && $(PYTEST) $(TESTS)
 
@@ -199,7 +209,7 @@ test-jazzy:
 
 # make test beside two CPU-bound processes (test/load/cpu_hogs.py), RUNS times: no test may need an idle machine.
 RUNS ?= 1
-test-under-load: $(STAMP_BUILD) $(STAMP_BENCH) haproxy egl
+test-under-load: $(STAMP_BUILD) $(STAMP_BENCH) haproxy prometheus egl
 	$(PYTHON) test/load/cpu_hogs.py --hogs 2 --runs $(RUNS) -- $(MAKE) --no-print-directory test
 
 # The documentation site (mkdocs.yml, docs/), live-reloaded on 127.0.0.1:8000; docs/hooks.py imports the package.
