@@ -203,6 +203,107 @@ def test_shutdown_fits_the_grace_period_and_one_pod_at_a_time_may_go():
     assert deployment['spec']['replicas'] > budget['spec']['maxUnavailable']
 
 
+
+def test_the_autoscalers_validate_against_keda_s_crd_and_the_kubernetes_schema():
+    kv = pytest.importorskip('kubernetes_validate', reason='kubernetes-validate is not installed '
+                                                           '(pip install -r requirements-dev.txt)')
+    pytest.importorskip('jsonschema', reason='jsonschema is not installed (pip install -r requirements-dev.txt)')
+    import jsonschema
+
+    scaled, = docs('autoscaling-keda.yaml')
+    crd_schema.validate(scaled)          # strict: a field KEDA's ScaledObject does not declare fails
+    assert (scaled['apiVersion'], scaled['kind']) == ('keda.sh/v1alpha1', 'ScaledObject')
+    broken = json.loads(json.dumps(scaled))
+    broken['spec']['triggers'][0]['metadata']['threshold'] = 64      # trigger metadata are strings
+    with pytest.raises(jsonschema.ValidationError):
+        crd_schema.validate(broken)
+    broken = json.loads(json.dumps(scaled))
+    broken['spec']['advanced']['horizontalPodAutoscalerConfig']['behavior']['scaleDown']['window'] = 300
+    with pytest.raises(jsonschema.ValidationError, match='window'):
+        crd_schema.validate(broken)
+    resources = docs('autoscaling-hpa.yaml')
+    assert [r['kind'] for r in resources] == ['ConfigMap', 'HorizontalPodAutoscaler']
+    for resource in resources:
+        kv.validate(resource, K8S_VERSION, strict=True)
+    hpa = json.loads(json.dumps(resources[1]))
+    hpa['spec']['behavior']['scaleDown']['window'] = 300      # strict: not a field of HPAScalingRules
+    with pytest.raises(kv.ValidationError):
+        kv.validate(hpa, K8S_VERSION, strict=True)
+
+
+def test_the_autoscalers_scale_down_slower_than_a_pod_drains():
+    deployment, _, budget = docs('worker.yaml')
+    pod = deployment['spec']['template']['spec']
+    worker, = pod['containers']
+    pre_stop = worker['lifecycle']['preStop']['sleep']['seconds']
+    drain = build_parser().parse_args(worker['args'][1:]).drain_timeout_s   # --drain-timeout, or its default
+    grace = pod['terminationGracePeriodSeconds']
+    assert pre_stop + drain <= grace
+    scaled, = docs('autoscaling-keda.yaml')
+    hpa = docs('autoscaling-hpa.yaml')[1]
+    behaviours = {'KEDA': scaled['spec']['advanced']['horizontalPodAutoscalerConfig']['behavior'],
+                  'HPA': hpa['spec']['behavior']}
+    assert behaviours['KEDA'] == behaviours['HPA']
+    for who, behaviour in behaviours.items():
+        down = behaviour['scaleDown']
+        # a dip while robots of a draining pod reconnect elsewhere must not remove the next pod
+        assert down['stabilizationWindowSeconds'] > pre_stop + drain, who
+        # one pod per period, and a period no shorter than a pod's whole shutdown: one drain at a time
+        assert down['policies'] == [{'type': 'Pods', 'value': 1, 'periodSeconds': down['policies'][0]['periodSeconds']}]
+        assert down['policies'][0]['periodSeconds'] >= grace, who
+    for ref in (scaled['spec']['scaleTargetRef'], hpa['spec']['scaleTargetRef']):
+        assert ref == {'apiVersion': deployment['apiVersion'], 'kind': 'Deployment',
+                       'name': deployment['metadata']['name']}
+    # never below the Deployment's own count, and always above what the PDB lets go at once
+    assert scaled['spec']['minReplicaCount'] == hpa['spec']['minReplicas'] == deployment['spec']['replicas']
+    assert hpa['spec']['minReplicas'] > budget['spec']['maxUnavailable']
+    assert scaled['spec']['maxReplicaCount'] == hpa['spec']['maxReplicas'] > hpa['spec']['minReplicas']
+    assert {t['metricType'] for t in scaled['spec']['triggers']} == {'AverageValue'}   # a per-replica target
+    assert {m['external']['target']['type'] for m in hpa['spec']['metrics']} == {'AverageValue'}
+
+
+def test_the_autoscalers_query_the_worker_s_gauges_with_the_same_targets():
+    import autoscale_queries
+
+    keda = autoscale_queries.keda_triggers()
+    adapter = autoscale_queries.adapter_queries('seq')
+    assert set(keda) == {'active-episodes', 'queue-depth'} and set(adapter) == {'seq_active_episodes',
+                                                                                'seq_queue_depth'}
+    for trigger, metric in (('active-episodes', 'seq_active_episodes'), ('queue-depth', 'seq_queue_depth')):
+        # the adapter's query is KEDA's, in the HPA's namespace
+        assert keda[trigger].query == f'sum({metric}{{job="seq-worker"}})'
+        assert adapter[metric].query == f'sum({metric}{{job="seq-worker",namespace="seq"}})'
+        assert keda[trigger].per_replica == adapter[metric].per_replica > 0
+    # the job is the Service the ServiceMonitor scrapes (the Operator names the job after it)
+    _, service, _ = docs('worker.yaml')
+    assert service['metadata']['name'] == 'seq-worker'
+    # gauges the worker exports (none added for the autoscalers), targets below the bounds where it refuses
+    pytest.importorskip('prometheus_client', reason='prometheus_client is not installed')
+    from sequence_ai_ros.worker.metrics import PrometheusMetrics
+
+    metrics = PrometheusMetrics({}, lambda name: 0)
+    try:
+        gauges = {m.name for m in metrics.registry.collect() if m.type == 'gauge'}
+    finally:
+        metrics.close()
+    assert {'seq_active_episodes', 'seq_queue_depth'} <= gauges
+    container = docs('worker.yaml')[0]['spec']['template']['spec']['containers'][0]
+    args = build_parser().parse_args(container['args'][1:])
+    assert keda['queue-depth'].per_replica < args.max_pending
+    assert keda['active-episodes'].per_replica < args.max_streams
+
+
+@pytest.mark.parametrize('kind', ['Deployment', 'StatefulSet'])
+def test_pods_spread_over_zones_and_nodes(kind):
+    template = _pods()[kind]
+    constraints = template['spec']['topologySpreadConstraints']
+    assert {c['topologyKey'] for c in constraints} == {'topology.kubernetes.io/zone', 'kubernetes.io/hostname'}
+    for c in constraints:
+        assert c['maxSkew'] == 1 and c['labelSelector']['matchLabels'].items() <= template['metadata']['labels'].items()
+        # never DoNotSchedule: a pod the autoscaler or a rollout asks for is not left pending by the spread
+        assert c['whenUnsatisfiable'] == 'ScheduleAnyway'
+
+
 def test_the_dockerfile_builds_the_image_the_pods_expect():
     text = (DEPLOY / 'Dockerfile').read_text()
     lines = [ln.strip() for ln in re.sub(r'\\\n', ' ', text).splitlines() if ln.strip() and not ln.startswith('#')]
