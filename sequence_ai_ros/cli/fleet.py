@@ -38,6 +38,8 @@ def cmd_fleet(args: argparse.Namespace) -> int:
         for r in fleet.replicas:
             print(f'  replica{r.index}: gRPC {r.address}, agent {r.agent_port}, '
                   f'metrics http://127.0.0.1:{r.metrics_port}/metrics', flush=True)
+        print(f'admin: seq admin --replicas {fleet.replicas_file} [--token-file F] episodes|stats|versions; '
+              'seq admin --endpoint REPLICA drain', flush=True)
         while not stop.wait(timeout=1.0):
             dead = fleet.reap()
             if dead:

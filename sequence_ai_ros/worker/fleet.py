@@ -16,7 +16,8 @@ server lines between its ``# BEGIN SERVERS`` / ``# END SERVERS`` markers) with a
 
 Processes are owned by :class:`Fleet`: :meth:`Fleet.stop` ends HAProxy, then SIGTERMs every replica (they
 end their episodes with reason ``shutdown``) and waits, killing what outlives ``grace``. Its run directory
-(``/tmp/seq-fleet-*``: the rendered config, the stats socket, every process's log) is removed on a clean
+(``/tmp/seq-fleet-*``: the rendered config, the stats socket, every process's log, ``replicas``: each replica's
+gRPC address a line, for ``seq admin --replicas``) is removed on a clean
 stop, and kept (with its path in :attr:`Fleet.kept`) when a process crashed, failed to start or had to be
 killed, so its logs can be read.
 
@@ -225,6 +226,7 @@ class Fleet:
                 ports = tuple(None if p is None else p[k - 1] for p in pinned.values())
                 self.replicas.append(self._start_replica(k, list(names), list(serve_args), ports))
             self._wait_replicas(ready_timeout_s)
+            self.replicas_file.write_text(''.join(f'{r.address}\n' for r in self.replicas))
             config = self.run_dir / 'haproxy.cfg'
             config.write_text(render_config(template_path.read_text(), replicas, agent_send=bool(self._token)))
             self._start_haproxy(config, conn_per_client, pinned=bool(port), timeout_s=ready_timeout_s)
@@ -234,6 +236,11 @@ class Fleet:
             if isinstance(exc, ConfigError):
                 raise ConfigError(f'{exc}\n(the fleet\'s config and logs are kept in {self.kept})') from None
             raise
+
+    @property
+    def replicas_file(self) -> Path:
+        """The replicas' gRPC addresses, ``HOST:PORT`` a line, for ``seq admin --replicas`` (in the run directory)."""
+        return self.run_dir / 'replicas'
 
     def proxy_socket(self, index: int) -> Path:
         """Replica ``index``'s proxy socket, HAProxy's way in (in the private run directory)."""
