@@ -95,6 +95,9 @@ EXTRAS = {
     'plot': ['matplotlib>=3.5'],
     'sim': ['metaworld==3.0.0', 'mujoco==3.8.1', 'packaging'],
     'lerobot': ['lerobot[diffusion,smolvla]>=0.6.1,<0.7'],
+    # OpenTelemetry tracing (seq serve --otlp-endpoint; sequence_ai_ros.protocol.tracing.configure on a robot)
+    'tracing': ['opentelemetry-api>=1.45,<2', 'opentelemetry-sdk>=1.45,<2',
+                'opentelemetry-exporter-otlp-proto-grpc>=1.45,<2'],
 }
 
 

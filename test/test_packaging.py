@@ -123,12 +123,12 @@ def test_extras_cover_the_optional_features_at_the_versions_the_requirements_pin
     tree = ast.parse((REPO / 'setup.py').read_text())
     extras = next(ast.literal_eval(n.value) for n in ast.walk(tree) if isinstance(n, ast.Assign)
                   and any(isinstance(t, ast.Name) and t.id == 'EXTRAS' for t in n.targets))
-    assert set(extras) == {'metrics', 'plot', 'sim', 'lerobot'}
+    assert set(extras) == {'metrics', 'plot', 'sim', 'lerobot', 'tracing'}
     pins: dict[str, list[str]] = {}
-    for name in ('requirements.txt', 'requirements-lerobot.txt'):
+    for name in ('requirements.txt', 'requirements-lerobot.txt', 'requirements-dev.txt'):
         for line in (REPO / name).read_text().splitlines():
             line = line.split('#')[0].strip()
-            if line:
+            if line and not line.startswith('-'):      # '-r other.txt': read on its own
                 req = Requirement(line)
                 pins.setdefault(req.name.lower().replace('_', '-'), []).append(str(req.specifier).lstrip('='))
     for extra, reqs in extras.items():
@@ -140,6 +140,7 @@ def test_extras_cover_the_optional_features_at_the_versions_the_requirements_pin
                 assert req.specifier.contains(version), f'[{extra}] {text} refuses the pinned {version}'
     readme = (REPO / 'README.md').read_text()
     assert 'sequence_ai_ros[metrics,plot]' in readme and '[sim]' in readme and '[lerobot]' in readme
+    assert '[tracing]' in readme
 
 
 def test_policy_node_without_ros_prints_one_line_and_exits_2():

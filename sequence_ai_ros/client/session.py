@@ -47,6 +47,7 @@ from sequence_ai_ros.protocol import (
     LABEL_UNMATCHED,
     codec,
     errors,
+    tracing,
 )
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
@@ -589,6 +590,9 @@ class EpisodeCall:
         tag = episode_id[:24]
         self._reader = threading.Thread(target=self._read_loop, name=f'seq-recv-{tag}', daemon=True)
         self._before_start = SentBeforeStart()   # sent on calls the worker refused before the start: sent again
+        #: the episode's trace (its span, one per request) when this process traces, else None (costs nothing)
+        self.trace = (tracing.EpisodeTrace(tracing.TRACER, episode_id, deployment)
+                      if tracing.TRACER is not None else None)
 
     def start(self) -> None:
         """Start ``seq-recv``, which opens the call (gRPC then starts its request-consumer thread)."""
@@ -654,6 +658,8 @@ class EpisodeCall:
                 self._call.cancel()
         if self._reader.is_alive() and self._reader is not threading.current_thread():
             self._reader.join(timeout)
+        if self.trace is not None:
+            self.trace.end(end.reason if end is not None else 'closed')
         return self.ended.is_set()
 
     # -- threads ----------------------------------------------------------------------------------
@@ -676,7 +682,8 @@ class EpisodeCall:
                 self._fit(item.obs), self.contract, episode_id=self.episode_id, request_id=item.request_id,
                 history=[self._fit(h) for h in item.history], chunk_tail=item.chunk_tail,
                 expected_delay_actions=item.expected_delay_actions, last_action=item.last_action,
-                observation_step=item.observation_step, tail_request_id=item.tail_request_id)]
+                observation_step=item.observation_step, tail_request_id=item.tail_request_id,
+                trace_context=self.trace.request(item.request_id) if self.trace is not None else '')]
         if isinstance(item, pb.EpisodeEnd):
             msg = pb.EpisodeRequest()
             msg.end.CopyFrom(item)
@@ -751,6 +758,8 @@ class EpisodeCall:
     def _one_call(self) -> SequenceAIError | None:
         """Run one call of the episode; return the worker's refusal of it (None: served, or failed as told)."""
         md = (*self.conn.metadata, (EPISODE_ID_METADATA, self.episode_id), (DEPLOYMENT_METADATA, self.deployment))
+        if self.trace is not None:     # W3C trace context: the worker's spans continue the episode's trace
+            md = (*md, (tracing.TRACEPARENT, self.trace.traceparent))
         refused = threading.Event()
         refusal: SequenceAIError | None = None
         with self._call_lock:
@@ -761,6 +770,8 @@ class EpisodeCall:
             for reply in call:
                 kind = reply.WhichOneof('kind')
                 if kind == 'chunk':
+                    if self.trace is not None:
+                        self.trace.answered(reply.chunk.request_id)
                     self._on_chunk(reply.chunk)
                 elif kind == 'started':
                     self._before_start.start()
@@ -768,6 +779,8 @@ class EpisodeCall:
                     self._on_started(reply.started)
                 elif kind == 'error':
                     error = errors.from_error(reply.error)
+                    if self.trace is not None and reply.error.request_id:
+                        self.trace.answered(reply.error.request_id, str(error))
                     if reply.error.refusal and not self._before_start.started:   # nothing ran: close our side
                         refusal = error
                         refused.set()

@@ -154,8 +154,12 @@ def _image_pieces(obs: Observation, contract: Contract, field: int, pieces: list
 def observation_request_bytes(obs: Observation, contract: Contract, *, episode_id: str, request_id: int,
                               history: Sequence[Observation] = (), chunk_tail: np.ndarray | None = None,
                               expected_delay_actions: int = 0, last_action: np.ndarray | None = None,
-                              observation_step: float | None = None, tail_request_id: int = 0) -> bytes:
+                              observation_step: float | None = None, tail_request_id: int = 0,
+                              trace_context: str = '') -> bytes:
     """The wire bytes of ``EpisodeRequest(observation=pack_observation(...))``, with the same arguments.
+
+    ``trace_context``: the W3C traceparent of the robot's span of this request ('' when not tracing;
+    :mod:`~sequence_ai_ros.protocol.tracing`).
 
     The same message for any protobuf parser (``EpisodeRequest.FromString`` gives what
     :func:`pack_observation` builds), but each frame's pixels are copied once, straight into the wire
@@ -169,6 +173,8 @@ def observation_request_bytes(obs: Observation, contract: Contract, *, episode_i
     _pack_fields(obs, contract, req, episode_id=episode_id, request_id=request_id, chunk_tail=chunk_tail,
                  expected_delay_actions=expected_delay_actions, last_action=last_action,
                  observation_step=observation_step, tail_request_id=tail_request_id)
+    if trace_context:
+        req.trace_context = trace_context
     small = req.SerializeToString()
     pieces: list[bytes | memoryview] = [b'', small]
     size = len(small) + _image_pieces(obs, contract, _OBSERVATION_IMAGES, pieces)
@@ -197,6 +203,8 @@ class PolicyInput:
     :param last_action: float32 (D,) last executed action, or None before the first.
     :param request_id: the request's id.
     :param episode_id: the episode's id.
+    :param trace_context: when the worker traces (``seq serve --otlp-endpoint``), the W3C traceparent of its
+        span of this request, under which a policy may start spans of its own; '' otherwise.
     """
 
     observation: Observation
@@ -206,6 +214,7 @@ class PolicyInput:
     last_action: np.ndarray | None
     request_id: int
     episode_id: str
+    trace_context: str = ''
 
 
 def _unpack_images(images: Sequence[pb.Image], contract: Contract, max_pixels: int | None,
