@@ -115,11 +115,15 @@ def _read_token(path: str | None) -> str | None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """``seq serve NAME``: serve until SIGINT/SIGTERM (or ``seq admin drain``), then stop gracefully."""
+    from sequence_ai_ros.protocol import tracing
     from sequence_ai_ros.worker import logs
     from sequence_ai_ros.worker.server import create_server, serve_policy_file
 
     logs.configure(args.log_format, args.log_level)
     config = server_config(args)
+    if args.otlp_endpoint:
+        tracing.configure(args.otlp_endpoint, args.trace_sample_ratio, service='sequence_ai-worker')
+        tracing.export_to_children(args.otlp_endpoint, args.trace_sample_ratio)   # its deployment processes
     if len(args.names) == 1 and args.names[0].endswith('.py') and Path(args.names[0]).is_file():
         server = serve_policy_file(args.names[0], config=config, home=None)
     else:
@@ -145,6 +149,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print('stopping ...', flush=True)
         server.stop(grace=2.0)
         signals.restore()
+        tracing.shutdown()      # export the spans still batched
     return 0
 
 
@@ -178,6 +183,17 @@ def add_server_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--tls-key', help='PEM private key')
     for flag, kwargs in options.values():
         parser.add_argument(flag, **kwargs)
+
+
+def add_tracing_options(parser: argparse.ArgumentParser) -> None:
+    """Add ``--otlp-endpoint`` and ``--trace-sample-ratio`` (OpenTelemetry tracing, off by default)."""
+    parser.add_argument('--otlp-endpoint', metavar='HOST:PORT',
+                        help='trace episodes with OpenTelemetry and export the spans over OTLP/gRPC to this '
+                             'collector (plaintext; https://HOST:PORT for TLS); needs the [tracing] extra '
+                             '(default: no tracing)')
+    parser.add_argument('--trace-sample-ratio', type=float, default=1.0, metavar='R',
+                        help='with --otlp-endpoint: the share of episodes traced that no robot traced first, 0..1; '
+                             "an episode whose robot sent a trace follows the robot's choice (default 1.0)")
 
 
 def cmd_deployments(args: argparse.Namespace) -> int:
@@ -324,6 +340,7 @@ def add_parsers(sub: Any, groups: dict[str, Any]) -> None:
     from sequence_ai_ros.worker.logs import add_log_options
 
     add_log_options(p)
+    add_tracing_options(p)
     p.set_defaults(func=cmd_serve)
 
     from sequence_ai_ros.cli import fleet

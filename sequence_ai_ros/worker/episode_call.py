@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import logging
 import time
 import uuid
@@ -52,7 +53,7 @@ from google.protobuf.message import DecodeError
 
 import sequence_ai_ros
 from sequence_ai_ros.exceptions import EpisodeStateError, NotReady, SequenceAIError, UnknownDeployment
-from sequence_ai_ros.protocol import errors, limits
+from sequence_ai_ros.protocol import errors, limits, tracing
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import clip
 from sequence_ai_ros.protocol.pipeline import TailSplicer
@@ -219,12 +220,15 @@ class EpisodeCallHandler:
     :param start_refusal: called (on the loop) when EpisodeStart arrives: the refusal of a new episode (the
         worker drains), or None. A refused start gets it as the stream's answer, and the stream then ends
         once the robot closed its side (bounded), as a stream refused when it opened does.
+    :param traceparent: the call's W3C ``traceparent`` metadata: when the worker traces
+        (:mod:`~sequence_ai_ros.protocol.tracing`), the episode's spans continue the robot's trace.
     """
 
     def __init__(self, runtime: DeploymentRuntime, episode_id: str, idle_timeout_s: float,
                  start_timeout_s: float = float('inf'), client: str = '',
                  before_start: Callable[[DeploymentRuntime], bool] | None = None,
-                 start_refusal: Callable[[], SequenceAIError | None] | None = None, owner: str = '') -> None:
+                 start_refusal: Callable[[], SequenceAIError | None] | None = None, owner: str = '',
+                 traceparent: str = '') -> None:
         self.runtime = runtime
         self.owner = owner
         self.before_start = before_start
@@ -244,6 +248,8 @@ class EpisodeCallHandler:
         self._cut = 'shutdown'             # the reason of a cut by the worker (shutdown, drain_timeout, rollout)
         self._started_at: float | None = None   # when EpisodeStart came (monotonic s): time to first chunk
         self._underruns = UnderrunWatch(runtime.contract.dt)  # underruns in this episode's telemetry, live
+        self._traceparent = traceparent
+        self._trace: tracing.WorkerTrace | None = None   # the episode's spans, when the worker traces
 
     def shutdown(self, reason: str = 'shutdown') -> None:
         """Ask the stream to end its episode (:data:`CUT_WHY`'s reasons) and close; at once; any thread."""
@@ -253,6 +259,8 @@ class EpisodeCallHandler:
     def on_done(self) -> None:
         """The call ended: end the episode as ``disconnect`` if still running (in the background)."""
         job, self._to_capture = self._to_capture, None   # the robot left while its last reply was going out
+        if self._trace is not None:
+            self._trace.end('disconnect')
 
         def finish() -> None:
             if job is not None:
@@ -352,6 +360,8 @@ class EpisodeCallHandler:
                     last = time.monotonic()           # a slow inference is activity until its reply
                     if answer is not None:
                         yield answer
+                        if self._trace is not None:
+                            self._trace.sent()
                         await self._capture_request()   # after the reply went out: off the round trip
                 elif kind == 'telemetry':
                     if self.active is not None:   # live underruns, whether captured or not
@@ -422,6 +432,10 @@ class EpisodeCallHandler:
         except SequenceAIError as exc:
             return _error(exc)
         self.episode_id = eid
+        if tracing.TRACER is not None:
+            self._trace = tracing.WorkerTrace(tracing.TRACER, self._traceparent, {
+                'seq.episode_id': eid, 'seq.deployment': self.runtime.name, 'seq.version': self.runtime.version,
+                'seq.robot': start.client_id})
         rec = self.active.recorder
         return pb.EpisodeReply(started=pb.EpisodeStarted(episode_id=eid, capture=rec.active,
                                                          capture_fps=rec.fps, capture_images=rec.images,
@@ -442,6 +456,8 @@ class EpisodeCallHandler:
             inp = runtime.decode(req, nbytes)                   # raw frames and state: a copy, cheaper than a hop
         if self._end_seen.is_set():
             raise _EndArrived(started=False)
+        if self._trace is not None:     # the policy's deployment process continues the trace under this request
+            inp.trace_context = self._trace.current
         future = runtime.submit(active, req, inp)
         quick = QUICK_WAIT_ISOLATED_S if runtime.isolated and not isinstance(future, LoopFuture) else QUICK_WAIT_S
         result = await _quick_wait(future, quick)
@@ -513,6 +529,8 @@ class EpisodeCallHandler:
             return _error(EpisodeStateError(f'request id {rid} not above the previous {active.last_request_id}; '
                                             'request ids must increase strictly'), rid)
         active.last_request_id = rid
+        if self._trace is not None:
+            self._trace.arrived(req.trace_context, rid, time.time_ns() - int((time.monotonic() - arrived) * 1e9))
         chunk = None
         try:
             self._splicer.complete(req, self.runtime.definition.contract.action_dim)   # pipelined requests
@@ -544,6 +562,10 @@ class EpisodeCallHandler:
             self.runtime.metrics.request(self.runtime.name, pb.ErrorCode.Name(reply.error.code))
         if active.recorder.active:
             self._to_capture = (active, req, chunk, None if chunk is not None else reply.error)
+        if self._trace is not None:
+            self._trace.answered(chunk.timings.queue_wait_ms if chunk is not None else 0.0,
+                                 chunk.timings.inference_ms if chunk is not None else 0.0,
+                                 '' if chunk is not None else reply.error.message)
         return reply
 
     async def _capture_request(self) -> None:
@@ -577,11 +599,16 @@ class EpisodeCallHandler:
         active = self.active
         if active is None:      # callers end only a started episode
             return ''
+        trace = self._trace
         try:
-            await self._io(lambda: active.end(reason, stats, wait=True))
+            with trace.commit() if trace is not None else contextlib.nullcontext():
+                await self._io(lambda: active.end(reason, stats, wait=True))
         except Exception as exc:  # a full disk (usage, index): the episode has ended; EpisodeEnded names it
             LOG.error('episode %s: end of episode failed: %s', active.episode.id, describe(exc))
             return f'ending episode {active.episode.id!r}: {clip(describe(exc), 300)}'
+        finally:
+            if trace is not None:
+                trace.end(reason)
         return ''
 
     def _ended(self, episode_id: str, captured: bool, failure: str = '') -> pb.EpisodeEnded:

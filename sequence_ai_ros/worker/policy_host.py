@@ -64,7 +64,9 @@ from typing import Any
 
 import numpy as np
 
+from sequence_ai_ros.exceptions import ConfigError
 from sequence_ai_ros.policy.api import Episode, Result
+from sequence_ai_ros.protocol import tracing
 from sequence_ai_ros.worker import descendants
 
 _U32 = struct.Struct('<I')
@@ -506,12 +508,21 @@ class Host:
         _end_and_exit(0)
 
     def infer(self, inp: Any, ident: tuple[str, str, str]) -> Any:
-        """The policy's ``infer`` for one request."""
-        return _plain(self.instance.infer(inp, self.episode(ident)))
+        """The policy's ``infer`` for one request (a ``policy.infer`` span when the worker traces it)."""
+        if tracing.TRACER is None:
+            return _plain(self.instance.infer(inp, self.episode(ident)))
+        with tracing.policy_span('policy.infer', [getattr(inp, 'trace_context', '')],
+                                 {'seq.episode_id': ident[0], 'seq.deployment': ident[2]}):
+            return _plain(self.instance.infer(inp, self.episode(ident)))
 
     def infer_batch(self, inputs: list[Any], idents: list[tuple[str, str, str]]) -> list[Any]:
         """The policy's ``infer_batch``; a request's own failure comes back as a :class:`RemoteFailure`."""
-        outs = list(self.instance.infer_batch(inputs, [self.episode(i) for i in idents]))
+        if tracing.TRACER is None:
+            outs = list(self.instance.infer_batch(inputs, [self.episode(i) for i in idents]))
+        else:    # one span, under the first traced request, linked to the others
+            with tracing.policy_span('policy.infer_batch', [getattr(i, 'trace_context', '') for i in inputs],
+                                     {'seq.batch_size': len(inputs), 'seq.deployment': idents[0][2]}):
+                outs = list(self.instance.infer_batch(inputs, [self.episode(i) for i in idents]))
         return [RemoteFailure(describe_exc(o)) if isinstance(o, BaseException) else _safe_plain(o) for o in outs]
 
     def hook(self, method: str, ident: tuple[str, str, str], reason: str) -> None:
@@ -689,7 +700,12 @@ def main(argv: list[str]) -> int:
     os.set_inheritable(fd, False)     # programs the policy starts (os.system included) never hold it
     sock = socket.socket(fileno=fd)
     _forget_in_forks(sock)
+    try:
+        tracing.configure_from_env('sequence_ai-deployment')   # when the worker traces (seq serve --otlp-endpoint)
+    except ConfigError as exc:
+        logging.getLogger(__name__).warning('no tracing in this deployment process: %s', exc)
     serve(sock)
+    tracing.shutdown()              # the spans still batched
     descendants.end_descendants()   # the worker closed the socket (or died): what the policy started ends too
     return 0
 

@@ -38,6 +38,7 @@ from sequence_ai_ros.protocol import (
     LABEL_UNMATCHED,
     errors,
     limits,
+    tracing,
 )
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
@@ -212,7 +213,8 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         stream = EpisodeCallHandler(runtime, _metadata(context, EPISODE_ID_METADATA), self.idle_timeout_s,
                                     self.config.start_timeout_s, client, before_start=self.before_start,
                                     start_refusal=self._start_refusal,
-                                    owner=identity(self.token, not anonymous, client))
+                                    owner=identity(self.token, not anonymous, client),
+                                    traceparent=_metadata(context, tracing.TRACEPARENT))
         refused = DRAINING if self.drain.draining else self._admit(stream, (client, anonymous))
         if refused:   # a typed refusal in the stream (drain.py: a balancer resets an aborted call)
             if self.on_refused is not None:
