@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 BENCHES = ('worker', 'client', 'max_seconds', 'pipeline', 'wire', 'node', 'trajectory', 'export', 'batching',
-           'transport', 'scale', 'exactness', 'task', 'isolation', 'admission')
+           'transport', 'scale', 'exactness', 'task', 'isolation', 'admission', 'tracing')
 
 
 def main(argv: list[str] | None = None) -> int:
