@@ -108,9 +108,9 @@ def _as_dict(reply: Any) -> dict[str, Any]:
     try:
         return json_format.MessageToDict(reply, preserving_proto_field_name=True,
                                          always_print_fields_with_no_presence=True)
-    except TypeError:   # protobuf < 5.26
-        return json_format.MessageToDict(reply, preserving_proto_field_name=True,
-                                         including_default_value_fields=True)
+    except TypeError:   # protobuf < 5.26 (Ubuntu's for Humble and Jazzy) names the option so
+        older: dict[str, Any] = {'including_default_value_fields': True}
+        return json_format.MessageToDict(reply, preserving_proto_field_name=True, **older)
 
 
 def _header(endpoint: str, reply: Any) -> str:
