@@ -2,7 +2,8 @@
 
 Live episodes with their robot, version, requests and underruns so far; statistics per deployment version;
 the loaded versions; the log level; a drain through the API that takes SIGTERM's path (new episodes refused
-``draining``, the live one finishes, then the worker stops). Access and rate bounds: test/adversarial/test_admin.py.
+``draining``, the live one finishes, then the worker stops); during a rollout, the old version told from the
+new one. Access and rate bounds: test/adversarial/test_admin.py.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ from pathlib import Path
 
 import grpc
 import pytest
+from test_worker_rollout import ask, write
 from test_worker_support import POLICIES, Stream, channel, state_request, wait_for, wait_ready
 
 from sequence_ai_ros.cli import main as seq_main
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
-from sequence_ai_ros.worker import serve_policy_file
+from sequence_ai_ros.worker import create_server, serve_policy_file
+from sequence_ai_ros.worker.registry import deploy
 
 TOKEN = 'adm1n-t0ken'
 AUTH = (('authorization', f'Bearer {TOKEN}'),)
@@ -144,3 +147,41 @@ def test_seq_admin_speaks_to_every_endpoint_and_names_the_replica(worker, tmp_pa
         assert 'name one --endpoint' in capsys.readouterr().err and not worker.servicer.drain.draining
     finally:
         other.stop(grace=0.5)
+
+
+def test_during_a_rollout_versions_and_stats_tell_the_old_version_from_the_new(tmp_path: Path, seq_home: Path):
+    policy = write(tmp_path / 'arm' / 'policy.py', 1.0)
+    deploy(policy)
+    with create_server(['arm'], home=seq_home, token=TOKEN) as server, channel(server.port) as ch:
+        stub, admin = pb_grpc.PolicyServiceStub(ch), pb_grpc.AdminStub(ch)
+        assert wait_ready(stub, 'arm', timeout=60, metadata=AUTH).ready
+        old = Stream(stub, 'arm', 'old', metadata=AUTH)
+        assert old.start().started.deployment_version == 1 and ask(old, 1) == 1.0
+        deploy(write(policy, 2.0))                                  # version 2, while episode 'old' runs
+        wait_for(lambda: _serving(server, stub) == 2, timeout=60, what='version 2 to take new episodes')
+        new = Stream(stub, 'arm', 'new', metadata=AUTH)
+        assert new.start().started.deployment_version == 2 and ask(new, 1) == 2.0 and ask(new, 2) == 2.0
+
+        versions = admin.ListVersions(pb.ListVersionsRequest(), metadata=AUTH, timeout=10).versions
+        assert [(v.version, v.role, v.live_episodes) for v in versions] == [(1, 'rollout_old', 1), (2, 'serving', 1)]
+        assert all(v.deployment == 'arm' and len(v.content_sha256) == 64 for v in versions)
+        assert versions[0].content_sha256 != versions[1].content_sha256
+        listed = admin.ListEpisodes(pb.ListEpisodesRequest(), metadata=AUTH, timeout=10).episodes
+        assert sorted((e.episode_id, e.version, e.requests) for e in listed) == [('new', 2, 2), ('old', 1, 1)]
+        assert listed[0].episode_id == 'old'                        # oldest first
+        stats = admin.Stats(pb.StatsRequest(), metadata=AUTH, timeout=10).versions
+        assert [(s.version, s.live_episodes, s.requests) for s in stats] == [(1, 1, 1), (2, 1, 2)]
+
+        for stream in (old, new):
+            assert stream.end().HasField('ended')
+            stream.close()
+        ended = wait_for(lambda: (s := admin.Stats(pb.StatsRequest(), metadata=AUTH, timeout=10).versions)
+                         and sum(r.episodes_ended for r in s) == 2 and s, timeout=20, what='both ends counted')
+        assert [(s.version, s.live_episodes, s.episodes_ended, dict(s.ended_by_reason)) for s in ended] == \
+            [(1, 0, 1, {'completed': 1}), (2, 0, 1, {'completed': 1})]
+
+
+def _serving(server, stub) -> int:
+    stub.Ready(pb.ReadyRequest(deployment='arm'), metadata=AUTH, timeout=5)   # a lookup: the registry is read
+    runtime = server.runtimes['arm']
+    return runtime.version if runtime.readiness()[0] else -1

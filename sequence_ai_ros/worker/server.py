@@ -504,6 +504,8 @@ class WorkerServer:
         out = [(runtime, 'serving') for runtime in serving.values()]
         for runtime in self._rollouts.held() if self._rollouts is not None else ():
             current = serving.get(runtime.name)
+            if runtime is current:     # a switch in progress: served already
+                continue
             out.append((runtime, 'rollout_new' if current is None or runtime.version > current.version
                         else 'rollout_old'))
         out += [(runtime, 'deleted') for runtime in self._retired.all()]
