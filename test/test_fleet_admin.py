@@ -1,7 +1,8 @@
 """``seq admin`` against a real fleet: ``seq serve`` replicas (with a token) behind the shipped HAProxy config.
 
 Under 6 robots running short episodes back to back through the balancer, ``seq admin --replicas`` (the file
-``seq fleet`` writes) lists each replica's live episodes; ``seq admin --endpoint REPLICA drain`` drains one
+``seq fleet`` writes) lists each replica's live episodes, and the balancer's own port refuses admin calls
+(the robots' side); ``seq admin --endpoint REPLICA drain`` drains one
 replica through the API, the path SIGTERM takes: its live episodes finish, new ones go to the other replica,
 it exits 0, and no robot loses an episode. The policy's actions are the serving replica's pid. Needs HAProxy.
 """
@@ -76,6 +77,9 @@ def test_seq_admin_drains_one_replica_of_a_fleet_under_robots_and_no_episode_is_
             # without the token the fleet's admin API answers nothing
             assert seq_main(['admin', '--replicas', str(fleet.replicas_file), 'stats']) == 1
             assert capsys.readouterr().err.count(': UNAUTHENTICATED: ') == 2
+            # nor, with it, through the balancer robots dial: the admin API is not for robots
+            assert seq_main(['admin', '--endpoint', fleet.address, *auth, 'drain']) == 1
+            assert ': PERMISSION_DENIED: ' in capsys.readouterr().err
 
             drained = fleet.replicas[0]
             (reply,) = _admin(capsys, '--endpoint', drained.address, *auth, 'drain')

@@ -10,8 +10,8 @@ one after the other, and prints each one's answer under the replica that gave it
 - ``drain``: drain the replica and stop it, as SIGTERM does (one endpoint at a time, unless ``--all``).
 
 A fleet's replicas are reached by their own addresses (``--endpoint`` again, or ``--replicas FILE`` with one
-``HOST:PORT`` a line: ``seq fleet`` writes ``RUN_DIR/replicas``); through the balancer's address a call
-reaches one replica of its choosing, which the answer names. ``--json`` prints one JSON object a line per
+``HOST:PORT`` a line: ``seq fleet`` writes ``RUN_DIR/replicas``); the shipped HAProxy config refuses admin calls
+on the robots' port (PERMISSION_DENIED). Each answer names its replica. ``--json`` prints one JSON object a line per
 replica. The exit code is 0 when every endpoint answered, 1 when one did not (its error on stderr), 2 for a
 usage error.
 """
@@ -153,7 +153,8 @@ def add_parsers(sub: Any, groups: dict[str, Any]) -> None:
     """Register ``seq admin`` on ``seq``'s subparsers."""
     p = sub.add_parser('admin', help="a replica's admin API: live episodes, statistics, versions, log level, drain",
                        description='Speak the admin API (sequence_ai.v1.Admin) of each endpoint named: a replica\'s '
-                                   'gRPC address (through a balancer, one replica of its choosing answers).')
+                                   'gRPC address (the shipped HAProxy config refuses admin calls on the robots\' '
+                                   'port: name each replica).')
     p.add_argument('--endpoint', action='append', metavar='HOST:PORT',
                    help='a replica\'s gRPC address; repeat for several (default 127.0.0.1:50551)')
     p.add_argument('--replicas', metavar='FILE',
