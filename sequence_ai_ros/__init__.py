@@ -50,6 +50,7 @@ _EXPORTS = {
     'UnknownDeployment': 'sequence_ai_ros.exceptions',
     'ProtocolVersionError': 'sequence_ai_ros.exceptions',
     'CaptureError': 'sequence_ai_ros.exceptions',
+    'PermissionDenied': 'sequence_ai_ros.exceptions',
 }
 
 __all__ = sorted(_EXPORTS)
