@@ -6,6 +6,7 @@ time is the engine's clock, stepped by the test, so every number here is exact.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -604,3 +605,28 @@ def test_an_episode_starts_with_the_round_trips_its_connection_measured_before()
     # The first episode's second request knew only the cold round trip: 1.5 x 0.65 + 0.2 > 1 s, the whole
     # chunk. The second episode's knew the first's warm ones: 0.65 + 0.2 s, 9 steps.
     assert delays == [10, 9]
+
+
+def test_an_overtaken_answer_neither_plays_nor_ends_the_requests_even_when_it_says_done() -> None:
+    """Pipelined answers out of order: request 3's chunk plays; request 2's, arriving after it, is discarded.
+
+    Its ``done`` is the word of an older observation, so later requests still go, and the episode does not end
+    'completed' (nor when an all-stale older answer says done while a newer chunk plays).
+    """
+    from sequence_ai_ros.client.records import Pending
+
+    rig = Rig(space='joint_absolute', t=10)
+    rig.tick()
+    first = rig.sent[-1]
+    rig.reply(ramp(0), request=first)
+    rig.tick()                                                     # the first chunk plays
+    for rid, origin in ((2, 1.0), (3, 2.0)):       # two more requests in flight (as the pipeline sends them)
+        rig.engine.requests.in_flight[rid] = Pending(rig.now, origin, origin + 1)
+    req = dataclasses.replace(first, request_id=3, obs=rig.obs())
+    rig.reply(ramp(100), request=req)                              # the newer answer plays
+    req2 = dataclasses.replace(first, request_id=2, obs=rig.obs())
+    rig.reply(ramp(50), request=req2, done=True)                   # the older one, saying done, comes after it
+    assert rig.engine.outcome() is None and not rig.engine.requests.done
+    assert rig.engine.stats()['discarded'] == 1
+    action = rig.tick()
+    assert action is not None and action.values[0] >= 100          # request 3's rows play

@@ -3,7 +3,8 @@
 Hypothesis draws a whole episode: the action space and its size, the chunk length, the caller's period
 against the policy's dt (1x, 1.5x, 2x, 2.5x and 1/3x the policy rate), how it is driven (act/run pacing,
 which gives each tick its control deadline and keeps phase, or a ``next_action`` loop whose ticks the engine
-places), each request's round trip (early, late, straddling a tick, longer than a chunk), each callback's
+places), each request's round trip (early, late, straddling a tick, longer than a chunk, so answers also arrive out of
+order), each answer's length (up to the contract's chunk length), each callback's
 overrun (none, a fraction of a period, several periods) and max_actions. A simulated worker answers request
 ``r`` at its drawn time with real ``ActionChunk`` messages whose row for chunk step ``x`` of the episode is
 ``g(x)`` whichever request asked (so the truth is known without the engine: the executed path is the
@@ -77,6 +78,7 @@ class Scenario:
     round_trips: tuple[float, ...]   # in chunk covers, request r takes round_trips[r % len]
     overruns: tuple[float, ...]      # in periods, tick k's callback takes overruns[k % len] beyond its period
     max_actions: int
+    lengths: tuple[int, ...] = ()    # request r is answered with lengths[r % len] rows (<= chunk; () = chunk)
 
     @property
     def period(self) -> float:
@@ -93,9 +95,10 @@ def scenarios(draw: st.DrawFn, spaces: tuple[str, ...] = ('joint_delta', 'ee_del
                          min_size=1, max_size=12))
     overruns = draw(st.lists(st.sampled_from([0.0, 0.0, 0.0, 0.0, 0.3, 0.5, 0.99, 1.0, 1.4, 2.5]),
                              min_size=1, max_size=16))
+    lengths = draw(st.one_of(st.just([]), st.lists(st.integers(1, chunk), min_size=1, max_size=6)))
     return Scenario(space, dim, chunk, draw(st.sampled_from(MULTIPLES)),
                     draw(st.booleans()) if paced is None else paced, tuple(rtts), tuple(overruns),
-                    draw(st.integers(chunk, 4 * chunk)))
+                    draw(st.integers(chunk, 4 * chunk)), tuple(lengths))
 
 
 @dataclasses.dataclass
@@ -136,7 +139,8 @@ def play(sc: Scenario) -> Played:
             at, i = heapq.heappop(arrivals)
             clock[0] = at
             req = sent[i]
-            rows = np.stack([g(req.observation_step + j, sc.dim, sc.space) for j in range(sc.chunk)])
+            length = sc.lengths[i % len(sc.lengths)] if sc.lengths else sc.chunk
+            rows = np.stack([g(req.observation_step + j, sc.dim, sc.space) for j in range(length)])
             engine.on_chunk(pack_chunk(rows.astype(np.float32), contract, request_id=req.request_id,
                                        episode_id='ep', robot_time_s=at))
             enqueue()

@@ -222,14 +222,17 @@ class EpisodeEngine:
                 self.finish('validate', exc)
                 return
             self.tally.chunks += 1
-            self.requests.done = self.requests.done or chunk.done
             dt = chunk.dt if math.isfinite(chunk.dt) and chunk.dt > 0 else self.contract.dt
             was_playing = self.player.playing()
+            live = self.player.live
+            newest = live is None or live.request_id < msg.request_id
             fate = self.player.take(chunk, dt, pending.origin, msg.request_id)
             if fate == 'overtaken':
                 return
+            if newest:              # an older answer's word (done or not) is out of date once a newer one plays
+                self.requests.done = self.requests.done or chunk.done
             if fate == 'stale':
-                if chunk.done:
+                if chunk.done and newest:
                     self.finish('completed')
                 else:
                     self._request()

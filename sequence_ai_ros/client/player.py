@@ -181,13 +181,17 @@ class Player:
         """Play ``chunk`` (row 0 at chunk step ``origin``) from the executed count on; say what became of it.
 
         ``played``: latest_only replaces the live chunk (a seam to blend at its first read); aggregating folds
-        it into the rows still to play. ``stale``: every row was already executed. ``overtaken`` (latest_only):
+        it into the rows still to play. ``stale``: every row was already executed (by step: or will be by the
+        action emitted last). ``overtaken`` (latest_only):
         the live chunk answers a later request (pipelined answers may arrive out of order). Both are discarded.
         """
         tally = self.tally
         skip = max(0.0, self.executed - origin)
         length = chunk.actions.shape[0]
-        if skip >= length - _EPS:
+        # by step, the action emitted last runs on whichever chunk plays next: a chunk that ends before that
+        # action does could not carry it (it would run dry in the middle of a step)
+        pending = self._emitted[1] if self.by_step and self._emitted is not None and self.live is not None else 0.0
+        if skip + pending >= length - _EPS:
             tally.stale += length
             tally.discarded += 1
             return 'stale'
