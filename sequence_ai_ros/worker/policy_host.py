@@ -565,19 +565,45 @@ def _end_and_exit(code: int) -> None:
     os._exit(code)
 
 
-def resident_bytes() -> int:
-    """The resident memory of this process (bytes), from ``/proc/self/statm``; 0 where there is none."""
+def resident_bytes(pid: int | str = 'self') -> int:
+    """The resident memory of a process (bytes), from ``/proc/<pid>/statm``; 0 where there is none (or it is gone)."""
     try:
-        with open('/proc/self/statm', 'rb') as statm:
+        with open(f'/proc/{pid}/statm', 'rb') as statm:
             return int(statm.read().split()[1]) * mmap.PAGESIZE
     except (OSError, ValueError, IndexError):
         return 0
 
 
-def _die_with_parent(ppid: int, memory_mb: int = 0) -> None:
-    """Exit when the worker is gone (``kill -9`` included), or past ``memory_mb`` of resident memory (0: no limit).
+def proportional_bytes(pid: int | str) -> int:
+    """A process's proportional set size (bytes), from ``/proc/<pid>/smaps_rollup``; 0 when it is gone.
 
-    A watchdog thread polls the parent pid (and the resident memory) every :data:`WATCH_PERIOD_S`; either way
+    Its own pages plus its share of those it shares; its resident memory where the kernel has no rollup.
+    """
+    try:
+        with open(f'/proc/{pid}/smaps_rollup', 'rb') as rollup:
+            for line in rollup:
+                if line.startswith(b'Pss:'):
+                    return int(line.split()[1]) << 10
+    except (OSError, ValueError, IndexError):
+        pass
+    return resident_bytes(pid)
+
+
+def tree_bytes() -> int:
+    """The memory of this process and of every process it started (bytes).
+
+    The sum of their proportional set sizes: pages a forked child shares with its parent count once, and the
+    policy's helper processes count too.
+    """
+    pids: list[int | str] = ['self', *descendants.descendants(os.getpid())]
+    return sum(proportional_bytes(pid) for pid in pids)
+
+
+def _die_with_parent(ppid: int, memory_mb: int = 0) -> None:
+    """Exit when the worker is gone (``kill -9`` included), or past ``memory_mb`` of memory (0: no limit).
+
+    The memory is this process's and every process it started (:func:`tree_bytes`). A watchdog thread polls the
+    parent pid (and the memory) every :data:`WATCH_PERIOD_S`; either way
     what the policy started ends first. Over the limit, the exit status is :data:`MEMORY_EXIT_CODE`.
     ``PR_SET_PDEATHSIG`` would fire when the worker's *thread* that started this process ends (its loader
     thread), so it is not used.
@@ -586,9 +612,9 @@ def _die_with_parent(ppid: int, memory_mb: int = 0) -> None:
 
     def watch() -> None:
         while os.getppid() == ppid:
-            if limit and (rss := resident_bytes()) > limit:
-                os.write(2, (f'the deployment process (pid {os.getpid()}) holds {rss >> 20} MB, over its memory limit '
-                             f'of {memory_mb} MB: it exits\n').encode())
+            if limit and (rss := tree_bytes()) > limit:
+                os.write(2, (f'the deployment process (pid {os.getpid()}) and what it started hold {rss >> 20} MB, '
+                             f'over its memory limit of {memory_mb} MB: it exits\n').encode())
                 _end_and_exit(MEMORY_EXIT_CODE)
             time.sleep(WATCH_PERIOD_S)
         _end_and_exit(1)

@@ -93,7 +93,7 @@ class MemoryLimitExceeded(PolicyProcessDied):
 
 def memory_words(limit_mb: int) -> str:
     """How a deployment process over its memory limit ended, for messages."""
-    return (f'it went over its memory limit of {limit_mb} MB of resident memory (seq serve --deployment-memory-mb '
+    return (f'it went over its memory limit of {limit_mb} MB, with what it started (seq serve --deployment-memory-mb '
             f'{limit_mb}) and was stopped')
 
 

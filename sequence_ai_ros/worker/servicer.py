@@ -146,14 +146,23 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         #: the ended episodes per deployment version, for the admin API (:mod:`~sequence_ai_ros.worker.admin`)
         self.tally = VersionTally()
 
-    def _runtime(self, name: str) -> DeploymentRuntime:
+    def _runtime(self, name: str, context: grpc.aio.ServicerContext, body_token: str = '') -> DeploymentRuntime:
+        """The runtime serving ``name`` ('' with one deployment: that one).
+
+        :raises UnknownDeployment: naming what is served to a caller with the token (or any caller of a worker
+            without one); a caller without it (``--anonymous-streams``) is not told the names.
+        """
         if self.before_lookup is not None:
             self.before_lookup()
         if not name and len(self.runtimes) == 1:
             return next(iter(self.runtimes.values()))
         runtime = self.runtimes.get(name)
         if runtime is None:
-            raise UnknownDeployment(f'deployment {clip(name)!r} is not served here; serving {sorted(self.runtimes)}')
+            if self.token is None or self._authenticated(context) or body_token == self.token:
+                raise UnknownDeployment(f'deployment {clip(name)!r} is not served here; serving '
+                                        f'{sorted(self.runtimes)}')
+            raise UnknownDeployment(f'deployment {clip(name)!r} is not served here (the served names are told to '
+                                    'callers with the token)')
         return runtime
 
     async def Handshake(self, request: pb.HandshakeRequest, context: grpc.aio.ServicerContext) -> pb.HandshakeReply:  # noqa: N802
@@ -170,7 +179,7 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
             limits.check_handshake(request)
             if self.token is not None and request.token and request.token != self.token:
                 raise Unauthenticated('the handshake carries a wrong token')
-            runtime = self._runtime(request.deployment)
+            runtime = self._runtime(request.deployment, context, request.token)
             draining = self.drain.refusal()
             if draining is not None:
                 raise draining
@@ -190,7 +199,7 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         A draining replica answers not ready, state ``draining`` (its message says so): it takes no new episode.
         """
         try:
-            runtime = self._runtime(request.deployment)
+            runtime = self._runtime(request.deployment, context)
         except (UnknownDeployment, limits.LimitViolation) as exc:
             await context.abort(*errors.abort_details(exc))
         draining = self.drain.refusal()
@@ -204,7 +213,7 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.EpisodeReply]:
         """Serve one episode (see :mod:`sequence_ai_ros.worker.episode_call`)."""
         try:
-            runtime = self._runtime(_metadata(context, DEPLOYMENT_METADATA))
+            runtime = self._runtime(_metadata(context, DEPLOYMENT_METADATA), context)
             limits.check_id(_metadata(context, EPISODE_ID_METADATA), 'episode_id')
         except (UnknownDeployment, limits.LimitViolation) as exc:
             await context.abort(*errors.abort_details(exc))
@@ -311,7 +320,7 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         """
         try:
             limits.check_label(request)
-            runtime = self._runtime(request.deployment)
+            runtime = self._runtime(request.deployment, context)
         except (UnknownDeployment, limits.LimitViolation) as exc:
             await context.abort(*errors.abort_details(exc))
         anonymous = self.token is not None and not self._authenticated(context)

@@ -31,6 +31,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from test_worker_support import POLICIES, wait_for
 
 from sequence_ai_ros.client import connect
+from sequence_ai_ros.protocol import PROTOCOL_VERSION
+from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
+from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
 from sequence_ai_ros.protocol.types import Observation
 from sequence_ai_ros.worker import health_service, probe, serve_policy_file
 
@@ -204,6 +207,19 @@ def test_deployment_names_are_not_enumerable_without_the_token():
             answers = {name: (_check(port, name, md), _first_watch(port, name, md)) for name in ('stuck', 'nope')}
             assert set(answers.values()) == {('SERVING', 'SERVING')}, (where, answers)
         assert _check(server.port, 'stuck', AUTH) == 'SERVING' and _check(server.port, 'nope', AUTH) == 'NOT_FOUND'
+        # nor does an unknown name's refusal on the policy service list them (Ready, Handshake, Episode)
+        with grpc.insecure_channel(f'127.0.0.1:{server.port}') as ch:
+            stub = pb_grpc.PolicyServiceStub(ch)
+            for md, told in ((None, False), (AUTH, True)):
+                with pytest.raises(grpc.RpcError) as info:
+                    stub.Ready(pb.ReadyRequest(deployment='nope'), metadata=md, timeout=10)
+                assert info.value.code() == grpc.StatusCode.NOT_FOUND
+                assert ("'stuck'" in info.value.details()) is told, info.value.details()
+                with pytest.raises(grpc.RpcError) as info:
+                    stub.Handshake(pb.HandshakeRequest(protocol_version=PROTOCOL_VERSION, deployment='nope'),
+                                   metadata=md, timeout=10)
+                assert info.value.code() == grpc.StatusCode.NOT_FOUND
+                assert ("'stuck'" in info.value.details()) is told, info.value.details()
         # List would name every service: not served, token or not
         for port, md in ((server.probe_port, None), (server.port, None), (server.port, AUTH)):
             with grpc.insecure_channel(f'127.0.0.1:{port}') as ch:
