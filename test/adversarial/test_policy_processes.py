@@ -81,6 +81,10 @@ POLICY = textwrap.dedent('''
             if 'leak' in p:                       # N MB kept (written: resident)
                 KEPT.append(np.ones(int(p['leak']) << 20, np.uint8))
                 time.sleep(float(p.get('pause', 0)))
+            if 'childleak' in p:                  # a helper process holding N MB (a server, a data worker)
+                code = f'import time; b = bytearray({int(p["childleak"])} << 20); time.sleep(120)'
+                KEPT.append(subprocess.Popen([sys.executable, '-c', code]))
+                time.sleep(float(p.get('pause', 0)))
             return np.tile(np.array([inp.observation.state[0], len(KEPT)], np.float32), (4, 1))
 ''')
 
@@ -353,3 +357,20 @@ def test_the_memory_limit_needs_a_deployment_process():
         ServerConfig(isolation='none', deployment_memory_mb=100)
     assert ServerConfig(deployment_memory_mb=100).deployment_memory_mb == 100
     assert ServerConfig().deployment_memory_mb == 0
+
+
+def test_the_memory_limit_counts_what_the_policy_started(limited):
+    """Helper processes count: three of 150 MB under a 400 MB limit restart the deployment, naming the limit."""
+    server, stub = limited
+    robot = Stream(stub, 'leaky', 'robot-children')
+    assert robot.start().HasField('started')
+    errors = []
+    for rid in range(1, 8):
+        reply = robot.ask(req(rid, childleak='150', pause='1.0'))
+        if reply.HasField('error'):
+            errors.append(reply.error)
+            break
+    assert errors, 'never stopped at its memory limit'
+    assert errors[0].code == pb.POLICY_EXCEPTION and 'memory limit of 400 MB' in errors[0].message, errors
+    robot.end()
+    wait_for(lambda: server.runtimes['leaky'].restarts == 1, 20, 'the deployment restarted')
