@@ -12,6 +12,7 @@ import numbers
 from collections.abc import Callable
 from typing import Any
 
+from sequence_ai_ros.protocol.limits import MAX_TICK_S
 from sequence_ai_ros.protocol.spaces import ActionSpace
 
 
@@ -31,9 +32,10 @@ def check_positive(name: str, value: object, *, required: bool = False) -> None:
         raise ValueError(f'{name} must be a positive finite number, got {value!r}')
 
 
-#: Bounds of a caller's control period (s): 10 kHz down to one command a minute.
+#: Bounds of a caller's control period (s): 10 kHz down to one command every 10 s, the longest tick a captured
+#: record may span (the worker's :data:`~sequence_ai_ros.protocol.limits.MAX_TICK_S`).
 MIN_CONTROL_PERIOD_S = 1e-4
-MAX_CONTROL_PERIOD_S = 60.0
+MAX_CONTROL_PERIOD_S = MAX_TICK_S
 
 
 def _text(name: str, value: Any) -> str:
@@ -60,7 +62,7 @@ def _period(name: str, value: Any) -> Any:
     check_positive(name, value)
     if value is not None and not (MIN_CONTROL_PERIOD_S <= value <= MAX_CONTROL_PERIOD_S):
         raise ValueError(f'{name} must lie in [{MIN_CONTROL_PERIOD_S:g}, {MAX_CONTROL_PERIOD_S:g}] s '
-                         f'(10 kHz .. one command a minute), got {value!r}')
+                         f'(10 kHz .. one command every {MAX_CONTROL_PERIOD_S:g} s), got {value!r}')
     return value
 
 
@@ -156,7 +158,7 @@ class EpisodeSettings:
         instruction, a non-bool prefetch, a non-int smooth_seam, or an action space that is neither an
         ActionSpace nor a name.
     :raises ValueError: for a non-finite or non-positive limit, period or chunk_timeout, a fractional
-        max_actions, a control_period outside [1e-4, 60] s, a negative smooth_seam, an unknown action
+        max_actions, a control_period outside [1e-4, 10] s, a negative smooth_seam, an unknown action
         space or aggregate, or a non-finite temporal_ensemble_coeff.
     """
 
