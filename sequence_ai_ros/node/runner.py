@@ -107,12 +107,14 @@ class EpisodeRun:
                                      min(self.grid.index_at(self.stopped_at), self.grid.settled_index()))
             self.stopped = True
 
-    def served_before_stop(self) -> bool:
+    def served_before_stop(self, grid: ControlGrid | None) -> bool:
         """Whether this tick's deadline came before the episode's stop though the tick saw the stop (a race).
 
-        The client counts such a tick once (``Policy.hold_tick`` refuses a deadline it already counted).
+        ``grid``: the grid the tick runs on; a tick on another one (the control thread of a later activation)
+        is never the episode's. The client counts such a tick once (``Policy.hold_tick`` refuses a deadline it
+        already counted).
         """
-        if self.grid is None or self.end_index is None:
+        if self.grid is None or self.end_index is None or grid is not self.grid:
             return False
         return self.first_index < self.grid.current_index() <= self.end_index
 
@@ -654,7 +656,7 @@ class Runner:
         snap = self.assembler.snapshot(now, ep.instruction if ep is not None else '')
         self.last_snapshot = snap
         self.last_action = None
-        if ep is not None and ep.stopped and ep.served_before_stop():
+        if ep is not None and ep.stopped and ep.served_before_stop(self.grid):
             return self._episode_hold(ep, snap, 'ended')    # its deadline is the episode's: this tick holds for it
         if ep is None or ep.stopped or ep.done.is_set():
             # between episodes: the last command held, or nothing when there is none (before the first goal,
