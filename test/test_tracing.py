@@ -208,3 +208,26 @@ def test_ratio_and_endpoint_are_checked():
     with pytest.raises(ConfigError, match='--otlp-endpoint'):
         tracing.configure()
     assert tracing.TRACER is None
+
+
+def test_a_malformed_trace_context_keeps_the_request_in_the_episodes_trace():
+    """A hostile or broken client's trace_context never splits the worker's trace.
+
+    The request goes under worker.episode, as with none.
+    """
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    worker = tracing.WorkerTrace(provider.get_tracer('test'), '', {'seq.episode_id': 'e'})
+    for rid, bad in enumerate(['garbage', '00-' + '0' * 32 + '-' + '0' * 16 + '-01', 'ff-' + 'a' * 32 + '-'
+                               + 'b' * 16 + '-01', 'x' * 200_000], start=1):
+        worker.arrived(bad, rid, 0)
+        worker.sent()
+    worker.end()
+    spans = sdk_spans(exporter)
+    (root,) = [s for s in spans if s['name'] == 'worker.episode']
+    requests = [s for s in spans if s['name'] == 'worker.request']
+    assert len(requests) == 4 and all(s['parent'] == root['id'] and s['trace'] == root['trace'] for s in requests)

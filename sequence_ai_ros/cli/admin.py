@@ -24,22 +24,26 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sequence_ai_ros.cli.files import read_file, read_token
 from sequence_ai_ros.exceptions import ConfigError
 
 
-def _read_token(path: str | None) -> str | None:
-    if path is None:
-        return None
-    token = Path(path).expanduser().read_text().strip()
-    if not token:
-        raise ConfigError(f'token file {path} is empty')
-    return token
+def _seconds(text: str) -> float:
+    """A per-call deadline (s): finite and in (0, 3600]."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float('nan')
+    if not 0 < value <= 3600:    # false for nan and inf too
+        raise argparse.ArgumentTypeError(f'expected seconds, 0 < S <= 3600, got {text!r}')
+    return value
 
 
 def endpoints(args: argparse.Namespace) -> list[str]:
     """The endpoints ``args`` name (``--endpoint``, then ``--replicas``' lines), each once; default the local port.
 
-    :raises ConfigError: for a replicas file that cannot be read or names nothing.
+    :raises ConfigError: for a replicas file that cannot be read or names nothing, or an endpoint that is not
+        HOST:PORT with a port in 1..65535 (gRPC would wrap a larger one onto another port).
     """
     from sequence_ai_ros.protocol import DEFAULT_PORT
 
@@ -53,6 +57,10 @@ def endpoints(args: argparse.Namespace) -> list[str]:
         if not any(listed):
             raise ConfigError(f'--replicas {args.replicas}: no HOST:PORT in it (one a line)')
         named += [line for line in listed if line]
+    for endpoint in named:
+        host, sep, port = endpoint.rpartition(':')
+        if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ConfigError(f'endpoint {endpoint!r}: expected HOST:PORT with a port in 1..65535')
     return list(dict.fromkeys(named)) or [f'127.0.0.1:{DEFAULT_PORT}']
 
 
@@ -128,9 +136,9 @@ def cmd_admin(args: argparse.Namespace) -> int:
     if args.admin_command == 'drain' and len(targets) > 1 and not args.all:
         raise ConfigError(f'drain names {len(targets)} replicas ({", ".join(targets)}): draining them all stops '
                           'the fleet; name one --endpoint, or pass --all')
-    token = _read_token(args.token_file)
+    token = read_token(args.token_file)
     metadata = [('authorization', f'Bearer {token}')] if token is not None else []
-    creds = grpc.ssl_channel_credentials(Path(args.tls_ca).expanduser().read_bytes()) if args.tls_ca else None
+    creds = grpc.ssl_channel_credentials(read_file(args.tls_ca, '--tls-ca')) if args.tls_ca else None
     failed = 0
     for endpoint in targets:
         channel = grpc.secure_channel(endpoint, creds) if creds is not None else grpc.insecure_channel(endpoint)
@@ -161,7 +169,7 @@ def add_parsers(sub: Any, groups: dict[str, Any]) -> None:
                    help='a file of replica addresses, HOST:PORT a line (seq fleet writes RUN_DIR/replicas)')
     p.add_argument('--token-file', help='file holding the workers\' token (needed when they have one)')
     p.add_argument('--tls-ca', metavar='PEM', help='CA certificate of workers that serve TLS')
-    p.add_argument('--timeout', type=float, default=10.0, metavar='S', help='per call (default 10)')
+    p.add_argument('--timeout', type=_seconds, default=10.0, metavar='S', help='per call, 0 < S <= 3600 (default 10)')
     p.add_argument('--json', action='store_true', help='one JSON object a line per replica')
     cmds = p.add_subparsers(dest='admin_command', metavar='COMMAND', required=True)
     q = cmds.add_parser('episodes', help='the episodes running: id, robot, deployment, version, age, in flight, '

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sequence_ai_ros.cli.files import read_file, read_token
 from sequence_ai_ros.exceptions import ConfigError, MissingDependency
 from sequence_ai_ros.stop_signals import on_stop_signals
 from sequence_ai_ros.templates import TEMPLATES_DIR
@@ -104,15 +105,6 @@ def _dry_run_timeout(text: str) -> float:
     return value
 
 
-def _read_token(path: str | None) -> str | None:
-    if path is None:
-        return None
-    token = Path(path).expanduser().read_text().strip()
-    if not token:
-        raise ConfigError(f'token file {path} is empty')
-    return token
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
     """``seq serve NAME``: serve until SIGINT/SIGTERM (or ``seq admin drain``), then stop gracefully."""
     from sequence_ai_ros.protocol import tracing
@@ -164,7 +156,10 @@ def server_config(args: argparse.Namespace) -> Any:
     if bool(args.tls_cert) != bool(args.tls_key):
         raise ConfigError('--tls-cert and --tls-key go together')
     tls = (args.tls_cert, args.tls_key) if args.tls_cert else None
-    return from_cli({name: getattr(args, name) for name, _, _ in cli_options()}, token=_read_token(args.token_file),
+    if tls is not None:
+        read_file(tls[0], '--tls-cert')
+        read_file(tls[1], '--tls-key')
+    return from_cli({name: getattr(args, name) for name, _, _ in cli_options()}, token=read_token(args.token_file),
                     tls=tls)
 
 

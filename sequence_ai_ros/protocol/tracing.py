@@ -142,9 +142,20 @@ def policy_span(name: str, traceparents: list[str], attributes: dict[str, Any]) 
 
 
 def flush(timeout_s: float = 5.0) -> bool:
-    """Export the spans ended so far (True when done within ``timeout_s``); True when tracing is off."""
+    """Export the spans ended so far; True when done within ``timeout_s`` (s), and when tracing is off.
+
+    Waits at most ``timeout_s``: an exporter whose collector is down or silent may retry for longer than the
+    timeout it is given, so the flush runs on a thread of its own, left to finish (or not) behind.
+    """
     provider = _provider
-    return True if provider is None else bool(provider.force_flush(int(timeout_s * 1000)))
+    if provider is None:
+        return True
+    done: list[bool] = []
+    thread = threading.Thread(target=lambda: done.append(bool(provider.force_flush(int(timeout_s * 1000)))),
+                              name='seq-trace-flush', daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    return bool(done and done[0])
 
 
 def traceparent_of(span: Any) -> str:
@@ -244,7 +255,9 @@ class WorkerTrace:
         :param arrived_ns: when it arrived (``time.time_ns()``).
         """
         self.sent()      # a request answered by nothing (the episode's end came first) ends here
-        parent = context_of(trace_context) if trace_context else self._context
+        parent = context_of(trace_context) if trace_context else None
+        if parent is None or not self._trace.get_current_span(parent).get_span_context().is_valid:
+            parent = self._context      # none given, or malformed: the request stays in the episode's trace
         span = self._tracer.start_span('worker.request', context=parent, kind=self._trace.SpanKind.SERVER,
                                        start_time=arrived_ns,
                                        attributes={**self._attributes, 'seq.request_id': request_id})
