@@ -152,3 +152,22 @@ def test_a_token_bucket_refills_at_its_rate_and_keeps_a_bounded_number_of_identi
     assert len(buckets) == 4
     with pytest.raises(ValueError):
         TokenBuckets(burst=0)
+
+
+def test_seq_admin_refuses_a_port_grpc_would_wrap_and_files_it_cannot_read(tmp_path):
+    """A port over 65535 would reach another replica (116397 is 50861 to gRPC); a missing token file is named."""
+    import argparse
+
+    from sequence_ai_ros.cli.admin import endpoints
+    from sequence_ai_ros.cli.files import read_token
+    from sequence_ai_ros.exceptions import ConfigError
+
+    for bad in ('127.0.0.1:116397', '127.0.0.1:0', 'nohost', ':50551', '127.0.0.1:5a'):
+        with pytest.raises(ConfigError, match='1..65535'):
+            endpoints(argparse.Namespace(endpoint=[bad], replicas=None))
+    assert endpoints(argparse.Namespace(endpoint=['127.0.0.1:65535'], replicas=None)) == ['127.0.0.1:65535']
+    binary = tmp_path / 'token.bin'
+    binary.write_bytes(b'\xff\xfe\x00')
+    for path, why in ((tmp_path / 'none', 'No such file'), (tmp_path, 'directory'), (binary, 'not a text file')):
+        with pytest.raises(ConfigError, match=why):
+            read_token(str(path))
