@@ -24,6 +24,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 
 LOG = logging.getLogger(__name__)
 #: The environment variable whose value marks every process descending from one deployment process.
@@ -104,9 +105,17 @@ def end_descendants() -> int:
     :data:`MAX_ROUNDS` rounds.
     """
     me = os.getpid()
+    # a worker's deployment process leads its group
+    killed = _kill_rounds(lambda: descendants(me, group=os.getpgid(0) == me), MAX_ROUNDS, 0.005, reap=True)
+    _reap()
+    return killed
+
+
+def _kill_rounds(find: Callable[[], list[int]], rounds: int, pause_s: float, reap: bool = False) -> int:
+    """SIGKILL what ``find`` lists, up to ``rounds`` times until it lists nothing; return how many were killed."""
     killed = 0
-    for _ in range(MAX_ROUNDS):
-        pids = descendants(me, group=os.getpgid(0) == me)    # a worker's deployment process leads its group
+    for _ in range(rounds):
+        pids = find()
         if not pids:
             break
         for pid in pids:
@@ -115,9 +124,9 @@ def end_descendants() -> int:
                 killed += 1
             except OSError:         # gone meanwhile
                 pass
-        time.sleep(0.005)
-        _reap()
-    _reap()
+        time.sleep(pause_s)
+        if reap:
+            _reap()
     return killed
 
 
@@ -148,18 +157,7 @@ def end_marked(mark: str) -> int:
     For the worker, once a deployment process is gone: what it left (its orphans, reparented to pid 1 when it was
     killed before it could end them) still carries its mark.
     """
-    killed = 0
-    for _ in range(5):
-        pids = marked(mark)
-        if not pids:
-            break
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed += 1
-            except OSError:
-                pass
-        time.sleep(0.01)
+    killed = _kill_rounds(lambda: marked(mark), 5, 0.01)
     if killed:
         LOG.info('killed %d process(es) left by a deployment process (mark %s)', killed, mark)
     return killed

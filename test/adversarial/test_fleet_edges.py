@@ -26,6 +26,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from test_delete_races import write
 from test_worker_support import Stream, channel, state_request, wait_for, wait_ready
 
 from sequence_ai_ros.capture.settings import CaptureSettings, save_settings
@@ -43,27 +44,6 @@ FAST = HERE.parent / 'policies' / 'fast.py'
 ECHO = HERE.parent / 'policies' / 'worker_echo.py'
 NAMES = ['a', 'b']
 
-POLICY = '''
-import grpc
-import numpy as np
-
-import sequence_ai_ros.policy as seq
-
-NAMES = ['a', 'b']
-
-
-@seq.policy(action_space='joint_absolute', action_names=NAMES, dt=0.05, chunk_length=4,
-            observation=seq.ObservationContract(state_names=NAMES))
-class Valued:
-    def infer(self, inp, episode):
-        return np.array([[{value}, 0.0]] * 4, np.float32)
-'''
-
-
-def _write(path: Path, value: float) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(POLICY.format(value=value))
-    return path
 
 
 def _scrape(port: int) -> dict[tuple[str, tuple], float]:
@@ -97,7 +77,7 @@ def _version(stub) -> int:
 
 
 def test_a_forced_delete_during_a_rollout_keeps_metrics_until_the_old_versions_episodes_end(tmp_path, seq_home):
-    policy = _write(tmp_path / 'arm' / 'policy.py', 1.0)
+    policy = write(tmp_path / 'arm' / 'policy.py', 1.0)
     deploy(policy)
     save_settings(Registry().capture_dir('arm'), CaptureSettings(rate=1.0, enabled=True))
     with create_server(['arm'], home=seq_home, metrics_port=0, warm=True) as server, channel(server.port) as ch, \
@@ -114,7 +94,7 @@ def test_a_forced_delete_during_a_rollout_keeps_metrics_until_the_old_versions_e
             robot.next_action(obs[k], now=obs[k].timestamp)
         other = Stream(stub, 'arm', 'old-other')
         assert other.start().started.deployment_version == 1
-        deploy(_write(policy, 2.0))                        # version 2 loads beside version 1, then takes over
+        deploy(write(policy, 2.0))                        # version 2 loads beside version 1, then takes over
         wait_for(lambda: _version(stub) == 2, timeout=60, what='version 2 to serve new episodes')
         assert seq_main(['delete', 'arm', '--force', '--yes']) == 0
         _lookup(stub)                                      # the worker looks at the registry: arm is retired
