@@ -32,15 +32,23 @@ def test_cli_defaults_are_the_config_defaults():
 def test_cli_flags_fill_the_config(tmp_path):
     token = tmp_path / 'token'
     token.write_text('s3cret\n')
+    cert, key = tmp_path / 'c.pem', tmp_path / 'k.pem'
+    cert.write_text('cert')
+    key.write_text('key')
     config = serving.server_config(serve_args(
         'NAME', '--host', '0.0.0.0', '--port', '0', '--idle-timeout', '7.5', '--warm', '--max-streams', '9',
         '--inference-timeout', '2', '--load-timeout', '3', '--token-file', str(token),
-        '--tls-cert', 'c.pem', '--tls-key', 'k.pem', '--max-pending', '200', '--drain-timeout', '3'))
+        '--tls-cert', str(cert), '--tls-key', str(key), '--max-pending', '200', '--drain-timeout', '3'))
     assert config == ServerConfig(host='0.0.0.0', port=0, idle_timeout_s=7.5, warm=True, max_streams=9,
-                                  inference_timeout_s=2.0, load_timeout_s=3.0, token='s3cret', tls=('c.pem', 'k.pem'),
-                                  max_pending=200, drain_timeout_s=3.0)
+                                  inference_timeout_s=2.0, load_timeout_s=3.0, token='s3cret',
+                                  tls=(str(cert), str(key)), max_pending=200, drain_timeout_s=3.0)
     with pytest.raises(ConfigError, match='go together'):
         serving.server_config(serve_args('NAME', '--tls-cert', 'c.pem'))
+    # a file that is not there is named with its flag, before the worker starts
+    with pytest.raises(ConfigError, match='--tls-key .*missing.pem'):
+        serving.server_config(serve_args('NAME', '--tls-cert', str(cert), '--tls-key', str(tmp_path / 'missing.pem')))
+    with pytest.raises(ConfigError, match='--token-file'):
+        serving.server_config(serve_args('NAME', '--token-file', str(tmp_path)))
 
 
 @pytest.mark.parametrize('field,value,match', [
