@@ -149,7 +149,7 @@ class EpisodeEngine:
             if self._outcome is None:
                 self._check_limits(now)
             if self._outcome is not None:
-                return self._record(obs, begun, self._hold(obs), 'ended')
+                return self._record(obs, begun, 'ended')
             emitted: tuple[Action, float, float] | None = None
             if player.playing():
                 # the tick's span of chunk steps, never past max_actions: a delta space integrates every row of it
@@ -158,22 +158,23 @@ class EpisodeEngine:
                     emitted = player.emit(obs, now, s)
                 except ContractViolation as exc:     # joint_delta without a state to integrate onto
                     self.finish('validate', exc, now=now)
-                    return self._record(obs, begun, self._hold(obs), 'ended')
+                    return self._record(obs, begun, 'ended')
             elif player.last_values is not None:
                 self.tally.dry_begins(now)
             self._request()
             if emitted is not None:
                 return self._record_fresh(obs, begun, *emitted)
             reason = 'waiting' if player.last_values is None else 'underrun'
-            return self._record(obs, begun, self._hold(obs), reason)
+            return self._record(obs, begun, reason)
 
     def set_target(self, target: np.ndarray) -> None:
         """Take the target the robot committed (joint_delta, float32 (A,)): the next increment integrates onto it."""
         with self._lock:
             self.player.last_values = np.array(target, np.float32)
 
-    def _record(self, obs: Observation, begun: float, action: Action | None, reason: str) -> Action | None:
-        """Create this tick's Step for a hold (see client/steps.py) and return ``action``."""
+    def _record(self, obs: Observation, begun: float, reason: str) -> Action | None:
+        """Hold this tick (``reason``): create its Step (see client/steps.py) and return the hold, or None."""
+        action = self.player.hold(obs)
         self.player.pieces = None
         start, end = self.timeline.span(begun, None)
         self.step = self.timeline.step(step_start=start, step_end=end, observation=obs, policy_action=None,
@@ -364,9 +365,6 @@ class EpisodeEngine:
     def _request(self) -> None:
         if self._outcome is None:
             self.requests.maybe_send(self.player, self.timeline.period)
-
-    def _hold(self, obs: Observation) -> Action | None:
-        return self.player.hold(obs)
 
     def _to_limit(self) -> float:
         """Chunk steps left before max_actions (inf without one): a stall never carries the count past it."""
