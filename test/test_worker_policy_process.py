@@ -7,6 +7,7 @@ sequence_ai_ros.worker.policy_host`` over their Unix socket) for what a policy k
 from __future__ import annotations
 
 import mmap
+import os
 import socket
 import struct
 import textwrap
@@ -215,3 +216,45 @@ def test_an_answer_the_worker_cannot_unpickle_is_the_policys_failure_not_the_pro
     body = b'cnowhere\nThing\n.'                          # a class of a module the worker lacks
     released, (status, value) = wire.parse_reply(memoryview(struct.pack('<Ii', 1, 4) + body))
     assert released == [4] and status == 'err' and "cannot be read in the worker: ModuleNotFoundError" in value
+
+
+@pytest.mark.parametrize('blocking', [True, False], ids=['recv', 'poll'])
+def test_frames_pipelined_behind_each_other_arrive_whole_in_order_each_fd_with_its_own(blocking):
+    ours, theirs = socket.socketpair()
+    try:
+        channel = wire.Channel(ours, size=64)
+        reader = os.pipe()
+        payloads = [bytes([k]) * (10 + 30 * k) for k in range(4)]     # the later ones larger than the buffer
+        sender = wire.Channel(theirs)
+        for k, payload in enumerate(payloads):                          # one write each, read in fewer reads
+            sender.send([payload], [reader[0]] if k in (1, 3) else [], seq=k + 1)
+        got, fds = [], []
+        deadline = time.monotonic() + 10
+        while len(got) < len(payloads) and time.monotonic() < deadline:
+            more = len(got) + 1 < len(payloads)
+            if blocking:
+                frame, taken = channel.recv(len(got) + 1, more=more)
+            else:
+                frame, taken = channel.poll(len(got) + 1, more=more), list(channel.fds)
+                channel.fds.clear()
+                if frame is None:
+                    time.sleep(0.001)
+                    continue
+            got.append(bytes(frame))
+            fds.extend(taken)
+        assert got == payloads
+        assert len(fds) == 2                        # the two sent, in the order sent (each a copy of the pipe's end)
+        for fd in fds:
+            os.close(fd)
+        os.close(reader[0])
+        os.close(reader[1])
+        theirs.sendall(struct.pack('<II', 4, 5) + bytes(4) + b'more')      # no frame due after it: no answer
+        with pytest.raises(wire.ProtocolError, match='4 more bytes came after the frame of call 5'):
+            while time.monotonic() < deadline:
+                if blocking:
+                    channel.recv(5)
+                elif channel.poll(5) is None:
+                    time.sleep(0.001)
+    finally:
+        ours.close()
+        theirs.close()

@@ -5,8 +5,9 @@
 - :class:`InProcessHost` (``--isolation none``): the policy object constructed in the worker; every call goes
   straight to it, on the caller's thread (the deployment's inference thread, or its loader thread).
 - :class:`~sequence_ai_ros.worker.policy_process.RemotePolicy` (``--isolation process``): the policy lives in
-  its deployment process; every call is a round trip, an inference may be started from the worker's event
-  loop (:attr:`PolicyHost.starts_on_loop`), and the process can die (:meth:`PolicyHost.exit_reason`), be
+  its deployment process; every call is a round trip, inferences may be started from the worker's event
+  loop, several in flight at once (:attr:`PolicyHost.starts_on_loop`, :attr:`PolicyHost.pipeline_depth`), and
+  the process can die (:meth:`PolicyHost.exit_reason`), be
   killed and be closed.
 
 :func:`~sequence_ai_ros.worker.policy_process.open_host` constructs the one a definition asks for. This module
@@ -23,18 +24,23 @@ from sequence_ai_ros.policy.api import Episode
 from sequence_ai_ros.protocol.messages import PolicyInput
 
 #: ``done(status, value)`` of an inference started from the event loop: ``('ok', out)``, ``('err', 'Type:
-#: message')``, ``('contract', message)``, or ``(None, PolicyProcessDied)`` when the deployment process died.
+#: message')``, ``('contract', message)``, ``('dropped', None)`` (cancelled before it started), or ``(None,
+#: PolicyProcessDied)`` when the deployment process died.
 Done = Callable[[str | None, Any], None]
 
 
 class PolicyHost(Protocol):
     """A constructed policy, wherever its code runs: what the runtime calls on it.
 
-    Calls come one at a time (the runtime's inference thread, or its loader thread before the policy serves).
+    Calls come one at a time (the runtime's inference thread, or its loader thread before the policy serves),
+    except inferences started from the event loop (:meth:`start_infer`): up to :attr:`pipeline_depth` of those
+    may be in flight at once, and the host runs them one at a time, in the order started.
     """
 
     #: True when :meth:`start_infer` can send an inference from the worker's event loop
     starts_on_loop: bool
+    #: most inferences :meth:`start_infer` may have in flight at once
+    pipeline_depth: int
 
     def load(self) -> None:
         """Run the policy's ``load()`` (the weights); exceptions propagate (the load failed)."""
@@ -51,11 +57,15 @@ class PolicyHost(Protocol):
         """The policy's ``infer_batch``: one chunk (or ``Result``, or a request's own exception) per input."""
         ...
 
-    def start_infer(self, loop: asyncio.AbstractEventLoop, inp: PolicyInput, episode: Episode, done: Done) -> bool:
+    def start_infer(self, loop: asyncio.AbstractEventLoop, inp: PolicyInput, episode: Episode,
+                    done: Done) -> Callable[[], bool] | None:
         """Send :meth:`infer` from ``loop``'s thread without waiting; ``loop`` hands the answer to ``done``.
 
-        :return: False, having sent nothing, when it cannot (never with :attr:`starts_on_loop` False): the
-            inference thread then calls :meth:`infer`.
+        ``done`` may also get ``('dropped', None)``: the inference was cancelled before its turn and never started.
+
+        :return: its cancel (any thread; True when it was not answered yet: the host then drops it unless it
+            has started); None, having sent nothing, when it cannot (always with :attr:`starts_on_loop`
+            False): the inference thread then calls :meth:`infer`.
         """
         ...
 
@@ -90,6 +100,7 @@ class InProcessHost:
     """
 
     starts_on_loop = False
+    pipeline_depth = 1
 
     def __init__(self, policy: Any) -> None:
         #: the policy object itself
@@ -109,9 +120,10 @@ class InProcessHost:
         """The policy's ``infer_batch``."""
         return list(self.policy.infer_batch(inputs, episodes))
 
-    def start_infer(self, loop: asyncio.AbstractEventLoop, inp: PolicyInput, episode: Episode, done: Done) -> bool:
+    def start_infer(self, loop: asyncio.AbstractEventLoop, inp: PolicyInput, episode: Episode,
+                    done: Done) -> Callable[[], bool] | None:
         """Never: an in-process inference runs on the deployment's inference thread."""
-        return False
+        return None
 
     def episode_hook(self, name: str) -> Callable[[Episode], None]:
         """The policy's method ``name``."""

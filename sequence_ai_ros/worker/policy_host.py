@@ -1,21 +1,29 @@
 """The deployment process: imports, loads and runs one policy for the worker (``--isolation process``).
 
 The worker (:mod:`sequence_ai_ros.worker.policy_process`) starts ``python -m sequence_ai_ros.worker.policy_host
-FD PPID`` with one end of a Unix socket pair as ``FD``, and talks to it one call at a time, in frames
-(``u32 length``, ``u32 sequence number``, then the payload; :class:`Channel`, one ``sendmsg`` and usually one
-``recvmsg`` each). A reply carries its call's sequence number; the worker takes nothing else for the answer
-(:class:`ProtocolError`), so bytes that are no answer (a stray write on the socket) fail the call in flight and
-never pass for the answer of another:
+FD PPID MEMORY_MB FLAGS_FD`` with one end of a Unix socket pair as ``FD``, and sends it calls in frames (``u32
+length``, ``u32 sequence number``, then the payload; :class:`Channel`, one ``sendmsg`` and usually one
+``recvmsg`` each). Up to :data:`PIPELINE_DEPTH` inferences may be in flight at once (the worker writes the next
+while this process computes); this process runs its calls one at a time, in the order sent, and answers each as
+it returns, so the policy never sees concurrent calls. A reply carries its call's sequence number; the worker
+takes nothing but the answer of its oldest call in flight (:class:`ProtocolError`), so bytes that are no answer
+(a stray write on the socket) fail the calls in flight and never pass for the answer of another:
 
-- a call's payload: ``i32 segment`` (-1: no arrays), ``u32 copy``, ``u64 segment size``, ``u32 n`` and ``n``
-  ``i32`` ids of segments the worker dropped, then the header: a protocol-5 pickle of ``(command, arguments,
-  ended episode ids)`` in which every plain numpy array is a reference ``(offset, dtype, shape, writeable)``
-  into the call's *segment* (:class:`CallPickler`). A segment is shared memory (a ``memfd``) that the worker
-  maps too; a new one comes with its call as ``SCM_RIGHTS``. The worker copies the arrays' bytes into the
-  segment once; this process hands the policy *views* of them (:class:`Segments`), so observations'
-  images and states are neither pickled nor copied here;
+- a call's payload: ``i32 segment`` (-1: no arrays), ``u32 flags`` (:data:`COPY`, :data:`NEW_SEGMENT`), ``u64
+  segment size``, ``u32 slot`` (its byte in the flags page, :data:`NO_SLOT`: none), ``u32 n`` and ``n`` ``i32``
+  ids of segments the worker dropped, then the header: a protocol-5 pickle of ``(command, arguments, ended
+  episode ids)`` in which every plain numpy array is a reference ``(offset, dtype, shape, writeable)`` into the
+  call's *segment* (:class:`CallPickler`). A segment is shared memory (a ``memfd``) that the worker maps too;
+  a new one comes with its call as ``SCM_RIGHTS``. The worker copies the arrays' bytes into the segment once;
+  this process hands the policy *views* of them (:class:`Segments`), so observations' images and states are
+  neither pickled nor copied here;
 - a reply's payload: ``u32 n`` and ``n`` ``i32`` ids of segments the worker may write again, then a plain
-  pickle of ``('ok', value)`` or ``('err', 'Type: message')``: action chunks are small.
+  pickle of ``('ok', value)``, ``('err', 'Type: message')`` or ``('dropped', None)``: action chunks are small.
+
+The *flags page* (``FLAGS_FD``, :data:`SLOTS` bytes of shared memory) holds one byte per call in flight: the
+worker sets a call's byte once its episode has ended (the robot's EpisodeEnd arrived), and an inference whose
+byte is set when its turn comes never starts here: its answer is ``('dropped', None)``. One that started before
+is left to finish (its result is discarded by the worker).
 
 A segment is written again only once nothing here references its arrays any more (the policy may keep
 them, in an episode's state or anywhere: then its segment stays out of use until they are gone), so what
@@ -47,6 +55,7 @@ its policies stop. Nothing here imports gRPC.
 from __future__ import annotations
 
 import array
+import collections
 import io
 import logging
 import mmap
@@ -73,8 +82,18 @@ _U32 = struct.Struct('<I')
 _I32 = struct.Struct('<i')
 #: A frame's head: the payload's length (bytes) and the sequence number of its call.
 _FRAME = struct.Struct('<II')
-#: A call's fixed head: segment id (-1: none), copy (0/1), segment size (bytes), number of dropped segments.
-_CALL = struct.Struct('<iIQI')
+#: A call's fixed head: segment id (-1: none), flags, segment size (bytes), slot, number of dropped segments.
+_CALL = struct.Struct('<iIQII')
+#: A call's flag: copy its arrays out of the segment (the segment is free again at once).
+COPY = 1
+#: A call's flag: its segment is new; its fd came with the call (``SCM_RIGHTS``).
+NEW_SEGMENT = 2
+#: Bytes of the flags page: the slots of calls in flight (a call's slot is its sequence number modulo SLOTS).
+SLOTS = 4096
+#: The slot of a call that has none (it cannot be dropped).
+NO_SLOT = 0xFFFFFFFF
+#: Inferences the worker may have in flight to one deployment process at once (sent, not yet answered).
+PIPELINE_DEPTH = 16
 #: Alignment of each array in a segment (bytes).
 ALIGN = 64
 #: Segments the policy may hold (by keeping arrays of their calls) before calls' arrays are copied instead.
@@ -104,24 +123,33 @@ class ProtocolError(Exception):
 class Channel:
     """Frames over a Unix stream socket: ``u32 length``, ``u32 sequence number``, then the payload.
 
-    One frame is in flight each way. Reads go into one reusable buffer (grown to the largest frame), so a
-    payload is valid until the next read. File descriptors (``SCM_RIGHTS``) ride with a frame's first bytes.
-    A frame is read whole by :meth:`recv` (blocking), or piecewise by :meth:`poll` (never blocking: an event
-    loop's reader), and a frame :meth:`poll` began, :meth:`recv` finishes. Given the sequence number it
-    expects, a read checks the frame's head as soon as it has arrived, so that a frame that is not the one
-    due fails at once.
+    Frames may follow each other (the worker pipelines calls: :data:`PIPELINE_DEPTH`): reads go into one
+    reusable buffer (grown to the largest frame), which may hold the next frame's first bytes, or several whole
+    frames, behind the one read; a payload is valid until the next read. File descriptors (``SCM_RIGHTS``)
+    ride with a frame's first bytes and reach :attr:`fds` in the order sent, no later than those bytes (every
+    read takes ancillary data). A frame is read whole by :meth:`recv` (blocking), or piecewise by :meth:`poll`
+    (never blocking: an event loop's reader), and a frame :meth:`poll` began, :meth:`recv` finishes. Given the
+    sequence number it expects, a read checks the frame's head as soon as it has arrived, so that a frame that
+    is not the one due fails at once; given ``more=False`` (no later frame is due), bytes after the frame fail
+    it too.
 
     :param sock: a connected ``AF_UNIX`` ``SOCK_STREAM`` socket (blocking).
     :param limit: the largest payload (bytes) taken; None: any.
+    :param take_fds: keep the fds received (False: close them at once; the worker takes none from its processes).
     """
 
-    def __init__(self, sock: socket.socket, size: int = 1 << 16, limit: int | None = None) -> None:
+    def __init__(self, sock: socket.socket, size: int = 1 << 16, limit: int | None = None,
+                 take_fds: bool = True) -> None:
         self.sock = sock
         self.limit = limit
+        self.take_fds = take_fds
         #: the sequence number of the last frame read
         self.seq = 0
+        #: the file descriptors received and not yet taken, in the order they were sent
+        self.fds: collections.deque[int] = collections.deque()
         self._buf = bytearray(size)
-        self._got = 0           # bytes of the next frame read so far
+        self._at = 0            # where the next frame starts in the buffer
+        self._got = 0           # bytes in the buffer (from 0; those before _at are read)
 
     def send(self, parts: Sequence[bytes | memoryview], fds: Sequence[int] = (), seq: int = 0) -> None:
         """Send one frame of ``parts`` (and ``fds``), in one ``sendmsg`` when the socket takes it all.
@@ -136,71 +164,89 @@ class Channel:
         if sent < total:     # a full socket buffer or a signal: the rest (the fds went with the first bytes)
             self.sock.sendall(memoryview(b''.join(msg))[sent:])
 
-    def recv(self, seq: int | None = None) -> tuple[memoryview, list[int]]:
-        """Read one frame: its payload (a view of the buffer, valid until the next read) and any fds.
+    def recv(self, seq: int | None = None, more: bool = False) -> tuple[memoryview, list[int]]:
+        """Read one frame: its payload (a view of the buffer, valid until the next read) and the fds received so far.
+
+        The fds are the caller's (in the order sent): a frame's come no later than its first bytes, so with frames
+        pipelined they may be a later frame's.
 
         :param seq: the sequence number the frame must carry; None: any (:attr:`seq` tells it).
+        :param more: later frames may follow it (calls pipelined behind it); False: bytes after it fail it.
         :raises EOFError: when the peer closed the socket.
         :raises OSError: when the socket fails.
         :raises ProtocolError: when the bytes read are not the frame due (``seq``, :attr:`limit`).
         """
-        fds: list[int] = []
-        if not self._got:
-            got, anc, _, _ = self.sock.recvmsg_into([memoryview(self._buf)], _FD_SPACE)
-            fds = _fds(anc)
-            if not got:
-                _close_fds(fds)
-                raise EOFError('the peer closed the connection')
-            self._got = got
-        try:
-            frame = self._frame(seq)
-            while frame is None:
-                self._read(0)
-                frame = self._frame(seq)
-        except BaseException:
-            _close_fds(fds)
-            raise
+        frame = self._frame(seq, more)
+        while frame is None:
+            self._read(0)
+            frame = self._frame(seq, more)
+        fds = list(self.fds)
+        self.fds.clear()
         return frame, fds
 
-    def poll(self, seq: int | None = None) -> memoryview | None:
+    def poll(self, seq: int | None = None, more: bool = False) -> memoryview | None:
         """Read what has arrived, without blocking; return a frame's payload once it is whole, else None.
 
-        :param seq: as :meth:`recv`'s.
+        :param seq: :param more: as :meth:`recv`'s.
         :raises EOFError: when the peer closed the socket.
         :raises OSError: when the socket fails.
         :raises ProtocolError: as :meth:`recv`.
         """
+        frame = self._frame(seq, more)     # a frame read with the one before it
+        if frame is not None:
+            return frame
         try:
             self._read(socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
             return None
-        return self._frame(seq)
+        return self._frame(seq, more)
 
     def _read(self, flags: int) -> None:
-        k = self.sock.recv_into(memoryview(self._buf)[self._got:], 0, flags)
+        if self._at:                     # the frames before it are read: the next one's bytes go first
+            rest = self._got - self._at
+            self._buf[:rest] = self._buf[self._at:self._got]
+            self._at, self._got = 0, rest
+        if self._got == len(self._buf):
+            self._grow(2 * len(self._buf))
+        k, anc, _, _ = self.sock.recvmsg_into([memoryview(self._buf)[self._got:]], _FD_SPACE, flags)
+        if anc:
+            if self.take_fds:
+                self.fds.extend(_fds(anc))
+            else:
+                _close_fds(_fds(anc))
         if not k:
             raise EOFError('the peer closed the connection')
         self._got += k
 
-    def _frame(self, seq: int | None) -> memoryview | None:
+    def _grow(self, size: int) -> None:
+        grown = bytearray(size)
+        grown[:self._got - self._at] = memoryview(self._buf)[self._at:self._got]
+        self._got -= self._at
+        self._at = 0
+        self._buf = grown
+
+    def _frame(self, seq: int | None, more: bool) -> memoryview | None:
         head = _FRAME.size
-        if self._got < head:
+        at, have = self._at, self._got - self._at
+        if have < head:
             return None
-        n, self.seq = _FRAME.unpack_from(self._buf, 0)
-        if seq is not None and self.seq != seq:
-            raise ProtocolError(f'a frame numbered {self.seq} came where the answer to call {seq} was due')
+        n, got_seq = _FRAME.unpack_from(self._buf, at)
+        if seq is not None and got_seq != seq:
+            raise ProtocolError(f'a frame numbered {got_seq} came where the answer to call {seq} was due')
         if self.limit is not None and n > self.limit:
             raise ProtocolError(f'a frame of {n} bytes came, over the bound of {self.limit}')
-        if head + n > len(self._buf):
-            grown = bytearray(max(head + n, 2 * len(self._buf)))
-            grown[:self._got] = memoryview(self._buf)[:self._got]
-            self._buf = grown
-        if self._got < head + n:
+        if at + head + n > len(self._buf):
+            self._grow(max(head + n, 2 * len(self._buf)))
+            at = 0
+        if have < head + n:
             return None
-        if self._got > head + n:     # one frame in flight each way: nothing may follow it
-            raise ProtocolError(f'{self._got - head - n} more bytes came after the frame of call {self.seq}')
-        self._got = 0
-        return memoryview(self._buf)[head:head + n]
+        if have > head + n and not more:     # no later frame is due: nothing may follow it
+            raise ProtocolError(f'{have - head - n} more bytes came after the frame of call {got_seq}')
+        self.seq = got_seq
+        self._at = at + head + n
+        if self._at == self._got:
+            self._at = self._got = 0
+        return memoryview(self._buf)[at + head:at + head + n]
 
 
 def _fds(anc: list[tuple[int, int, bytes]]) -> list[int]:
@@ -319,22 +365,28 @@ class Segments:
         self.held: dict[int, Any] = {}
         self._probe: dict[int, Any] = {0: object()}    # a value referenced only from its table, as a free one is
 
-    def parse(self, payload: memoryview, fds: list[int]) -> tuple[Any, int]:
-        """Unpickle a call (mapping a new segment, unmapping dropped ones); return its value and its segment id."""
-        seg, copy, size, ndropped = _CALL.unpack_from(payload, 0)
+    def parse(self, payload: memoryview, fds: list[int] | collections.deque[int]) -> tuple[Any, int]:
+        """Unpickle a call (mapping a new segment, unmapping dropped ones); return its value and its segment id.
+
+        :param fds: the fds received and not yet taken, in the order sent; a call with a new segment takes the
+            first (it came with that call's bytes, so it is there).
+        """
+        seg, flags, size, _, ndropped = _CALL.unpack_from(payload, 0)
         at = _CALL.size
         for k in range(ndropped):
             self._drop(_I32.unpack_from(payload, at + 4 * k)[0])
         at += 4 * ndropped
-        if fds:
+        if flags & NEW_SEGMENT:
+            fd = fds.pop(0) if isinstance(fds, list) else fds.popleft()
             try:
                 old = self.maps.pop(seg, None)
                 if old is not None:
                     old.close()
-                self.maps[seg] = mmap.mmap(fds[0], size)
+                self.maps[seg] = mmap.mmap(fd, size)
             finally:
-                _close_fds(fds)
-        loader = CallLoader(payload[at:], self.maps[seg] if seg >= 0 else None, bool(copy))
+                os.close(fd)
+        copy = bool(flags & COPY)
+        loader = CallLoader(payload[at:], self.maps[seg] if seg >= 0 else None, copy)
         value = loader.load()
         if seg >= 0 and not copy:
             self.held[seg] = loader.owner
@@ -360,9 +412,20 @@ class Segments:
                 pass
 
 
-def call_head(segment: int, copy: bool, size: int, dropped: list[int]) -> bytes:
-    """A call's head: its segment (-1: none), whether to copy its arrays out, the segment's size, dropped segments."""
-    return _CALL.pack(segment, int(copy), size, len(dropped)) + b''.join(_I32.pack(k) for k in dropped)
+def call_head(segment: int, copy: bool, size: int, dropped: list[int], *, new: bool = False,
+              slot: int = NO_SLOT) -> bytes:
+    """A call's head: its segment (-1: none), whether to copy its arrays out, the segment's size, dropped segments.
+
+    :param new: the segment is new (its fd goes with the call).
+    :param slot: the call's byte in the flags page (:data:`NO_SLOT`: none).
+    """
+    flags = (COPY if copy else 0) | (NEW_SEGMENT if new else 0)
+    return _CALL.pack(segment, flags, size, slot, len(dropped)) + b''.join(_I32.pack(k) for k in dropped)
+
+
+def call_slot(payload: memoryview) -> int:
+    """The slot of a call's payload (:data:`NO_SLOT`: none)."""
+    return _CALL.unpack_from(payload, 0)[3]
 
 
 def parse_reply(payload: memoryview) -> tuple[list[int], tuple[str, Any]]:
@@ -665,30 +728,39 @@ def _exit_forked() -> None:
     os._exit(0)
 
 
-def serve(sock: socket.socket) -> None:
-    """Answer calls until the worker closes the socket (a copy forked by the policy answers none)."""
+def serve(sock: socket.socket, flags: mmap.mmap | None = None) -> None:
+    """Answer calls, in the order sent, until the worker closes the socket (a copy forked by the policy answers none).
+
+    :param flags: the flags page (:data:`SLOTS` bytes): an inference whose byte is set is dropped, never started.
+    """
     channel = Channel(sock)
     answer = Answer(channel)
     host = Host(answer)
     segments = Segments()
+    fds: collections.deque[int] = collections.deque()   # received, each waiting for its call
     while True:
         try:
-            payload, fds = channel.recv()
+            payload, more_fds = channel.recv(more=True)
         except (EOFError, OSError, ProtocolError):
             return
+        fds.extend(more_fds)
         answer.due(channel.seq)
         seg = -1
         try:
+            slot = call_slot(payload)
             call, seg = segments.parse(payload, fds)
             command, args, ended = call
             del call
             try:
-                value = getattr(host, command)(*args)
+                if flags is not None and slot < SLOTS and flags[slot]:   # its episode ended: it never starts
+                    value, dropped = None, True
+                else:
+                    value, dropped = getattr(host, command)(*args), False
             finally:       # after the call: a hook is sent along with its own episode's end
                 del args
                 for eid in ended:
                     host.episodes.pop(eid, None)
-            status = 'ok'
+            status = 'dropped' if dropped else 'ok'
         except BaseException as exc:      # a policy's failure (SystemExit included) is an answer, not our end
             from sequence_ai_ros.exceptions import ContractViolation
 
@@ -714,9 +786,14 @@ def _describe_safely(exc: BaseException) -> str:
 
 
 def main(argv: list[str]) -> int:
-    """Entry point: ``policy_host FD PPID [MEMORY_MB]``."""
+    """Entry point: ``policy_host FD PPID [MEMORY_MB [FLAGS_FD]]``."""
     fd, ppid = int(argv[0]), int(argv[1])
     memory_mb = int(argv[2]) if len(argv) > 2 else 0
+    flags = None
+    if len(argv) > 3:
+        flags_fd = int(argv[3])
+        flags = mmap.mmap(flags_fd, SLOTS)
+        os.close(flags_fd)
     _ignore_stop_signals()
     descendants.become_subreaper()   # orphans of what the policy starts come here, and end with this process
     _die_with_parent(ppid, memory_mb)
@@ -730,7 +807,7 @@ def main(argv: list[str]) -> int:
         tracing.configure_from_env('sequence_ai-deployment')   # when the worker traces (seq serve --otlp-endpoint)
     except ConfigError as exc:
         logging.getLogger(__name__).warning('no tracing in this deployment process: %s', exc)
-    serve(sock)
+    serve(sock, flags)
     tracing.shutdown()              # the spans still batched
     descendants.end_descendants()   # the worker closed the socket (or died): what the policy started ends too
     return 0

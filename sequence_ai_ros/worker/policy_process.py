@@ -13,12 +13,16 @@ segfault or a hang in one policy fails only that deployment's robots; the worker
 - :func:`open_host`: construct a definition's policy as the runtime's
   :class:`~sequence_ai_ros.worker.hosting.PolicyHost`: a :class:`RemotePolicy` for a remote definition, the
   in-worker :class:`~sequence_ai_ros.worker.hosting.InProcessHost` otherwise (:func:`runs_isolated` tells which).
-- :class:`RemotePolicy`: the policy object as the runtime and scheduler see it; every call is one
-  round trip, made by the calling thread (:meth:`PolicyProcess.call`) or, for an inference when the
-  deployment's inference thread is idle, straight from the worker's event loop, which reads the answer as
-  it comes (:meth:`PolicyProcess.start`): no hop through the inference thread. Arrays travel through
-  shared memory (``memfd`` segments, reused once the policy no longer references a call's arrays), never
-  pickled; the policy gets views of them (:mod:`~sequence_ai_ros.worker.policy_host`).
+- :class:`RemotePolicy`: the policy object as the runtime and scheduler see it. A call is made by the calling
+  thread (:meth:`PolicyProcess.call`, one round trip, alone on the socket) or, for an inference, straight
+  from the worker's event loop (:meth:`PolicyProcess.start`): up to :data:`~.policy_host.PIPELINE_DEPTH`
+  inferences are then in flight at once, the loop writing the next while the process computes and reading
+  the answers, in order, as they come; no hop through the inference thread, and no wait for the previous
+  answer before the next request goes. The process runs them one at a time, in the order sent. An
+  inference in flight whose episode ends before its turn is dropped there (:meth:`PolicyProcess.start`'s
+  cancel). Arrays travel through shared memory (``memfd`` segments, reused once the policy no longer
+  references a call's arrays), never pickled; the policy gets views of them
+  (:mod:`~sequence_ai_ros.worker.policy_host`).
 
 Every process the policy starts, detached or not, ends with its deployment process (a child subreaper; and when
 the deployment process itself was killed, the worker kills what carries its mark:
@@ -29,10 +33,11 @@ its call raises :class:`MemoryLimitExceeded`, naming the limit, and the runtime 
 
 Errors: a policy's exception comes back as :class:`RemoteError` (its text is the policy's own
 ``Type: message``); a process that dies or is killed raises :class:`PolicyProcessDied`, naming the
-deployment, the step and the exit code or signal. Its exit is noticed at once, also while something the policy
-started still holds its end of the socket. A process whose socket carries anything but the answer to the call
-in flight (each answer echoes its call's sequence number) is stopped, and the call raises
-:class:`PolicyProcessDied` saying so: an answer is never taken for another call's.
+deployment, the step and the exit code or signal; every call in flight fails so. Its exit is noticed at once,
+also while something the policy started still holds its end of the socket. A process whose socket carries
+anything but the answer to its oldest call in flight (each answer echoes its call's sequence number) is
+stopped, and the calls in flight raise :class:`PolicyProcessDied` saying so: an answer is never taken for
+another call's.
 """
 
 from __future__ import annotations
@@ -73,6 +78,9 @@ START_TIMEOUT_S = 60.0
 MAX_REPLY_BYTES = 256 << 20
 #: Longest wait (s) at close for the last lines of a deployment process's stdout and stderr.
 OUTPUT_JOIN_S = 1.0
+#: Largest header (bytes) of a call sent behind others in flight: the socket's buffer takes it without blocking
+#: the event loop (a larger one waits until the pipeline is empty).
+PIPELINED_HEADER_BYTES = 64 << 10
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
@@ -109,8 +117,24 @@ def exit_words(code: int | None) -> str:
     return f'exit code {code}'
 
 
+class _Sent:
+    """A call started from the event loop, in flight (:meth:`PolicyProcess.start`)."""
+
+    __slots__ = ('seq', 'seg', 'done', 'answered')
+
+    def __init__(self, seq: int, seg: int, done: Callable[[str | None, Any], None]) -> None:
+        self.seq = seq
+        self.seg = seg
+        self.done = done
+        self.answered = False
+
+
 class PolicyProcess:
-    """One deployment process and the socket to it; one call at a time (a lock serializes callers).
+    """One deployment process and the socket to it.
+
+    A thread's call (:meth:`call`) has the socket to itself (a lock serializes callers, and it waits for the
+    calls in flight from the event loop); calls started from the event loop (:meth:`start`) are pipelined, up to
+    :attr:`depth` in flight. The process runs every call alone, in the order sent.
 
     Its stdout and stderr are read into the worker's log (:class:`~.policy_output.OutputRelay`, bounded by one
     :class:`~.policy_output.OutputBudget`); its environment carries a fresh mark
@@ -127,6 +151,10 @@ class PolicyProcess:
         #: the value of :data:`~.descendants.MARK_ENV` in this process's environment, and its descendants'
         self.mark = uuid.uuid4().hex
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        flags_fd = os.memfd_create(f'seq_flags-{name}', os.MFD_CLOEXEC)
+        os.ftruncate(flags_fd, wire.SLOTS)
+        #: one byte per call in flight (its slot): set once the call's episode ended (the process drops it)
+        self._flags = mmap.mmap(flags_fd, wire.SLOTS)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (_PACKAGE_ROOT, os.environ.get('PYTHONPATH'))
                                                           if p))
         env.setdefault('OMP_NUM_THREADS', '1')       # before numpy's import there
@@ -135,16 +163,18 @@ class PolicyProcess:
         try:
             self.process = subprocess.Popen(
                 [sys.executable, '-m', 'sequence_ai_ros.worker.policy_host', str(theirs.fileno()), str(os.getpid()),
-                 str(memory_limit_mb)],
-                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=pipes[0][1], stderr=pipes[1][1],
+                 str(memory_limit_mb), str(flags_fd)],
+                pass_fds=(theirs.fileno(), flags_fd), stdin=subprocess.DEVNULL, stdout=pipes[0][1], stderr=pipes[1][1],
                 env=env, start_new_session=True)     # its group: what the policy starts ends with it (_end, kill)
         except OSError as exc:
             ours.close()
+            self._flags.close()
             for fd in (*pipes[0], *pipes[1]):
                 os.close(fd)
             raise DeploymentError(f'deployment {name!r}: cannot start its policy process: {exc}') from None
         finally:
             theirs.close()
+            os.close(flags_fd)
         for _, write_end in pipes:
             os.close(write_end)
         budget = OutputBudget()
@@ -153,23 +183,29 @@ class PolicyProcess:
                        for k, stream in enumerate(('stdout', 'stderr'))]
         self._sock = ours
         self._sock_lock = threading.Lock()        # the exit watch's shutdown against close()
-        self._channel = wire.Channel(ours, limit=MAX_REPLY_BYTES)
+        self._channel = wire.Channel(ours, limit=MAX_REPLY_BYTES, take_fds=False)
         self._seq = 0                              # the sequence number of the last call sent
-        self._lock = threading.Lock()
-        self._segments: dict[int, mmap.mmap] = {}   # shared memory by id: free (in _free) or held by the policy
+        self._lock = threading.Lock()              # a thread's call, or the calls in flight from the loop
+        self._segments: dict[int, mmap.mmap] = {}   # shared memory by id: free, in flight or held by the policy
         self._free: list[int] = []
+        self._busy: set[int] = set()               # segments of calls sent and not answered yet
+        #: most calls started from the event loop in flight at once
+        self.depth = wire.PIPELINE_DEPTH
         self._dropped: list[int] = []                # closed here; the process unmaps them with the next call
         self._next_segment = 0
         self._dead: str | None = None
+        self._watched = False       # a thread watches the process's pidfd ...
+        self._gone = False          # ... and saw it exit (no waitid per request while it runs)
         self.step = 'starting'
-        #: while a call started from an event loop runs: that loop (it reads the answer) and who gets it
+        #: while calls started from an event loop are in flight: that loop (it reads the answers), and the calls
         self._reading: asyncio.AbstractEventLoop | None = None
-        self._done: Callable[[str | None, Any], None] | None = None
+        self._inflight: collections.deque[_Sent] = collections.deque()
         try:                       # before anyone may reap it: the pid names this process
             pidfd = os.pidfd_open(self.process.pid)
         except OSError:            # a kernel without pidfds (< 5.3): the EOF alone tells its exit
             LOG.debug('no pidfd for the policy process of %r: its exit is seen at EOF on its socket', name)
         else:
+            self._watched = True
             threading.Thread(target=self._watch_exit, args=(pidfd,), name=f'seq-exit-{name}', daemon=True).start()
 
     @property
@@ -179,7 +215,11 @@ class PolicyProcess:
 
     def alive(self) -> bool:
         """True while the process runs and has not failed a call."""
-        return self._dead is None and self.exit_status() is None
+        if self._dead is not None:
+            return False
+        if self._watched and not self._gone:
+            return True
+        return self.exit_status() is None
 
     def exit_words(self) -> str:
         """How the process ended (:func:`exit_words`; over its memory limit: :func:`memory_words`)."""
@@ -217,6 +257,7 @@ class PolicyProcess:
                 pass
         finally:
             os.close(pidfd)
+        self._gone = True
         with self._sock_lock:
             if self._sock.fileno() >= 0:
                 try:
@@ -245,8 +286,8 @@ class PolicyProcess:
             header, pickler = wire.encode_call((command, args, ended))
             fds: list[int] = []
             try:
-                head, fds = self._place(pickler)
                 seq = self._next_seq()
+                head, fds, seg = self._place(pickler, wire.NO_SLOT)
                 self._channel.send([head, header], fds, seq)
                 payload, _ = self._channel.recv(seq)
                 released, (status, value) = wire.parse_reply(payload)
@@ -256,7 +297,7 @@ class PolicyProcess:
             finally:
                 for fd in fds:         # the process has its own copy now (or never will)
                     os.close(fd)
-            self._free.extend(k for k in released if k in self._segments)
+            self._answered(seg, released)
         if status == 'err':
             raise RemoteError(value)
         if status == 'contract':        # the policy found the request malformed (ContractViolation)
@@ -264,78 +305,119 @@ class PolicyProcess:
         return value
 
     def start(self, loop: asyncio.AbstractEventLoop, done: Callable[[str | None, Any], None], command: str,
-              *args: Any, ended: tuple[str, ...] = (), step: str = '') -> bool:
+              *args: Any, ended: tuple[str, ...] = (), step: str = '') -> Callable[[], bool] | None:
         """Send ``command(*args)`` from ``loop``'s thread without waiting; ``done`` gets the answer.
 
-        ``loop`` reads the answer as it arrives and calls ``done(status, value)`` there: ``('ok', value)``,
-        ``('err', 'Type: message')`` or ``('contract', message)``. When the process dies meanwhile, ``done(None,
-        PolicyProcessDied)`` is called from a thread of its own, once the exit status is known.
+        Up to :attr:`depth` such calls are in flight at once (pipelined: sent before the previous ones are
+        answered); the process runs them one at a time, in the order sent. ``loop`` reads the answers as they
+        arrive and calls ``done(status, value)`` there, in the order sent: ``('ok', value)``, ``('err', 'Type:
+        message')``, ``('contract', message)`` or ``('dropped', None)`` (cancelled before its turn: it never
+        started). When the process dies meanwhile, every call in flight gets ``done(None, PolicyProcessDied)``,
+        from a thread of its own, once the exit status is known.
 
-        :return: False, having sent nothing, when another call runs, the process is dead or the arguments do not
-            pickle (:meth:`call` then answers as usual).
+        :return: the call's cancel (any thread): it marks the call dropped, unless it was answered (then it
+            returns False); None, having sent nothing, when a thread's call runs, :attr:`depth` calls are in
+            flight, the process is dead or the arguments do not pickle (:meth:`call` then answers as usual).
         """
-        if not self._lock.acquire(blocking=False):
-            return False
+        first = not self._inflight
+        if first:
+            if not self._lock.acquire(blocking=False):
+                return None
+        elif self._reading is not loop or len(self._inflight) >= self.depth:
+            return None
         try:
             if self._dead is not None:
-                self._lock.release()
-                return False
+                raise _NotSent
             header, pickler = wire.encode_call((command, args, ended))
+            if not first and len(header) > PIPELINED_HEADER_BYTES:     # a send that could block the loop
+                raise _NotSent
         except Exception:
-            self._lock.release()
-            return False
+            if first:
+                self._lock.release()
+            return None
         self.step = step or command
         fds: list[int] = []
-        self._done, self._reading = done, loop
+        seq = self._next_seq()
+        slot = seq % wire.SLOTS
+        self._flags[slot] = 0
+        sent = _Sent(seq, -1, done)
+        self._inflight.append(sent)
         try:
-            head, fds = self._place(pickler)
-            loop.add_reader(self._sock.fileno(), self._on_readable)
-            self._channel.send([head, header], fds, self._next_seq())
+            if first:
+                self._reading = loop
+                loop.add_reader(self._sock.fileno(), self._on_readable)
+            head, fds, sent.seg = self._place(pickler, slot)
+            self._channel.send([head, header], fds, seq)
         except (OSError, ValueError) as exc:
             self._fail_started(exc)
         finally:
             for fd in fds:
                 os.close(fd)
+        return lambda: self._cancel(sent, slot)
+
+    def _cancel(self, sent: _Sent, slot: int) -> bool:
+        """Mark a call in flight dropped: the process never starts it if its turn has not come (any thread)."""
+        if sent.answered:
+            return False
+        try:
+            self._flags[slot] = 1
+        except ValueError:        # closed: the process is gone
+            return False
         return True
 
     def _on_readable(self) -> None:
-        """The loop's reader while a started call runs: hand its answer on (loop thread)."""
-        try:
-            payload = self._channel.poll(self._seq)
-            if payload is None:
+        """The loop's reader while calls started there are in flight: hand their answers on, in order (loop thread)."""
+        while self._inflight:
+            oldest = self._inflight[0]
+            try:
+                payload = self._channel.poll(oldest.seq, more=len(self._inflight) > 1)
+                if payload is None:
+                    return
+                released, (status, value) = wire.parse_reply(payload)
+                del payload
+            except Exception as exc:    # the process ended, or sent what is no answer: it is done for
+                self._fail_started(exc)
                 return
-            released, (status, value) = wire.parse_reply(payload)
-            del payload
-        except Exception as exc:    # the process ended, or sent what is no answer: it is done for
-            self._fail_started(exc)
-            return
-        done = self._end_started()
-        self._free.extend(k for k in released if k in self._segments)
-        self._lock.release()
-        if done is not None:
-            done(status, value)
+            self._inflight.popleft()
+            oldest.answered = True
+            self._answered(oldest.seg, released)
+            if not self._inflight:
+                self._end_started()
+                self._lock.release()
+            try:
+                oldest.done(status, value)
+            except Exception:       # its caller's bug: the other answers are still handed on
+                LOG.exception('the answer of a call to the policy process of %r was not taken', self.name)
 
-    def _end_started(self) -> Callable[[str | None, Any], None] | None:
+    def _answered(self, seg: int, released: list[int]) -> None:
+        """A call of segment ``seg`` was answered; the process released segments ``released``."""
+        self._busy.discard(seg)
+        self._free.extend(k for k in released if k in self._segments and k not in self._free)
+
+    def _end_started(self) -> list[_Sent]:
+        """The loop stops reading; return the calls that were in flight (now none)."""
         loop, self._reading = self._reading, None
-        done, self._done = self._done, None
+        sent = list(self._inflight)
+        self._inflight.clear()
         if loop is not None and not loop.is_closed():
             try:
                 loop.remove_reader(self._sock.fileno())
-            except (ValueError, OSError):       # the socket is already closed
+            except (ValueError, OSError, RuntimeError):       # the socket is already closed
                 pass
-        return done
+        return sent
 
     def _fail_started(self, exc: BaseException) -> None:
-        """A started call's process died: name how (its exit status, waited for off the loop), then tell ``done``."""
-        done = self._end_started()
+        """The process died under calls in flight: name how (its exit status, off the loop), then tell each ``done``."""
+        sent = self._end_started()
 
         def settle() -> None:
             try:
                 died = self._died(self.step, exc)
             finally:
                 self._lock.release()
-            if done is not None:
-                done(None, died)
+            for call in sent:
+                call.answered = True
+                call.done(None, died)
 
         threading.Thread(target=settle, name=f'seq-died-{self.name}', daemon=True).start()
 
@@ -369,10 +451,11 @@ class PolicyProcess:
             return
         done.wait(2.0)
 
-    def _place(self, pickler: wire.CallPickler) -> tuple[bytes, list[int]]:
-        """Copy the call's arrays into a free segment (a new one when none fits); return the call's head and fds.
+    def _place(self, pickler: wire.CallPickler, slot: int) -> tuple[bytes, list[int], int]:
+        """Copy the call's arrays into a free segment (a new one when none fits); return the call's head, fds, segment.
 
-        The fds (a new segment's) go with the call; the caller closes them once sent.
+        The fds (a new segment's) go with the call; the caller closes them once sent. The segment counts as in
+        flight until the call's answer (:meth:`_answered`).
         """
         fds: list[int] = []
         if not pickler.arrays:
@@ -387,10 +470,11 @@ class PolicyProcess:
                 fds = [fd]
             wire.fill(self._segments[seg], pickler)
             size = len(self._segments[seg])
-            held = len(self._segments) - len(self._free) - 1     # by the policy, besides this call's
+            held = len(self._segments) - len(self._free) - len(self._busy) - 1   # by the policy, besides in flight
             copy = held >= wire.MAX_HELD        # the policy keeps many calls' arrays: this call's are copied out
+            self._busy.add(seg)
         dropped, self._dropped = self._dropped, []
-        return wire.call_head(seg, copy, size, dropped), fds
+        return wire.call_head(seg, copy, size, dropped, new=bool(fds), slot=slot), fds, seg
 
     def _new_segment(self, size: int) -> tuple[int, int]:
         """Map a new segment of at least ``size`` bytes; free ones too small for it are dropped (both sides)."""
@@ -456,6 +540,7 @@ class PolicyProcess:
                 pass
         self._segments.clear()
         self._free.clear()
+        self._flags.close()
 
 
     def _end(self, timeout: float) -> int:
@@ -488,6 +573,10 @@ class PolicyProcess:
             pass
 
 
+class _NotSent(Exception):
+    """A call :meth:`PolicyProcess.start` does not send."""
+
+
 def _ident(episode: Any) -> tuple[str, str, str]:
     return (episode.id, episode.instruction, episode.deployment)
 
@@ -502,6 +591,8 @@ class RemotePolicy:
 
     #: an inference may be sent from the worker's event loop (:meth:`start_infer`)
     starts_on_loop = True
+    #: inferences that may be in flight at once from the event loop
+    pipeline_depth = wire.PIPELINE_DEPTH
     _path = ''
     _name = ''
     _hook = ''
@@ -527,13 +618,16 @@ class RemotePolicy:
         return self.process.call('infer', inp, _ident(episode), ended=self._take_ended(), step='inferring')
 
     def start_infer(self, loop: asyncio.AbstractEventLoop, inp: Any, episode: Any,
-                    done: Callable[[str | None, Any], None]) -> bool:
-        """Start :meth:`infer` from ``loop``'s thread; ``done`` gets the answer (:meth:`PolicyProcess.start`)."""
+                    done: Callable[[str | None, Any], None]) -> Callable[[], bool] | None:
+        """Start :meth:`infer` from ``loop``'s thread; ``done`` gets the answer (:meth:`PolicyProcess.start`).
+
+        :return: its cancel (:meth:`PolicyProcess.start`), or None when it was not sent.
+        """
         ended = self._take_ended()
-        if self.process.start(loop, done, 'infer', inp, _ident(episode), ended=ended, step='inferring'):
-            return True
-        self._ended.extendleft(reversed(ended))    # not sent: the next call takes them
-        return False
+        cancel = self.process.start(loop, done, 'infer', inp, _ident(episode), ended=ended, step='inferring')
+        if cancel is None:
+            self._ended.extendleft(reversed(ended))    # not sent: the next call takes them
+        return cancel
 
     def infer_batch(self, inputs: list[Any], episodes: list[Any]) -> list[Any]:
         """One chunk (or a :class:`RemoteError`) per input (the policy's ``infer_batch`` in the process)."""

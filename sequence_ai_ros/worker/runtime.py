@@ -7,15 +7,17 @@ Threads owned here:
 - ``seq-infer-<name>``: the :class:`~sequence_ai_ros.worker.scheduler.InferenceScheduler`; every call into
   the policy object after loading (``infer``, or ``infer_batch`` for a policy declaring
   :class:`~sequence_ai_ros.policy.api.Batching`, and the ``@seq.on_episode`` hook) runs there, except that a
-  deployment process's inference is sent from the worker's event loop while this thread is idle, in the
-  thread's slot (:meth:`DeploymentRuntime.submit`; calls stay one at a time).
+  deployment process's inferences are sent from the worker's event loop while nothing waits for this thread,
+  several in flight at once, in the thread's slots (:meth:`DeploymentRuntime.submit`; the process runs them one
+  at a time, in order).
 
 Episodes are keyed by episode id: each has its own :class:`~sequence_ai_ros.policy.Episode` (with its
 ``state`` dict), so one robot never resets another, and an episode ends exactly once (:meth:`ActiveEpisode.end`).
 
 At an episode's end no inference of it starts any more (:attr:`ActiveEpisode.ending`, set the moment the
 robot's EpisodeEnd arrives): its queued requests are dropped, one already running finishes and its result
-is discarded, and EpisodeEnded never waits for an inference (:meth:`DeploymentRuntime.end_stats` counts).
+is discarded, and EpisodeEnded never waits for an inference (:meth:`DeploymentRuntime.end_stats` counts). One in
+a deployment process's pipeline (sent, its turn not come) is dropped there, never started.
 """
 
 from __future__ import annotations
@@ -116,9 +118,10 @@ class ActiveEpisode:
         return self._ended
 
     def end_arrived(self) -> int:
-        """The episode's end has arrived: no request of it starts any more; return how many queued ones were dropped.
+        """The episode's end has arrived: no request of it starts any more; return how many were dropped or cancelled.
 
-        Cheap and never blocks (the event loop calls it as EpisodeEnd comes in); :meth:`end` follows.
+        Dropped: queued; cancelled: in a deployment process's pipeline (counted once its answer comes). Cheap and
+        never blocks (the event loop calls it as EpisodeEnd comes in); :meth:`end` follows.
         """
         self.ending = True
         return self.runtime.scheduler.drop(self.episode.id)
@@ -224,6 +227,9 @@ class DeploymentRuntime:
         self.isolated = runs_isolated(definition)
         if self.isolated:
             self.scheduler.stuck_words = 'the policy is stuck: its process is killed and restarted'
+            if batching is None:      # inferences pipelined from the event loop (:meth:`_send`)
+                self.scheduler.pipeline_depth = definition.cls.pipeline_depth
+                self.scheduler.pump = self._pump
         #: where requests, batches and episode ends are reported (Prometheus when ``--metrics-port`` is set)
         self.metrics: MetricsSink = MetricsSink()
         #: guards :attr:`_status`, :attr:`_instance` and :attr:`_restarts` together
@@ -521,30 +527,60 @@ class DeploymentRuntime:
 
     def _start(self, host: PolicyHost, inp: messages.PolicyInput,
                episode: Episode) -> concurrent.futures.Future | None:
-        """On the event loop, with the inference thread idle: send the request to the deployment process from here.
+        """On the event loop, with nothing waiting for the inference thread: send the request to the process from here.
 
-        The loop reads the answer and settles the future (a
-        :class:`~sequence_ai_ros.worker.scheduler.LoopFuture`) as :meth:`_call` would; the request holds the
-        inference thread's slot meanwhile. None: the thread runs it (not on the loop, busy, or a call running).
+        It goes behind those in flight (up to the pipeline's depth). The loop reads the answer and settles the future (a
+        :class:`~sequence_ai_ros.worker.scheduler.LoopFuture`) as :meth:`_call` would; the request holds one of
+        the inference thread's slots meanwhile. None: the thread runs it (not on the loop, requests queued, the
+        pipeline full, or a thread's call running).
         """
-        loop = self.loop
-        if loop is None or episode.reason is not None:
-            return None
-        try:
-            if asyncio.get_running_loop() is not loop:
-                return None
-        except RuntimeError:
+        if not self._on_loop() or episode.reason is not None:
             return None
         job = self.scheduler.borrow(episode.id)
         if job is None:
             return None
-        start = time.perf_counter()
+        if self._send(host, job, inp, episode):
+            return job.future
+        self.scheduler.give_back(job)
+        return None
+
+    def _on_loop(self) -> bool:
+        loop = self.loop
+        if loop is None:
+            return False
+        try:
+            return asyncio.get_running_loop() is loop
+        except RuntimeError:
+            return False
+
+    def _pump(self, job: Any) -> bool:
+        """Start a queued request in a free pipeline slot (the scheduler's :attr:`~.scheduler.InferenceScheduler.pump`).
+
+        False when it cannot here (off the loop, no host): the inference thread then runs it.
+        """
+        host = self._instance
+        if host is None or not self._on_loop():
+            return False
+        if job.ended is not None and job.ended():      # its episode ended as it was taken: it never starts
+            self.scheduler.give_back(job, dropped=True)
+            return True
+        inp, episode = job.payload
+        return self._send(host, job, inp, episode)
+
+    def _send(self, host: PolicyHost, job: Any, inp: messages.PolicyInput, episode: Episode) -> bool:
+        """Send a borrowed request to the deployment process (loop thread); its answer gives the slot back."""
+        assert self.loop is not None
 
         def done(status: str | None, value: Any) -> None:
-            elapsed = time.perf_counter() - start
+            # its own turn in the process (from the previous answer, or from its send), not the ones before it
+            elapsed = time.monotonic() - (job.started or job.submitted)
             self.usage.add(inference_s=elapsed)
+            if job.cancelled and status != 'dropped':         # its episode ended: no stream counts it any more
+                self.count_at_end(discarded=1)
             if status == 'ok':
                 self.scheduler.give_back(job, elapsed, result=(value, elapsed))
+            elif status == 'dropped':           # its episode ended before its turn: it never started
+                self.scheduler.give_back(job, dropped=True)
             elif status is None:                # died (a thread of its own): this deployment restarts
                 self.restart(host, str(value))
                 self.scheduler.give_back(job, elapsed, exception=PolicyException(str(value)))
@@ -557,10 +593,11 @@ class DeploymentRuntime:
                             inp.request_id, value)
                 self.scheduler.give_back(job, elapsed, exception=PolicyException(value))
 
-        if host.start_infer(loop, inp, episode, done):
-            return job.future
-        self.scheduler.give_back(job)
-        return None
+        cancel = host.start_infer(self.loop, inp, episode, done)
+        if cancel is None:
+            return False
+        job.cancel = cancel
+        return True
 
     def decode(self, req: pb.ObservationRequest, nbytes: int | None = None) -> messages.PolicyInput:
         """Check the request's size and decode it against the contract (images decoded: the costly part).

@@ -18,10 +18,16 @@ the thread skips any it still finds. A request already running is left to finish
 stopped); its caller discards the result. :meth:`InferenceScheduler.stats` counts both sides:
 ``requests_dropped_at_end`` and ``inferences_started_after_end`` (0 unless this rule is broken).
 
-Borrowed slot: a request whose deployment process can be asked straight from the event loop runs there when the
-thread is idle (:meth:`InferenceScheduler.borrow`): it holds the thread's slot, so the queue, the deadline and
-the episode rules apply to it as to a request the thread runs, and the thread starts nothing until it is given
-back (:meth:`InferenceScheduler.give_back`).
+Borrowed slots (pipelined): a request whose deployment process can be asked straight from the event loop runs
+there (:meth:`InferenceScheduler.borrow`) while nothing waits for the thread: up to :attr:`pipeline_depth` such
+requests are in flight at once, the process running them one at a time in the order sent. They hold the
+thread's slot, so the queue, the deadline and the episode rules apply to them as to a request the thread runs,
+and the thread starts nothing until all are given back (:meth:`InferenceScheduler.give_back`). As each is given
+back, the queued requests (oldest first) take the free slots from the event loop (:attr:`pump`), so that a
+burst that queued is pipelined too. The oldest borrowed request counts as running from when the one before it
+was answered (the deadline applies to it alone). An episode's end cancels its borrowed request (the process
+then drops it unless its turn has come; :meth:`InferenceScheduler.drop`), and its outcome is counted when the
+answer comes (dropped, or discarded).
 
 Deadline: a Python thread cannot be killed, so a policy call that never returns would hold the thread
 forever. :meth:`InferenceScheduler.expire` (called by the waiting streams) detects a job that has run longer
@@ -47,7 +53,8 @@ LOG = logging.getLogger(__name__)
 
 
 class _Job:
-    __slots__ = ('key', 'fn', 'payload', 'ended', 'future', 'submitted', 'queue_wait_s', 'started')
+    __slots__ = ('key', 'fn', 'payload', 'ended', 'future', 'submitted', 'queue_wait_s', 'started', 'cancel',
+                 'cancelled')
 
     def __init__(self, key: str | None, fn: Callable[[], Any], payload: Any = None,
                  ended: Callable[[], bool] | None = None) -> None:
@@ -59,6 +66,10 @@ class _Job:
         self.submitted = time.monotonic()
         self.queue_wait_s = 0.0
         self.started: float | None = None
+        #: a borrowed request's cancel (its deployment process drops it unless started); True when it was in time
+        self.cancel: Callable[[], bool] | None = None
+        #: its episode ended while it was borrowed, and its cancel was in time: the answer tells its fate
+        self.cancelled = False
 
 
 class LoopFuture(Future):
@@ -95,7 +106,12 @@ class InferenceScheduler:
         self._control: collections.deque[_Job] = collections.deque()
         self._pending_keys: set[str] = set()
         self._current: list[_Job] = []
-        self._borrowed: _Job | None = None
+        self._borrowed: list[_Job] = []     # in the order sent; the first is the one running
+        #: most requests borrowed at once (:meth:`borrow`; a deployment process's pipeline depth)
+        self.pipeline_depth = 1
+        #: ``pump(job) -> bool``: start a queued request in a free borrowed slot (the event loop's thread); False
+        #: when it cannot (the thread then runs it). None: queued requests wait for the thread.
+        self.pump: Callable[[_Job], bool] | None = None
         self._wedged: PolicyException | None = None
         self._dropped_at_end = 0
         self._started_after_end = 0
@@ -115,10 +131,16 @@ class InferenceScheduler:
             return len(self._jobs)
 
     @property
+    def pipelined(self) -> int:
+        """Requests borrowed (sent to a deployment process from the event loop, not answered yet)."""
+        with self._lock:
+            return len(self._borrowed)
+
+    @property
     def inferring(self) -> bool:
         """True while the thread runs a request (``fn`` or a batch), False while it is idle or runs a control job."""
         with self._lock:
-            return bool(self._current) and self._current[0].key is not None
+            return bool(self._borrowed) or (bool(self._current) and self._current[0].key is not None)
 
     def stats(self) -> dict[str, int]:
         """Counts of requests whose episode ended before they were served.
@@ -157,24 +179,32 @@ class InferenceScheduler:
                                  f'(max {self.max_pending}); retry later')
             self._pending_keys.add(key)
             self._jobs.append(job)
-            self._lock.notify()
+            self._wake_thread()
         return job.future
 
     def drop(self, key: str) -> int:
         """Take episode ``key``'s queued (not yet started) requests out at once; return how many.
 
-        Their futures fail with EpisodeStateError. A request of ``key`` already running is left to finish.
+        Their futures fail with EpisodeStateError. A request of ``key`` already running is left to finish. A
+        borrowed one (in a deployment process's pipeline) is cancelled: the process drops it unless its turn has
+        come, and the answer counts it (:meth:`give_back`); it is counted in the return value too, as it is
+        accounted for here.
         """
         with self._lock:
+            cancelled = 0
+            for job in self._borrowed:
+                if job.key == key and not job.cancelled and job.cancel is not None and job.cancel():
+                    job.cancelled = True
+                    cancelled += 1
             dropped = [job for job in self._jobs if job.key == key]
             if not dropped:
-                return 0
+                return cancelled
             self._jobs = collections.deque(job for job in self._jobs if job.key != key)
             self._pending_keys.discard(key)
             self._dropped_at_end += len(dropped)
         for job in dropped:
             _settle(job.future, exception=_ended_error(job))
-        return len(dropped)
+        return len(dropped) + cancelled
 
     def control(self, fn: Callable[[], Any]) -> Future:
         """Run ``fn`` on the inference thread before any queued request (used for episode-end hooks).
@@ -185,7 +215,7 @@ class InferenceScheduler:
         with self._lock:
             if not self._stop.is_set():
                 self._control.append(job)
-                self._lock.notify()
+                self._wake_thread()
                 if self._wedged is not None:  # runs if the policy ever returns; nobody waits for it
                     job.future.set_exception(PolicyException(f'{self._wedged}; the hook is deferred'))
                 return job.future
@@ -210,12 +240,13 @@ class InferenceScheduler:
         with self._lock:
             if self._wedged is not None:
                 return self._wedged
-            job = self._current[0] if self._current else None
+            running = self._current or self._borrowed
+            job = running[0] if running else None
             if job is None or job.started is None or time.monotonic() - job.started <= deadline_s:
                 return None
             self._wedged = PolicyException(f'deployment {self.name!r}: inference exceeded {deadline_s:g} s; '
                                            f'{self.stuck_words}')
-            stuck = [*self._current, *self._jobs]
+            stuck = [*self._current, *self._borrowed, *self._jobs]
             deferred = list(self._control)  # stay queued: they run if the policy ever returns
             self._jobs.clear()
             self._pending_keys.clear()
@@ -232,48 +263,104 @@ class InferenceScheduler:
             self._wedged = None
 
     def borrow(self, key: str) -> _Job | None:
-        """Take the thread's slot for episode ``key``'s request, run elsewhere, when the thread is idle; else None.
+        """Take a slot for episode ``key``'s request, run elsewhere (the event loop), when nothing waits; else None.
 
-        Idle: nothing running, queued or borrowed, not wedged, not stopping, and ``key`` has no request pending.
-        The job's future is a :class:`LoopFuture`; until :meth:`give_back` the request counts as running
-        (:attr:`inferring`, :meth:`expire`) and the thread waits.
+        Possible while the thread runs nothing, nothing is queued (control jobs included), fewer than
+        :attr:`pipeline_depth` requests are borrowed, not wedged, not stopping, and ``key`` has no request
+        pending. The job's future is a :class:`LoopFuture`; until :meth:`give_back` the request counts as
+        running (:attr:`inferring`, :meth:`expire`) and the thread waits.
         """
         with self._lock:
-            if (self._current or self._jobs or self._control or self._borrowed is not None
+            if (self._current or self._jobs or self._control or len(self._borrowed) >= self.pipeline_depth
                     or self._wedged is not None or self._stop.is_set() or key in self._pending_keys):
                 return None
             job = _Job(key, _borrowed_fn)
             job.future = LoopFuture()
             job.started = job.submitted
             self._pending_keys.add(key)
-            self._current = [job]
-            self._borrowed = job
+            self._borrowed.append(job)
             return job
 
     def give_back(self, job: _Job, seconds: float | None = None, *, result: Any = None,
-                  exception: BaseException | None = None) -> None:
-        """Return a borrowed slot (any thread); settle its future with ``(result, 0.0)`` or ``exception``.
+                  exception: BaseException | None = None, dropped: bool = False) -> None:
+        """Return a borrowed slot (any thread); settle its future with ``(result, queue wait)`` or ``exception``.
+
+        Then, on the event loop's thread, queued requests take the free slots (:attr:`pump`).
 
         :param seconds: how long the request ran (reported to ``on_batch`` as a batch of one); None when it
             never started.
+        :param dropped: its deployment process dropped it, never started (its episode ended): counted in
+            ``requests_dropped_at_end``, and its future fails with EpisodeStateError.
         """
         with self._lock:
-            if self._borrowed is not job:
+            if job not in self._borrowed:
                 return
-            self._borrowed = None
-            if self._current and self._current[0] is job:
-                self._current = []
+            head = self._borrowed[0] is job
+            self._borrowed.remove(job)
+            if head and self._borrowed:       # the next one's turn in the process came now
+                now = time.monotonic()
+                nxt = self._borrowed[0]
+                nxt.started = now if nxt.started is None else max(nxt.started, now)
             self._pending_keys.discard(job.key)
-            self._lock.notify_all()
-        if exception is not None:
+            if dropped:
+                self._dropped_at_end += 1
+            pumped = self._pumped()
+            self._wake_thread()
+        if dropped:
+            _settle(job.future, exception=_ended_error(job))
+        elif exception is not None:
             _settle(job.future, exception=exception)
         else:
-            _settle(job.future, result=(result, 0.0))
+            _settle(job.future, result=(result, job.queue_wait_s))
         if seconds is not None and self.on_batch is not None:
             try:
                 self.on_batch(1, seconds)
             except Exception as exc:
                 LOG.warning('on_batch of %s failed: %s', self.name, exc)
+        self._start_pumped(pumped)
+
+    def _wake_thread(self) -> None:
+        """Under the lock: wake the thread when it has something to do (a wake-up per pipelined answer costs)."""
+        if not self._borrowed and (self._jobs or self._control):
+            self._lock.notify()
+
+    def _pumped(self) -> list[_Job]:
+        """Under the lock: queued requests that take free borrowed slots now (oldest first; ended ones dropped)."""
+        if (self.pump is None or not self._jobs or self._control or self._current or self._wedged is not None
+                or self._stop.is_set()):
+            return []
+        self._skip_ended()
+        room = self.pipeline_depth - len(self._borrowed)
+        taken = []
+        now = time.monotonic()
+        while self._jobs and room > 0:
+            job = self._jobs.popleft()
+            job.queue_wait_s = now - job.submitted
+            job.started = now
+            self._borrowed.append(job)
+            taken.append(job)
+            room -= 1
+        return self._started(taken)
+
+    def _start_pumped(self, jobs: list[_Job]) -> None:
+        """Start the requests :meth:`_pumped` took; one that cannot start goes back to the queue's front."""
+        back = []
+        for job in jobs:
+            try:
+                ok = self.pump is not None and self.pump(job)
+            except Exception as exc:
+                LOG.warning('a queued request of %s could not be pipelined: %s', self.name, exc)
+                ok = False
+            if not ok:
+                back.append(job)
+        if back:
+            with self._lock:
+                for job in reversed(back):
+                    if job in self._borrowed:
+                        self._borrowed.remove(job)
+                        job.started = None
+                        self._jobs.appendleft(job)
+                self._wake_thread()
 
     def _release(self, job: _Job) -> None:
         """Let the job's episode submit again: before its future settles, as its robot may answer at once."""
@@ -325,8 +412,8 @@ class InferenceScheduler:
     def _take(self) -> list[_Job] | None:
         """Under the lock: wait for work and return the next control job or request batch; None: stop."""
         while True:
-            # a borrowed slot runs a request elsewhere: nothing starts beside it
-            while not self._stop.is_set() and (self._borrowed is not None or not (self._jobs or self._control)):
+            # borrowed slots run requests elsewhere: nothing starts beside them
+            while not self._stop.is_set() and (self._borrowed or not (self._jobs or self._control)):
                 self._lock.wait()
             if self._control:
                 return [self._control.popleft()]
