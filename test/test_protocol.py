@@ -323,3 +323,53 @@ def test_tail_splice_slices_equal_row_by_row_overlay():
         if sliced is not None:
             assert sliced.dtype == np.float32 and np.array_equal(sliced, rows)
     assert 0 < gaps < 3000          # both outcomes were exercised
+
+
+def _jpeg(shape: tuple[int, ...], mode: str | None = None, **save: object) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, shape, np.uint8), mode).save(buf, 'JPEG', **save)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize('data', [_jpeg((12, 16, 3)), _jpeg((9, 5)), _jpeg((12, 16, 3), progressive=True),
+                                  _jpeg((12, 16, 3), exif=b'Exif\x00\x00' + bytes(20)), _jpeg((8, 8, 4), 'CMYK')])
+def test_jpeg_header_probe_reads_what_pillow_reads_for_every_truncation(data):
+    """The client's JPEG probe (read from the frame header, not by Pillow) answers or refuses as Pillow does."""
+    import io
+
+    from PIL import Image
+
+    for cut in (*range(len(data) if len(data) < 800 else 800), len(data)):
+        try:
+            with Image.open(io.BytesIO(data[:cut])) as pil:
+                want: object = (*pil.size, len(pil.getbands()), 'jpeg')
+        except Exception:  # Pillow's several types for a bad header
+            want = ContractViolation
+        try:
+            got: object = codec.probe_encoded(data[:cut])
+        except ContractViolation:
+            got = ContractViolation
+        assert got == want, cut
+
+
+def test_several_encoded_frames_name_the_first_fault_in_order():
+    """Frames decoded side by side name the fault that one after another would: the first, in the request's order."""
+    cams = (CameraSpec('a', 16, 12, 'jpeg'), CameraSpec('b', 16, 12, 'jpeg'), CameraSpec('c', 16, 12, 'jpeg'))
+    c = Contract(action_space='joint_absolute', action_names=('a', 'b'), dt=0.1, chunk_length=5,
+                 observation=ObservationContract(cameras=cams))
+    good = _jpeg((12, 16, 3))
+    req = messages.pack_observation(Observation(state=[0.0, 1.0], images=dict.fromkeys('abc', good)), c,
+                                    episode_id='e', request_id=1)
+    inp = messages.unpack_observation(req, c)
+    assert all(inp.observation.images[k].shape == (12, 16, 3) for k in 'abc')
+    req.images[1].data = good[:200]                       # b: truncated
+    req.images.append(codec.encode_image('other', np.zeros((12, 16, 3), np.uint8), 'png'))
+    with pytest.raises(ContractViolation, match="image 'b': cannot decode"):
+        messages.unpack_observation(req, c)
+    req.images[0].key = 'zz'                              # a fault before b's: named first
+    with pytest.raises(ContractViolation, match="unknown camera 'zz'"):
+        messages.unpack_observation(req, c)

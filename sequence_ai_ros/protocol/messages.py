@@ -3,11 +3,19 @@
 The robot packs with :func:`pack_observation`; the worker unpacks and validates against the contract
 with :func:`unpack_observation`, which raises :class:`ContractViolation` for anything malformed
 (wrong shape or dtype, unknown or missing camera, oversized or truncated image, NaN state).
+
+Threads: a request with two or more JPEG/PNG frames has them decoded side by side, on up to
+:data:`DECODE_THREADS` ``seq-decode`` threads made at the first such request (in the worker; the robot never
+decodes).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import functools
+import os
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -96,14 +104,18 @@ def pack_observation(obs: Observation, contract: Contract, *, episode_id: str, r
 
 def _pack_fields(obs: Observation, contract: Contract, req: pb.ObservationRequest, *, episode_id: str,
                  request_id: int, chunk_tail: np.ndarray | None, expected_delay_actions: int,
-                 last_action: np.ndarray | None, observation_step: float | None, tail_request_id: int) -> None:
-    """Fill every field of ``req`` but ``images`` and ``history`` (see :func:`pack_observation`)."""
+                 last_action: np.ndarray | None, observation_step: float | None, tail_request_id: int,
+                 with_names: bool = True) -> None:
+    """Fill every field of ``req`` but ``images`` and ``history`` (see :func:`pack_observation`).
+
+    :param with_names: fill ``state_names`` too; False leaves them to the caller (:func:`_names_bytes`).
+    """
     check_state(obs, contract)
-    names = contract.observation.state_names
     req.episode_id, req.request_id, req.instruction = episode_id, request_id, obs.instruction
     req.robot_time_s, req.expected_delay_actions = obs.timestamp, int(expected_delay_actions)
     codec.to_tensor(obs.state, 'float32', out=req.state, what='state')
-    req.state_names.extend(obs.state_names or names)
+    if with_names:
+        req.state_names.extend(obs.state_names or contract.observation.state_names)
     if obs.params:
         req.params.update(obs.params)
     if chunk_tail is not None:
@@ -134,6 +146,22 @@ def _field(number: int, size: int) -> bytes:
     return _varint(number << 3 | 2) + _varint(size)
 
 
+@functools.lru_cache(maxsize=64)
+def _names_bytes(names: tuple[str, ...]) -> bytes:
+    """The wire bytes of ObservationRequest's ``state_names`` holding ``names`` (the same each request: cached).
+
+    Appended after the other fields' bytes: a parser reads the fields of a message in any order, and a repeated
+    field's entries in the order they come.
+    """
+    return pb.ObservationRequest(state_names=names).SerializeToString()
+
+
+@functools.lru_cache(maxsize=256)
+def _image_fields(key: str, encoding: str, width: int, height: int, channels: int) -> bytes:
+    """The wire bytes of an Image's fields but ``data`` (the same for each frame of a camera: cached)."""
+    return pb.Image(key=key, encoding=encoding, width=width, height=height, channels=channels).SerializeToString()
+
+
 def _image_pieces(obs: Observation, contract: Contract, field: int, pieces: list[bytes | memoryview]) -> int:
     """Append the wire pieces of ``obs``'s images (repeated Image ``field``) to ``pieces``; return their size."""
     total = 0
@@ -142,9 +170,8 @@ def _image_pieces(obs: Observation, contract: Contract, field: int, pieces: list
             raise ContractViolation(f'camera {cam.key!r} required by the contract is missing '
                                     f'(observation has {sorted(obs.images)})')
         enc, width, height, channels, data = codec.image_payload(cam.key, obs.images[cam.key], cam.encoding)
-        head = pb.Image(key=cam.key, encoding=enc, width=width, height=height, channels=channels).SerializeToString()
         size = len(data) if isinstance(data, bytes) else data.nbytes
-        head += _field(_IMAGE_DATA, size)
+        head = _image_fields(cam.key, enc, width, height, channels) + _field(_IMAGE_DATA, size)
         key = _field(field, len(head) + size)
         pieces += (key, head, data)
         total += len(key) + len(head) + size
@@ -165,17 +192,18 @@ def observation_request_bytes(obs: Observation, contract: Contract, *, episode_i
     :func:`pack_observation` builds), but each frame's pixels are copied once, straight into the wire
     bytes: the small fields are serialized by protobuf, and every Image is written as its header fields
     plus its ``data`` field from the array's own buffer (a raw frame is not first copied into a bytes
-    object, then into the message, then into its serialization).
+    object, then into the message, then into its serialization). What is the same on every request of an
+    episode (the state names, each camera's Image header fields) is serialized once and reused.
 
     :raises ContractViolation: as :func:`pack_observation`.
     """
     req = pb.ObservationRequest()
     _pack_fields(obs, contract, req, episode_id=episode_id, request_id=request_id, chunk_tail=chunk_tail,
                  expected_delay_actions=expected_delay_actions, last_action=last_action,
-                 observation_step=observation_step, tail_request_id=tail_request_id)
+                 observation_step=observation_step, tail_request_id=tail_request_id, with_names=False)
     if trace_context:
         req.trace_context = trace_context
-    small = req.SerializeToString()
+    small = req.SerializeToString() + _names_bytes(tuple(obs.state_names or contract.observation.state_names))
     pieces: list[bytes | memoryview] = [b'', small]
     size = len(small) + _image_pieces(obs, contract, _OBSERVATION_IMAGES, pieces)
     for past in history:
@@ -217,20 +245,77 @@ class PolicyInput:
     trace_context: str = ''
 
 
+#: Most threads that decode one request's JPEG/PNG frames side by side (the worker's; made at its first such request).
+DECODE_THREADS = 4
+_decoders: concurrent.futures.ThreadPoolExecutor | None = None
+_decoders_lock = threading.Lock()
+
+
+def _decoder_pool() -> concurrent.futures.ThreadPoolExecutor | None:
+    """The ``seq-decode`` threads (made once), or None on a single core (nothing to gain)."""
+    global _decoders
+    cores = os.cpu_count() or 1
+    if cores < 2:
+        return None
+    with _decoders_lock:
+        if _decoders is None:
+            _decoders = concurrent.futures.ThreadPoolExecutor(max_workers=min(DECODE_THREADS, cores),
+                                                              thread_name_prefix='seq-decode')
+        return _decoders
+
+
+def _decode_all(images: list[pb.Image], max_pixels: int | None) -> list[np.ndarray | ContractViolation]:
+    """Each image decoded (:func:`codec.decode_image`), or its ContractViolation, in order.
+
+    Two or more JPEG/PNG frames are decoded side by side (Pillow decodes without the GIL): all but the first on
+    the ``seq-decode`` threads, the first here. Raw frames are views, decoded here.
+    """
+    encoded = [i for i, img in enumerate(images) if img.encoding != 'raw']
+    pool = _decoder_pool() if len(encoded) > 1 else None
+    futures = {i: pool.submit(codec.decode_image, images[i], max_pixels=max_pixels)
+               for i in encoded[1:]} if pool is not None else {}
+    out: list[np.ndarray | ContractViolation] = []
+    for i, img in enumerate(images):
+        try:
+            out.append(futures[i].result() if i in futures else codec.decode_image(img, max_pixels=max_pixels))
+        except ContractViolation as exc:
+            out.append(exc)
+    return out
+
+
 def _unpack_images(images: Sequence[pb.Image], contract: Contract, max_pixels: int | None,
                    what: str) -> dict[str, ImageLike]:
-    out: dict[str, ImageLike] = {}
+    """Check each image against the contract and decode it; the first fault, in the images' order, is raised.
+
+    The header checks (camera, repeats, size) run first for every image, the decoding after (side by side for
+    several JPEG/PNG frames, :func:`_decode_all`); which fault is named is the same as checking and decoding
+    one image after another would name.
+    """
+    checked: list[tuple[str, pb.Image]] = []
+    fault: ContractViolation | None = None
+    seen: set[str] = set()
     for img in images:
-        spec = contract.observation.camera(img.key)
+        key = img.key
+        spec = contract.observation.camera(key)
         if spec is None:
             known = [c.key for c in contract.observation.cameras]
-            raise ContractViolation(f'{what}: unknown camera {clip(img.key)!r}; the contract names {known}')
-        if img.key in out:
-            raise ContractViolation(f'{what}: camera {img.key!r} sent twice')
-        if spec.width and spec.height and (img.width, img.height) != (spec.width, spec.height):
-            raise ContractViolation(f'{what}: camera {img.key!r} is {img.width}x{img.height}, '
-                                    f'the contract says {spec.width}x{spec.height}')
-        out[img.key] = codec.decode_image(img, max_pixels=max_pixels)
+            fault = ContractViolation(f'{what}: unknown camera {clip(key)!r}; the contract names {known}')
+        elif key in seen:
+            fault = ContractViolation(f'{what}: camera {key!r} sent twice')
+        elif spec.width and spec.height and (img.width, img.height) != (spec.width, spec.height):
+            fault = ContractViolation(f'{what}: camera {key!r} is {img.width}x{img.height}, '
+                                      f'the contract says {spec.width}x{spec.height}')
+        if fault is not None:
+            break
+        seen.add(key)
+        checked.append((key, img))
+    out: dict[str, ImageLike] = {}
+    for (key, _), decoded in zip(checked, _decode_all([img for _, img in checked], max_pixels), strict=True):
+        if isinstance(decoded, ContractViolation):
+            raise decoded
+        out[key] = decoded
+    if fault is not None:
+        raise fault
     missing = [c.key for c in contract.observation.cameras if c.key not in out]
     if missing:
         raise ContractViolation(f'{what}: missing cameras {missing}')
