@@ -72,7 +72,7 @@ def numbers(value: npt.ArrayLike, field: str, dtype: str | None = 'float32') -> 
             raise ValueKindViolation(field, f'{type(value).__name__} (not an array)') from None
     if arr.dtype.kind not in NUMBER_KINDS:
         raise ValueKindViolation(field, kind_name(arr.dtype))
-    if dtype is None:
+    if dtype is None or arr.dtype == dtype:     # astype(copy=False) would return it as it is
         return arr
     with np.errstate(over='ignore', invalid='ignore'):
         return arr.astype(dtype, copy=False)
