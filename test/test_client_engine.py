@@ -144,8 +144,9 @@ def test_stale_rows_are_skipped_by_counting_executed_actions():
 def _jittered_request(late: float) -> tuple[Rig, OutRequest]:
     """Return a rig on the clock (as policy_node and next_action run) and its second request.
 
-    Row 0 ran ``late`` s long, so the request's observation step is 7 +- a little; chunk 0 is ramp(0), so a
-    row's value is its step.
+    Row 0 ran ``late`` s long, so the request's observation step is 8 +- a little (the cold round trip of a
+    tick, 0.1 s: a lead of 1.5 x 0.1 + one 0.1 s period = 2.5 steps); chunk 0 is ramp(0), so a row's value is
+    its step.
     """
     rig = Rig(t=10, fixed_step=False)
     rig.tick()
@@ -164,15 +165,14 @@ def _inpainted(req: OutRequest, offset: float = 0.0) -> np.ndarray:
 
 @pytest.mark.parametrize('late', [0.0003, -0.0003, 0.0])
 def test_the_tail_starts_at_the_observation_step_when_ticks_jitter(late):
-    """Row 0 of chunk_tail is the old chunk's row at the observation step (7.003 or 6.997: row 7).
+    """Row 0 of chunk_tail is the old chunk's row at the observation step (8.003 or 7.997: row 8).
 
     Row 0 of the answer is that step too: an in-painting answer joins with no gap and the arm moves one row per
     tick across the seam, whichever way the tick jittered (the next whole row would skip a row when it ran late).
     """
     rig, req = _jittered_request(late)
-    assert req.observation_step == pytest.approx(7.0, abs=0.01)
-    assert float(req.chunk_tail[0, 0]) == 7.0
-    rig.tick()
+    assert req.observation_step == pytest.approx(8.0, abs=0.01)
+    assert float(req.chunk_tail[0, 0]) == 8.0
     rig.tick()
     rig.reply(_inpainted(req), request=req)
     rows = [rig.tick().values[0] for _ in range(3)]
@@ -192,7 +192,6 @@ def test_the_seam_gap_is_read_where_the_old_chunk_has_a_row():
     rig.tick()
     assert rig.engine.finish('completed').max_seam_gap == pytest.approx(5.0, abs=0.01)
     rig, req = _jittered_request(-0.0003)
-    rig.tick()
     rig.tick()                                                          # old chunk read at 9.997: past row 9
     rig.reply(_inpainted(req), request=req)
     rig.tick()
@@ -202,10 +201,10 @@ def test_the_seam_gap_is_read_where_the_old_chunk_has_a_row():
 def test_prefetch_lead_comes_from_warm_round_trips_not_the_cold_one():
     window = LatencyWindow(window=10)
     window.add(5.0)                                                  # cold spike
-    assert window.quantile(95) == 5.0 and window.lead_s(0.01) == pytest.approx(7.52)   # only until a warm one
+    assert window.quantile(95) == 5.0 and window.lead_s(0.01) == pytest.approx(7.51)   # only until a warm one
     assert window.cold_s() == 5.0 and window.delay_s() == pytest.approx(7.5)
     window.add(0.10)
-    assert window.lead_s(0.01) == pytest.approx(1.5 * 0.10 + 0.02)   # few samples: the largest, with a margin
+    assert window.lead_s(0.01) == pytest.approx(1.5 * 0.10 + 0.01)   # few samples: the largest, with a margin
     assert window.delay_s() == pytest.approx(1.5 * 0.10)             # the expected delay too: not from the cold one
     for s in (0.12, 0.11, 0.13, 0.12, 0.10, 0.11, 0.12, 0.11, 0.10, 0.11):
         window.add(s)
@@ -215,7 +214,10 @@ def test_prefetch_lead_comes_from_warm_round_trips_not_the_cold_one():
     rto = mean + 4 * sum(abs(x - mean) for x in warm) / len(warm)    # RFC 6298's SRTT + 4 RTTVAR over the window
     assert rto > 0.13
     assert window.delay_s() == pytest.approx(rto)                    # eight and more: above the largest warm one
-    assert window.lead_s(0.01) == pytest.approx(rto + 0.02)
+    assert window.lead_s(0.01) == pytest.approx(rto + 0.01)          # + one period: the trigger's tick
+    # prefetch_margin: fewer deviations never go below the largest warm round trip
+    assert window.lead_s(0.01, deviations=0) == pytest.approx(0.13 + 0.01)
+    assert window.delay_s(2.0) == pytest.approx(max(0.13, mean + 2 * (rto - mean) / 4))
     assert len(window.samples()) == 10 and window.samples()[0] == 0.12   # sliding: 0.10 dropped
     assert percentile([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 95) == 10 and percentile([], 50) == 0
 
@@ -568,6 +570,91 @@ def test_the_first_seam_is_requested_from_the_cold_round_trip_without_waiting_fo
     while rig.engine.executed < 15:                          # across the first seam (step 10)
         link.step()
     assert rig.engine.stats()['underruns'] == 0
+
+
+def _drawer_open(rtt: float, steps: int = 400, rtts: dict[int, float] | None = None, **settings) -> tuple[Rig, Link]:
+    """check-sim's chunk (20 rows at 80 Hz: covers 0.25 s) on a link of ``rtt`` s (``rtts``: per request), paced."""
+    rig = Rig(dt=1 / 80, t=20, **settings)
+    link = Link(rig, rtt=rtt, rtts=rtts)
+    while rig.engine.executed < steps:
+        link.step()
+    return rig, link
+
+
+@pytest.mark.parametrize(('rtt', 'spacing'), [(0.12, 10), (0.195, 4)])     # 0.48 and 0.78 of a chunk
+def test_pipelined_requests_leave_a_chunk_less_the_round_trip_and_one_period_apart(rtt, spacing):
+    """A fixed round trip r: each request leaves with r to r + one period of actions ahead, never less.
+
+    The lead is r + P (P = 12.5 ms, the tick): a request leaves at the first tick with at most that much played or
+    awaited, so with more than r (its chunk arrives before the tick that needs its first row: no dry spell), and
+    the next leaves when the chunk it asked for (row 0 at its own step) has the lead left: every
+    ``20 - floor((r + P) / dt)`` steps (10 at 0.12 s, 4 at 0.195 s). An ideal pipeline asks every covers - r
+    (10.4 and 4.4 steps); the rule before (r + 2 P) asked every 9 and 3 steps (100 requests in 300 steps at
+    0.195 s where this sends 75).
+    """
+    rig, link = _drawer_open(rtt)
+    assert rig.engine.stats()['underruns'] == 0
+    dt, chunk = rig.contract.dt, rig.contract.chunk_length
+    steps = [req.observation_step for req in rig.sent]
+    warm = [k for k in range(1, len(steps)) if steps[k] >= 100]       # the window is warm (>= 8 round trips)
+    for k in warm:
+        ahead = (steps[k - 1] + chunk - steps[k]) * dt                 # what the newest request before it covers
+        assert rtt - 1e-9 <= ahead <= rtt + dt + 1e-9, (k, ahead)
+        assert steps[k] - steps[k - 1] == spacing
+    in_window = [k for k in warm if steps[k] < 400]
+    assert len(in_window) == 300 // spacing
+    assert len(in_window) <= 1.5 * 300 / (chunk - rtt / dt)             # within 1.5 x the ideal pipeline's count
+    assert rig.engine.stats()['requests'] == len(rig.sent)
+
+
+def test_a_paced_tick_that_runs_late_sends_as_if_on_time_less_its_lateness():
+    """act()/run() ticks late by up to 0.7 of a period (in turn) on check-sim's chunk, a fixed 0.195 s round trip.
+
+    A late paced tick still executes its deadline's step, so the rows ahead are due on the grid: the request it
+    sends has its lateness less time. Counted against the lead, no request leaves too late (no dry spell, though
+    the tick that reads the answer may be on time), and each one leaves with at least the round trip ahead of
+    its send time.
+    """
+    rig = Rig(dt=1 / 80, t=20)
+    period = rig.contract.dt
+    late = [0.0, 0.6, 0.0, 0.0, 0.7, 0.0, 0.3]          # periods, tick k late by late[k % 7] (the first on time)
+    sent_at: list[float] = []
+    arrived = 0
+    k = 0
+    while rig.engine.executed < 400:
+        tick_at = (k + late[k % len(late)]) * period
+        while arrived < len(sent_at) and sent_at[arrived] + 0.195 <= tick_at:
+            rig.now = sent_at[arrived] + 0.195
+            rig.reply(ramp(0, 20), request=rig.sent[arrived])
+            sent_at.extend([rig.now] * (len(rig.sent) - len(sent_at)))
+            arrived += 1
+        rig.now = tick_at
+        rig.engine.tick(rig.obs(), tick_at)
+        sent_at.extend([tick_at] * (len(rig.sent) - len(sent_at)))
+        k += 1
+    assert rig.engine.stats()['underruns'] == 0
+    steps = [req.observation_step for req in rig.sent]
+    for j in range(1, len(steps)):
+        if steps[j] >= 100:                                            # the window is warm
+            due = (steps[j - 1] + 20 - steps[j]) * period             # after the deadline of the tick it left at
+            lateness = sent_at[j] - round(sent_at[j] / period - 0.45) * period
+            assert due - lateness >= 0.195 - 1e-9, (j, due, lateness)
+
+
+def test_prefetch_margin_trades_requests_for_safety():
+    """A +-0.01 s link (0.14, 0.15, 0.16 s in turn) with one 0.17 s round trip, above the window's largest.
+
+    ``prefetch_margin=0`` times requests to the largest measured (0.16 s + a tick: every 7 steps) and runs dry
+    once, at the slow one; the default 4 reaches 4 mean deviations above the mean (0.177 s: every 5 steps) and
+    covers it. Fewer deviations, fewer requests; more, more safety.
+    """
+    rtts = {k: (0.14, 0.15, 0.16)[k % 3] for k in range(1, 400)}
+    rtts[70] = 0.17
+    lean, lean_link = _drawer_open(0.15, rtts=rtts, prefetch_margin=0)
+    safe, _ = _drawer_open(0.15, rtts=rtts)
+    assert 70 in lean_link.arrived_at
+    assert lean.engine.stats()['underruns'] == 1 and safe.engine.stats()['underruns'] == 0
+    assert lean.engine.stats()['requests'] < safe.engine.stats()['requests']
 
 
 def test_a_slow_cold_round_trip_neither_sets_the_expected_delay_nor_sets_off_a_burst():

@@ -80,6 +80,7 @@ OUTSIDE = {
     'aggregate': ['mean', 3, '', 'Average'],
     'coeff': [math.nan, math.inf, -math.inf, True, '0.01'],
     'space': [3, 'teleport'],
+    'margin': [-1e-9, math.nan, math.inf, True, '4', None],
 }
 
 
@@ -93,6 +94,7 @@ def test_every_option_is_checked_by_its_fields_check():
                 EpisodeSettings(**{field.name: value})
     EpisodeSettings(control_period=MIN_CONTROL_PERIOD_S)                 # the bounds themselves pass
     EpisodeSettings(control_period=MAX_CONTROL_PERIOD_S)
+    assert EpisodeSettings(prefetch_margin=0).prefetch_margin == 0.0     # the largest round trip alone
 
 
 def test_max_seconds_ends_a_run_whose_control_period_is_longer(endpoint):

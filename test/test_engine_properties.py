@@ -38,12 +38,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 from test_data_support import make_store
 
 from sequence_ai_ros.client.engine import EpisodeEngine
-from sequence_ai_ros.client.latency import LatencyWindow
+from sequence_ai_ros.client.latency import MIN_SAMPLES, LatencyWindow
 from sequence_ai_ros.client.sampling import TelemetryBuffer
 from sequence_ai_ros.client.session import _pack_telemetry
 from sequence_ai_ros.client.settings import EpisodeSettings
@@ -259,3 +259,63 @@ def test_export_rows_are_the_executed_steps_and_whole_held_rows(sc: Scenario, tm
     want = np.stack([g(j, sc.dim, sc.space)[rate] * min(1.0, e - j) for j in range(len(steps))])
     np.testing.assert_allclose(steps, want, atol=VALUE_TOL, err_msg='rows are the policy steps in order')
     assert np.all(rows.action[rows.held][:, rate] == 0), 'a held row moves nothing'
+
+
+@given(chunk=st.integers(4, 30), multiple=st.sampled_from(MULTIPLES), fraction=st.floats(0.0, 0.95),
+       margin=st.sampled_from([0.0, 4.0]))
+def test_a_fixed_round_trip_is_never_late_and_asked_at_most_once_per_chunk_less_the_lead(
+        chunk: int, multiple: Fraction, fraction: float, margin: float) -> None:
+    """Pipelining on a link whose every round trip is r (any chunk, any rate ratio, paced): no dry spell.
+
+    A request leaves at the first tick with at most lead = max(r + P, a quarter chunk) played or awaited
+    (``prefetch_margin`` changes nothing when every round trip is the same): once the window is warm, the newest
+    request before it covers at least r more (its chunk arrives before the tick that needs it), and requests
+    leave at most once per ``max(P, covers - lead)``: over W seconds, at most ``W / max(P, covers - lead) + 1``.
+    Feasible links only: r leaves at least two ticks of the chunk (``r <= covers - 2P``) and needs at most 12
+    requests in flight (the bound is 16).
+    """
+    period = DT / float(multiple)
+    covers = chunk * DT
+    rtt = fraction * covers
+    assume(rtt <= covers - 2 * period and rtt <= 12 * period)
+    names = ('j0',)
+    contract = Contract('joint_absolute', names, DT, chunk, ObservationContract(state_names=names), deployment='arm')
+    clock = [0.0]
+    sent: list = []
+    sent_at: list[float] = []
+    engine = EpisodeEngine(contract, EpisodeSettings(control_period=period, prefetch_margin=margin), 'ep',
+                           LatencyWindow(), send=sent.append, clock=lambda: clock[0], fixed_step=True)
+
+    def stamp() -> None:
+        sent_at.extend([clock[0]] * (len(sent) - len(sent_at)))
+
+    answered = 0
+    grid = 0
+    state = np.zeros(1, np.float32)
+    while engine.executed < 25 * chunk and grid < 20000:
+        now = grid * period
+        while answered < len(sent) and sent_at[answered] + rtt <= now + 1e-12:
+            clock[0] = sent_at[answered] + rtt
+            req = sent[answered]
+            rows = np.stack([g(req.observation_step + j, 1, ActionSpace.JOINT_ABSOLUTE) for j in range(chunk)])
+            engine.on_chunk(pack_chunk(rows.astype(np.float32), contract, request_id=req.request_id,
+                                       episode_id='ep', robot_time_s=clock[0]))
+            stamp()
+            answered += 1
+        clock[0] = now
+        engine.tick(Observation(state=state, state_names=names, timestamp=now), now, grid)
+        stamp()
+        grid += 1
+    out = engine.finish('until', now=grid * period)
+    assert out.underruns == 0, out
+    assert out.requests == len(sent)
+    lead = max(rtt + period, 0.25 * covers)
+    # sent once MIN_SAMPLES warm round trips (after the cold one) had arrived: the window times them, not a margin
+    warm_at = sent_at[MIN_SAMPLES] + rtt
+    warm = [k for k in range(1, len(sent)) if sent_at[k - 1] >= warm_at - 1e-9]
+    for k in warm:
+        ahead = (sent[k - 1].observation_step + chunk - sent[k].observation_step) * DT
+        assert ahead >= rtt - 1e-9, (k, ahead, rtt)
+    if len(warm) > 1:
+        span = sent_at[warm[-1]] - sent_at[warm[0]]
+        assert len(warm) <= span / max(period, covers - lead) + 1 + 1e-9, (len(warm), span, lead)

@@ -591,7 +591,8 @@ def test_the_episode_log_line_carries_the_outcome() -> None:
     report = EpisodeReport('ep-1', 'timeout', 'max_seconds 2 s reached', actions=60, chunks=3, underruns=1,
                            underrun_s=0.25, max_seam_jump=0.05, commands_sent=90, ticks_held=12, ticks_skipped=2,
                            max_seam_gap=0.01, peak_in_flight=2)
-    out = RunOutcome(actions=60, chunks=3, elapsed_s=2.0, reason='timeout', max_seam_gap=0.01, peak_in_flight=2)
+    out = RunOutcome(actions=60, chunks=3, elapsed_s=2.0, reason='timeout', max_seam_gap=0.01, peak_in_flight=2,
+                     requests=4)
     # the report carries the seams and pipelining itself: the line has them also when the worker's end failed
     parts = ('episode ep-1 ended: timeout', 'actions 60', 'chunks 3', 'underruns 1 (0.250 s)', 'commands_sent 90',
              'ticks_held 12', 'ticks_skipped 2', 'max_seam_jump 0.05', 'max_seam_gap 0.01', 'peak_in_flight 2',
@@ -599,6 +600,16 @@ def test_the_episode_log_line_carries_the_outcome() -> None:
     for line in (episode_line(report, out), episode_line(report)):
         for part in parts:
             assert part in line, (part, line)
+    assert 'requests 4' in episode_line(report, out)       # the worker's inferences (check-sim counts them)
+
+
+def test_the_prefetch_margin_parameter_is_each_episodes_setting():
+    from sequence_ai_ros.client.settings import EpisodeSettings
+
+    assert NodeConfig().prefetch_margin == EpisodeSettings().prefetch_margin == 4.0
+    assert NodeConfig(prefetch_margin=0.0).prefetch_margin == 0.0
+    with pytest.raises(ConfigError, match='prefetch_margin'):
+        NodeConfig(prefetch_margin=-1.0)
 
 
 def test_the_aggregate_parameter_is_checked_from_its_schema_entry():

@@ -161,7 +161,7 @@ class EpisodeEngine:
                     return self._record(obs, begun, 'ended')
             elif player.last_values is not None:
                 self.tally.dry_begins(now)
-            self._request()
+            self._request(timeline.since_s(now))
             if emitted is not None:
                 return self._record_fresh(obs, begun, *emitted)
             reason = 'waiting' if player.last_values is None else 'underrun'
@@ -296,7 +296,7 @@ class EpisodeEngine:
                     max_seam_jump=t.max_seam_jump, latency_p50_ms=t.latency_ms(50), latency_p95_ms=t.latency_ms(95),
                     episode_id=self.episode_id, stale_actions=int(round(t.stale)),
                     smooth_seam_ignored=self.smooth_seam_ignored, error=error, peak_in_flight=self.requests.peak,
-                    discarded=t.discarded, max_seam_gap=t.max_seam_gap)
+                    discarded=t.discarded, max_seam_gap=t.max_seam_gap, requests=self.requests.sent)
                 if self._wake is not None:
                     self._wake.set()
             return self._outcome
@@ -342,7 +342,7 @@ class EpisodeEngine:
             return live.number, live.pos, live.dt, live.actions.copy()
 
     def stats(self) -> dict[str, float | int | str | bool]:
-        """A live snapshot: buffer_s, actions, chunks, underruns, underrun_s, latency p50/p95 (ms), ..."""
+        """A live snapshot: buffer_s, actions, chunks, requests, underruns, underrun_s, latency p50/p95 (ms), ..."""
         with self._lock:
             live = self.player.live
             buffer_s = self.player.left * live.dt if live is not None else 0.0
@@ -354,7 +354,8 @@ class EpisodeEngine:
                 'chunks': t.chunks, 'underruns': t.underruns, 'underrun_s': t.underrun_s,
                 'stale_actions': int(round(t.stale)), 'max_seam_jump': t.max_seam_jump,
                 'latency_p50_ms': 1000 * percentile(rtts, 50), 'latency_p95_ms': 1000 * percentile(rtts, 95),
-                'prefetch_lead_s': self._latency.lead_s(self.timeline.period), 'in_flight': len(req.in_flight),
+                'prefetch_lead_s': req.lead_s(self.timeline.period), 'in_flight': len(req.in_flight),
+                'requests': req.sent,
                 'peak_in_flight': req.peak, 'discarded': t.discarded, 'max_seam_gap': t.max_seam_gap,
                 'dry': t.dry, 'finished': self._outcome is not None,
                 'reason': self._outcome.reason if self._outcome else '',
@@ -362,9 +363,10 @@ class EpisodeEngine:
 
     # -- internals (lock held) --------------------------------------------------------------------
 
-    def _request(self) -> None:
+    def _request(self, late: float = 0.0) -> None:
+        """Let the schedule send a request if one is due; ``late``: the tick's lateness (s; see maybe_send)."""
         if self._outcome is None:
-            self.requests.maybe_send(self.player, self.timeline.period)
+            self.requests.maybe_send(self.player, self.timeline.period, late)
 
     def _to_limit(self) -> float:
         """Chunk steps left before max_actions (inf without one): a stall never carries the count past it."""

@@ -43,6 +43,8 @@ class RunOutcome:
         (0 for a policy that in-paints the committed prefix, RTC).
     :param peak_in_flight: the most requests that were in flight at once (pipelining; 1 without).
     :param discarded: chunks received but never played (stale on arrival, or replaced before a tick read them).
+    :param requests: requests sent in the episode: each one an inference on the worker, answered or not (those
+        still in flight at the end included); ``chunks`` counts the answers accepted.
     :param telemetry_rejected: capture telemetry frames the worker refused (wrong shape or dtype, NaN,
         an image whose header disagrees with its size or format); the episode was kept without them.
     :param telemetry_error: the first refusal, ``"CONTRACT_VIOLATION: <why>"``; '' when none.
@@ -95,6 +97,7 @@ class RunOutcome:
     ticks_held: int = 0
     ticks_skipped: int = 0
     worker_confirmed: bool = False
+    requests: int = 0
 
     @property
     def skipped(self) -> int:

@@ -24,7 +24,7 @@ from sequence_ai_ros.client.adapter import ObservationAdapter, check_fit
 from sequence_ai_ros.client.driving import ActFn, ObserveFn
 from sequence_ai_ros.client.engine import MAX_IN_FLIGHT, EpisodeEngine
 from sequence_ai_ros.client.labels import LabelResult
-from sequence_ai_ros.client.latency import LatencyWindow
+from sequence_ai_ros.client.latency import RTO_DEVIATIONS, LatencyWindow
 from sequence_ai_ros.client.outcome import RunOutcome
 from sequence_ai_ros.client.pacing import ThreadGuard
 from sequence_ai_ros.client.records import ready_poll_s
@@ -297,7 +297,8 @@ class Policy:
                       max_actions: float | None = None, prefetch: bool = True, smooth_seam: int = 0,
                       expect_action_space: str | ActionSpace | None = None, control_period: float | None = None,
                       chunk_timeout: float | None = None, aggregate: str | None = None,
-                      temporal_ensemble_coeff: float | None = None, settings: EpisodeSettings | None = None) -> str:
+                      temporal_ensemble_coeff: float | None = None, prefetch_margin: float = RTO_DEVIATIONS,
+                      settings: EpisodeSettings | None = None) -> str:
         """Open an episode (one Episode stream) and return its id; the first next_action() requests a chunk.
 
         Optional: next_action() opens an episode with the default settings when none is open. An episode
@@ -323,6 +324,10 @@ class Policy:
             the contract declares.
         :param temporal_ensemble_coeff: weighted_average's m (weights ``exp(-m * i)``, i = 0 the oldest);
             None: the contract's, else ACT's 0.01.
+        :param prefetch_margin: how far above the measured round trips the next request is timed, in mean
+            deviations of the last 32 above their mean, never below their largest (>= 0): more is safer on a
+            jittery link, less sends fewer requests (inferences). Default 4 (RFC 6298's retransmission
+            timeout); 0: the largest measured round trip alone.
         :param settings: all of the above as one :class:`EpisodeSettings` (then leave them at their defaults).
         :raises EpisodeStateError: when an episode is still running on this handle, or this Policy is closed.
         :raises TypeError: for a bool or a non-number as a limit, period or chunk_timeout; for ``settings``
@@ -334,7 +339,7 @@ class Policy:
                                 prefetch=prefetch, smooth_seam=smooth_seam,
                                 expect_action_space=check_space('expect_action_space', expect_action_space),
                                 control_period=control_period, chunk_timeout=chunk_timeout, aggregate=aggregate,
-                                temporal_ensemble_coeff=temporal_ensemble_coeff)
+                                temporal_ensemble_coeff=temporal_ensemble_coeff, prefetch_margin=prefetch_margin)
         if settings is not None:
             if given != EpisodeSettings():
                 raise TypeError('begin_episode(): pass settings= or the separate options, not both')
@@ -605,7 +610,7 @@ class Policy:
             episode_id: str | None = None, prefetch: bool = True, smooth_seam: int = 0,
             expect_action_space: str | ActionSpace | None = None, control_period: float | None = None,
             chunk_timeout: float | None = None, aggregate: str | None = None,
-            temporal_ensemble_coeff: float | None = None) -> RunOutcome:
+            temporal_ensemble_coeff: float | None = None, prefetch_margin: float = RTO_DEVIATIONS) -> RunOutcome:
         """Drive the arm with ``instruction`` until the policy is done, ``until()``, timeout or interrupt.
 
         A deployment still loading is waited for before the episode begins (:meth:`wait_until_ready`, bounded
@@ -632,6 +637,7 @@ class Policy:
         :param chunk_timeout: the no-chunk deadline (s); see :meth:`begin_episode`.
         :param aggregate: how overlapping chunks combine; see :meth:`begin_episode`.
         :param temporal_ensemble_coeff: weighted_average's coefficient; see :meth:`begin_episode`.
+        :param prefetch_margin: the prefetch lead's margin over the measured round trips; see :meth:`begin_episode`.
         :returns: the outcome (reason completed, until, timeout, interrupted or validate).
         :raises TypeError: for a missing max_seconds, or a bool or non-number as a limit or period.
         :raises ValueError: for a non-finite or non-positive max_seconds, control_period or chunk_timeout.
@@ -647,7 +653,7 @@ class Policy:
                                    smooth_seam=smooth_seam,
                                    expect_action_space=check_space('expect_action_space', expect_action_space),
                                    control_period=control_period, chunk_timeout=chunk_timeout, aggregate=aggregate,
-                                   temporal_ensemble_coeff=temporal_ensemble_coeff)
+                                   temporal_ensemble_coeff=temporal_ensemble_coeff, prefetch_margin=prefetch_margin)
         return self._drive(observe, act, settings, pin=True, until=until, on_underrun=on_underrun,
                            episode_id=episode_id)
 
@@ -657,7 +663,7 @@ class Policy:
             max_seconds: float | None = None, episode_id: str | None = None,
             expect_action_space: str | ActionSpace | None = None, control_period: float | None = None,
             chunk_timeout: float | None = None, aggregate: str | None = None,
-            temporal_ensemble_coeff: float | None = None) -> RunOutcome:
+            temporal_ensemble_coeff: float | None = None, prefetch_margin: float = RTO_DEVIATIONS) -> RunOutcome:
         """Execute ``max_actions`` chunk steps (or until done, timeout or interrupt); return the RunOutcome.
 
         Same parameters and failure rules as :meth:`act`; ``instruction`` (optional) is pinned when given.
@@ -676,7 +682,7 @@ class Policy:
                                    prefetch=prefetch, smooth_seam=smooth_seam,
                                    expect_action_space=check_space('expect_action_space', expect_action_space),
                                    control_period=control_period, chunk_timeout=chunk_timeout, aggregate=aggregate,
-                                   temporal_ensemble_coeff=temporal_ensemble_coeff)
+                                   temporal_ensemble_coeff=temporal_ensemble_coeff, prefetch_margin=prefetch_margin)
         return self._drive(observe, act, settings, pin=instruction is not None, until=None, on_underrun=on_underrun,
                            episode_id=episode_id)
 

@@ -70,11 +70,22 @@ class OutRequest:
 
 @dataclasses.dataclass(frozen=True)
 class Pending:
-    """A request in flight: when it left, the step of its chunk's row 0 (origin) and where it will start."""
+    """A request in flight: when it left, the step of its chunk's row 0 (origin) and where it will start.
+
+    ``counted_at``: when the executed count it was timed from was current (s): the deadline of the tick it left
+    at when paced (a late tick still executes its deadline's step), else when it left (None: ``sent``). The
+    prefetch window measures each answer from there, so a late tick's lateness is part of what the lead covers.
+    """
 
     sent: float
     origin: float
     start: float
+    counted_at: float | None = None
+
+    @property
+    def timed_from(self) -> float:
+        """``counted_at``, or ``sent`` without one (s)."""
+        return self.sent if self.counted_at is None else self.counted_at
 
 
 @dataclasses.dataclass

@@ -3,8 +3,20 @@
 A request records the executed count when its observation was taken; the chunk that answers has its row 0
 at that step (whole steps for delta and velocity spaces, and when aggregating, so that all chunks share one
 grid of steps). A new request leaves while fewer than ``max_in_flight`` are in flight and the chunks played
-or awaited cover less than the prefetch lead (the connection's measured round trip, at least
-:data:`~sequence_ai_ros.client.records.MIN_LEAD_FRACTION` of a chunk); aggregating, one per tick.
+or awaited cover at most the prefetch lead (:meth:`RequestSchedule.lead_s`: an upper estimate of the
+connection's round trip, ``EpisodeSettings.prefetch_margin`` deviations above its measured mean, plus one
+period; at least :data:`~sequence_ai_ros.client.records.MIN_LEAD_FRACTION` of a chunk); aggregating, one per
+tick.
+
+The arithmetic (a tick each period P, a chunk covering C s, answers within r of the tick's deadline): a
+request leaves at the first tick whose ``ahead`` (seconds of actions played or awaited) is at most the lead,
+so ``ahead`` lies in (lead - P, lead]; its chunk is needed ``ahead`` after that tick's deadline and is read
+there when it arrives within ``ahead``. lead = r + P therefore never runs dry while the estimate holds, and
+pipelined, each request covers until its own step + C, so the next leaves ``C - ahead`` later: at least
+``C - r - P`` apart, against the ideal pipeline's ``C - r`` (one request per chunk needs no pipelining while
+r < C - r). r is measured from the deadline of the tick that sent (paced: a late tick's lateness is part of
+it; on the clock and between ticks, from the send), so a loaded caller's lateness raises the lead as a slow
+link does.
 
 Warming: while the deployment loads, the worker answers NOT_READY with an estimate of the time left
 (:meth:`RequestSchedule.not_ready`); the request is forgotten and a newer observation goes once a share of
@@ -50,6 +62,8 @@ class RequestSchedule:
         self.max_in_flight = MAX_IN_FLIGHT
         #: the most that were in flight at once
         self.peak = 0
+        #: requests sent in this episode (each one is an inference on the worker, answered or not)
+        self.sent = 0
         self.in_flight: dict[int, Pending] = {}
         self._next_id = 1
         self._latest: tuple[Observation, list[Observation], float, int] | None = None   # obs, history, step, seq
@@ -73,8 +87,8 @@ class RequestSchedule:
             return None
         self.warming = None       # the deployment serves
         self._serve_s.append(max(0.0, inference_s))
-        self.latency.add(arrival - pending.sent)
-        tally.rtts.append(arrival - pending.sent)
+        self.latency.add(arrival - pending.timed_from)     # what the lead must cover (a late tick's lateness too)
+        tally.rtts.append(arrival - pending.sent)           # the round trip itself
         return pending
 
     def not_ready(self, request_id: int, error: NotReady, chunks: int) -> bool:
@@ -94,8 +108,14 @@ class RequestSchedule:
         waited = self._clock() - sent
         return (rid, waited) if waited > timeout_s else None
 
-    def maybe_send(self, player: Player, period: float) -> None:
-        """Send a request for the latest observation when the schedule says one is due (``period``: the tick's, s)."""
+    def maybe_send(self, player: Player, period: float, late: float = 0.0) -> None:
+        """Send a request for the latest observation when the schedule says one is due.
+
+        :param period: the tick's period (s).
+        :param late: the tick's lateness (s; the timeline's ``since_s``; 0 from an arrival between ticks): a
+            paced tick that runs late still executes its deadline's step, so the rows ahead are due that much
+            sooner than when it sends; the answer is measured from the deadline (``Pending.counted_at``).
+        """
         if self.done or self._latest is None or len(self.in_flight) >= max(1, self.max_in_flight):
             return
         obs, history, e_obs, seq = self._latest
@@ -136,20 +156,33 @@ class RequestSchedule:
             # cold one only before any: LatencyWindow.delay_s; + two ticks: a request leaves at a tick and
             # its chunk is read at one), so that a policy in-painting chunk_tail[:delay] covers every step
             # that runs before its chunk is read.
-            delay = int(math.ceil((self.latency.delay_s() + 2 * period) / dt - 1e-9))
+            delay = int(math.ceil((self.latency.delay_s(self.settings.prefetch_margin) + 2 * period) / dt - 1e-9))
             delay = min(delay, self.contract.chunk_length)
         rid = self._next_id
         self._next_id += 1
         self._used_seq = seq
-        self.in_flight[rid] = Pending(self._clock(), origin, origin + delay)
+        now = self._clock()
+        self.in_flight[rid] = Pending(now, origin, origin + delay, now - late)
         self.peak = max(self.peak, len(self.in_flight))
+        self.sent += 1
         self._send(OutRequest(obs=obs, history=history, chunk_tail=tail, expected_delay_actions=delay,
                               last_action=player.last_raw, request_id=rid, observation_step=origin,
                               tail_request_id=live.request_id if live is not None else 0))
 
+    def lead_s(self, period: float, dt: float | None = None) -> float:
+        """The prefetch lead (s): a request is due with this much or less played or awaited.
+
+        The connection's upper estimate of the round trip (``prefetch_margin`` mean deviations above the mean,
+        never below the largest) plus one ``period`` (s), at least MIN_LEAD_FRACTION of a chunk of steps of
+        ``dt`` s (default the contract's).
+        """
+        dt = self.contract.dt if dt is None else dt
+        return max(self.latency.lead_s(period, self.settings.prefetch_margin),
+                   MIN_LEAD_FRACTION * self.contract.chunk_length * dt)
+
     def _due(self, ahead_s: float, period: float, dt: float) -> bool:
         """Whether another request is due now, with ``ahead_s`` seconds of actions played or awaited."""
-        lead = max(self.latency.lead_s(period), MIN_LEAD_FRACTION * self.contract.chunk_length * dt)
+        lead = self.lead_s(period, dt)
         # aggregating: a chunk per tick, as LeRobot runs an ensembled ACT (one inference per step)
         if not self.settings.prefetch or (ahead_s > lead and not self.per_tick):
             return False
@@ -170,7 +203,8 @@ class RequestSchedule:
         if not self.latency.samples() and (cold is None or cold >= self.contract.chunk_length * dt):
             return False
         newest = max(p.sent for p in self.in_flight.values())
-        spacing = max(period, 1.2 * percentile(list(self._serve_s), 50))
+        # at most one per tick: half a period, so that ticks that jitter (or float sums of periods) still send
+        spacing = max(0.5 * period, 1.2 * percentile(list(self._serve_s), 50))
         return self._clock() - newest >= spacing
 
 

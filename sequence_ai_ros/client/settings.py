@@ -12,6 +12,7 @@ import numbers
 from collections.abc import Callable
 from typing import Any
 
+from sequence_ai_ros.client.latency import RTO_DEVIATIONS
 from sequence_ai_ros.protocol.limits import MAX_TICK_S
 from sequence_ai_ros.protocol.spaces import ActionSpace
 
@@ -107,6 +108,14 @@ def _aggregate(name: str, value: Any) -> str | None:
     return str(value)
 
 
+def _margin(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f'{name} must be a number (mean deviations), got {type(value).__name__} {value!r}')
+    if value != value or value < 0 or value == float('inf'):     # value != value: NaN
+        raise ValueError(f'{name} must be a finite number >= 0 (mean deviations), got {value!r}')
+    return float(value)
+
+
 def _coeff(name: str, value: Any) -> float | None:
     if value is None:
         return None
@@ -121,7 +130,7 @@ def _coeff(name: str, value: Any) -> float | None:
 #: ``(option name, value)`` and returns the value normalised, or raises TypeError/ValueError naming the option.
 CHECKS: dict[str, Callable[[str, Any], Any]] = {
     'text': _text, 'limit': _limit, 'steps': _steps, 'period': _period, 'flag': _flag, 'rows': _rows,
-    'space': check_space, 'aggregate': _aggregate, 'coeff': _coeff,
+    'space': check_space, 'aggregate': _aggregate, 'coeff': _coeff, 'margin': _margin,
 }
 
 
@@ -154,12 +163,18 @@ class EpisodeSettings:
         every tick), ``average``; None: as the contract declares (client/aggregate.py).
     :param temporal_ensemble_coeff: weighted_average's coefficient m (weights ``exp(-m * i)``, i = 0 the
         oldest prediction); None: the contract's, else ACT's 0.01.
-    :raises TypeError: for a bool or a non-number as a limit, period or chunk_timeout, a non-str
-        instruction, a non-bool prefetch, a non-int smooth_seam, or an action space that is neither an
+    :param prefetch_margin: how far above the measured round trips the next request is timed, in mean
+        deviations of the connection's last 32 round trips above their mean, never below their largest
+        (client/latency.py): the trade-off between inferences and safety. 4 (the default, RFC 6298's
+        retransmission timeout) covers a +-20 % link's upper end; 0 times requests to the largest measured
+        round trip alone (fewest inferences; on a jittery link the next one exceeds it now and then, and the
+        arm may run dry for a few ms). Also sizes ``expected_delay_actions``.
+    :raises TypeError: for a bool or a non-number as a limit, period, chunk_timeout or prefetch_margin, a
+        non-str instruction, a non-bool prefetch, a non-int smooth_seam, or an action space that is neither an
         ActionSpace nor a name.
     :raises ValueError: for a non-finite or non-positive limit, period or chunk_timeout, a fractional
         max_actions, a control_period outside [1e-4, 10] s, a negative smooth_seam, an unknown action
-        space or aggregate, or a non-finite temporal_ensemble_coeff.
+        space or aggregate, a non-finite temporal_ensemble_coeff, or a negative or non-finite prefetch_margin.
     """
 
     instruction: str = _option('', 'text')
@@ -172,6 +187,7 @@ class EpisodeSettings:
     chunk_timeout: float | None = _option(None, 'limit')
     aggregate: str | None = _option(None, 'aggregate')
     temporal_ensemble_coeff: float | None = _option(None, 'coeff')
+    prefetch_margin: float = _option(RTO_DEVIATIONS, 'margin')
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):

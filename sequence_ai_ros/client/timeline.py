@@ -102,6 +102,20 @@ class Timeline:
         self._len = self.steps_per_tick()
         return missed
 
+    def since_s(self, now: float) -> float:
+        """Seconds (>= 0) from when the executed count was last current to ``now`` (a late paced tick's lateness).
+
+        By step with a fixed period, from the latest tick's deadline (a tick that runs late still executes its
+        deadline's step, so the rows ahead are due on the grid, not from when it ran); otherwise (on the clock,
+        where a tick counts the time up to when it runs) from the latest tick, 0 at the tick itself. 0 before
+        any tick.
+        """
+        if self.grid is None:
+            return 0.0
+        if self.by_step and self.fixed_period:
+            return max(0.0, now - (self._t0 + self.grid * self.fixed_period))
+        return max(0.0, now - self._grid_t)
+
     def measure(self, now: float) -> None:
         """Without a fixed period, fold the time since the previous tick into the period's estimate."""
         if self._last_tick is not None and self.fixed_period is None and now > self._last_tick:

@@ -253,6 +253,8 @@ class NodeConfig:
     :param stale_grace_s: a source stale for longer than this (s) mid-run ends the episode ('error').
     :param connect_timeout_s: each connection attempt's timeout (s).
     :param max_in_flight: requests in flight at most per episode (the client's ``Policy.max_in_flight``).
+    :param prefetch_margin: each episode's ``EpisodeSettings.prefetch_margin`` (mean deviations above the
+        measured round trips that time the next request: safety against inferences).
     :param aggregate: each episode's ``EpisodeSettings.aggregate`` ('' keeps the contract's).
     :param status_rate_hz: ~/status rate (Hz).
     :param diagnostics_rate_hz: /diagnostics rate (Hz).
@@ -274,6 +276,7 @@ class NodeConfig:
     stale_grace_s: float = _default('stale_grace_s')
     connect_timeout_s: float = _default('connect_timeout_s')
     max_in_flight: int = _default('max_in_flight')
+    prefetch_margin: float = _default('prefetch_margin')
     aggregate: str = _default('aggregate')
     status_rate_hz: float = _default('status_rate_hz')
     diagnostics_rate_hz: float = _default('diagnostics_rate_hz')

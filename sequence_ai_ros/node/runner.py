@@ -172,7 +172,8 @@ def episode_line(report: EpisodeReport, outcome: Any = None) -> str:
     """One log line per episode: its outcome and what it cost.
 
     Always: reason, actions, chunks, underruns and underrun_s, seam jump and gap, peak in flight, the ticks
-    (sent, held, skipped) and elapsed_s; with the client's ``outcome``, the round-trip latency too.
+    (sent, held, skipped) and elapsed_s; with the client's ``outcome``, the requests sent (the worker's
+    inferences) and the round-trip latency too.
     """
     line = (f'episode {report.episode_id} ended: {report.reason}; actions {report.actions}, chunks {report.chunks}, '
             f'underruns {report.underruns} ({report.underrun_s:.3f} s), commands_sent {report.commands_sent}, '
@@ -180,7 +181,8 @@ def episode_line(report: EpisodeReport, outcome: Any = None) -> str:
             f'max_seam_jump {report.max_seam_jump:.4g}, max_seam_gap {report.max_seam_gap:.4g}, '
             f'peak_in_flight {report.peak_in_flight}, elapsed_s {report.elapsed_s:.3f}')
     if outcome is not None:
-        line += f', latency p50/p95 {outcome.latency_p50_ms:.1f}/{outcome.latency_p95_ms:.1f} ms'
+        line += (f', requests {outcome.requests}, latency p50/p95 {outcome.latency_p50_ms:.1f}/'
+                 f'{outcome.latency_p95_ms:.1f} ms')
     return f'{line}; {report.message}' if report.message else line
 
 
@@ -496,7 +498,8 @@ class Runner:
             self.validate(contract)
             settings = dataclasses.replace(settings, expect_action_space=contract.action_space,
                                            control_period=self.cfg.period_s,
-                                           aggregate=self.cfg.aggregate or settings.aggregate)
+                                           aggregate=self.cfg.aggregate or settings.aggregate,
+                                           prefetch_margin=self.cfg.prefetch_margin)
             eid = policy.begin_episode(episode_id=episode_id or f'ep-{uuid.uuid4().hex[:12]}', settings=settings)
         finally:
             with self._lock:
