@@ -14,10 +14,17 @@ The margin printed beside each row is what an ideal pipeline has left at that ra
 draw, the compute of the request and of one queued ahead of it, and the tick at which an arrival is
 noticed. A negative margin means even an ideal pipeline can run dry at a seam.
 
+Inferences: ``requests`` sent per run (each one an inference on the worker) and per executed chunk
+(``req/chunk``: requests / (actions / T)), beside an ideal pipeline's per executed chunk (``ideal``): one
+request every ``covers - largest round trip``, so ``covers / (covers - largest)``, the largest round trip being
+``2 x one-way x (1 + jitter) + compute`` (the longest the proxy draws, plus the inference); none where it
+is a whole chunk or more.
+
 Targets (at a load average below 1; a report, not a test): pipelined, 0 underruns at 0.7 (+-20 %,
 margin +0.050 s); at 0.8 (+-20 %, margin -0.010 s) at most a tenth of the dry time (underrun_s) of one
-request in flight; nothing worse at 0.2 and 0.45; seam jumps do not grow. 0.9 (+-10 %) has a negative
-margin (-0.028 s) and no target. What overlap can cover: a chunk arrives with ``covers - latency`` of it
+request in flight; nothing worse at 0.2 and 0.45; seam jumps do not grow; pipelined, at most
+:data:`INFERENCE_RATIO` x the ideal pipeline's inferences per executed chunk at 0.45 and 0.8. 0.9 (+-10 %)
+has a negative margin (-0.028 s) and no target. What overlap can cover: a chunk arrives with ``covers - latency`` of it
 ahead, which bounds the worker's serialized compute per request (here 0.05 covers).
 """
 
@@ -35,6 +42,8 @@ COMPUTE = 0.05
 #: of one request in flight's), or None (no target: the margin is negative).
 NONE, TENTH = '0 underruns', 'underrun_s <= single/10'
 CASES = ((0.2, 0.2, NONE), (0.45, 0.2, NONE), (0.7, 0.2, NONE), (0.8, 0.2, TENTH), (0.9, 0.1, None))
+#: Pipelined inferences per executed chunk at most, against the ideal pipeline's, at these ratios.
+INFERENCE_RATIO, INFERENCE_CASES = 1.5, (0.45, 0.8)
 
 
 def _run(endpoint: str, max_in_flight: int) -> dict:
@@ -46,7 +55,8 @@ def _run(endpoint: str, max_in_flight: int) -> dict:
     return {'underruns': out.underruns, 'underrun_s': round(out.underrun_s, 3), 'in_flight': out.peak_in_flight,
             'discarded': out.discarded, 'chunks': out.chunks, 'seam_jump': round(out.max_seam_jump, 3),
             'seam_gap': round(out.max_seam_gap, 3), 'p50_ms': round(out.latency_p50_ms, 1),
-            'p95_ms': round(out.latency_p95_ms, 1), 'actions': out.actions, 'reason': out.reason}
+            'p95_ms': round(out.latency_p95_ms, 1), 'actions': out.actions, 'reason': out.reason,
+            'requests': out.requests, 'per_chunk': round(out.requests / max(out.actions / T, 1e-9), 2)}
 
 
 def one_way_s(ratio: float) -> float:
@@ -60,6 +70,17 @@ def margin_s(ratio: float, jitter: float) -> float:
     return covers - (2 * one_way_s(ratio) * (1 + jitter) + 2 * COMPUTE * covers + DT)
 
 
+def ideal_per_chunk(ratio: float, jitter: float) -> float | None:
+    """An ideal pipeline's requests per executed chunk: ``covers / (covers - largest round trip)``; None if <= 0.
+
+    The largest round trip is ``2 x one-way x (1 + jitter) + compute``: the longest the proxy draws each way
+    and the worker's inference (one request every ``covers - largest`` keeps the next chunk in time).
+    """
+    covers = DT * T
+    spare = covers - (2 * one_way_s(ratio) * (1 + jitter) + COMPUTE * covers)
+    return covers / spare if spare > 1e-9 else None
+
+
 def met(goal: str | None, pipelined: dict, single: dict) -> str:
     """'met' or 'MISSED' for a pipelined row against its target ``goal`` ('' without one)."""
     if goal is None:
@@ -69,6 +90,10 @@ def met(goal: str | None, pipelined: dict, single: dict) -> str:
     else:
         ok = pipelined['underrun_s'] <= single['underrun_s'] / 10 + 1e-9
     return 'met' if ok else 'MISSED'
+
+
+def _fmt(value: float | None, width: int) -> str:
+    return ('-' if value is None else f'{value:.2f}').rjust(width)
 
 
 def _loadavg() -> str:
@@ -89,29 +114,37 @@ def main() -> dict:
     print(f'pipelining: dt={DT * 1e3:.0f} ms, T={T} (covers {covers:.2f} s), compute {COMPUTE} covers, '
           f'network delay on a loopback proxy, {ACTIONS} actions per run; load average {load_before}')
     print('  ratio  jitter  margin_s  mode       underruns  underrun_s  in_flight  discarded  chunks  seam_jump  '
-          'seam_gap  p50_ms  target')
+          'seam_gap  p50_ms  requests  req/chunk  ideal  x_ideal  target')
     rows = []
     for ratio, jitter, goal in CASES:
         proc, endpoint = worker_process(policy, dt=DT, chunk_length=T, compute_s=COMPUTE * covers)
         port = endpoint.rsplit(':', 1)[-1]
         proxy = DelayProxy(int(port), one_way_s=one_way_s(ratio), jitter=jitter, seed=11)
         margin = margin_s(ratio, jitter)
+        ideal = ideal_per_chunk(ratio, jitter)
         try:
             case = {}
             for mode, bound in (('pipelined', 16), ('single', 1)):
                 row = {'ratio': ratio, 'jitter': jitter, 'margin_s': round(margin, 3), 'mode': mode,
                        **_run(f'127.0.0.1:{proxy.port}', bound)}
+                row.update(ideal_per_chunk=None if ideal is None else round(ideal, 2),
+                           vs_ideal=None if ideal is None else round(row['per_chunk'] / ideal, 2))
                 case[mode] = row
                 rows.append(row)
                 if mode == 'pipelined':
                     note = goal or 'no target: margin < 0'
+                    if ratio in INFERENCE_CASES and row['vs_ideal'] is not None:
+                        verdict = 'met' if row['vs_ideal'] <= INFERENCE_RATIO else 'MISSED'
+                        row['inferences_met'] = verdict
+                        note += f'; inferences <= {INFERENCE_RATIO}x ideal: {verdict}'
                 else:
                     verdict = met(goal, case['pipelined'], row)
                     case['pipelined'].update(target=goal or '', met=verdict)
                     note = f'(pipelined: {verdict})' if verdict else ''
                 print(f"  {ratio:5.2f}  +-{jitter:.0%}  {margin:+8.3f}  {mode:9s}  {row['underruns']:9d}  "
                       f"{row['underrun_s']:10.3f}  {row['in_flight']:9d}  {row['discarded']:9d}  {row['chunks']:6d}  "
-                      f"{row['seam_jump']:9.3f}  {row['seam_gap']:8.3f}  {row['p50_ms']:6.1f}  {note}", flush=True)
+                      f"{row['seam_jump']:9.3f}  {row['seam_gap']:8.3f}  {row['p50_ms']:6.1f}  {row['requests']:8d}  "
+                      f"{row['per_chunk']:9.2f}  {_fmt(ideal, 5)}  {_fmt(row['vs_ideal'], 7)}  {note}", flush=True)
         finally:
             proxy.close()
             proc.kill()

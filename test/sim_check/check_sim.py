@@ -22,9 +22,13 @@ Runs in the ROS venv (it drives ``sim_robot`` and ``policy_node``); every LeRobo
    demos plus the successes, the new checkpoint deployed and served (``make flywheel`` runs it at scale).
 
 It prints success, median and p90 time to success (from the first commanded action), underruns and
-underrun_s per condition. Targets: >= 48/50 solved at every delay (fails the check); median time to success
-at 0.8 within 1.05x the no-delay median and 0 underruns at 0.5 (fail the check only when the 1-minute load
-average stayed below 1.5 and the simulator counted 0 overruns, else "not judged (load X)").
+underrun_s per condition, and the inferences: requests sent per episode (``inf/ep``: the node's episode line)
+and per executed chunk (``inf/chunk``: requests over executed steps / 20), beside an ideal pipeline's per
+executed chunk (``ideal``: one request every 0.25 s - the largest round trip, the largest of the condition's
+per-episode p95 round trips; :func:`loop.inferences`). Targets: >= 48/50 solved at every delay (fails the
+check); median time to success at 0.8 within 1.05x the no-delay median, 0 underruns at 0.5, and inferences per
+executed chunk within 1.5x the ideal's at 0.5 and 0.8 (fail the check only when the 1-minute load average
+stayed below 1.5 and the simulator counted 0 overruns, else "not judged (load X)").
 
 The image ACT (``make train-image-act``: state and a 64 px corner camera, ``observation.image``,
 ``pretrained_backbone_weights=None``, ~30-47 min, never trained here) adds one condition, no delay and 20
@@ -56,7 +60,17 @@ REPO = HERE.parents[1]
 sys.path[:0] = [str(HERE), str(REPO / 'test' / 'lerobot_check'), str(REPO)]
 
 import check_lerobot as lerobot_check  # noqa: E402
-from loop import DT, Episode, LoadSampler, SimOperator, node_lines, peak_in_flight, summarize  # noqa: E402
+from loop import (  # noqa: E402
+    DT,
+    Episode,
+    LoadSampler,
+    SimOperator,
+    inferences,
+    node_lines,
+    peak_in_flight,
+    requests_sent,
+    summarize,
+)
 
 from sequence_ai_ros.demo.processes import Processes  # noqa: E402
 from sequence_ai_ros.sim.task import COMMAND_NAMES, OBS_NAMES  # noqa: E402
@@ -79,6 +93,8 @@ MAX_SECONDS = 6.0                       # Meta-World's episode is 500 steps (6.2
 SUCCESS_SHARE = 0.96                    # 48/50
 TIME_RATIO = 1.05
 LOAD_LIMIT = 1.5
+#: Inferences per executed chunk at most, against an ideal pipeline's (loop.inferences), at 0.5 and 0.8.
+INFERENCE_RATIO = 1.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,8 +300,10 @@ def run_condition(c: Check, cond: Condition, worker_port: int, operator: SimOper
     lines = node_lines(node.log_path)
     for ep in episodes:
         ep.node_line = lines.get(f'{cond.name}-test-{ep.index}', '')
+        ep.requests = requests_sent(ep.node_line)
     peaks = [peak_in_flight(ep.node_line) for ep in episodes]
     figures['peak_in_flight'] = max(peaks) if peaks else -1
+    figures.update(inferences([dataclasses.asdict(ep) for ep in episodes], CHUNK, CHUNK_S))
     if cond.one_in_flight and figures['peak_in_flight'] != 1:
         c.failures.append(f'{cond.name}: peak in flight {figures["peak_in_flight"]}, not 1: the ablation did not '
                           'take effect')
@@ -331,6 +349,23 @@ def judge(c: Check, rows: dict[str, dict]) -> list[str]:
             c.failures.append(f'median time to success at 0.8 is {ratio:.3f}x the no-delay median '
                               f'(target {TIME_RATIO})')
         lines.append(text)
+    for name in ('product@0.5', 'product@0.8'):
+        r = rows.get(name)
+        if not r or r.get('vs_ideal') is None:
+            continue
+        why = gate(name)
+        text = (f'inferences per executed chunk at {name.split("@")[1]}: {r["per_chunk"]:.2f}, ideal pipeline '
+                f'{r["ideal_per_chunk"]:.2f} (largest p95 round trip {r["largest_rtt_ms"]:.0f} ms) = '
+                f'{r["vs_ideal"]:.2f}x, target <= {INFERENCE_RATIO}x: ')
+        if why:
+            text += why + (' (would be met)' if r['vs_ideal'] <= INFERENCE_RATIO else ' (would miss)')
+        elif r['vs_ideal'] <= INFERENCE_RATIO:
+            text += 'met'
+        else:
+            text += f'MISSED by {r["vs_ideal"] / INFERENCE_RATIO - 1:.1%}'
+            c.failures.append(f'{name}: {r["vs_ideal"]:.2f}x the ideal pipeline\'s inferences (target '
+                              f'{INFERENCE_RATIO}x)')
+        lines.append(text)
     m = rows.get('product@0.5')
     if m:
         why = gate('product@0.5')
@@ -348,13 +383,16 @@ def judge(c: Check, rows: dict[str, dict]) -> list[str]:
 
 def table(rows: dict[str, dict]) -> list[str]:
     head = (f'{"condition":22s} {"rtt ms":>6s} {"solved":>7s} {"median s":>8s} {"p90 s":>6s} {"underruns":>9s} '
-            f'{"underrun_s":>10s} {"eps dry":>7s} {"overruns":>8s} {"load":>5s} {"in flight":>9s}')
+            f'{"underrun_s":>10s} {"eps dry":>7s} {"overruns":>8s} {"load":>5s} {"in flight":>9s} {"inf/ep":>6s} '
+            f'{"inf/chunk":>9s} {"ideal":>5s} {"x ideal":>7s}')
     out = [head, '-' * len(head)]
     for name, r in rows.items():
         out.append(f'{name:22s} {r.get("rtt_ms", 0):6.0f} {r["success"]:>3d}/{r["n"]:<3d} {fmt(r["median_s"]):>8s} '
                    f'{fmt(r["p90_s"]):>6s} {r["underruns"]:9d} {r["underrun_s"]:10.3f} '
                    f'{r["episodes_with_underruns"]:7d} {r["overruns"]:8d} {fmt(r.get("load_peak"), ".2f"):>5s} '
-                   f'{r.get("peak_in_flight", "-")!s:>9s}')
+                   f'{r.get("peak_in_flight", "-")!s:>9s} {fmt(r.get("requests_per_episode"), ".1f"):>6s} '
+                   f'{fmt(r.get("per_chunk"), ".2f"):>9s} {fmt(r.get("ideal_per_chunk"), ".2f"):>5s} '
+                   f'{fmt(r.get("vs_ideal"), ".2f"):>7s}')
     return out
 
 

@@ -52,6 +52,7 @@ class Episode:
     max_command_gap_s: float = 0.0      # longest time between two commands the node published (a hold)
     max_target_jump_m: float = 0.0      # largest change of ee_xyz between two commands
     node_line: str = ''                 # the node's per-episode log line
+    requests: int = -1                  # requests sent (the worker's inferences), from node_line; -1: unknown
 
 
 class SimOperator:
@@ -262,6 +263,33 @@ def node_lines(log: Path) -> dict[str, str]:
 def peak_in_flight(line: str) -> int:
     m = re.search(r'peak_in_flight (\d+)', line)
     return int(m.group(1)) if m else -1
+
+
+def requests_sent(line: str) -> int:
+    """The requests an episode sent (the worker's inferences), from the node's line; -1 when it has none."""
+    m = re.search(r'requests (\d+)', line)
+    return int(m.group(1)) if m else -1
+
+
+def inferences(eps: list[dict], chunk: int, chunk_s: float) -> dict:
+    """Inferences per episode and per executed chunk, and an ideal pipeline's, over served episodes ``eps``.
+
+    Per executed chunk: the requests sent over the chunk steps executed / ``chunk``. The ideal pipeline sends one
+    request every ``chunk_s`` - (the largest round trip), over the same executed steps: ``chunk_s / (chunk_s -
+    largest)`` per executed chunk, the largest round trip being the largest of the episodes' p95 round trips
+    (their Act result's ``latency_p95_ms``; a single slow outlier is left out, which makes the ideal's count
+    lower, never higher). None where unknown (no requests counted, or a round trip of a whole chunk).
+    """
+    counted = [e for e in eps if e.get('requests', -1) >= 0]
+    if not counted:
+        return {'requests_per_episode': None, 'per_chunk': None, 'ideal_per_chunk': None, 'vs_ideal': None}
+    executed = sum(e['actions'] for e in counted) / chunk
+    per_chunk = sum(e['requests'] for e in counted) / executed if executed else None
+    largest = max(e.get('latency_p95_ms', 0.0) for e in counted) / 1000
+    ideal = chunk_s / (chunk_s - largest) if largest < chunk_s else None
+    return {'requests_per_episode': sum(e['requests'] for e in counted) / len(counted), 'per_chunk': per_chunk,
+            'ideal_per_chunk': ideal, 'largest_rtt_ms': largest * 1000,
+            'vs_ideal': per_chunk / ideal if per_chunk is not None and ideal else None}
 
 
 def summarize(episodes: list[Episode] | list[dict]) -> dict:
