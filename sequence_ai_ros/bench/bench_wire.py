@@ -67,6 +67,8 @@ FLEET, RATE_HZ, FLEET_S = 16, 10.0, 4.0
 JOINTS = [f'j{i}' for i in range(26)]
 JPEG_QUALITY = 90
 PROFILE_REQUESTS = 2000
+#: Before each repeat, wait up to this long (s) for the 1-minute load average to fall below 1 (it is printed).
+QUIET_WAIT_S = 60.0
 PROFILE_RATE_HZ = 997     # py-spy's samples per second (prime: no lock-step with a periodic thread)
 #: The targets (issue 37), each the largest ratio ours / openpi.
 TARGETS = {'p50_raw': 1.3, 'p50_jpeg': 1.3, 'client_cpu': 1.0, 'fleet_p99': 1.3}
@@ -429,8 +431,14 @@ SINGLE_ORDER = ('ours', 'openpi', 'ours (none)', 'floor (stream)', 'floor (unary
 FLEET_ORDER = ('ours', 'openpi', 'ours (none)')
 
 
-def _repeat(systems: dict[str, System]) -> dict[str, Any]:
-    """One repeat: single-robot blocks of every system, alternating, then the fleets; its figures."""
+def _repeat(systems: dict[str, System], quiet_wait_s: float = 0.0) -> dict[str, Any]:
+    """One repeat: single-robot blocks of every system, alternating, then the fleets; its figures.
+
+    :param quiet_wait_s: first wait up to this long (s) for the 1-minute load average to fall below 1.
+    """
+    deadline = time.monotonic() + quiet_wait_s
+    while os.getloadavg()[0] >= 1.0 and time.monotonic() < deadline:
+        time.sleep(2.0)
     load_before = os.getloadavg()[0]
     robots = {name: systems[name].make() for name in SINGLE_ORDER}
     got: dict[str, dict[str, list[float]]] = {name: collections.defaultdict(list) for name in SINGLE_ORDER}
@@ -501,13 +509,16 @@ RATIO_LABELS = {'p50_raw': 'round trip p50, raw', 'p50_jpeg': 'round trip p50, J
                 'floor_stream_server_cpu': 'grpc floor / openpi: server CPU (stream)'}
 
 
-def measure(repeats: int = REPEATS) -> dict[str, Any]:
-    """Run ``repeats`` repeats; print each and the ratios' medians against the targets; return the figures."""
+def measure(repeats: int = REPEATS, quiet_wait_s: float = QUIET_WAIT_S) -> dict[str, Any]:
+    """Run ``repeats`` repeats; print each and the ratios' medians against the targets; return the figures.
+
+    :param quiet_wait_s: before each repeat, wait up to this long (s) for the load average to fall below 1.
+    """
     systems = _systems()
     reps = []
     try:
         for k in range(1, repeats + 1):
-            rep = _repeat(systems)
+            rep = _repeat(systems, quiet_wait_s)
             _print_repeat(k, rep)
             reps.append(rep)
     finally:
@@ -664,6 +675,8 @@ def main(argv: list[str] | None = None) -> dict:
     """Run the comparison (and with ``--profile`` the profile); print the tables and ratios; return the figures."""
     parser = argparse.ArgumentParser(prog='python -m sequence_ai_ros.bench.bench_wire')
     parser.add_argument('--repeats', type=int, default=REPEATS)
+    parser.add_argument('--quiet-wait', type=float, default=QUIET_WAIT_S, metavar='S',
+                        help='before each repeat, wait up to S seconds for the load average to fall below 1')
     parser.add_argument('--profile', action='store_true', help='also profile every process (py-spy)')
     parser.add_argument('--profile-only', action='store_true', help='only the profile')
     parser.add_argument('--native', action='store_true', help='profile native frames too (py-spy --native)')
@@ -684,7 +697,7 @@ def main(argv: list[str] | None = None) -> dict:
           f'{os.cpu_count()} cores; systems alternate in blocks')
     result: dict[str, Any] = {}
     if not args.profile_only:
-        result = measure(args.repeats)
+        result = measure(args.repeats, args.quiet_wait)
     if args.profile or args.profile_only:
         result['profile'] = profile(native=args.native,
                                     only=tuple(k for k in args.profile_kinds.split(',') if k))
