@@ -357,7 +357,7 @@ def test_jpeg_header_probe_reads_what_pillow_reads_for_every_truncation(data):
 
 
 def test_several_encoded_frames_name_the_first_fault_in_order():
-    """Frames decoded side by side name the fault that one after another would: the first, in the request's order."""
+    """Of several faults in a request's frames (one that does not decode, an unknown camera), the first is named."""
     cams = (CameraSpec('a', 16, 12, 'jpeg'), CameraSpec('b', 16, 12, 'jpeg'), CameraSpec('c', 16, 12, 'jpeg'))
     c = Contract(action_space='joint_absolute', action_names=('a', 'b'), dt=0.1, chunk_length=5,
                  observation=ObservationContract(cameras=cams))

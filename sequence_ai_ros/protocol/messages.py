@@ -3,19 +3,12 @@
 The robot packs with :func:`pack_observation`; the worker unpacks and validates against the contract
 with :func:`unpack_observation`, which raises :class:`ContractViolation` for anything malformed
 (wrong shape or dtype, unknown or missing camera, oversized or truncated image, NaN state).
-
-Threads: a request with two or more JPEG/PNG frames has them decoded side by side, on up to
-:data:`DECODE_THREADS` ``seq-decode`` threads made at the first such request (in the worker; the robot never
-decodes).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import functools
-import os
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -246,77 +239,20 @@ class PolicyInput:
     trace_context: str = ''
 
 
-#: Most threads that decode one request's JPEG/PNG frames side by side (the worker's; made at its first such request).
-DECODE_THREADS = 4
-_decoders: concurrent.futures.ThreadPoolExecutor | None = None
-_decoders_lock = threading.Lock()
-
-
-def _decoder_pool() -> concurrent.futures.ThreadPoolExecutor | None:
-    """The ``seq-decode`` threads (made once), or None on a single core (nothing to gain)."""
-    global _decoders
-    cores = os.cpu_count() or 1
-    if cores < 2:
-        return None
-    with _decoders_lock:
-        if _decoders is None:
-            _decoders = concurrent.futures.ThreadPoolExecutor(max_workers=min(DECODE_THREADS, cores),
-                                                              thread_name_prefix='seq-decode')
-        return _decoders
-
-
-def _decode_all(images: list[pb.Image], max_pixels: int | None) -> list[np.ndarray | ContractViolation]:
-    """Each image decoded (:func:`codec.decode_image`), or its ContractViolation, in order.
-
-    Two or more JPEG/PNG frames are decoded side by side (Pillow decodes without the GIL): all but the first on
-    the ``seq-decode`` threads, the first here. Raw frames are views, decoded here.
-    """
-    encoded = [i for i, img in enumerate(images) if img.encoding != 'raw']
-    pool = _decoder_pool() if len(encoded) > 1 else None
-    futures = {i: pool.submit(codec.decode_image, images[i], max_pixels=max_pixels)
-               for i in encoded[1:]} if pool is not None else {}
-    out: list[np.ndarray | ContractViolation] = []
-    for i, img in enumerate(images):
-        try:
-            out.append(futures[i].result() if i in futures else codec.decode_image(img, max_pixels=max_pixels))
-        except ContractViolation as exc:
-            out.append(exc)
-    return out
-
-
 def _unpack_images(images: Sequence[pb.Image], contract: Contract, max_pixels: int | None,
                    what: str) -> dict[str, ImageLike]:
-    """Check each image against the contract and decode it; the first fault, in the images' order, is raised.
-
-    The header checks (camera, repeats, size) run first for every image, the decoding after (side by side for
-    several JPEG/PNG frames, :func:`_decode_all`); which fault is named is the same as checking and decoding
-    one image after another would name.
-    """
-    checked: list[tuple[str, pb.Image]] = []
-    fault: ContractViolation | None = None
-    seen: set[str] = set()
+    out: dict[str, ImageLike] = {}
     for img in images:
-        key = img.key
-        spec = contract.observation.camera(key)
+        spec = contract.observation.camera(img.key)
         if spec is None:
             known = [c.key for c in contract.observation.cameras]
-            fault = ContractViolation(f'{what}: unknown camera {clip(key)!r}; the contract names {known}')
-        elif key in seen:
-            fault = ContractViolation(f'{what}: camera {key!r} sent twice')
-        elif spec.width and spec.height and (img.width, img.height) != (spec.width, spec.height):
-            fault = ContractViolation(f'{what}: camera {key!r} is {img.width}x{img.height}, '
-                                      f'the contract says {spec.width}x{spec.height}')
-        if fault is not None:
-            break
-        seen.add(key)
-        checked.append((key, img))
-    out: dict[str, ImageLike] = {}
-    for (key, _), decoded in zip(checked, _decode_all([img for _, img in checked], max_pixels), strict=True):
-        if isinstance(decoded, ContractViolation):
-            raise decoded
-        out[key] = decoded
-    if fault is not None:
-        raise fault
+            raise ContractViolation(f'{what}: unknown camera {clip(img.key)!r}; the contract names {known}')
+        if img.key in out:
+            raise ContractViolation(f'{what}: camera {img.key!r} sent twice')
+        if spec.width and spec.height and (img.width, img.height) != (spec.width, spec.height):
+            raise ContractViolation(f'{what}: camera {img.key!r} is {img.width}x{img.height}, '
+                                    f'the contract says {spec.width}x{spec.height}')
+        out[img.key] = codec.decode_image(img, max_pixels=max_pixels)
     missing = [c.key for c in contract.observation.cameras if c.key not in out]
     if missing:
         raise ContractViolation(f'{what}: missing cameras {missing}')
