@@ -24,7 +24,7 @@ Runs in the ROS venv (it drives ``sim_robot`` and ``policy_node``); every LeRobo
 It prints success, median and p90 time to success (from the first commanded action), underruns and
 underrun_s per condition, and the inferences: requests sent per episode (``inf/ep``: the node's episode line)
 and per executed chunk (``inf/chunk``: requests over executed steps / 20), beside an ideal pipeline's per
-executed chunk (``ideal``: one request every 0.25 s - the largest round trip, the largest of the condition's
+executed chunk (``ideal``: one request every 0.25 s - the largest round trip, the median of the condition's
 per-episode p95 round trips; :func:`loop.inferences`). Targets: >= 48/50 solved at every delay (fails the
 check); median time to success at 0.8 within 1.05x the no-delay median, 0 underruns at 0.5, and inferences per
 executed chunk within 1.5x the ideal's at 0.5 and 0.8 (fail the check only when the 1-minute load average
@@ -355,7 +355,7 @@ def judge(c: Check, rows: dict[str, dict]) -> list[str]:
             continue
         why = gate(name)
         text = (f'inferences per executed chunk at {name.split("@")[1]}: {r["per_chunk"]:.2f}, ideal pipeline '
-                f'{r["ideal_per_chunk"]:.2f} (largest p95 round trip {r["largest_rtt_ms"]:.0f} ms) = '
+                f'{r["ideal_per_chunk"]:.2f} (median p95 round trip {r["largest_rtt_ms"]:.0f} ms) = '
                 f'{r["vs_ideal"]:.2f}x, target <= {INFERENCE_RATIO}x: ')
         if why:
             text += why + (' (would be met)' if r['vs_ideal'] <= INFERENCE_RATIO else ' (would miss)')

@@ -276,16 +276,17 @@ def inferences(eps: list[dict], chunk: int, chunk_s: float) -> dict:
 
     Per executed chunk: the requests sent over the chunk steps executed / ``chunk``. The ideal pipeline sends one
     request every ``chunk_s`` - (the largest round trip), over the same executed steps: ``chunk_s / (chunk_s -
-    largest)`` per executed chunk, the largest round trip being the largest of the episodes' p95 round trips
-    (their Act result's ``latency_p95_ms``; a single slow outlier is left out, which makes the ideal's count
-    lower, never higher). None where unknown (no requests counted, or a round trip of a whole chunk).
+    largest)`` per executed chunk, the largest round trip being the episodes' median p95 round trip (each
+    one's Act result ``latency_p95_ms``: an episode's largest but for its outliers, typical over the episodes;
+    a loaded machine's single slow second in one episode does not make the ideal infinite). None where unknown
+    (no requests counted, or a round trip of a whole chunk).
     """
     counted = [e for e in eps if e.get('requests', -1) >= 0]
     if not counted:
         return {'requests_per_episode': None, 'per_chunk': None, 'ideal_per_chunk': None, 'vs_ideal': None}
     executed = sum(e['actions'] for e in counted) / chunk
     per_chunk = sum(e['requests'] for e in counted) / executed if executed else None
-    largest = max(e.get('latency_p95_ms', 0.0) for e in counted) / 1000
+    largest = statistics.median(e.get('latency_p95_ms', 0.0) for e in counted) / 1000
     ideal = chunk_s / (chunk_s - largest) if largest < chunk_s else None
     return {'requests_per_episode': sum(e['requests'] for e in counted) / len(counted), 'per_chunk': per_chunk,
             'ideal_per_chunk': ideal, 'largest_rtt_ms': largest * 1000,
