@@ -405,6 +405,11 @@ def _fleet(make: Callable[[], Robot]) -> list[float]:
     return rtts
 
 
+def _ratio(ours: float, theirs: float) -> float:
+    """``ours / theirs``; NaN when ``theirs`` is not positive (a CPU time below the clock's tick)."""
+    return ours / theirs if theirs > 0 else float('nan')
+
+
 def _pct(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values) * 1e3, q))
 
@@ -467,19 +472,19 @@ def _repeat(systems: dict[str, System], quiet_wait_s: float = 0.0) -> dict[str, 
         if name in fleet:
             rows[name]['fleet_p99_ms'] = _pct(fleet[name], 99)
     base, base_jpeg = rows['openpi'], rows['openpi jpeg']
-    ratios = {'p50_raw': rows['ours']['rtt_p50_ms'] / base['rtt_p50_ms'],
-              'p50_jpeg': rows['ours jpeg']['rtt_p50_ms'] / base_jpeg['rtt_p50_ms'],
-              'p99_raw': rows['ours']['rtt_p99_ms'] / base['rtt_p99_ms'],
-              'fleet_p99': rows['ours']['fleet_p99_ms'] / base['fleet_p99_ms'],
-              'client_cpu': rows['ours']['client_cpu_ms'] / base['client_cpu_ms'],
-              'server_cpu': rows['ours']['server_cpu_ms'] / base['server_cpu_ms'],
-              'none_p50_raw': rows['ours (none)']['rtt_p50_ms'] / base['rtt_p50_ms'],
-              'none_p50_jpeg': rows['ours (none) jpeg']['rtt_p50_ms'] / base_jpeg['rtt_p50_ms'],
-              'floor_stream_p50': rows['floor (stream)']['rtt_p50_ms'] / base['rtt_p50_ms'],
-              'floor_unary_p50': rows['floor (unary)']['rtt_p50_ms'] / base['rtt_p50_ms'],
-              'floor_stream_client_cpu': rows['floor (stream)']['client_cpu_ms'] / base['client_cpu_ms'],
-              'floor_unary_client_cpu': rows['floor (unary)']['client_cpu_ms'] / base['client_cpu_ms'],
-              'floor_stream_server_cpu': rows['floor (stream)']['server_cpu_ms'] / base['server_cpu_ms']}
+    ratios = {'p50_raw': _ratio(rows['ours']['rtt_p50_ms'], base['rtt_p50_ms']),
+              'p50_jpeg': _ratio(rows['ours jpeg']['rtt_p50_ms'], base_jpeg['rtt_p50_ms']),
+              'p99_raw': _ratio(rows['ours']['rtt_p99_ms'], base['rtt_p99_ms']),
+              'fleet_p99': _ratio(rows['ours']['fleet_p99_ms'], base['fleet_p99_ms']),
+              'client_cpu': _ratio(rows['ours']['client_cpu_ms'], base['client_cpu_ms']),
+              'server_cpu': _ratio(rows['ours']['server_cpu_ms'], base['server_cpu_ms']),
+              'none_p50_raw': _ratio(rows['ours (none)']['rtt_p50_ms'], base['rtt_p50_ms']),
+              'none_p50_jpeg': _ratio(rows['ours (none) jpeg']['rtt_p50_ms'], base_jpeg['rtt_p50_ms']),
+              'floor_stream_p50': _ratio(rows['floor (stream)']['rtt_p50_ms'], base['rtt_p50_ms']),
+              'floor_unary_p50': _ratio(rows['floor (unary)']['rtt_p50_ms'], base['rtt_p50_ms']),
+              'floor_stream_client_cpu': _ratio(rows['floor (stream)']['client_cpu_ms'], base['client_cpu_ms']),
+              'floor_unary_client_cpu': _ratio(rows['floor (unary)']['client_cpu_ms'], base['client_cpu_ms']),
+              'floor_stream_server_cpu': _ratio(rows['floor (stream)']['server_cpu_ms'], base['server_cpu_ms'])}
     return {'load_before': round(load_before, 2), 'load_after': round(os.getloadavg()[0], 2), 'rows': rows,
             'ratios': ratios}
 
