@@ -100,7 +100,8 @@ ALIGN = 64
 MAX_HELD = 16
 #: The dtype kinds whose arrays travel in a segment (others, e.g. object arrays, are pickled in the header).
 _SHARED_KINDS = frozenset('biufcmMSU')
-_FD_SPACE = socket.CMSG_SPACE(4 * array.array('i').itemsize)
+#: Room for the fds of one write: a write of calls pipelined may carry a new segment for each.
+_FD_SPACE = socket.CMSG_SPACE(64 * array.array('i').itemsize)
 LOG = logging.getLogger('sequence_ai_ros.worker.policy_host')
 #: Set in a deployment process to the worker's pid.
 DEPLOYMENT_PROCESS_ENV = 'SEQ_DEPLOYMENT_PROCESS'
@@ -162,6 +163,24 @@ class Channel:
         sent = self.sock.sendmsg(msg, anc)
         total = sum(len(p) for p in msg)
         if sent < total:     # a full socket buffer or a signal: the rest (the fds went with the first bytes)
+            self.sock.sendall(memoryview(b''.join(msg))[sent:])
+
+    def send_frames(self, frames: Sequence[tuple[int, Sequence[bytes | memoryview]]], fds: Sequence[int] = ()) -> None:
+        """Send several frames, ``(sequence number, parts)`` each, in one ``sendmsg``; ``fds`` ride with the first.
+
+        The reader takes fds in the order sent, each by the frame that says it has one (a later frame's fd may come
+        with an earlier frame's bytes, never after its own).
+
+        :raises OSError: when the peer is gone.
+        """
+        msg: list[bytes | memoryview] = []
+        for seq, parts in frames:
+            msg.append(_FRAME.pack(sum(len(p) for p in parts), seq))
+            msg.extend(parts)
+        anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array('i', fds))] if fds else []
+        sent = self.sock.sendmsg(msg, anc)
+        total = sum(len(p) for p in msg)
+        if sent < total:
             self.sock.sendall(memoryview(b''.join(msg))[sent:])
 
     def recv(self, seq: int | None = None, more: bool = False) -> tuple[memoryview, list[int]]:

@@ -57,12 +57,12 @@ class _Job:
                  'cancelled')
 
     def __init__(self, key: str | None, fn: Callable[[], Any], payload: Any = None,
-                 ended: Callable[[], bool] | None = None) -> None:
+                 ended: Callable[[], bool] | None = None, future: Future | None = None) -> None:
         self.key = key
         self.fn = fn
         self.payload = payload
         self.ended = ended
-        self.future: Future = Future()
+        self.future: Future = Future() if future is None else future
         self.submitted = time.monotonic()
         self.queue_wait_s = 0.0
         self.started: float | None = None
@@ -274,8 +274,7 @@ class InferenceScheduler:
             if (self._current or self._jobs or self._control or len(self._borrowed) >= self.pipeline_depth
                     or self._wedged is not None or self._stop.is_set() or key in self._pending_keys):
                 return None
-            job = _Job(key, _borrowed_fn)
-            job.future = LoopFuture()
+            job = _Job(key, _borrowed_fn, future=LoopFuture())
             job.started = job.submitted
             self._pending_keys.add(key)
             self._borrowed.append(job)
