@@ -48,7 +48,7 @@ help:
 	@echo "make test-under-load  make test beside two CPU-bound processes (RUNS=3 for three runs)"
 	@echo "make docs    serve the documentation site on 127.0.0.1:8000 (mkdocs serve)"
 	@echo "make bench   benchmarks (latency, underrun curve, pipelining, wire vs openpi, tick jitter, export, task success)"
-	@echo "make bench-scale  128 robots at 10 req/s on one worker, 3 runs of 30 s, load average beside each (ROBOTS=, ISOLATION=)"
+	@echo "make bench-scale  128 robots at 10 req/s on one worker, both isolations interleaved, 3 runs of 30 s, load and CPU beside each (ROBOTS=, ISOLATION=)"
 	@echo "make check-export  load the demo's export in LeRobot's own v2.1 loader (own, large venv)"
 	@echo "make haproxy install Debian's HAProxy for the fleet (seq fleet, test_fleet.py) when root"
 	@echo "make prometheus install Debian's Prometheus for the autoscaler queries (test_fleet_autoscale.py) when root"
@@ -222,8 +222,8 @@ demo: $(STAMP_BUILD)
 bench: $(STAMP_BUILD) $(STAMP_BENCH)
 	$(ENV) && python -m sequence_ai_ros.bench
 
-# Robots per worker as the README states it: 128 robots at 10 req/s, 0 ms policy, 30 s, 3 runs, each after the load average falls below 0.5 (~5 min).
-# ROBOTS and ISOLATION (the worker's --isolation) choose the count and the mode.
+# Robots per worker as the README states it: 128 robots at 10 req/s, 0 ms policy, 30 s, 3 runs, --isolation process (the default) and
+# none interleaved, each run after the load average falls below 0.5 (~10 min). ROBOTS chooses the count; ISOLATION=process or none one mode.
 bench-scale: ROBOTS ?= 128
 bench-scale: $(STAMP_BUILD)
 	$(ENV) && python -m sequence_ai_ros.bench.bench_scale --robots $(ROBOTS) --seconds 30 --runs 3 $(if $(ISOLATION),--isolation $(ISOLATION))
