@@ -11,7 +11,7 @@ Operators already scrape Triton, vLLM and Ray Serve this way. Every series is la
 ``seq_time_to_first_chunk_seconds{deployment}``  histogram  from EpisodeStart to the episode's first chunk (s)
 ``seq_inference_seconds{deployment}``       histogram  duration of each policy call (a batch counts once)
 ``seq_batch_size{deployment}``              histogram  requests per policy call (1 without batching)
-``seq_queue_depth{deployment}``             gauge      requests waiting for the inference thread
+``seq_queue_depth{deployment}``             gauge      requests waiting for their turn (queued or pipelined)
 ``seq_active_episodes{deployment}``         gauge      episodes in progress
 ``seq_open_streams{deployment}``            gauge      Episode streams open
 ``seq_streams_refused_total{reason}``       counter    streams refused: ``max_streams``, ``anonymous``,

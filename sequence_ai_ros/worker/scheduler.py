@@ -126,9 +126,9 @@ class InferenceScheduler:
 
     @property
     def queue_depth(self) -> int:
-        """Requests waiting for the inference thread (not counting the running call)."""
+        """Requests waiting for their turn: queued, and pipelined to a deployment process behind the running call."""
         with self._lock:
-            return len(self._jobs)
+            return self._waiting()
 
     @property
     def pipelined(self) -> int:
@@ -174,8 +174,9 @@ class InferenceScheduler:
                 raise Overloaded(f'deployment {self.name!r} is shutting down')
             if key in self._pending_keys:
                 raise EpisodeStateError(f'episode {key!r} already has a request in flight; wait for its chunk')
-            if len(self._jobs) >= self.max_pending:
-                raise Overloaded(f'deployment {self.name!r}: {len(self._jobs)} requests already queued '
+            waiting = self._waiting()
+            if waiting >= self.max_pending:
+                raise Overloaded(f'deployment {self.name!r}: {waiting} requests already queued '
                                  f'(max {self.max_pending}); retry later')
             self._pending_keys.add(key)
             self._jobs.append(job)
@@ -272,6 +273,7 @@ class InferenceScheduler:
         """
         with self._lock:
             if (self._current or self._jobs or self._control or len(self._borrowed) >= self.pipeline_depth
+                    or len(self._borrowed) > self.max_pending
                     or self._wedged is not None or self._stop.is_set() or key in self._pending_keys):
                 return None
             job = _Job(key, _borrowed_fn, future=LoopFuture())
@@ -300,6 +302,7 @@ class InferenceScheduler:
                 now = time.monotonic()
                 nxt = self._borrowed[0]
                 nxt.started = now if nxt.started is None else max(nxt.started, now)
+                nxt.queue_wait_s = max(nxt.queue_wait_s, now - nxt.submitted)   # it waited in the pipeline
             self._pending_keys.discard(job.key)
             if dropped:
                 self._dropped_at_end += 1
@@ -317,6 +320,10 @@ class InferenceScheduler:
             except Exception as exc:
                 LOG.warning('on_batch of %s failed: %s', self.name, exc)
         self._start_pumped(pumped)
+
+    def _waiting(self) -> int:
+        """Under the lock: requests waiting for their turn: queued, and pipelined behind the one running."""
+        return len(self._jobs) + max(0, len(self._borrowed) - 1)
 
     def _wake_thread(self) -> None:
         """Under the lock: wake the thread when it has something to do (a wake-up per pipelined answer costs)."""

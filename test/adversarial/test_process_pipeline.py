@@ -105,7 +105,8 @@ def test_several_requests_are_in_flight_at_once_and_each_answer_goes_to_its_epis
     for k in range(1, 5):                  # sent behind it, while the process is busy with the first
         robots[k].send(observation=req(1, 100 + k, log=str(log)))
         wait_for(lambda k=k: runtime.scheduler.pipelined == k + 1, WAIT_S, f'request {k + 1} in flight')
-    assert runtime.scheduler.pipelined == 5 and runtime.scheduler.queue_depth == 0   # in flight, none queued
+    # all five in flight to the process; the four behind the running one wait their turn (seq_queue_depth)
+    assert runtime.scheduler.pipelined == 5 and runtime.scheduler.queue_depth == 4
     assert begun(log) == [('robot-0', 100)]                  # sent, and not started: one call at a time there
     gate.touch()
     assert [first(robot.recv()) for robot in robots] == [(100 + k, 1) for k in range(5)]
@@ -197,4 +198,33 @@ def test_a_crash_under_a_full_pipeline_fails_each_request_in_flight_typed_and_no
             assert stream.end().HasField('ended')
     finally:
         ch.close()
+        server.stop(grace=0.5)
+
+
+
+def test_requests_waiting_in_the_pipeline_count_against_max_pending(tmp_path):
+    """A request pipelined behind the running one waits as a queued one does: max_pending bounds both."""
+    server = serve_policy_file(write_policy(tmp_path, 'gated'), deployment='gated', host='127.0.0.1', port=0,
+                               isolation='process', inference_timeout_s=120.0, idle_timeout_s=120, max_pending=2)
+    gate, log = tmp_path / 'gate', tmp_path / 'log'
+    try:
+        with channel(server.port) as ch:
+            stub = pb_grpc.PolicyServiceStub(ch)
+            assert wait_ready(stub, 'gated', timeout=WAIT_S).ready
+            runtime = server.runtimes['gated']
+            robots = _open(stub, 'gated', [f'robot-{k}' for k in range(4)])
+            robots[0].send(observation=req(1, 100, gate=str(gate), log=str(log)))
+            wait_for(lambda: begun(log) == [('robot-0', 100)], WAIT_S, 'the first inference held at the gate')
+            for k in (1, 2):           # two wait their turn behind it: max_pending reached
+                robots[k].send(observation=req(1, 100 + k, log=str(log)))
+                wait_for(lambda k=k: runtime.scheduler.queue_depth == k, WAIT_S, f'request {k + 1} waiting')
+            refused = robots[3].ask(req(1, 103, log=str(log)))
+            assert refused.error.code == pb.OVERLOADED and 'max 2' in refused.error.message, refused
+            gate.touch()
+            assert [first(robots[k].recv())[0] for k in range(3)] == [100.0, 101.0, 102.0]
+            assert first(robots[3].ask(req(2, 104, log=str(log))))[0] == 104.0   # served once there is room
+            assert begun(log) == [('robot-0', 100), ('robot-1', 101), ('robot-2', 102), ('robot-3', 104)]
+            for r in robots:
+                r.end()
+    finally:
         server.stop(grace=0.5)
