@@ -37,7 +37,7 @@ DATASET ?= ../shared/data/g1_pick_bottle_v21
 export DATASET
 
 .PHONY: help setup build test test-fast test-properties test-jazzy test-under-load lint demo bench bench-scale docs check-export check-lerobot \
-	check-sim flywheel train-image-act rtc-sim params-yaml clean haproxy prometheus egl
+	check-sim bench-peers flywheel train-image-act rtc-sim params-yaml clean haproxy prometheus egl
 
 help:
 	@echo "make demo    run the main job end to end (set-up included)"
@@ -55,6 +55,7 @@ help:
 	@echo "make egl     install Debian's EGL (libegl1, libgl1-mesa-dri) for the simulated robot's cameras when root"
 	@echo "make check-lerobot ACT and diffusion trained by LeRobot 0.6, a tiny SmolVLA with RTC; served, closed loop (own venv)"
 	@echo "make check-sim  drawer-open solved by a LeRobot ACT through policy_node + seq serve under link delay"
+	@echo "make bench-peers  drawer-open side by side: this project, openpi-client, LeRobot async; same ACT, seeds, delay proxy (not in CI)"
 	@echo "make train-image-act  the image ACT (64 px camera) check-sim serves when cached (~30-47 min, not in CI)"
 	@echo "make flywheel   push-v3: served episodes captured, labelled, exported, fine-tuned; success before/after"
 	@echo "make rtc-sim    drawer-open by a small SmolVLA served with RTC on and off, compute-bound (~20 min, not in CI)"
@@ -276,6 +277,19 @@ check-sim: $(STAMP_BUILD)
 	echo "check-sim: venv $$venv ($$(( $$(date +%s) - start )) s so far)"; \
 	$(ENV) && python test/sim_check/check_sim.py --venv "$$venv" --cache "$(LEROBOT_CACHE)" $(CHECK_SIM_ARGS); \
 	echo "check-sim: total $$(( $$(date +%s) - start )) s (venv included)"
+
+# The task benchmark side by side with the peers (not in CI, not in make test): check-sim's ACT (trained when absent,
+# as check-sim does), 20 held-out seeds, the same delay proxy at 0, 0.5 and 0.8 chunk and a compute-bound condition,
+# for this project, openpi-client's ActionChunkBroker and LeRobot's async RobotClient/PolicyServer, each peer at its
+# defaults and one tuned setting (test/sim_check/peers.py). Measured: 21.7 min on 2 cores at load 2-11 (caches warm;
+# the peers' client packages add ~10 s cold, training the ACT when absent ~8-11 min). PEERS_ARGS=... passes more.
+bench-peers: $(STAMP_BUILD)
+	@py="$(LEROBOT_PYTHON)"; \
+	if [ -z "$$py" ] || ! "$$py" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then \
+	  echo "bench-peers: SKIPPED: LeRobot >= 0.5 needs Python >= 3.12 and none was found (LEROBOT_PYTHON='$$py')"; \
+	  exit 0; fi; \
+	venv=$$(bash test/lerobot_check/ensure_venv.sh "$$py" requirements-lerobot.txt "$(LEROBOT_CACHE)" | tail -n 1); \
+	$(ENV) && python test/sim_check/peers.py --venv "$$venv" --cache "$(LEROBOT_CACHE)" $(PEERS_ARGS)
 
 # The image ACT (state and a 64 px corner camera, pretrained_backbone_weights=None) on drawer-open demos with
 # images, by lerobot-train (~30-47 min on one thread: not in CI), cached as the state ACT is; check-sim then adds
