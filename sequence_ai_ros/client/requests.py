@@ -203,9 +203,8 @@ class RequestSchedule:
         if not self.latency.samples() and (cold is None or cold >= self.contract.chunk_length * dt):
             return False
         newest = max(p.sent for p in self.in_flight.values())
-        # at most one per tick: half a period, so that ticks that jitter (or float sums of periods) still send
-        spacing = max(0.5 * period, 1.2 * percentile(list(self._serve_s), 50))
-        return self._clock() - newest >= spacing
+        spacing = max(period, 1.2 * percentile(list(self._serve_s), 50))
+        return self._clock() - newest >= spacing - 1e-6     # 1 us: ticks a float sum of periods apart still send
 
 
 __all__ = ['RequestSchedule']
