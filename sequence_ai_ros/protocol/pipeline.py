@@ -26,11 +26,18 @@ KEEP = 32
 
 
 class TailSplicer:
-    """One episode's answered chunks, to complete later requests' tails. Not thread-safe (one stream)."""
+    """One episode's answered chunks, to complete later requests' tails. Not thread-safe (one stream).
+
+    Per request it costs little when nothing is to splice (a robot with one request in flight): a chunk is
+    decoded from its message only when a later request needs its rows, and a request whose tail is newer
+    than every answered chunk returns at once.
+    """
 
     def __init__(self, keep: int = KEEP) -> None:
-        self._chunks: collections.OrderedDict[int, tuple[float, float, np.ndarray]] = collections.OrderedDict()
+        #: request id -> [origin step, start step, the chunk's actions: its Tensor until first used, then the array]
+        self._chunks: collections.OrderedDict[int, list] = collections.OrderedDict()
         self._keep = keep
+        self._newest = -1       # the largest request id recorded
 
     def complete(self, req: pb.ObservationRequest, action_dim: int) -> None:
         """Overwrite ``req.chunk_tail`` in place with the rows of chunks newer than ``req.tail_request_id``.
@@ -41,7 +48,11 @@ class TailSplicer:
         """
         if not req.splice_tail:
             return
-        newer = [c for rid, c in self._chunks.items() if req.tail_request_id < rid < req.request_id]
+        since = req.tail_request_id
+        if self._newest <= since:       # no answer newer than the robot's tail
+            return
+        rid = req.request_id
+        newer = [_decoded(c) for k, c in self._chunks.items() if since < k < rid]
         if not newer:
             return
         tail = (codec.from_tensor(req.chunk_tail, what='chunk_tail', dtype='float32', ndim=2)
@@ -62,11 +73,19 @@ class TailSplicer:
         """Remember the answer to a spliced request (its rows, origin and start step)."""
         if not req.splice_tail:
             return
-        actions = codec.from_tensor(chunk.actions, what='chunk', dtype='float32', ndim=2)
-        self._chunks[req.request_id] = (req.observation_step, req.observation_step + req.expected_delay_actions,
-                                        actions)
+        rid, origin = req.request_id, req.observation_step
+        self._chunks[rid] = [origin, origin + req.expected_delay_actions, chunk.actions]
+        self._newest = max(self._newest, rid)
         while len(self._chunks) > self._keep:
             self._chunks.popitem(last=False)
+
+
+def _decoded(entry: list) -> tuple[float, float, np.ndarray]:
+    """A recorded chunk as ``(origin, start, actions)``, its actions decoded (once) from its Tensor."""
+    actions = entry[2]
+    if not isinstance(actions, np.ndarray):
+        actions = entry[2] = codec.from_tensor(actions, what='chunk', dtype='float32', ndim=2)
+    return entry[0], entry[1], actions
 
 
 def _overlay(tail: np.ndarray, chunks: list[tuple[int, np.ndarray]]) -> np.ndarray | None:
