@@ -348,10 +348,17 @@ class CallLoader(pickle.Unpickler):
         self._build = _array_builder(whole, copy)
 
     def find_class(self, module: str, name: str) -> Any:
-        """The segment's array builder for :func:`_shared_array`; any other name as pickle finds it."""
+        """The segment's array builder for :func:`_shared_array`; any other name as pickle finds it (once).
+
+        A call names the same few classes each time (its input's dataclasses, numpy's): pickle's own lookup
+        (an audit hook, the module's import check, a dotted getattr) runs once per name per process.
+        """
         if name == '_shared_array' and module == __name__:
             return self._build
-        return super().find_class(module, name)
+        found = _FOUND.get((module, name))
+        if found is None:
+            found = _FOUND[(module, name)] = super().find_class(module, name)
+        return found
 
 
 def _array_builder(whole: np.ndarray | None, copy: bool) -> Any:
@@ -373,6 +380,8 @@ def _array_builder(whole: np.ndarray | None, copy: bool) -> Any:
 
 
 _DTYPES: dict[str, np.dtype] = {}
+#: What :meth:`CallLoader.find_class` found, by ``(module, name)``: a deployment process's calls name the same few.
+_FOUND: dict[tuple[str, str], Any] = {}
 
 
 class Segments:
