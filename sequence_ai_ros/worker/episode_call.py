@@ -118,20 +118,77 @@ async def _quick_wait(future: concurrent.futures.Future, wait_s: float = QUICK_W
     return _Failed(exc) if exc is not None else future.result()
 
 
+class _Deadline:
+    """A deadline on the event loop that costs no timer to move: ``fire()`` runs once the latest one set passes.
+
+    A timer per wait (``call_later`` and its ``cancel``: a handle, a heap push, a cancelled entry the loop
+    sweeps) cost every request two of them (the inbox's wait and the inference's slice). Here one timer stays
+    armed across waits: when it fires before the deadline set since, it is re-armed for that (about once per
+    deadline's length, not once per request). Loop thread only.
+
+    :param loop: the event loop.
+    :param fire: called (loop thread) when the deadline set last passes, unless cleared or moved since.
+    """
+
+    __slots__ = ('_armed', '_fire', '_loop', '_timer', '_when')
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fire: Callable[[], None]) -> None:
+        self._loop = loop
+        self._fire = fire
+        self._when: float | None = None     # the deadline (loop time, s), or None: nothing due
+        self._timer: asyncio.TimerHandle | None = None
+        self._armed = 0.0                   # when the timer fires (loop time, s)
+
+    def set(self, delay: float) -> None:
+        """Fire ``delay`` seconds from now (replacing the deadline set before)."""
+        when = self._loop.time() + max(0.0, delay)
+        self._when = when
+        if self._timer is None or self._armed > when:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._armed = when
+            self._timer = self._loop.call_at(when, self._due)
+
+    def clear(self) -> None:
+        """Nothing is due (the timer, if armed, fires and finds nothing)."""
+        self._when = None
+
+    def close(self) -> None:
+        """Nothing is due and the timer goes (the stream ended: nothing holds it alive any more)."""
+        self._when = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _due(self) -> None:
+        self._timer = None
+        when = self._when
+        if when is None:
+            return
+        if when <= self._armed:
+            self._when = None
+            self._fire()
+        else:          # moved since the timer was armed: wait for the new deadline
+            self._armed = when
+            self._timer = self._loop.call_at(when, self._due)
+
+
 class _Inbox:
     """The stream's incoming messages in order, for one consumer on the event loop.
 
     Cheaper per message than ``asyncio.Queue`` + ``wait_for`` (a task, a getter future and a timer per
     wait, and two more loop passes before the consumer runs): a message that finds the consumer waiting is
-    handed to its future directly; otherwise it waits in a deque. Loop thread only (``put`` included).
+    handed to its future directly; otherwise it waits in a deque. The wait's timeout is a :class:`_Deadline`,
+    not a timer per wait. Loop thread only (``put`` included).
     """
 
-    __slots__ = ('_items', '_loop', '_waiter')
+    __slots__ = ('_deadline', '_items', '_loop', '_waiter')
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._items: collections.deque = collections.deque()
         self._loop = loop
         self._waiter: asyncio.Future | None = None
+        self._deadline = _Deadline(loop, self._expire)
 
     def put(self, item: Any) -> None:
         """Queue ``item`` (or hand it to the waiting consumer)."""
@@ -150,18 +207,22 @@ class _Inbox:
         if self._items:
             return self._items.popleft()
         waiter = self._waiter = self._loop.create_future()
-        timer = self._loop.call_later(max(0.0, timeout), _expire, waiter)
+        self._deadline.set(timeout)
         try:
             return await waiter
         finally:
-            timer.cancel()
+            self._deadline.clear()
             if self._waiter is waiter:
                 self._waiter = None
 
+    def close(self) -> None:
+        """The stream ended: its wait's timer goes."""
+        self._deadline.close()
 
-def _expire(waiter: asyncio.Future) -> None:
-    if not waiter.done():
-        waiter.set_exception(asyncio.TimeoutError())
+    def _expire(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(asyncio.TimeoutError())
 
 
 #: An Episode request as the stream hands it over: (message, size on the wire in bytes), or a bare message.
@@ -249,6 +310,7 @@ class EpisodeCallHandler:
         self._end_seen = asyncio.Event()   # the robot's EpisodeEnd has arrived (it may still wait in the inbox)
         self._end_dropped = 0              # queued requests the scheduler dropped when it arrived
         self._waiter: asyncio.Future | None = None   # what _await_inference sleeps on (loop thread)
+        self._slice = _Deadline(self._loop, self._wake)   # the end of _await_inference's wait slice
         self._cut = 'shutdown'             # the reason of a cut by the worker (shutdown, drain_timeout, rollout)
         self._started_at: float | None = None   # when EpisodeStart came (monotonic s): time to first chunk
         self._underruns = UnderrunWatch(runtime.contract.dt)  # underruns in this episode's telemetry, live
@@ -391,6 +453,8 @@ class EpisodeCallHandler:
                     yield _error(EpisodeStateError('empty EpisodeRequest (no start/observation/telemetry/end)'))
         finally:
             reader.cancel()
+            self._inbox.close()
+            self._slice.close()
             self.on_done()
 
     async def _linger(self, linger_s: float = LINGER_S) -> None:
@@ -464,7 +528,7 @@ class EpisodeCallHandler:
             inp.trace_context = self._trace.current
         future = runtime.submit(active, req, inp)
         quick = QUICK_WAIT_ISOLATED_S if runtime.isolated or isinstance(future, LoopFuture) else QUICK_WAIT_S
-        result = await _quick_wait(future, quick)
+        result = await _quick_wait(future, quick) if quick > 0 or future.done() else _PENDING
         if self._end_seen.is_set():   # it came during the quick wait: whatever the result, it is not sent
             raise _EndArrived(started=not self._end_dropped, counted=bool(self._end_dropped))
         if result is _PENDING:
@@ -481,8 +545,8 @@ class EpisodeCallHandler:
 
         One loop future per slice, woken by whichever comes first: the future's done callback (from the inference
         thread: one ``call_soon_threadsafe``; on the loop itself, a future the loop settles: a direct wake-up), the
-        episode's end (:meth:`_end_arrived`) or the slice's timer. No task per request, no self-pipe write
-        beyond the one wake-up from another thread.
+        episode's end (:meth:`_end_arrived`) or the slice's end (a :class:`_Deadline`: no timer per request). No
+        task per request, no self-pipe write beyond the one wake-up from another thread.
         """
         runtime = self.runtime
         loop = self._loop
@@ -509,11 +573,11 @@ class EpisodeCallHandler:
                     runtime.on_failure(exc)
                     raise
             self._waiter = waiter = loop.create_future()
-            timer = loop.call_later(runtime.wait_slice_s, self._wake)
+            self._slice.set(runtime.wait_slice_s)
             try:
                 await waiter
             finally:
-                timer.cancel()
+                self._slice.clear()
                 self._waiter = None
             if not (future.done() or self._end_seen.is_set()):
                 runtime.check_wait(active, req)
@@ -543,8 +607,12 @@ class EpisodeCallHandler:
         chunk = None
         try:
             self._splicer.complete(req, self.runtime.definition.contract.action_dim)   # pipelined requests
-            with active.live.serving():   # the admin API's in_flight
+            live = active.live            # the admin API's in_flight (as live.serving(), without a generator)
+            live.in_flight += 1
+            try:
                 chunk = await self._infer(active, req, nbytes)
+            finally:
+                live.in_flight -= 1
             self._splicer.record(req, chunk)
             reply = pb.EpisodeReply(chunk=chunk)
         except _EndArrived as cut:
