@@ -281,7 +281,7 @@ check-sim: $(STAMP_BUILD)
 # The task benchmark side by side with the peers (not in CI, not in make test): check-sim's ACT (trained when absent,
 # as check-sim does), 20 held-out seeds, the same delay proxy at 0, 0.5 and 0.8 chunk and a compute-bound condition,
 # for this project, openpi-client's ActionChunkBroker and LeRobot's async RobotClient/PolicyServer, each peer at its
-# defaults and one tuned setting (test/sim_check/peers.py). Measured: 21.7 min on 2 cores at load 2-11 (caches warm;
+# defaults and one tuned setting (test/sim_check/peers.py). Measured: 20.3 min on 2 cores at load 0.5-4 (caches warm;
 # the peers' client packages add ~10 s cold, training the ACT when absent ~8-11 min). PEERS_ARGS=... passes more.
 bench-peers: $(STAMP_BUILD)
 	@py="$(LEROBOT_PYTHON)"; \
