@@ -100,8 +100,10 @@ ALIGN = 64
 MAX_HELD = 16
 #: The dtype kinds whose arrays travel in a segment (others, e.g. object arrays, are pickled in the header).
 _SHARED_KINDS = frozenset('biufcmMSU')
-#: Room for the fds of one write: a write of calls pipelined may carry a new segment for each.
-_FD_SPACE = socket.CMSG_SPACE(64 * array.array('i').itemsize)
+#: Most fds one read takes: a write of calls pipelined carries at most a new segment's fd for each of
+#: :data:`PIPELINE_DEPTH` calls, and a read takes the fds of one write at most (the kernel ends a read there).
+FDS_PER_READ = 4 * PIPELINE_DEPTH
+_FD_SPACE = socket.CMSG_SPACE(FDS_PER_READ * array.array('i').itemsize)
 LOG = logging.getLogger('sequence_ai_ros.worker.policy_host')
 #: Set in a deployment process to the worker's pid.
 DEPLOYMENT_PROCESS_ENV = 'SEQ_DEPLOYMENT_PROCESS'
@@ -227,12 +229,16 @@ class Channel:
             self._at, self._got = 0, rest
         if self._got == len(self._buf):
             self._grow(2 * len(self._buf))
-        k, anc, _, _ = self.sock.recvmsg_into([memoryview(self._buf)[self._got:]], _FD_SPACE, flags)
+        k, anc, msg_flags, _ = self.sock.recvmsg_into([memoryview(self._buf)[self._got:]], _FD_SPACE, flags)
         if anc:
             if self.take_fds:
                 self.fds.extend(_fds(anc))
             else:
                 _close_fds(_fds(anc))
+        if msg_flags & socket.MSG_CTRUNC and self.take_fds:
+            # the kernel closed fds that found no room: a later call would map another call's segment, or none
+            # ('pop from an empty deque'), so the channel is done for
+            raise ProtocolError(f'file descriptors were lost: one write carried more than {FDS_PER_READ}')
         if not k:
             raise EOFError('the peer closed the connection')
         self._got += k
@@ -769,7 +775,10 @@ def serve(sock: socket.socket, flags: mmap.mmap | None = None) -> None:
     while True:
         try:
             payload, more_fds = channel.recv(more=True)
-        except (EOFError, OSError, ProtocolError):
+        except ProtocolError as exc:      # the worker's log gets it (stderr): its calls fail as the process ends
+            LOG.error('the deployment process stops: what came from the worker is no call: %s', exc)
+            return
+        except (EOFError, OSError):
             return
         fds.extend(more_fds)
         answer.due(channel.seq)

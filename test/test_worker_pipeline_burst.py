@@ -1,0 +1,106 @@
+"""A burst of inferences pipelined to a real deployment process, each on a new shared-memory segment.
+
+The calls started behind the first go in one write with one ``memfd`` per call (``SCM_RIGHTS``); the process
+must take every fd (a read with room for 4 lost the rest, and each later call answered ``IndexError: pop from an
+empty deque`` or read another call's segment). Every answer is checked against its own input's values, with a
+call cancelled in the middle and a thread's call after the burst, so a segment mixed up shows as a wrong value.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import textwrap
+
+import numpy as np
+import pytest
+
+from sequence_ai_ros.worker import policy_host as wire
+from sequence_ai_ros.worker.policy_process import describe_policy_file
+
+SUM = textwrap.dedent('''
+    import numpy as np
+    import sequence_ai_ros.policy as seq
+
+    @seq.policy(action_space='joint_absolute', action_names=['a', 'b'], dt=0.1, chunk_length=2,
+                observation=seq.ObservationContract(state_names=['a', 'b']))
+    class Sum:
+        """Answers (sum, size) of the array it is given."""
+
+        def infer(self, inp, episode):
+            return np.array([[float(inp.sum()), float(inp.size)]] * 2)
+''')
+
+
+@pytest.fixture
+def policy(tmp_path):
+    path = tmp_path / 'sum.py'
+    path.write_text(SUM)
+    remote = describe_policy_file(path, 'sum', 60).instantiate()
+    try:
+        remote.load()
+        yield remote
+    finally:
+        remote.close()
+
+
+def _burst(policy, loop, rounds: int, cancel_at: int) -> list[tuple[str, object, np.ndarray]]:
+    """``rounds`` bursts of PIPELINE_DEPTH calls started in one pass of the loop, each larger than the last."""
+    async def run() -> list[tuple[str, object, np.ndarray]]:
+        out = []
+        size = 1 << 20
+        for r in range(rounds):
+            started = []
+            for k in range(wire.PIPELINE_DEPTH):
+                size += 8192                                # never fits a free segment: a new one (and fd) each
+                arr = np.full(size, (r * 31 + k) % 251 + 1, np.uint8)
+                fut = loop.create_future()
+                cancel = policy.process.start(loop, lambda s, v, f=fut: f.set_result((s, v)), 'infer', arr,
+                                              ('e', '', 'sum'), step='inferring')
+                assert cancel is not None, k
+                if k == cancel_at:
+                    cancel()
+                started.append((fut, arr))
+            for fut, arr in started:
+                status, value = await asyncio.wait_for(fut, 60)
+                out.append((status, value, arr))
+        return out
+
+    return loop.run_until_complete(run())
+
+
+def test_a_burst_of_pipelined_calls_each_with_a_new_segment_gets_its_own_answers(policy):
+    loop = asyncio.new_event_loop()
+    try:
+        answers = _burst(policy, loop, rounds=2, cancel_at=7)
+    finally:
+        loop.close()
+    assert len(answers) == 2 * wire.PIPELINE_DEPTH
+    for k, (status, value, arr) in enumerate(answers):
+        if status == 'dropped':                             # the cancelled one, if its turn had not come
+            assert k % wire.PIPELINE_DEPTH == 7 and value is None
+            continue
+        assert status == 'ok', (k, status, value)
+        assert (value[0][0], value[0][1]) == (float(arr.astype(np.int64).sum()), float(arr.size)), k
+    arr = np.arange(1000, dtype=np.float32)                 # a thread's call after the bursts: its own segment too
+    assert policy.process.call('infer', arr, ('t', '', 'sum'))[0][0] == float(arr.sum())
+    assert policy.alive()
+
+
+def test_a_read_that_loses_file_descriptors_fails_the_channel_not_a_later_call():
+    ours, theirs = socket.socketpair()
+    pipes = [os.pipe() for _ in range(wire.FDS_PER_READ + 1)]
+    channel = wire.Channel(ours)
+    try:
+        wire.Channel(theirs).send([b'x'], [r for r, _ in pipes], seq=1)     # one fd more than a read has room for
+        with pytest.raises(wire.ProtocolError, match='file descriptors were lost'):
+            channel.recv(1)
+    finally:
+        for fd in channel.fds:                              # those the read had room for
+            os.close(fd)
+        ours.close()
+        theirs.close()
+        for fds in pipes:
+            for fd in fds:
+                os.close(fd)
