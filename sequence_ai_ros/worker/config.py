@@ -100,7 +100,8 @@ class ServerConfig:
         a new stream for its next episode.
     :param warm: load every policy at start instead of at the first client.
     :param max_streams: most Episode streams open at once; one more gets OVERLOADED at once.
-    :param max_pending: per deployment, requests that may wait for inference before OVERLOADED.
+    :param max_pending: per deployment, requests that may wait for their turn at inference (queued, or pipelined
+        to its deployment process) before OVERLOADED.
     :param inference_timeout_s: deadline of one inference (s); past it the request gets POLICY_EXCEPTION
         and the deployment is marked failed.
     :param load_timeout_s: deadline of a policy's construct + ``load()`` (s); past it the deployment is failed.
@@ -167,8 +168,9 @@ class ServerConfig:
     warm: bool = _opt(False, '--warm', 'load the policies now instead of at the first client', rule='flag')
     max_streams: int = _opt(256, '--max-streams', 'most episode streams open at once; more get OVERLOADED '
                                                   '(default {default})', 'N', rule='count')
-    max_pending: int = _opt(64, '--max-pending', 'per deployment, requests that may wait for inference; more get '
-                            'OVERLOADED (default {default})', 'N', rule='count')
+    max_pending: int = _opt(64, '--max-pending', 'per deployment, requests that may wait for their turn at inference '
+                            '(queued, or pipelined to its deployment process); more get OVERLOADED (default '
+                            '{default})', 'N', rule='count')
     inference_timeout_s: float = _opt(30.0, '--inference-timeout', 'an inference over S seconds gets '
                                       'POLICY_EXCEPTION and marks the deployment failed (default {default:g})', 'S',
                                       rule='seconds')

@@ -7,7 +7,7 @@ Operators already scrape Triton, vLLM and Ray Serve this way. Every series is la
                                                        error code (``NOT_READY``, ``OVERLOADED``...)
 ``seq_request_seconds{deployment}``         histogram  from a request's arrival to its reply (s), in the
                                                        worker (queue, inference, packing)
-``seq_queue_seconds{deployment}``           histogram  time a request waited for the inference thread (s)
+``seq_queue_seconds{deployment}``           histogram  time a request waited for its turn at inference (s)
 ``seq_time_to_first_chunk_seconds{deployment}``  histogram  from EpisodeStart to the episode's first chunk (s)
 ``seq_inference_seconds{deployment}``       histogram  duration of each policy call (a batch counts once)
 ``seq_batch_size{deployment}``              histogram  requests per policy call (1 without batching)
@@ -96,7 +96,7 @@ def package_version() -> str:
 
 
 def _queue_depth(runtime: Any) -> int:
-    """``seq_queue_depth`` of a deployment's runtime: its requests waiting for inference."""
+    """``seq_queue_depth`` of a deployment's runtime: its requests waiting for their turn (queued or pipelined)."""
     return runtime.scheduler.queue_depth
 
 
@@ -166,7 +166,7 @@ class RequestFamilies:
                                          buckets=BATCH_BUCKETS, registry=reg)
         self.request_s = prom.Histogram('seq_request_seconds', 'From a request\'s arrival to its reply, in the '
                                         'worker (s)', ['deployment'], buckets=LATENCY_BUCKETS, registry=reg)
-        self.queue_s = prom.Histogram('seq_queue_seconds', 'Time a request waited for the inference thread (s)',
+        self.queue_s = prom.Histogram('seq_queue_seconds', 'Time a request waited for its turn at inference (s)',
                                       ['deployment'], buckets=LATENCY_BUCKETS, registry=reg)
         self.first_chunk_s = prom.Histogram('seq_time_to_first_chunk_seconds', 'From EpisodeStart to the '
                                             'episode\'s first chunk (s)', ['deployment'], buckets=LATENCY_BUCKETS,
@@ -248,7 +248,8 @@ class ScrapeGauges:
     """
 
     def __init__(self, prom: Any, reg: Any, open_streams: Callable[[str], int]) -> None:
-        self.queue = prom.Gauge('seq_queue_depth', 'Requests waiting for inference', ['deployment'], registry=reg)
+        self.queue = prom.Gauge('seq_queue_depth', 'Requests waiting for their turn at inference (queued, or pipelined '
+                                'to a deployment process behind the running call)', ['deployment'], registry=reg)
         self.active = prom.Gauge('seq_active_episodes', 'Episodes in progress', ['deployment'], registry=reg)
         self.streams = prom.Gauge('seq_open_streams', 'Episode streams open', ['deployment'], registry=reg)
         self.capture = prom.Gauge('seq_capture_bytes', 'Bytes in the capture store', ['deployment'], registry=reg)
