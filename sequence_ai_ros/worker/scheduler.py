@@ -176,7 +176,7 @@ class InferenceScheduler:
                 raise EpisodeStateError(f'episode {key!r} already has a request in flight; wait for its chunk')
             waiting = self._waiting()
             if waiting >= self.max_pending:
-                raise Overloaded(f'deployment {self.name!r}: {waiting} requests already queued '
+                raise Overloaded(f'deployment {self.name!r}: {waiting} requests already waiting '
                                  f'(max {self.max_pending}); retry later')
             self._pending_keys.add(key)
             self._jobs.append(job)
