@@ -223,7 +223,7 @@ demo: $(STAMP_BUILD)
 bench: $(STAMP_BUILD) $(STAMP_BENCH)
 	$(ENV) && python -m sequence_ai_ros.bench
 
-# Robots per worker as the README states it: 128 robots at 10 req/s, 0 ms policy, 30 s, 3 runs, --isolation process (the default) and
+# Robots per worker as the scale-out guide states it: 128 robots at 10 req/s, 0 ms policy, 30 s, 3 runs, --isolation process (the default) and
 # none interleaved, each run after the load average falls below 0.5 (~10 min). ROBOTS chooses the count; ISOLATION=process or none one mode.
 bench-scale: ROBOTS ?= 128
 bench-scale: $(STAMP_BUILD)

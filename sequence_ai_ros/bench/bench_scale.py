@@ -1,4 +1,4 @@
-"""``make bench`` part: robots per worker, measured as the README states it (``python -m sequence_ai_ros.bench scale``).
+"""``make bench`` part: robots per worker, as the scale-out guide states it (``python -m sequence_ai_ros.bench scale``).
 
 Two ``seq serve`` of a 0 ms policy (3-d state, no image) on this host, one per isolation: ``--isolation
 process`` (seq serve's default: the policy in its deployment process) and ``--isolation none`` (the policy in
@@ -162,14 +162,17 @@ def run(robots: int = 128, seconds: float = 30.0, runs: int = 3, isolations: tup
 def main(argv: list[str] | None = None) -> dict:
     """``make bench``'s short form (one 10 s run of 128 robots per isolation), or the full one by its options."""
     parser = argparse.ArgumentParser(prog='python -m sequence_ai_ros.bench.bench_scale')
-    parser.add_argument('--robots', type=int, default=128)
-    parser.add_argument('--seconds', type=float, default=10.0, help='per run (the README figure: 30)')
-    parser.add_argument('--runs', type=int, default=1, help='runs (the README figure: 3)')
+    parser.add_argument('--robots', type=int, default=128, help='robots at 10 requests/s each (default %(default)d)')
+    parser.add_argument('--seconds', type=float, default=10.0,
+                        help='seconds per run (default %(default)g; make bench-scale: 30)')
+    parser.add_argument('--runs', type=int, default=1,
+                        help='runs per isolation (default %(default)d; make bench-scale: 3)')
     parser.add_argument('--isolation', choices=(*ISOLATION_MODES, 'both'), default='both',
                         help=f"the workers' --isolation: both (default: {ServerConfig.isolation}, seq serve's "
                              'default, and none, interleaved) or one of them')
     parser.add_argument('--quiet-wait', type=float, default=QUIET_WAIT_S,
-                        help=f'longest wait (s) before each run for a load average below {QUIET_LOAD}')
+                        help=f'longest wait (s) before each run for a load average below {QUIET_LOAD} '
+                             '(default %(default)g)')
     args = parser.parse_args([] if argv is None else argv)
     modes = ISOLATION_MODES if args.isolation == 'both' else (args.isolation,)
     return run(args.robots, args.seconds, args.runs, modes, args.quiet_wait)
