@@ -679,9 +679,12 @@ def _print_profile(kind: str, res: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> dict:
     """Run the comparison (and with ``--profile`` the profile); print the tables and ratios; return the figures."""
     parser = argparse.ArgumentParser(prog='python -m sequence_ai_ros.bench.bench_wire')
-    parser.add_argument('--repeats', type=int, default=REPEATS)
+    parser.add_argument('--repeats', type=int, default=REPEATS, metavar='N',
+                        help='repeats, each the systems in alternating blocks; the ratios are their median '
+                             '(default %(default)d)')
     parser.add_argument('--quiet-wait', type=float, default=QUIET_WAIT_S, metavar='S',
-                        help='before each repeat, wait up to S seconds for the load average to fall below 1')
+                        help='before each repeat, wait up to S seconds for the load average to fall below 1 '
+                             '(default %(default)g)')
     parser.add_argument('--profile', action='store_true', help='also profile every process (py-spy)')
     parser.add_argument('--profile-only', action='store_true', help='only the profile')
     parser.add_argument('--native', action='store_true', help='profile native frames too (py-spy --native)')
