@@ -16,7 +16,13 @@ from doubles import CountingRobot
 
 from sequence_ai_ros.client import connect
 from sequence_ai_ros.client.sampling import TelemetrySample
-from sequence_ai_ros.client.settings import CHECKS, MAX_CONTROL_PERIOD_S, MIN_CONTROL_PERIOD_S, EpisodeSettings
+from sequence_ai_ros.client.settings import (
+    CHECKS,
+    MAX_CONTROL_PERIOD_S,
+    MAX_PREFETCH_MARGIN,
+    MIN_CONTROL_PERIOD_S,
+    EpisodeSettings,
+)
 from sequence_ai_ros.protocol.spaces import ActionSpace
 from sequence_ai_ros.worker import serve_policy_file
 
@@ -78,9 +84,10 @@ OUTSIDE = {
     'flag': ['false', 0, None],
     'rows': [-1, 0.5, True, '3', None],
     'aggregate': ['mean', 3, '', 'Average'],
-    'coeff': [math.nan, math.inf, -math.inf, True, '0.01'],
+    'coeff': [math.nan, math.inf, -math.inf, True, '0.01', 10 ** 400],
     'space': [3, 'teleport'],
-    'margin': [-1e-9, math.nan, math.inf, True, '4', None],
+    'margin': [-1e-9, math.nan, math.inf, True, '4', None, math.nextafter(MAX_PREFETCH_MARGIN, math.inf), 1e308,
+               10 ** 400],
 }
 
 
@@ -95,6 +102,22 @@ def test_every_option_is_checked_by_its_fields_check():
     EpisodeSettings(control_period=MIN_CONTROL_PERIOD_S)                 # the bounds themselves pass
     EpisodeSettings(control_period=MAX_CONTROL_PERIOD_S)
     assert EpisodeSettings(prefetch_margin=0).prefetch_margin == 0.0     # the largest round trip alone
+    assert EpisodeSettings(prefetch_margin=MAX_PREFETCH_MARGIN).prefetch_margin == MAX_PREFETCH_MARGIN
+
+
+def test_prefetch_margin_is_refused_by_act_run_and_begin_episode_before_anything_runs(endpoint):
+    """A margin of 1e308 was taken, and its lead overflowed mid-episode (math.ceil(inf) in the request path)."""
+    with connect('lat', endpoint=endpoint) as policy:
+        robot = CountingRobot()
+        for value, error in ((1e308, ValueError), (-1.0, ValueError), (math.nan, ValueError), ('4', TypeError),
+                             (True, TypeError)):
+            with pytest.raises(error, match='prefetch_margin'):
+                policy.begin_episode('pick', prefetch_margin=value)
+            with pytest.raises(error, match='prefetch_margin'):
+                policy.run(robot.observe, robot.act, max_actions=3, prefetch_margin=value)
+            with pytest.raises(error, match='prefetch_margin'):
+                policy.act('pick', robot.observe, robot.act, max_seconds=3.0, prefetch_margin=value)
+        assert not robot.actions
 
 
 def test_max_seconds_ends_a_run_whose_control_period_is_longer(endpoint):

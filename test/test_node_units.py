@@ -612,6 +612,19 @@ def test_the_prefetch_margin_parameter_is_each_episodes_setting():
         NodeConfig(prefetch_margin=-1.0)
 
 
+def test_the_prefetch_margin_parameter_has_the_clients_bounds():
+    """One range on both sides: the node's schema bound is the client's MAX_PREFETCH_MARGIN; past a double: typed."""
+    from sequence_ai_ros.client.settings import MAX_PREFETCH_MARGIN, EpisodeSettings
+    from sequence_ai_ros.node.config import SCHEMA
+
+    assert list(SCHEMA.spec('prefetch_margin').validation['bounds<>']) == [0.0, MAX_PREFETCH_MARGIN]
+    assert NodeConfig(prefetch_margin=MAX_PREFETCH_MARGIN).prefetch_margin == EpisodeSettings(
+        prefetch_margin=MAX_PREFETCH_MARGIN).prefetch_margin
+    for value in (math.nextafter(MAX_PREFETCH_MARGIN, math.inf), math.nan, math.inf, 10 ** 400, True, '4'):
+        with pytest.raises(ConfigError, match='prefetch_margin'):
+            NodeConfig(prefetch_margin=value)
+
+
 def test_the_aggregate_parameter_is_checked_from_its_schema_entry():
     assert NodeConfig().aggregate == ''                      # as the deployment's contract declares
     assert NodeConfig(aggregate='weighted_average').aggregate == 'weighted_average'

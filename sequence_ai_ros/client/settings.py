@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -54,7 +55,7 @@ def _steps(name: str, value: Any) -> int | None:
     check_positive(name, value)
     if value is None:
         return None
-    if float(value) != int(value):
+    if not isinstance(value, numbers.Integral) and float(value) != int(value):    # (an int may pass a float's range)
         raise ValueError(f'{name} must be a whole number of chunk steps, got {value!r}')
     return int(value)
 
@@ -108,12 +109,18 @@ def _aggregate(name: str, value: Any) -> str | None:
     return str(value)
 
 
+#: Largest ``prefetch_margin`` (mean deviations), as the node's ``prefetch_margin`` parameter bounds it: far past
+#: any useful margin (4 is the default), and below one whose lead overflows a float (``math.ceil(inf)`` raised in
+#: the request path mid-episode at 1e308).
+MAX_PREFETCH_MARGIN = 100.0
+
+
 def _margin(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f'{name} must be a number (mean deviations), got {type(value).__name__} {value!r}')
-    if value != value or value < 0 or value == float('inf'):     # value != value: NaN
-        raise ValueError(f'{name} must be a finite number >= 0 (mean deviations), got {value!r}')
-    return float(value)
+    if not 0 <= value <= MAX_PREFETCH_MARGIN:     # written so that NaN fails; an int too large for a float too
+        raise ValueError(f'{name} must be a number in [0, {MAX_PREFETCH_MARGIN:g}] (mean deviations), got {value!r}')
+    return float(value) + 0.0                     # -0.0 as 0.0
 
 
 def _coeff(name: str, value: Any) -> float | None:
@@ -121,8 +128,8 @@ def _coeff(name: str, value: Any) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f'{name} must be a number, got {type(value).__name__} {value!r}')
-    if value != value or value in (float('inf'), float('-inf')):
-        raise ValueError(f'{name} must be finite, got {value!r}')
+    if value != value or value in (float('inf'), float('-inf')) or abs(value) > sys.float_info.max:
+        raise ValueError(f'{name} must be finite, got {value!r}')       # (the last: an int too large for a float)
     return float(value)
 
 
@@ -174,7 +181,8 @@ class EpisodeSettings:
         ActionSpace nor a name.
     :raises ValueError: for a non-finite or non-positive limit, period or chunk_timeout, a fractional
         max_actions, a control_period outside [1e-4, 10] s, a negative smooth_seam, an unknown action
-        space or aggregate, a non-finite temporal_ensemble_coeff, or a negative or non-finite prefetch_margin.
+        space or aggregate, a non-finite temporal_ensemble_coeff (an int too large for a float included), or a
+        prefetch_margin outside [0, 100] (:data:`MAX_PREFETCH_MARGIN`) or NaN.
     """
 
     instruction: str = _option('', 'text')
@@ -195,4 +203,5 @@ class EpisodeSettings:
             object.__setattr__(self, field.name, check(field.name, getattr(self, field.name)))
 
 
-__all__ = ['CHECKS', 'MAX_CONTROL_PERIOD_S', 'MIN_CONTROL_PERIOD_S', 'EpisodeSettings', 'check_positive', 'check_space']
+__all__ = ['CHECKS', 'MAX_CONTROL_PERIOD_S', 'MAX_PREFETCH_MARGIN', 'MIN_CONTROL_PERIOD_S', 'EpisodeSettings',
+           'check_positive', 'check_space']

@@ -150,7 +150,10 @@ def _scalar(name: str, base: str, v: Any, strict: bool, bad: Any) -> Any:
     if base == 'double':
         if isinstance(v, bool) or not isinstance(v, (int, float)) or (strict and isinstance(v, int)):
             raise bad('double')
-        return float(v)
+        try:
+            return float(v)
+        except OverflowError:           # an int past a double's range
+            raise ConfigError(f'parameter {name}: {v!r} is out of a double\'s range') from None
     if not isinstance(v, str):
         raise bad('string')
     return v
