@@ -356,6 +356,63 @@ def test_jpeg_header_probe_reads_what_pillow_reads_for_every_truncation(data):
         assert got == want, cut
 
 
+def _odd_jpegs() -> dict[str, bytes]:
+    """Frame headers Pillow refuses (or warns of) although their segments are whole: a break-it review's probes."""
+    import struct
+
+    base = _jpeg((12, 16, 3))
+    at = 2
+    while base[at + 1] not in codec._JPEG_SOF:                        # the frame header's offset
+        at += 2 + (base[at + 2] << 8 | base[at + 3])
+
+    def patched(offset: int, raw: bytes) -> bytes:
+        return base[:at + offset] + raw + base[at + offset + len(raw):]
+
+    app0 = base.index(b'\xff\xe0')
+    end0 = app0 + 2 + (base[app0 + 2] << 8 | base[app0 + 3])
+    dqt = base.index(b'\xff\xdb')
+    return {
+        '12-bit': patched(4, b'\x0c'),
+        'huge': patched(5, struct.pack('>HH', 40000, 40000)),           # a decompression bomb to Pillow
+        'bomb-warning': patched(5, struct.pack('>HH', 9000, 10000)),   # Pillow warns (and opens it)
+        'short JFIF': base[:app0] + b'\xff\xe0\x00\x07JFIF\x00' + base[end0:],
+        'short Adobe': base[:app0] + b'\xff\xee\x00\x07Adobe' + base[app0:],
+        'cut DQT': base[:dqt + 2] + struct.pack('>H', (base[dqt + 2] << 8 | base[dqt + 3]) - 1) + base[dqt + 4:],
+        'cut component list': patched(2, struct.pack('>H', (base[at + 2] << 8 | base[at + 3]) - 1)),
+    }
+
+
+@pytest.mark.parametrize('name', list(_odd_jpegs()))
+def test_jpeg_header_probe_answers_odd_headers_as_pillow_and_the_worker_refuses_what_it_did(name):
+    """12-bit, bomb-sized, short APP0/APP14, a cut DQT or component list: the probe answers as Pillow.
+
+    The header reader took each as fine (Pillow, the probe before it, refused them); the worker, which decodes
+    with Pillow, refuses every one it cannot decode, as before.
+    """
+    import io
+    import warnings
+
+    from PIL import Image
+
+    data = _odd_jpegs()[name]
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        try:
+            with Image.open(io.BytesIO(data)) as pil:
+                want: object = (*pil.size, len(pil.getbands()), 'jpeg')
+        except Exception:
+            want = ContractViolation
+        try:
+            got: object = codec.probe_encoded(data)
+        except ContractViolation:
+            got = ContractViolation
+    assert got == want
+    if want is not ContractViolation:
+        image = pb.Image(key='cam', encoding='jpeg', width=want[0], height=want[1], channels=want[2], data=data)
+        with pytest.raises(ContractViolation, match="image 'cam'"):       # too many pixels, or not decodable
+            codec.decode_image(image, max_pixels=1 << 24)
+
+
 def test_several_encoded_frames_name_the_first_fault_in_order():
     """Of several faults in a request's frames (one that does not decode, an unknown camera), the first is named."""
     cams = (CameraSpec('a', 16, 12, 'jpeg'), CameraSpec('b', 16, 12, 'jpeg'), CameraSpec('c', 16, 12, 'jpeg'))

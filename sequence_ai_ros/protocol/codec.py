@@ -263,14 +263,32 @@ def _jpeg_header(data: bytes) -> tuple[int, int, int] | None:
         if marker == 0xDA:                  # start of scan (its header whole): the header is over
             return frame
         if marker in _JPEG_SOF:
-            if frame is not None or length < 8:
+            # Pillow refuses a precision other than 8 bits and a component list cut inside an entry
+            if frame is not None or length < 8 or data[at + 4] != 8 or (length - 8) % 3:
                 return None
             height, width, components = data[at + 5] << 8 | data[at + 6], data[at + 7] << 8 | data[at + 8], data[at + 9]
-            if components not in (1, 3) or not width or not height:
-                return None
+            if components not in (1, 3) or not width or not height or width * height > _PILLOW_WARN_PIXELS:
+                return None                 # (past Pillow's decompression-bomb warning: Pillow decides)
             frame = (width, height, components)
+        elif marker == 0xDB and not _whole_tables(data, at + 4, at + 2 + length):
+            return None
+        elif marker in (0xE0, 0xEE) and length < 9 and (data[at + 4:at + 8] == b'JFIF'
+                                                         or data[at + 4:at + 9] == b'Adobe'):
+            return None                     # Pillow reads a version from both and refuses them short
         at += 2 + length
     return None
+
+
+#: Pixels past which Pillow warns of a decompression bomb (its default ``Image.MAX_IMAGE_PIXELS``; twice as many
+#: it refuses): a frame header claiming more goes to Pillow, which answers as it did before the header reader.
+_PILLOW_WARN_PIXELS = 1024 * 1024 * 1024 // 4 // 3
+
+
+def _whole_tables(data: bytes, at: int, end: int) -> bool:
+    """Whether a DQT segment's payload ``data[at:end]`` holds whole quantization tables (Pillow refuses a cut one)."""
+    while at < end:
+        at += 1 + (64 if data[at] < 16 else 128)
+    return at == end
 
 
 def probe_encoded(data: bytes) -> tuple[int, int, int, str]:
