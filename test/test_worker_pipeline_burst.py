@@ -104,3 +104,62 @@ def test_a_read_that_loses_file_descriptors_fails_the_channel_not_a_later_call()
         for fds in pipes:
             for fd in fds:
                 os.close(fd)
+
+
+GATED = textwrap.dedent('''
+    import os, time
+    import numpy as np
+    import sequence_ai_ros.policy as seq
+
+    @seq.policy(action_space='joint_absolute', action_names=['a', 'b'], dt=0.1, chunk_length=4,
+                observation=seq.ObservationContract(state_names=['a', 'b']))
+    class Gated:
+        def infer(self, inp, episode):
+            gate = inp.observation.params.get('gate')
+            deadline = time.monotonic() + 60
+            while gate and not os.path.exists(gate) and time.monotonic() < deadline:
+                time.sleep(0.005)
+            episode.state['n'] = episode.state.get('n', 0) + 1
+            return np.tile(np.array([inp.observation.state[0], episode.state['n']], np.float32), (4, 1))
+''')
+
+
+def test_a_worker_answers_each_robot_of_a_burst_behind_a_busy_deployment_process_with_its_own_chunk(tmp_path):
+    """A real worker: PIPELINE_DEPTH robots' requests sent at once behind a held one (a new segment each), twice."""
+    from test_worker_support import Stream, channel, state_request, wait_for, wait_ready
+
+    from sequence_ai_ros.protocol import codec
+    from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
+    from sequence_ai_ros.worker import serve_policy_file
+
+    path = tmp_path / 'gated' / 'policy.py'
+    path.parent.mkdir()
+    path.write_text(GATED)
+    server = serve_policy_file(path, deployment='gated', host='127.0.0.1', port=0, isolation='process',
+                               inference_timeout_s=120.0, idle_timeout_s=120)
+    ch = channel(server.port)
+    try:
+        stub = pb_grpc.PolicyServiceStub(ch)
+        assert wait_ready(stub, 'gated', timeout=60).ready
+        runtime = server.runtimes['gated']
+        robots = [Stream(stub, 'gated', f'robot-{k}') for k in range(wire.PIPELINE_DEPTH)]
+        for robot in robots:
+            assert robot.start().HasField('started')
+        for rnd in (1, 2):
+            gate = tmp_path / f'gate{rnd}'
+            robots[0].send(observation=state_request(rnd, [100.0 * rnd, 0.0], ['a', 'b'], params={'gate': str(gate)}))
+            wait_for(lambda: runtime.scheduler.pipelined == 1, 60, 'the first request held at the gate')
+            for k, robot in enumerate(robots[1:], 1):          # no wait between them: a burst
+                robot.send(observation=state_request(rnd, [100.0 * rnd + k, 0.0], ['a', 'b']))
+            wait_for(lambda: runtime.scheduler.pipelined == wire.PIPELINE_DEPTH, 60, 'the burst in flight')
+            gate.touch()
+            for k, robot in enumerate(robots):
+                reply = robot.recv()
+                assert reply is not None and reply.HasField('chunk'), (rnd, k, reply)
+                assert tuple(codec.from_tensor(reply.chunk.actions)[0]) == (100.0 * rnd + k, rnd), (rnd, k)
+        for robot in robots:
+            assert robot.end().HasField('ended')
+        assert runtime.restarts == 0
+    finally:
+        ch.close()
+        server.stop(grace=0.5)
