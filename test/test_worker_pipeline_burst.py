@@ -163,3 +163,21 @@ def test_a_worker_answers_each_robot_of_a_burst_behind_a_busy_deployment_process
     finally:
         ch.close()
         server.stop(grace=0.5)
+
+
+def test_a_deployment_process_runs_the_workers_copy_of_the_package_not_one_in_the_working_directory(tmp_path,
+                                                                                                    monkeypatch):
+    """``python -m`` put the working directory first: a checkout there (another version) served the worker's calls."""
+    (tmp_path / 'cwd' / 'sequence_ai_ros').mkdir(parents=True)
+    (tmp_path / 'cwd' / 'sequence_ai_ros' / '__init__.py').write_text("raise ImportError('the working directory copy')")
+    (tmp_path / 'cwd' / 'helper_mod.py').write_text('VALUE = 7\n')            # still importable by a policy
+    path = tmp_path / 'sum.py'
+    path.write_text(SUM.replace('return np.array([[float(inp.sum())',
+                                'import helper_mod\n        return np.array([[float(inp.sum()) + helper_mod.VALUE'))
+    monkeypatch.chdir(tmp_path / 'cwd')
+    remote = describe_policy_file(path, 'sum', 60).instantiate()
+    try:
+        remote.load()
+        assert remote.process.call('infer', np.ones(3), ('e', '', 'sum'))[0][0] == 3.0 + 7
+    finally:
+        remote.close()

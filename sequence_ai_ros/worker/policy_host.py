@@ -1,13 +1,13 @@
 """The deployment process: imports, loads and runs one policy for the worker (``--isolation process``).
 
-The worker (:mod:`sequence_ai_ros.worker.policy_process`) starts ``python -m sequence_ai_ros.worker.policy_host
-FD PPID MEMORY_MB FLAGS_FD`` with one end of a Unix socket pair as ``FD``, and sends it calls in frames (``u32
-length``, ``u32 sequence number``, then the payload; :class:`Channel`, one ``sendmsg`` and usually one
-``recvmsg`` each). Up to :data:`PIPELINE_DEPTH` inferences may be in flight at once (the worker writes the next
-while this process computes); this process runs its calls one at a time, in the order sent, and answers each as
-it returns, so the policy never sees concurrent calls. A reply carries its call's sequence number; the worker
-takes nothing but the answer of its oldest call in flight (:class:`ProtocolError`), so bytes that are no answer
-(a stray write on the socket) fail the calls in flight and never pass for the answer of another:
+The worker (:mod:`sequence_ai_ros.worker.policy_process`) starts :func:`main` (``FD PPID MEMORY_MB FLAGS_FD``; from
+the worker's own copy of the package, whatever the working directory holds) with one end of a Unix socket pair as
+``FD``, and sends it calls in frames (``u32 length``, ``u32 sequence number``, then the payload; :class:`Channel`,
+one ``sendmsg`` and usually one ``recvmsg`` each). Up to :data:`PIPELINE_DEPTH` inferences may be in flight at once
+(the worker writes the next while this process computes); this process runs its calls one at a time, in the order
+sent, and answers each as it returns, so the policy never sees concurrent calls. A reply carries its call's sequence
+number; the worker takes nothing but the answer of its oldest call in flight (:class:`ProtocolError`), so bytes that
+are no answer (a stray write on the socket) fail the calls in flight and never pass for the answer of another:
 
 - a call's payload: ``i32 segment`` (-1: no arrays), ``u32 flags`` (:data:`COPY`, :data:`NEW_SEGMENT`), ``u64
   segment size``, ``u32 slot`` (its byte in the flags page, :data:`NO_SLOT`: none), ``u32 n`` and ``n`` ``i32``

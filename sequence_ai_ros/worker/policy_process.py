@@ -82,6 +82,11 @@ OUTPUT_JOIN_S = 1.0
 #: the event loop (a larger one waits until the pipeline is empty).
 PIPELINED_HEADER_BYTES = 64 << 10
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+#: A deployment process's start: this worker's copy of the package first on its path, then
+#: :func:`~.policy_host.main`. ``python -m`` put the working directory first, so that a checkout there (another
+#: version of the package) served the worker's calls: a wire that differs reads as garbage.
+_BOOT = ('import sys; sys.path.insert(0, sys.argv.pop(1)); from sequence_ai_ros.worker import policy_host; '
+         'sys.exit(policy_host.main(sys.argv[1:]))')
 
 
 class RemoteError(PolicyException):
@@ -162,7 +167,7 @@ class PolicyProcess:
         pipes = [os.pipe2(os.O_CLOEXEC) for _ in range(2)]     # stdout, stderr: (read end, write end)
         try:
             self.process = subprocess.Popen(
-                [sys.executable, '-m', 'sequence_ai_ros.worker.policy_host', str(theirs.fileno()), str(os.getpid()),
+                [sys.executable, '-c', _BOOT, _PACKAGE_ROOT, str(theirs.fileno()), str(os.getpid()),
                  str(memory_limit_mb), str(flags_fd)],
                 pass_fds=(theirs.fileno(), flags_fd), stdin=subprocess.DEVNULL, stdout=pipes[0][1], stderr=pipes[1][1],
                 env=env, start_new_session=True)     # its group: what the policy starts ends with it (_end, kill)
