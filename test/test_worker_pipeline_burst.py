@@ -181,3 +181,18 @@ def test_a_deployment_process_runs_the_workers_copy_of_the_package_not_one_in_th
         assert remote.process.call('infer', np.ones(3), ('e', '', 'sum'))[0][0] == 3.0 + 7
     finally:
         remote.close()
+
+
+def test_a_deployment_process_of_another_version_than_its_worker_exits_naming_it(tmp_path, monkeypatch):
+    """The package changed on disk since the worker imported it: its process says so, never reads calls as garbage."""
+    from sequence_ai_ros.worker.policy_process import PolicyProcess, PolicyProcessDied
+
+    monkeypatch.setattr(wire, 'SOURCE_TAG', '0' * 16)            # as a worker that imported an older file
+    process = PolicyProcess('skewed')
+    try:
+        with pytest.raises(PolicyProcessDied, match="exit code 87: its sequence_ai_ros differs from the worker's"):
+            process.call('ping', step='starting')
+    finally:
+        process.close()
+    monkeypatch.undo()
+    assert len(wire.SOURCE_TAG) == 16                              # the real one: the processes above all started

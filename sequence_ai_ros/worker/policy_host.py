@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import array
 import collections
+import hashlib
 import io
 import logging
 import mmap
@@ -111,6 +112,23 @@ DEPLOYMENT_PROCESS_ENV = 'SEQ_DEPLOYMENT_PROCESS'
 _forked = False
 #: Exit status of a deployment process that went over its memory limit (the worker names the limit).
 MEMORY_EXIT_CODE = 86
+#: Exit status of a deployment process whose copy of this module differs from the worker's (:data:`SOURCE_TAG`).
+SKEW_EXIT_CODE = 87
+
+
+def _source_tag() -> str:
+    """A digest of this module's file as this process imported it ('' where it cannot be read)."""
+    try:
+        with open(__file__, 'rb') as source:
+            return hashlib.sha256(source.read()).hexdigest()[:16]
+    except OSError:
+        return ''
+
+
+#: This module's digest when it was imported: the worker passes its own to the deployment processes it starts, and
+#: one that imported another version (the package changed on disk since the worker started: an upgrade in place, an
+#: edit) exits with :data:`SKEW_EXIT_CODE` at once, naming it, instead of reading the worker's calls as garbage.
+SOURCE_TAG = _source_tag()
 #: Period (s) of the watchdog: the parent pid, and the resident memory when there is a limit.
 WATCH_PERIOD_S = 0.1
 
@@ -823,7 +841,11 @@ def _describe_safely(exc: BaseException) -> str:
 
 
 def main(argv: list[str]) -> int:
-    """Entry point: ``policy_host FD PPID [MEMORY_MB [FLAGS_FD]]``."""
+    """Entry point: ``policy_host FD PPID [MEMORY_MB [FLAGS_FD [SOURCE_TAG]]]``."""
+    if len(argv) > 4 and argv[4] and SOURCE_TAG and argv[4] != SOURCE_TAG:
+        os.write(2, (f'this deployment process imported another version of {__file__} than its worker did (the '
+                     'package changed on disk since the worker started): restart the worker\n').encode())
+        return SKEW_EXIT_CODE
     fd, ppid = int(argv[0]), int(argv[1])
     memory_mb = int(argv[2]) if len(argv) > 2 else 0
     flags = None

@@ -114,6 +114,9 @@ def exit_words(code: int | None) -> str:
     """``'exit code 7'``, ``'signal SIGSEGV'`` or ``'no exit status yet'`` for a Popen return code."""
     if code is None:
         return 'no exit status yet'
+    if code == wire.SKEW_EXIT_CODE:
+        return (f'exit code {code}: its sequence_ai_ros differs from the worker\'s (the package changed on disk since '
+                'the worker started): restart the worker')
     if code < 0:
         try:
             return f'signal {signal.Signals(-code).name}'
@@ -168,7 +171,7 @@ class PolicyProcess:
         try:
             self.process = subprocess.Popen(
                 [sys.executable, '-c', _BOOT, _PACKAGE_ROOT, str(theirs.fileno()), str(os.getpid()),
-                 str(memory_limit_mb), str(flags_fd)],
+                 str(memory_limit_mb), str(flags_fd), wire.SOURCE_TAG],
                 pass_fds=(theirs.fileno(), flags_fd), stdin=subprocess.DEVNULL, stdout=pipes[0][1], stderr=pipes[1][1],
                 env=env, start_new_session=True)     # its group: what the policy starts ends with it (_end, kill)
         except OSError as exc:
