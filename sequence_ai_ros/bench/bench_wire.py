@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import io
 import json
 import os
@@ -289,7 +290,7 @@ class FloorUnary:
 
         self.channel = grpc.insecure_channel(f'127.0.0.1:{port}', options=[
             ('grpc.max_receive_message_length', 64 << 20), ('grpc.max_send_message_length', 64 << 20)])
-        self.call = self.channel.unary_unary('/floor.Floor/Echo')
+        self.call: Any = self.channel.unary_unary('/floor.Floor/Echo')
         self.parts = _floor_request()
 
     def ask(self) -> float:
@@ -315,7 +316,8 @@ class FloorStream:
         self._outbox: queue.Queue[bytes | None] = queue.Queue()
         self._got = threading.Event()
         self.parts = _floor_request()
-        call = self.channel.stream_stream('/floor.Floor/Stream')(iter(self._outbox.get, None))
+        stream: Any = self.channel.stream_stream('/floor.Floor/Stream')
+        call: Any = stream(iter(self._outbox.get, None))
 
         def read() -> None:
             for reply in call:
@@ -419,14 +421,14 @@ def _systems() -> dict[str, System]:
     systems: dict[str, System] = {}
     for isolation, name in (('process', 'ours'), ('none', 'ours (none)')):
         proc, port = _start(OURS_SERVER, str(POLICY), isolation)
-        systems[name] = System(name, proc, lambda port=port: Ours(port))
-        systems[f'{name} jpeg'] = System(f'{name} jpeg', proc, lambda port=port: Ours(port, jpeg=True))
+        systems[name] = System(name, proc, functools.partial(Ours, port))
+        systems[f'{name} jpeg'] = System(f'{name} jpeg', proc, functools.partial(Ours, port, jpeg=True))
     proc, port = _start(BASELINE_SERVER)
-    systems['openpi'] = System('openpi', proc, lambda port=port: Baseline(port))
-    systems['openpi jpeg'] = System('openpi jpeg', proc, lambda port=port: Baseline(port, jpeg=True))
+    systems['openpi'] = System('openpi', proc, functools.partial(Baseline, port))
+    systems['openpi jpeg'] = System('openpi jpeg', proc, functools.partial(Baseline, port, jpeg=True))
     proc, port = _start(FLOOR_SERVER)
-    systems['floor (stream)'] = System('floor (stream)', proc, lambda port=port: FloorStream(port))
-    systems['floor (unary)'] = System('floor (unary)', proc, lambda port=port: FloorUnary(port))
+    systems['floor (stream)'] = System('floor (stream)', proc, functools.partial(FloorStream, port))
+    systems['floor (unary)'] = System('floor (unary)', proc, functools.partial(FloorUnary, port))
     return systems
 
 

@@ -118,7 +118,8 @@ MAX_PREFETCH_MARGIN = 100.0
 def _margin(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f'{name} must be a number (mean deviations), got {type(value).__name__} {value!r}')
-    if not 0 <= value <= MAX_PREFETCH_MARGIN:     # written so that NaN fails; an int too large for a float too
+    real: Any = value
+    if not 0 <= real <= MAX_PREFETCH_MARGIN:      # written so that NaN fails; an int too large for a float too
         raise ValueError(f'{name} must be a number in [0, {MAX_PREFETCH_MARGIN:g}] (mean deviations), got {value!r}')
     return float(value) + 0.0                     # -0.0 as 0.0
 
@@ -128,7 +129,8 @@ def _coeff(name: str, value: Any) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f'{name} must be a number, got {type(value).__name__} {value!r}')
-    if value != value or value in (float('inf'), float('-inf')) or abs(value) > sys.float_info.max:
+    real: Any = value
+    if real != real or real in (float('inf'), float('-inf')) or abs(real) > sys.float_info.max:
         raise ValueError(f'{name} must be finite, got {value!r}')       # (the last: an int too large for a float)
     return float(value)
 

@@ -15,6 +15,7 @@ it is used from ``origin + expected_delay_actions`` on.
 from __future__ import annotations
 
 import collections
+from typing import Any
 
 import numpy as np
 
@@ -35,7 +36,7 @@ class TailSplicer:
 
     def __init__(self, keep: int = KEEP) -> None:
         #: request id -> [origin step, start step, the chunk's actions: its Tensor until first used, then the array]
-        self._chunks: collections.OrderedDict[int, list] = collections.OrderedDict()
+        self._chunks: collections.OrderedDict[int, list[Any]] = collections.OrderedDict()
         self._keep = keep
         self._newest = -1       # the largest request id recorded
 
@@ -80,7 +81,7 @@ class TailSplicer:
             self._chunks.popitem(last=False)
 
 
-def _decoded(entry: list) -> tuple[float, float, np.ndarray]:
+def _decoded(entry: list[Any]) -> tuple[float, float, np.ndarray]:
     """A recorded chunk as ``(origin, start, actions)``, its actions decoded (once) from its Tensor."""
     actions = entry[2]
     if not isinstance(actions, np.ndarray):

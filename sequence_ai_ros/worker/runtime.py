@@ -228,7 +228,7 @@ class DeploymentRuntime:
         if self.isolated:
             self.scheduler.stuck_words = 'the policy is stuck: its process is killed and restarted'
             if batching is None:      # inferences pipelined from the event loop (:meth:`_send`)
-                self.scheduler.pipeline_depth = definition.cls.pipeline_depth
+                self.scheduler.pipeline_depth = int(getattr(definition.cls, 'pipeline_depth', 1))
                 self.scheduler.pump = self._pump
         #: where requests, batches and episode ends are reported (Prometheus when ``--metrics-port`` is set)
         self.metrics: MetricsSink = MetricsSink()
