@@ -46,12 +46,13 @@ CASES = ((0.2, 0.2, NONE), (0.45, 0.2, NONE), (0.7, 0.2, NONE), (0.8, 0.2, TENTH
 INFERENCE_RATIO, INFERENCE_CASES = 1.5, (0.45, 0.8)
 
 
-def _run(endpoint: str, max_in_flight: int) -> dict:
+def _run(endpoint: str, max_in_flight: int, prefetch_margin: float | None = None) -> dict:
     with connect('lat', endpoint=endpoint) as policy:
         policy.wait_until_ready(timeout=30)
         policy.max_in_flight = max_in_flight
         out = policy.run(lambda: Observation(state=np.zeros(2, np.float32), state_names=('a', 'b')),
-                         lambda action: None, max_actions=ACTIONS, max_seconds=ACTIONS * DT * 3 + 5)
+                         lambda action: None, max_actions=ACTIONS, max_seconds=ACTIONS * DT * 3 + 5,
+                         **({} if prefetch_margin is None else {'prefetch_margin': prefetch_margin}))
     return {'underruns': out.underruns, 'underrun_s': round(out.underrun_s, 3), 'in_flight': out.peak_in_flight,
             'discarded': out.discarded, 'chunks': out.chunks, 'seam_jump': round(out.max_seam_jump, 3),
             'seam_gap': round(out.max_seam_gap, 3), 'p50_ms': round(out.latency_p50_ms, 1),
@@ -104,19 +105,26 @@ def _loadavg() -> str:
         return 'unknown'
 
 
-def main() -> dict:
-    """Run every case pipelined and single, print the table (with each case's margin and target), return the rows."""
+def main(prefetch_margin: float | None = None, ratios: tuple[float, ...] | None = None) -> dict:
+    """Run every case pipelined and single, print the table (with each case's margin and target), return the rows.
+
+    :param prefetch_margin: the episodes' ``prefetch_margin`` (None: the default).
+    :param ratios: only the cases of these latency/covers ratios (None: all).
+    """
     from pathlib import Path
 
     covers = DT * T
     policy = Path(__file__).resolve().parents[2] / 'test' / 'policies' / 'inpaint.py'
     load_before = _loadavg()
     print(f'pipelining: dt={DT * 1e3:.0f} ms, T={T} (covers {covers:.2f} s), compute {COMPUTE} covers, '
-          f'network delay on a loopback proxy, {ACTIONS} actions per run; load average {load_before}')
+          f'network delay on a loopback proxy, {ACTIONS} actions per run, prefetch_margin '
+          f"{'default' if prefetch_margin is None else prefetch_margin}; load average {load_before}")
     print('  ratio  jitter  margin_s  mode       underruns  underrun_s  in_flight  discarded  chunks  seam_jump  '
           'seam_gap  p50_ms  requests  req/chunk  ideal  x_ideal  target')
     rows = []
     for ratio, jitter, goal in CASES:
+        if ratios is not None and ratio not in ratios:
+            continue
         proc, endpoint = worker_process(policy, dt=DT, chunk_length=T, compute_s=COMPUTE * covers)
         port = endpoint.rsplit(':', 1)[-1]
         proxy = DelayProxy(int(port), one_way_s=one_way_s(ratio), jitter=jitter, seed=11)
@@ -126,7 +134,7 @@ def main() -> dict:
             case = {}
             for mode, bound in (('pipelined', 16), ('single', 1)):
                 row = {'ratio': ratio, 'jitter': jitter, 'margin_s': round(margin, 3), 'mode': mode,
-                       **_run(f'127.0.0.1:{proxy.port}', bound)}
+                       **_run(f'127.0.0.1:{proxy.port}', bound, prefetch_margin)}
                 row.update(ideal_per_chunk=None if ideal is None else round(ideal, 2),
                            vs_ideal=None if ideal is None else round(row['per_chunk'] / ideal, 2))
                 case[mode] = row
@@ -155,4 +163,13 @@ def main() -> dict:
 
 
 if __name__ == '__main__':
-    main()
+    import argparse
+
+    parser = argparse.ArgumentParser(prog='python -m sequence_ai_ros.bench.bench_pipeline',
+                                     description='Underruns and inferences under latency, pipelined and one in flight.')
+    parser.add_argument('--prefetch-margin', type=float, default=None,
+                        help="the episodes' prefetch_margin (mean deviations; default: the client's, 4)")
+    parser.add_argument('--ratios', type=float, nargs='+', default=None, metavar='R',
+                        help=f'only these latency/covers ratios (default: all of {[c[0] for c in CASES]})')
+    args = parser.parse_args()
+    main(args.prefetch_margin, None if args.ratios is None else tuple(args.ratios))
