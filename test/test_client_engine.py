@@ -144,9 +144,9 @@ def test_stale_rows_are_skipped_by_counting_executed_actions():
 def _jittered_request(late: float) -> tuple[Rig, OutRequest]:
     """Return a rig on the clock (as policy_node and next_action run) and its second request.
 
-    Row 0 ran ``late`` s long, so the request's observation step is 8 +- a little (the cold round trip of a
-    tick, 0.1 s: a lead of 1.5 x 0.1 + one 0.1 s period = 2.5 steps); chunk 0 is ramp(0), so a row's value is
-    its step.
+    Row 0 ran ``late`` s long, so the request's observation step is 7 +- a little (the cold round trip of a
+    tick, 0.1 s: a lead of 1.5 x 0.1 + two 0.1 s periods = 3.5 steps, the second kept as the requests stay far
+    apart); chunk 0 is ramp(0), so a row's value is its step.
     """
     rig = Rig(t=10, fixed_step=False)
     rig.tick()
@@ -165,14 +165,15 @@ def _inpainted(req: OutRequest, offset: float = 0.0) -> np.ndarray:
 
 @pytest.mark.parametrize('late', [0.0003, -0.0003, 0.0])
 def test_the_tail_starts_at_the_observation_step_when_ticks_jitter(late):
-    """Row 0 of chunk_tail is the old chunk's row at the observation step (8.003 or 7.997: row 8).
+    """Row 0 of chunk_tail is the old chunk's row at the observation step (7.003 or 6.997: row 7).
 
     Row 0 of the answer is that step too: an in-painting answer joins with no gap and the arm moves one row per
     tick across the seam, whichever way the tick jittered (the next whole row would skip a row when it ran late).
     """
     rig, req = _jittered_request(late)
-    assert req.observation_step == pytest.approx(8.0, abs=0.01)
-    assert float(req.chunk_tail[0, 0]) == 8.0
+    assert req.observation_step == pytest.approx(7.0, abs=0.01)
+    assert float(req.chunk_tail[0, 0]) == 7.0
+    rig.tick()
     rig.tick()
     rig.reply(_inpainted(req), request=req)
     rows = [rig.tick().values[0] for _ in range(3)]
@@ -192,6 +193,7 @@ def test_the_seam_gap_is_read_where_the_old_chunk_has_a_row():
     rig.tick()
     assert rig.engine.finish('completed').max_seam_gap == pytest.approx(5.0, abs=0.01)
     rig, req = _jittered_request(-0.0003)
+    rig.tick()
     rig.tick()                                                          # old chunk read at 9.997: past row 9
     rig.reply(_inpainted(req), request=req)
     rig.tick()
@@ -581,25 +583,26 @@ def _drawer_open(rtt: float, steps: int = 400, rtts: dict[int, float] | None = N
     return rig, link
 
 
-@pytest.mark.parametrize(('rtt', 'spacing'), [(0.12, 10), (0.195, 4)])     # 0.48 and 0.78 of a chunk
-def test_pipelined_requests_leave_a_chunk_less_the_round_trip_and_one_period_apart(rtt, spacing):
-    """A fixed round trip r: each request leaves with r to r + one period of actions ahead, never less.
+@pytest.mark.parametrize(('rtt', 'periods', 'spacing'), [(0.12, 2, 9), (0.195, 2, 3), (0.215, 1, 2)])
+def test_pipelined_requests_leave_a_chunk_less_the_lead_apart(rtt, periods, spacing):
+    """A fixed round trip r (0.48, 0.78 and 0.86 of a chunk): each request leaves with more than r ahead, never less.
 
-    The lead is r + P (P = 12.5 ms, the tick): a request leaves at the first tick with at most that much played or
-    awaited, so with more than r (its chunk arrives before the tick that needs its first row: no dry spell), and
-    the next leaves when the chunk it asked for (row 0 at its own step) has the lead left: every
-    ``20 - floor((r + P) / dt)`` steps (10 at 0.12 s, 4 at 0.195 s). An ideal pipeline asks every covers - r
-    (10.4 and 4.4 steps); the rule before (r + 2 P) asked every 9 and 3 steps (100 requests in 300 steps at
-    0.195 s where this sends 75).
+    The lead is r + P (P = 12.5 ms, the tick), plus a second P of safety while requests stay at least two periods
+    apart with it (not at 0.215 s: 0.25 - 0.24 s leaves less). A request leaves at the first tick with at most the
+    lead played or awaited, so with more than r (its chunk arrives before the tick that needs its first row: no
+    dry spell), and the next leaves when the chunk it asked for (row 0 at its own step) has the lead left: every
+    ``20 - floor(lead / dt)`` steps (9, 3 and 2). An ideal pipeline asks every covers - r (10.4, 4.4 and 2.8 steps);
+    a second period at 0.215 s would ask at every step.
     """
     rig, link = _drawer_open(rtt)
     assert rig.engine.stats()['underruns'] == 0
     dt, chunk = rig.contract.dt, rig.contract.chunk_length
+    lead = rtt + periods * dt
     steps = [req.observation_step for req in rig.sent]
     warm = [k for k in range(1, len(steps)) if steps[k] >= 100]       # the window is warm (>= 8 round trips)
     for k in warm:
         ahead = (steps[k - 1] + chunk - steps[k]) * dt                 # what the newest request before it covers
-        assert rtt - 1e-9 <= ahead <= rtt + dt + 1e-9, (k, ahead)
+        assert lead - dt - 1e-9 <= ahead <= lead + 1e-9, (k, ahead)
         assert steps[k] - steps[k - 1] == spacing
     in_window = [k for k in warm if steps[k] < 400]
     assert len(in_window) == 300 // spacing
@@ -642,14 +645,14 @@ def test_a_paced_tick_that_runs_late_sends_as_if_on_time_less_its_lateness():
 
 
 def test_prefetch_margin_trades_requests_for_safety():
-    """A +-0.01 s link (0.14, 0.15, 0.16 s in turn) with one 0.17 s round trip, above the window's largest.
+    """A +-0.01 s link (0.14, 0.15, 0.16 s in turn) with one 0.19 s round trip, well above the window's largest.
 
-    ``prefetch_margin=0`` times requests to the largest measured (0.16 s + a tick: every 7 steps) and runs dry
-    once, at the slow one; the default 4 reaches 4 mean deviations above the mean (0.177 s: every 5 steps) and
-    covers it. Fewer deviations, fewer requests; more, more safety.
+    ``prefetch_margin=0`` times requests to the largest measured (0.16 s + two ticks: 0.185 s) and runs dry
+    once, at the slow one; the default 4 reaches 4 mean deviations above the mean (0.177 s + two ticks: 0.202 s)
+    and covers it. Fewer deviations, fewer requests; more, more safety.
     """
     rtts = {k: (0.14, 0.15, 0.16)[k % 3] for k in range(1, 400)}
-    rtts[70] = 0.17
+    rtts[70] = 0.19
     lean, lean_link = _drawer_open(0.15, rtts=rtts, prefetch_margin=0)
     safe, _ = _drawer_open(0.15, rtts=rtts)
     assert 70 in lean_link.arrived_at

@@ -44,6 +44,7 @@ from test_data_support import make_store
 
 from sequence_ai_ros.client.engine import EpisodeEngine
 from sequence_ai_ros.client.latency import MIN_SAMPLES, LatencyWindow
+from sequence_ai_ros.client.requests import SAFETY_SPACING_PERIODS
 from sequence_ai_ros.client.sampling import TelemetryBuffer
 from sequence_ai_ros.client.session import _pack_telemetry
 from sequence_ai_ros.client.settings import EpisodeSettings
@@ -267,7 +268,8 @@ def test_a_fixed_round_trip_is_never_late_and_asked_at_most_once_per_chunk_less_
         chunk: int, multiple: Fraction, fraction: float, margin: float) -> None:
     """Pipelining on a link whose every round trip is r (any chunk, any rate ratio, paced): no dry spell.
 
-    A request leaves at the first tick with at most lead = max(r + P, a quarter chunk) played or awaited
+    A request leaves at the first tick with at most lead = max(r + P (+ P while requests stay
+    SAFETY_SPACING_PERIODS apart with it), a quarter chunk) played or awaited
     (``prefetch_margin`` changes nothing when every round trip is the same): once the window is warm, the newest
     request before it covers at least r more (its chunk arrives before the tick that needs it), and requests
     leave at most once per ``max(P, covers - lead)``: over W seconds, at most ``W / max(P, covers - lead) + 1``.
@@ -309,7 +311,10 @@ def test_a_fixed_round_trip_is_never_late_and_asked_at_most_once_per_chunk_less_
     out = engine.finish('until', now=grid * period)
     assert out.underruns == 0, out
     assert out.requests == len(sent)
-    lead = max(rtt + period, 0.25 * covers)
+    lead = rtt + period
+    if covers - (lead + period) >= SAFETY_SPACING_PERIODS * period:
+        lead += period                      # the second period of safety, while requests stay that far apart
+    lead = max(lead, 0.25 * covers)
     # sent once MIN_SAMPLES warm round trips (after the cold one) had arrived: the window times them, not a margin
     warm_at = sent_at[MIN_SAMPLES] + rtt
     warm = [k for k in range(1, len(sent)) if sent_at[k - 1] >= warm_at - 1e-9]

@@ -14,9 +14,12 @@ so ``ahead`` lies in (lead - P, lead]; its chunk is needed ``ahead`` after that 
 there when it arrives within ``ahead``. lead = r + P therefore never runs dry while the estimate holds, and
 pipelined, each request covers until its own step + C, so the next leaves ``C - ahead`` later: at least
 ``C - r - P`` apart, against the ideal pipeline's ``C - r`` (one request per chunk needs no pipelining while
-r < C - r). r is measured from the deadline of the tick that sent (paced: a late tick's lateness is part of
-it; on the clock and between ticks, from the send), so a loaded caller's lateness raises the lead as a slow
-link does.
+r < C - r). A second period of safety is added while requests stay at least :data:`SAFETY_SPACING_PERIODS`
+periods apart with it (a round trip a few ms over the window's largest, from the robot's executor or the
+link, then finds a chunk still there); with r near C it would send a request every period, twice the
+inferences, and is left out. r is measured from the deadline of the tick that sent (paced: a late tick's
+lateness is part of it; on the clock and between ticks, from the send), so a loaded caller's lateness raises
+the lead as a slow link does.
 
 Warming: while the deployment loads, the worker answers NOT_READY with an estimate of the time left
 (:meth:`RequestSchedule.not_ready`); the request is forgotten and a newer observation goes once a share of
@@ -39,6 +42,10 @@ from sequence_ai_ros.protocol.contract import Contract
 from sequence_ai_ros.protocol.types import Observation
 
 _EPS = 1e-9
+#: The lead keeps a second period of safety (a round trip a little over the window's largest, from the robot's
+#: own executor or the link) while the requests it leaves stay at least this many periods apart; with a round
+#: trip near the whole chunk it is dropped, as it would send a request every period (twice the inferences).
+SAFETY_SPACING_PERIODS = 2.0
 
 
 class RequestSchedule:
@@ -173,12 +180,16 @@ class RequestSchedule:
         """The prefetch lead (s): a request is due with this much or less played or awaited.
 
         The connection's upper estimate of the round trip (``prefetch_margin`` mean deviations above the mean,
-        never below the largest) plus one ``period`` (s), at least MIN_LEAD_FRACTION of a chunk of steps of
-        ``dt`` s (default the contract's).
+        never below the largest) plus one ``period`` (s), plus a second period of safety while the requests it
+        leaves stay at least :data:`SAFETY_SPACING_PERIODS` periods apart; at least MIN_LEAD_FRACTION of a chunk
+        of steps of ``dt`` s (default the contract's).
         """
         dt = self.contract.dt if dt is None else dt
-        return max(self.latency.lead_s(period, self.settings.prefetch_margin),
-                   MIN_LEAD_FRACTION * self.contract.chunk_length * dt)
+        chunk_s = self.contract.chunk_length * dt
+        lead = self.latency.lead_s(period, self.settings.prefetch_margin)
+        if chunk_s - (lead + period) >= SAFETY_SPACING_PERIODS * period:
+            lead += period        # a second period of safety, while requests stay SAFETY_SPACING_PERIODS apart
+        return max(lead, MIN_LEAD_FRACTION * chunk_s)
 
     def _due(self, ahead_s: float, period: float, dt: float) -> bool:
         """Whether another request is due now, with ``ahead_s`` seconds of actions played or awaited."""
@@ -207,4 +218,4 @@ class RequestSchedule:
         return self._clock() - newest >= spacing - 1e-6     # 1 us: ticks a float sum of periods apart still send
 
 
-__all__ = ['RequestSchedule']
+__all__ = ['SAFETY_SPACING_PERIODS', 'RequestSchedule']
