@@ -30,6 +30,8 @@ ahead, which bounds the worker's serialized compute per request (here 0.05 cover
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from sequence_ai_ros.bench.bench_client import worker_process
@@ -47,12 +49,13 @@ INFERENCE_RATIO, INFERENCE_CASES = 1.5, (0.45, 0.8)
 
 
 def _run(endpoint: str, max_in_flight: int, prefetch_margin: float | None = None) -> dict:
+    extra: dict[str, Any] = {} if prefetch_margin is None else {'prefetch_margin': prefetch_margin}
     with connect('lat', endpoint=endpoint) as policy:
         policy.wait_until_ready(timeout=30)
         policy.max_in_flight = max_in_flight
         out = policy.run(lambda: Observation(state=np.zeros(2, np.float32), state_names=('a', 'b')),
                          lambda action: None, max_actions=ACTIONS, max_seconds=ACTIONS * DT * 3 + 5,
-                         **({} if prefetch_margin is None else {'prefetch_margin': prefetch_margin}))
+                         **extra)
     return {'underruns': out.underruns, 'underrun_s': round(out.underrun_s, 3), 'in_flight': out.peak_in_flight,
             'discarded': out.discarded, 'chunks': out.chunks, 'seam_jump': round(out.max_seam_jump, 3),
             'seam_gap': round(out.max_seam_gap, 3), 'p50_ms': round(out.latency_p50_ms, 1),
