@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from sequence_ai_ros.bench.bench_client import start_server_process
-from sequence_ai_ros.bench.bench_wire import Ours
+from sequence_ai_ros.bench.bench_wire import Ours, process_cpu_s
 
 POLICY = Path(__file__).resolve().parents[2] / 'test' / 'policies' / 'wire.py'
 REPEATS, BLOCKS, PER_BLOCK = 3, 4, 150
@@ -36,21 +36,6 @@ SERVER = (
     "server = serve_policy_file(sys.argv[1], deployment='wire', port=0, isolation=sys.argv[2], warm=True)\n"
     "print(f'serving grpc on 127.0.0.1:{server.port}', flush=True)\n"
     'server.wait()\n')
-
-
-def _cpu(pid: int) -> float:
-    """CPU seconds of ``pid`` and its children (the deployment process)."""
-    import psutil
-
-    proc = psutil.Process(pid)
-    total = 0.0
-    for p in [proc, *proc.children(recursive=True)]:
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except psutil.NoSuchProcess:
-            pass
-    return total
 
 
 def wait_for_quiet(limit: float = 1.0, wait_s: float = LOAD_WAIT_S) -> float:
@@ -80,9 +65,9 @@ def main() -> dict:
             for _ in range(BLOCKS):
                 for mode in MODES:
                     pid = servers[mode][0].pid
-                    c0 = _cpu(pid)
+                    c0 = process_cpu_s(pid)
                     got[mode]['rtt'] += [robots[mode].ask() for _ in range(PER_BLOCK)]
-                    got[mode]['cpu'].append((_cpu(pid) - c0) / PER_BLOCK)
+                    got[mode]['cpu'].append((process_cpu_s(pid) - c0) / PER_BLOCK)
             row: dict[str, Any] = {'load_1min_before': round(load, 2), 'load_1min_after': round(os.getloadavg()[0], 2)}
             for mode in MODES:
                 row[mode] = {'rtt_p50_ms': _pct(got[mode]['rtt'], 50), 'rtt_p99_ms': _pct(got[mode]['rtt'], 99),

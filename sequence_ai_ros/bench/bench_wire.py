@@ -343,13 +343,13 @@ class FloorStream:
         self.channel.close()
 
 
-def _cpu(pid: int, children: bool) -> float:
-    """CPU seconds of process ``pid`` itself (``children=False``) or of its children (the deployment process)."""
+def process_cpu_s(pid: int, *, itself: bool = True, children: bool = True) -> float:
+    """CPU seconds (user + system) of process ``pid`` itself and/or of its children (its deployment processes)."""
     import psutil
 
     proc = psutil.Process(pid)
     total = 0.0
-    for p in proc.children(recursive=True) if children else [proc]:
+    for p in [*([proc] if itself else []), *(proc.children(recursive=True) if children else [])]:
         try:
             t = p.cpu_times()
             total += t.user + t.system
@@ -372,10 +372,11 @@ class System:
     def single(self, robot: Robot, n: int) -> dict[str, Any]:
         """``n`` round trips of ``robot``: their times (s) and the CPU per request (s) of client and server."""
         pid = self.proc.pid
-        c0, s0, d0 = time.process_time(), _cpu(pid, False), _cpu(pid, True)
+        c0, s0, d0 = time.process_time(), process_cpu_s(pid, children=False), process_cpu_s(pid, itself=False)
         rtts = [robot.ask() for _ in range(n)]
-        return {'rtt': rtts, 'client': (time.process_time() - c0) / n, 'worker': (_cpu(pid, False) - s0) / n,
-                'deployment': (_cpu(pid, True) - d0) / n}
+        return {'rtt': rtts, 'client': (time.process_time() - c0) / n,
+                'worker': (process_cpu_s(pid, children=False) - s0) / n,
+                'deployment': (process_cpu_s(pid, itself=False) - d0) / n}
 
 
 def _fleet(make: Callable[[], Robot]) -> list[float]:
