@@ -363,7 +363,7 @@ class PolicyProcess:
                     loop.call_soon(self._flush)
                 self._outgoing.append((seq, [head, header], fds))
                 fds = []
-        except (OSError, ValueError) as exc:
+        except Exception as exc:   # any failure to send (a closed loop, no memory): the calls in flight fail now
             self._fail_started(exc)
         finally:
             for fd in fds:
