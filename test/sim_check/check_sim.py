@@ -339,16 +339,9 @@ def judge(c: Check, rows: dict[str, dict]) -> list[str]:
         why = gate('product@0', 'product@0.8')
         text = (f'median time to success at 0.8 / at 0: {b["median_s"]:.3f} / {a["median_s"]:.3f} s = {ratio:.3f}, '
                 f'target <= {TIME_RATIO}: ')
-        if why:
-            text += why + (' (would be met)' if ratio <= TIME_RATIO
-                           else f' (would miss by {ratio / TIME_RATIO - 1:.1%})')
-        elif ratio <= TIME_RATIO:
-            text += 'met'
-        else:
-            text += f'MISSED by {ratio / TIME_RATIO - 1:.1%}'
-            c.failures.append(f'median time to success at 0.8 is {ratio:.3f}x the no-delay median '
-                              f'(target {TIME_RATIO})')
-        lines.append(text)
+        lines.append(text + _ratio_verdict(ratio, TIME_RATIO, why, c.failures,
+                                           f'median time to success at 0.8 is {ratio:.3f}x the no-delay median '
+                                           f'(target {TIME_RATIO})'))
     for name in ('product@0.5', 'product@0.8'):
         r = rows.get(name)
         if not r or r.get('vs_ideal') is None:
@@ -357,15 +350,9 @@ def judge(c: Check, rows: dict[str, dict]) -> list[str]:
         text = (f'inferences per executed chunk at {name.split("@")[1]}: {r["per_chunk"]:.2f}, ideal pipeline '
                 f'{r["ideal_per_chunk"]:.2f} (median p95 round trip {r["largest_rtt_ms"]:.0f} ms) = '
                 f'{r["vs_ideal"]:.2f}x, target <= {INFERENCE_RATIO}x: ')
-        if why:
-            text += why + (' (would be met)' if r['vs_ideal'] <= INFERENCE_RATIO else ' (would miss)')
-        elif r['vs_ideal'] <= INFERENCE_RATIO:
-            text += 'met'
-        else:
-            text += f'MISSED by {r["vs_ideal"] / INFERENCE_RATIO - 1:.1%}'
-            c.failures.append(f'{name}: {r["vs_ideal"]:.2f}x the ideal pipeline\'s inferences (target '
-                              f'{INFERENCE_RATIO}x)')
-        lines.append(text)
+        lines.append(text + _ratio_verdict(r['vs_ideal'], INFERENCE_RATIO, why, c.failures,
+                                           f'{name}: {r["vs_ideal"]:.2f}x the ideal pipeline\'s inferences '
+                                           f'(target {INFERENCE_RATIO}x)'))
     m = rows.get('product@0.5')
     if m:
         why = gate('product@0.5')
@@ -379,6 +366,19 @@ def judge(c: Check, rows: dict[str, dict]) -> list[str]:
             c.failures.append(f'{m["underruns"]} underruns ({m["underrun_s"]:.3f} s) at 0.5 of a chunk (target 0)')
         lines.append(text)
     return lines
+
+
+def _ratio_verdict(ratio: float, target: float, why: str, failures: list[str], failure: str) -> str:
+    """A ratio target's verdict: ``met``, ``MISSED by X%`` (``failure`` appended to ``failures``), or its gate's reason.
+
+    ``why``: the load gate's reason when the run is not judged (then what the verdict would have been follows).
+    """
+    if why:
+        return why + (' (would be met)' if ratio <= target else f' (would miss by {ratio / target - 1:.1%})')
+    if ratio <= target:
+        return 'met'
+    failures.append(failure)
+    return f'MISSED by {ratio / target - 1:.1%}'
 
 
 def table(rows: dict[str, dict]) -> list[str]:
