@@ -9,12 +9,11 @@ Each test was first committed ``xfail(strict=True)`` naming the bug, and lost it
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 from std_msgs.msg import Float64MultiArray
-from test_node_support import RAMP, Probe, node_log, node_params, spawn_node, wait_for
+from test_node_support import RAMP, Probe, node_log, node_params, observation_refusals, spawn_node, wait_for
 
 from sequence_ai_ros.worker import serve_policy_file
 
@@ -1004,11 +1003,13 @@ def test_a_message_naming_none_of_the_joints_changes_nothing_even_when_malformed
     fb = [f.feedback for f in probe.feedback if f.feedback.episode_id == result.episode_id and f.feedback.commands_sent]
     assert result.reason == 'timeout' and result.commands_sent > 0, (result, probe.diag_message('observation'))
     # no hold after the first command but the episode's last period (the tick that finds it over holds for it),
-    # unless the buffer ran dry (a loaded machine); the log names any observation the node refused
+    # unless a loaded machine explains it: the buffer ran dry, or the test's own publisher starved (stale); the
+    # log names any observation the node refused
     assert fb, result
-    assert fb[-1].ticks_held - fb[0].ticks_held <= 1 or fb[-1].underruns > fb[0].underruns, \
-        ('held after the first command', fb[0], fb[-1])
-    assert 'observation invalid' not in Path(proc.log).read_text(), node_log(proc)   # the whole log
+    assert (fb[-1].ticks_held - fb[0].ticks_held <= 1 or fb[-1].underruns > fb[0].underruns
+            or observation_refusals(proc)[0]), ('held after the first command', fb[0], fb[-1])
+    # the whole log: no reason but a source going stale, which names the test's own publisher starving under load
+    assert not observation_refusals(proc)[1], node_log(proc)
 
 
 def test_diagnostics_ticks_skipped_hold_an_episodes_skips_when_a_deactivate_ends_a_stall(

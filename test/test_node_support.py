@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import threading
@@ -318,6 +319,22 @@ class Probe:
             return ''
         future = self._get_state.call_async(GetState.Request())
         return future.result().current_state.label if wait_for(future.done, timeout) else ''
+
+
+def observation_refusals(proc: Any) -> tuple[list[str], list[str]]:
+    """The node's 'observation invalid' reasons so far, split into (staleness, every other reason).
+
+    A source going stale names the test process's publisher thread starving on a loaded machine (CI shares its
+    cores), not what a test sends; every other reason (a missing, duplicated or malformed joint) is the node
+    refusing what it was sent.
+    """
+    stale: list[str] = []
+    other: list[str] = []
+    for line in Path(proc.log).read_text().splitlines():
+        _, found, reasons = line.partition('observation invalid, holding: ')
+        for reason in reasons.split('; ') if found else ():
+            (stale if re.search(r': stale \(', reason) else other).append(reason)
+    return stale, other
 
 
 def node_log(proc: Any) -> str:
