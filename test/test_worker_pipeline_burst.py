@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from sequence_ai_ros.worker import policy_host as wire
+from sequence_ai_ros.worker import policy_process
 from sequence_ai_ros.worker.policy_process import describe_policy_file
 
 SUM = textwrap.dedent('''
@@ -70,7 +71,8 @@ def _burst(policy, loop, rounds: int, cancel_at: int) -> list[tuple[str, object,
     return loop.run_until_complete(run())
 
 
-def test_a_burst_of_pipelined_calls_each_with_a_new_segment_gets_its_own_answers(policy):
+def test_a_burst_of_pipelined_calls_each_with_a_new_segment_gets_its_own_answers(policy, monkeypatch):
+    monkeypatch.setattr(policy_process, 'PIPELINED_ARRAY_BYTES', 1 << 30)    # a whole burst in flight (~85 MB)
     loop = asyncio.new_event_loop()
     try:
         answers = _burst(policy, loop, rounds=2, cancel_at=7)
@@ -86,6 +88,41 @@ def test_a_burst_of_pipelined_calls_each_with_a_new_segment_gets_its_own_answers
     arr = np.arange(1000, dtype=np.float32)                 # a thread's call after the bursts: its own segment too
     assert policy.process.call('infer', arr, ('t', '', 'sum'))[0][0] == float(arr.sum())
     assert policy.alive()
+
+
+def test_calls_in_flight_hold_at_most_the_array_bytes_bound_and_the_rest_wait(policy, monkeypatch):
+    """Past PIPELINED_ARRAY_BYTES of arrays in flight a call is not sent: it waits in the deployment's queue.
+
+    start() answers None for it; the first call is always sent, and once answers come calls are sent again.
+    """
+    monkeypatch.setattr(policy_process, 'PIPELINED_ARRAY_BYTES', 3 << 20)
+    loop = asyncio.new_event_loop()
+    arrays = [np.full(1 << 20, k + 1, np.uint8) for k in range(4)]      # 1 MB each
+
+    async def run() -> tuple[list[bool], list[tuple[str, object]], bool]:
+        futures, sent = [], []
+        for arr in arrays:
+            fut = loop.create_future()
+            cancel = policy.process.start(loop, lambda s, v, f=fut: f.set_result((s, v)), 'infer', arr,
+                                          ('e', '', 'sum'), step='inferring')
+            sent.append(cancel is not None)
+            if cancel is not None:
+                futures.append(fut)
+        answers = [await asyncio.wait_for(fut, 60) for fut in futures]
+        fut = loop.create_future()       # nothing in flight now: a 4 MB call alone goes at once
+        again = policy.process.start(loop, lambda s, v: fut.set_result((s, v)), 'infer',
+                                     np.ones(4 << 20, np.uint8), ('e', '', 'sum'), step='inferring')
+        answers.append(await asyncio.wait_for(fut, 60))
+        return sent, answers, again is not None
+
+    try:
+        sent, answers, again = loop.run_until_complete(run())
+    finally:
+        loop.close()
+    assert sent == [True, True, True, False], sent                  # 3 MB in flight: the fourth waits
+    assert again
+    for (status, value), arr in zip(answers, [*arrays[:3], np.ones(4 << 20, np.uint8)], strict=True):
+        assert status == 'ok' and value[0][0] == float(arr.astype(np.int64).sum()), (status, value)
 
 
 def test_a_read_that_loses_file_descriptors_fails_the_channel_not_a_later_call():

@@ -81,6 +81,9 @@ OUTPUT_JOIN_S = 1.0
 #: Largest header (bytes) of a call sent behind others in flight: the socket's buffer takes it without blocking
 #: the event loop (a larger one waits until the pipeline is empty).
 PIPELINED_HEADER_BYTES = 64 << 10
+#: Most array bytes of the calls in flight from the event loop at once (their shared memory): past it a call
+#: waits in the deployment's queue until answers come (a pipeline of large frames stays within it).
+PIPELINED_ARRAY_BYTES = 64 << 20
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 #: A deployment process's start: this worker's copy of the package first on its path, then
 #: :func:`~.policy_host.main`. ``python -m`` put the working directory first, so that a checkout there (another
@@ -128,13 +131,14 @@ def exit_words(code: int | None) -> str:
 class _Sent:
     """A call started from the event loop, in flight (:meth:`PolicyProcess.start`)."""
 
-    __slots__ = ('seq', 'seg', 'done', 'answered')
+    __slots__ = ('seq', 'seg', 'done', 'answered', 'nbytes')
 
-    def __init__(self, seq: int, seg: int, done: Callable[[str | None, Any], None]) -> None:
+    def __init__(self, seq: int, seg: int, done: Callable[[str | None, Any], None], nbytes: int = 0) -> None:
         self.seq = seq
         self.seg = seg
         self.done = done
         self.answered = False
+        self.nbytes = nbytes      # its arrays' bytes in shared memory
 
 
 class PolicyProcess:
@@ -208,6 +212,7 @@ class PolicyProcess:
         #: while calls started from an event loop are in flight: that loop (it reads the answers), and the calls
         self._reading: asyncio.AbstractEventLoop | None = None
         self._inflight: collections.deque[_Sent] = collections.deque()
+        self._inflight_bytes = 0                     # their arrays' bytes (:data:`PIPELINED_ARRAY_BYTES`)
         #: calls started behind busy ones, sent together at the end of the loop's pass: (seq, parts, fds)
         self._outgoing: list[tuple[int, list[bytes], list[int]]] = []
         try:                       # before anyone may reap it: the pid names this process
@@ -326,8 +331,9 @@ class PolicyProcess:
         from a thread of its own, once the exit status is known.
 
         :return: the call's cancel (any thread): it marks the call dropped, unless it was answered (then it
-            returns False); None, having sent nothing, when a thread's call runs, :attr:`depth` calls are in
-            flight, the process is dead or the arguments do not pickle (:meth:`call` then answers as usual).
+            returns False); None, having sent nothing, when a thread's call runs, :attr:`depth` calls (or
+            :data:`PIPELINED_ARRAY_BYTES` of arrays) are in flight, the process is dead or the arguments do not
+            pickle (:meth:`call` then answers as usual).
         """
         first = not self._inflight
         if first:
@@ -339,7 +345,8 @@ class PolicyProcess:
             if self._dead is not None:
                 raise _NotSent
             header, pickler = wire.encode_call((command, args, ended))
-            if not first and len(header) > PIPELINED_HEADER_BYTES:     # a send that could block the loop
+            if not first and (len(header) > PIPELINED_HEADER_BYTES     # a send that could block the loop
+                              or self._inflight_bytes + pickler.size > PIPELINED_ARRAY_BYTES):
                 raise _NotSent
         except Exception:
             if first:
@@ -350,8 +357,9 @@ class PolicyProcess:
         seq = self._next_seq()
         slot = seq % wire.SLOTS
         self._flags[slot] = 0
-        sent = _Sent(seq, -1, done)
+        sent = _Sent(seq, -1, done, pickler.size)
         self._inflight.append(sent)
+        self._inflight_bytes += sent.nbytes
         try:
             head, fds, sent.seg = self._place(pickler, slot)
             if first:                  # the process waits: at once
@@ -407,6 +415,7 @@ class PolicyProcess:
                 self._fail_started(exc)
                 return
             self._inflight.popleft()
+            self._inflight_bytes -= oldest.nbytes
             oldest.answered = True
             self._answered(oldest.seg, released)
             if not self._inflight:
@@ -427,6 +436,7 @@ class PolicyProcess:
         loop, self._reading = self._reading, None
         sent = list(self._inflight)
         self._inflight.clear()
+        self._inflight_bytes = 0
         if loop is not None and not loop.is_closed():
             try:
                 loop.remove_reader(self._sock.fileno())
