@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from sequence_ai_ros.policy.api import Episode
+from sequence_ai_ros.policy.api import Episode, Result
 from sequence_ai_ros.protocol import messages
 from sequence_ai_ros.protocol.types import Observation
 from sequence_ai_ros.worker import policy_host as wire
@@ -216,6 +216,32 @@ def test_an_answer_the_worker_cannot_unpickle_is_the_policys_failure_not_the_pro
     body = b'cnowhere\nThing\n.'                          # a class of a module the worker lacks
     released, (status, value) = wire.parse_reply(memoryview(struct.pack('<Ii', 1, 4) + body))
     assert released == [4] and status == 'err' and "cannot be read in the worker: ModuleNotFoundError" in value
+
+
+@pytest.mark.parametrize('value', [
+    np.linspace(-1, 1, 30 * 26, dtype=np.float32).reshape(30, 26),
+    Result(np.arange(12, dtype=np.float64).reshape(3, 4), True),
+    Result(np.ones((2, 3), '>f4'), False),
+    np.zeros((0, 26), np.float32),
+    np.asfortranarray(np.arange(12.0).reshape(3, 4)),
+    np.array([1 + 2j]), np.array(['ab']), np.arange(4).reshape(1, 1, 1, 1, 4),
+], ids=['float32', 'result', 'big-endian', 'empty', 'fortran', 'complex', 'text', '5-d'])
+def test_an_answer_arrives_equal_and_writeable_whether_laid_out_raw_or_pickled(value):
+    """Chunks of plain numbers travel raw (no pickle either way); anything else is pickled, as before."""
+    released, (status, got) = wire.parse_reply(memoryview(b''.join(wire.reply_parts([2], wire.reply_body('ok',
+                                                                                                           value)))))
+    assert released == [2] and status == 'ok'
+    want, got_arr = (value.actions, got.actions) if isinstance(value, Result) else (value, got)
+    assert type(got) is type(value) and getattr(got, 'done', None) == getattr(value, 'done', None)
+    assert np.asarray(want).dtype == got_arr.dtype and np.array_equal(np.asarray(want), got_arr)
+    assert got_arr.flags.writeable
+
+
+def test_a_raw_answer_whose_sizes_disagree_is_the_policys_failure():
+    body = wire.reply_body('ok', np.ones((30, 26), np.float32))
+    assert body[:1] == b'R'                                # laid out raw
+    released, (status, value) = wire.parse_reply(memoryview(struct.pack('<I', 0) + body[:-4]))
+    assert released == [] and status == 'err' and 'a raw answer of shape (30, 26) float32 in 3116 bytes' in value
 
 
 @pytest.mark.parametrize('blocking', [True, False], ids=['recv', 'poll'])
