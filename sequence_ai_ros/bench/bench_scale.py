@@ -10,9 +10,10 @@ waits (at most ``--quiet-wait``, :data:`QUIET_WAIT_S`) for the 1-minute load ave
 :data:`QUIET_LOAD` (128 robots at 10 req/s load both cores themselves, so the previous run's load decays first),
 and prints the load average before and after it beside the figures: a run that started above it shares the
 cores with other work, and says so. Each row gives the CPU time per request of the worker and of its
-deployment process (``/proc``), and each run the default's throughput as a ratio of ``none``'s in the same
-run. The workers get ``--max-pending`` and ``--max-streams`` above the robot count, so a queue limit is not
-what is measured.
+deployment process (``/proc``) and of the robots (this process's threads), the cores all three kept busy on
+average (of :func:`os.cpu_count`: near 2 of 2, replies queue for a core), and each run the default's
+throughput as a ratio of ``none``'s in the same run. The workers get ``--max-pending`` and ``--max-streams``
+above the robot count, so a queue limit is not what is measured.
 
 Goal (:data:`GOAL`; 2 cores, quiet): 128 robots with 0 late replies in 3 of 3 runs at each isolation, and the
 default's throughput within 10 % of ``none``'s in every run.
@@ -91,12 +92,15 @@ def measure(worker: Worker, robots: int, seconds: float) -> dict:
     before = os.getloadavg()[0]
     pids = [worker.proc.pid, *children(worker.proc.pid)]
     start = {pid: cpu_s(pid) for pid in pids}
+    robots_cpu = time.process_time()
     fig = drive(worker, robots, seconds, NAMES)
+    robots_cpu = time.process_time() - robots_cpu
     pids += [pid for pid in children(worker.proc.pid) if pid not in start]     # a process restarted meanwhile
     spent = {pid: cpu_s(pid) - start.get(pid, 0.0) for pid in pids}
     n = max(1, fig['requests'])
     fig.update(load_before=before, load_after=os.getloadavg()[0], worker_cpu_ms=spent[worker.proc.pid] / n * 1e3,
-               process_cpu_ms=sum(v for pid, v in spent.items() if pid != worker.proc.pid) / n * 1e3)
+               process_cpu_ms=sum(v for pid, v in spent.items() if pid != worker.proc.pid) / n * 1e3,
+               robots_cpu_ms=robots_cpu / n * 1e3, cores_busy=(sum(spent.values()) + robots_cpu) / seconds)
     return fig
 
 
@@ -122,7 +126,8 @@ def run(robots: int = 128, seconds: float = 30.0, runs: int = 3, isolations: tup
             print(f'{robots} robots at 10 req/s, 0 ms policy, {seconds:g} s per run; isolations {", ".join(isolations)}'
                   f' interleaved; {os.cpu_count()} cores')
             print(f'{"run":>3} {"isolation":<9} {"robots":>6} {"req/s":>7} {"p50 ms":>7} {"p99 ms":>7} {"late":>6} '
-                  f'{"worker ms/req":>13} {"process ms/req":>14} {"load before":>11} {"load after":>10}')
+                  f'{"worker ms/req":>13} {"process ms/req":>14} {"robots ms/req":>13} {"cores busy":>10} '
+                  f'{"load before":>11} {"load after":>10}')
             for k in range(1, runs + 1):
                 order = isolations if k % 2 else tuple(reversed(isolations))
                 row: dict[str, dict] = {}
@@ -134,6 +139,7 @@ def run(robots: int = 128, seconds: float = 30.0, runs: int = 3, isolations: tup
                     row[mode] = fig
                     print(f'{k:>3} {mode:<9} {robots:>6} {fig["rate"]:>7.1f} {fig["p50"]:>7.1f} {fig["p99"]:>7.1f} '
                           f'{fig["late"]:>6} {fig["worker_cpu_ms"]:>13.3f} {fig["process_cpu_ms"]:>14.3f} '
+                          f'{fig["robots_cpu_ms"]:>13.3f} {fig["cores_busy"]:>10.2f} '
                           f'{before:>11.2f} {fig["load_after"]:>10.2f}' + ('' if fig['quiet'] else '  (not quiet)')
                           + (f'  errors: {fig["errors"]}' if fig['errors'] else ''), flush=True)
                     time.sleep(1.0)
