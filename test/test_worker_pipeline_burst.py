@@ -1,9 +1,10 @@
 """A burst of inferences pipelined to a real deployment process, each on a new shared-memory segment.
 
-The calls started behind the first go in one write with one ``memfd`` per call (``SCM_RIGHTS``); the process
-must take every fd (a read with room for 4 lost the rest, and each later call answered ``IndexError: pop from an
-empty deque`` or read another call's segment). Every answer is checked against its own input's values, with a
-call cancelled in the middle and a thread's call after the burst, so a segment mixed up shows as a wrong value.
+The calls started behind the first carry one ``memfd`` each (``SCM_RIGHTS``) and reach the process back to back,
+several in one read; the process must take every fd (a read with room for 4 lost the rest, and each later call
+answered ``IndexError: pop from an empty deque`` or read another call's segment). Every answer is checked against
+its own input's values, with a call cancelled in the middle and a thread's call after the burst, so a segment mixed
+up shows as a wrong value.
 """
 
 from __future__ import annotations

@@ -213,8 +213,6 @@ class PolicyProcess:
         self._reading: asyncio.AbstractEventLoop | None = None
         self._inflight: collections.deque[_Sent] = collections.deque()
         self._inflight_bytes = 0                     # their arrays' bytes (:data:`PIPELINED_ARRAY_BYTES`)
-        #: calls started behind busy ones, sent together at the end of the loop's pass: (seq, parts, fds)
-        self._outgoing: list[tuple[int, list[bytes], list[int]]] = []
         try:                       # before anyone may reap it: the pid names this process
             pidfd = os.pidfd_open(self.process.pid)
         except OSError:            # a kernel without pidfds (< 5.3): the EOF alone tells its exit
@@ -362,34 +360,18 @@ class PolicyProcess:
         self._inflight_bytes += sent.nbytes
         try:
             head, fds, sent.seg = self._place(pickler, slot)
-            if first:                  # the process waits: at once
+            if first:
                 self._reading = loop
                 loop.add_reader(self._sock.fileno(), self._on_readable)
-                self._channel.send([head, header], fds, seq)
-            else:                      # the process is busy: with the others sent this pass of the loop, in one write
-                if not self._outgoing:
-                    loop.call_soon(self._flush)
-                self._outgoing.append((seq, [head, header], fds))
-                fds = []
+            # at once, behind busy ones too: gathered into one write at the end of the loop's pass, a call waited
+            # for that pass (p99 9 ms, up to 22 ms at 128 robots; 0.4 ms sent at once)
+            self._channel.send([head, header], fds, seq)
         except Exception as exc:   # any failure to send (a closed loop, no memory): the calls in flight fail now
             self._fail_started(exc)
         finally:
             for fd in fds:
                 os.close(fd)
         return lambda: self._cancel(sent, slot)
-
-    def _flush(self) -> None:
-        """Send the calls started behind busy ones during the loop's last pass, in one write (loop thread)."""
-        out, self._outgoing = self._outgoing, []
-        fds = [fd for _, _, call_fds in out for fd in call_fds]
-        try:
-            if out and self._inflight:          # (none: the process failed meanwhile)
-                self._channel.send_frames([(seq, parts) for seq, parts, _ in out], fds)
-        except (OSError, ValueError) as exc:
-            self._fail_started(exc)
-        finally:
-            for fd in fds:
-                os.close(fd)
 
     def _cancel(self, sent: _Sent, slot: int) -> bool:
         """Mark a call in flight dropped: the process never starts it if its turn has not come (any thread)."""
