@@ -78,9 +78,11 @@ START_TIMEOUT_S = 60.0
 MAX_REPLY_BYTES = 256 << 20
 #: Longest wait (s) at close for the last lines of a deployment process's stdout and stderr.
 OUTPUT_JOIN_S = 1.0
-#: Largest header (bytes) of a call sent behind others in flight: the socket's buffer takes it without blocking
-#: the event loop (a larger one waits until the pipeline is empty).
-PIPELINED_HEADER_BYTES = 64 << 10
+#: The send buffer asked for on the worker's end of a deployment process's socket (bytes); the kernel caps it at
+#: ``net.core.wmem_max`` (doubled: 416 KB by default), and the pipeline's budget is sized from what it gave.
+SOCKET_SEND_BUFFER_BYTES = 4 << 20
+#: What the kernel may charge a write beyond its bytes (an ``sk_buff``, rounding), counted against the budget.
+SEND_OVERHEAD_BYTES = 2048
 #: Most array bytes of the calls in flight from the event loop at once (their shared memory): past it a call
 #: waits in the deployment's queue until answers come (a pipeline of large frames stays within it).
 PIPELINED_ARRAY_BYTES = 64 << 20
@@ -131,14 +133,16 @@ def exit_words(code: int | None) -> str:
 class _Sent:
     """A call started from the event loop, in flight (:meth:`PolicyProcess.start`)."""
 
-    __slots__ = ('seq', 'seg', 'done', 'answered', 'nbytes')
+    __slots__ = ('seq', 'seg', 'done', 'answered', 'nbytes', 'wire')
 
-    def __init__(self, seq: int, seg: int, done: Callable[[str | None, Any], None], nbytes: int = 0) -> None:
+    def __init__(self, seq: int, seg: int, done: Callable[[str | None, Any], None], nbytes: int = 0,
+                 wire: int = 0) -> None:
         self.seq = seq
         self.seg = seg
         self.done = done
         self.answered = False
         self.nbytes = nbytes      # its arrays' bytes in shared memory
+        self.wire = wire          # its bytes on the socket, with the kernel's overhead (estimated)
 
 
 class PolicyProcess:
@@ -194,6 +198,16 @@ class PolicyProcess:
         self.output = [OutputRelay(pipes[k][0], name, stream, self.process.pid, budget)
                        for k, stream in enumerate(('stdout', 'stderr'))]
         self._sock = ours
+        try:
+            ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_SEND_BUFFER_BYTES)
+        except OSError:          # the kernel's default then
+            pass
+        #: bytes of calls that may sit in the socket unread at once (half its send buffer): a call that would pass
+        #: it waits in the deployment's queue. The process reads its next call only once it answered the one
+        #: running, so a blocking send past the buffer froze the worker's event loop for an inference's length,
+        #: and with a large answer the process could not write, for good: both sides blocked in a send.
+        self.send_budget = ours.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) // 2
+        self._inflight_wire = 0                     # bytes of the calls in flight sent on the socket (estimated)
         self._sock_lock = threading.Lock()        # the exit watch's shutdown against close()
         self._channel = wire.Channel(ours, limit=MAX_REPLY_BYTES, take_fds=False)
         self._seq = 0                              # the sequence number of the last call sent
@@ -330,8 +344,8 @@ class PolicyProcess:
 
         :return: the call's cancel (any thread): it marks the call dropped, unless it was answered (then it
             returns False); None, having sent nothing, when a thread's call runs, :attr:`depth` calls (or
-            :data:`PIPELINED_ARRAY_BYTES` of arrays) are in flight, the process is dead or the arguments do not
-            pickle (:meth:`call` then answers as usual).
+            :data:`PIPELINED_ARRAY_BYTES` of arrays, or :attr:`send_budget` bytes on the socket) are in flight,
+            the process is dead or the arguments do not pickle (:meth:`call` then answers as usual).
         """
         first = not self._inflight
         if first:
@@ -343,7 +357,8 @@ class PolicyProcess:
             if self._dead is not None:
                 raise _NotSent
             header, pickler = wire.encode_call((command, args, ended))
-            if not first and (len(header) > PIPELINED_HEADER_BYTES     # a send that could block the loop
+            sent_bytes = len(header) + SEND_OVERHEAD_BYTES + 4 * len(self._dropped) + 64    # with its heads
+            if not first and (self._inflight_wire + sent_bytes > self.send_budget     # a send that could block
                               or self._inflight_bytes + pickler.size > PIPELINED_ARRAY_BYTES):
                 raise _NotSent
         except Exception:
@@ -355,9 +370,10 @@ class PolicyProcess:
         seq = self._next_seq()
         slot = seq % wire.SLOTS
         self._flags[slot] = 0
-        sent = _Sent(seq, -1, done, pickler.size)
+        sent = _Sent(seq, -1, done, pickler.size, sent_bytes)
         self._inflight.append(sent)
         self._inflight_bytes += sent.nbytes
+        self._inflight_wire += sent.wire
         try:
             head, fds, sent.seg = self._place(pickler, slot)
             if first:
@@ -398,6 +414,7 @@ class PolicyProcess:
                 return
             self._inflight.popleft()
             self._inflight_bytes -= oldest.nbytes
+            self._inflight_wire -= oldest.wire
             oldest.answered = True
             self._answered(oldest.seg, released)
             if not self._inflight:
@@ -419,6 +436,7 @@ class PolicyProcess:
         sent = list(self._inflight)
         self._inflight.clear()
         self._inflight_bytes = 0
+        self._inflight_wire = 0
         if loop is not None and not loop.is_closed():
             try:
                 loop.remove_reader(self._sock.fileno())
