@@ -145,6 +145,49 @@ class _Sent:
         self.wire = wire          # its bytes on the socket, with the kernel's overhead (estimated)
 
 
+class _InFlight:
+    """The calls started from the event loop and not answered yet, in the order sent, and what they hold.
+
+    :param send_budget: bytes of calls that may sit unread in the socket at once (estimated with the kernel's
+        overhead, :data:`SEND_OVERHEAD_BYTES`).
+    """
+
+    __slots__ = ('array_bytes', 'calls', 'send_budget', 'wire_bytes')
+
+    def __init__(self, send_budget: int) -> None:
+        self.calls: collections.deque[_Sent] = collections.deque()
+        self.array_bytes = 0        # their arrays' bytes in shared memory (:data:`PIPELINED_ARRAY_BYTES`)
+        self.wire_bytes = 0         # their bytes sent on the socket
+        self.send_budget = send_budget
+
+    def __len__(self) -> int:
+        return len(self.calls)
+
+    def fits(self, array_bytes: int, wire_bytes: int) -> bool:
+        """Whether a call of these sizes may go behind the ones in flight (neither bound passed)."""
+        return (self.wire_bytes + wire_bytes <= self.send_budget
+                and self.array_bytes + array_bytes <= PIPELINED_ARRAY_BYTES)
+
+    def add(self, sent: _Sent) -> None:
+        self.calls.append(sent)
+        self.array_bytes += sent.nbytes
+        self.wire_bytes += sent.wire
+
+    def pop(self) -> _Sent:
+        """Take the oldest call (answered)."""
+        sent = self.calls.popleft()
+        self.array_bytes -= sent.nbytes
+        self.wire_bytes -= sent.wire
+        return sent
+
+    def take_all(self) -> list[_Sent]:
+        """Take every call (the loop stops reading, or the process failed)."""
+        calls = list(self.calls)
+        self.calls.clear()
+        self.array_bytes = self.wire_bytes = 0
+        return calls
+
+
 class PolicyProcess:
     """One deployment process and the socket to it.
 
@@ -202,12 +245,11 @@ class PolicyProcess:
             ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_SEND_BUFFER_BYTES)
         except OSError:          # the kernel's default then
             pass
-        #: bytes of calls that may sit in the socket unread at once (half its send buffer): a call that would pass
-        #: it waits in the deployment's queue. The process reads its next call only once it answered the one
-        #: running, so a blocking send past the buffer froze the worker's event loop for an inference's length,
-        #: and with a large answer the process could not write, for good: both sides blocked in a send.
-        self.send_budget = ours.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) // 2
-        self._inflight_wire = 0                     # bytes of the calls in flight sent on the socket (estimated)
+        # Calls that may sit in the socket unread at once: half its send buffer (a call that would pass it waits
+        # in the deployment's queue). The process reads its next call only once it answered the one running, so
+        # a blocking send past the buffer froze the worker's event loop for an inference's length, and with a
+        # large answer the process could not write, for good: both sides blocked in a send.
+        send_budget = ours.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) // 2
         self._sock_lock = threading.Lock()        # the exit watch's shutdown against close()
         self._channel = wire.Channel(ours, limit=MAX_REPLY_BYTES, take_fds=False)
         self._seq = 0                              # the sequence number of the last call sent
@@ -225,8 +267,7 @@ class PolicyProcess:
         self.step = 'starting'
         #: while calls started from an event loop are in flight: that loop (it reads the answers), and the calls
         self._reading: asyncio.AbstractEventLoop | None = None
-        self._inflight: collections.deque[_Sent] = collections.deque()
-        self._inflight_bytes = 0                     # their arrays' bytes (:data:`PIPELINED_ARRAY_BYTES`)
+        self._inflight = _InFlight(send_budget)
         try:                       # before anyone may reap it: the pid names this process
             pidfd = os.pidfd_open(self.process.pid)
         except OSError:            # a kernel without pidfds (< 5.3): the EOF alone tells its exit
@@ -344,7 +385,7 @@ class PolicyProcess:
 
         :return: the call's cancel (any thread): it marks the call dropped, unless it was answered (then it
             returns False); None, having sent nothing, when a thread's call runs, :attr:`depth` calls (or
-            :data:`PIPELINED_ARRAY_BYTES` of arrays, or :attr:`send_budget` bytes on the socket) are in flight,
+            :data:`PIPELINED_ARRAY_BYTES` of arrays, or half the socket's send buffer) are in flight,
             the process is dead or the arguments do not pickle (:meth:`call` then answers as usual).
         """
         first = not self._inflight
@@ -358,8 +399,7 @@ class PolicyProcess:
                 raise _NotSent
             header, pickler = wire.encode_call((command, args, ended))
             sent_bytes = len(header) + SEND_OVERHEAD_BYTES + 4 * len(self._dropped) + 64    # with its heads
-            if not first and (self._inflight_wire + sent_bytes > self.send_budget     # a send that could block
-                              or self._inflight_bytes + pickler.size > PIPELINED_ARRAY_BYTES):
+            if not first and not self._inflight.fits(pickler.size, sent_bytes):    # a send that could block
                 raise _NotSent
         except Exception:
             if first:
@@ -371,9 +411,7 @@ class PolicyProcess:
         slot = seq % wire.SLOTS
         self._flags[slot] = 0
         sent = _Sent(seq, -1, done, pickler.size, sent_bytes)
-        self._inflight.append(sent)
-        self._inflight_bytes += sent.nbytes
-        self._inflight_wire += sent.wire
+        self._inflight.add(sent)
         try:
             head, fds, sent.seg = self._place(pickler, slot)
             if first:
@@ -402,7 +440,7 @@ class PolicyProcess:
     def _on_readable(self) -> None:
         """The loop's reader while calls started there are in flight: hand their answers on, in order (loop thread)."""
         while self._inflight:
-            oldest = self._inflight[0]
+            oldest = self._inflight.calls[0]
             try:
                 payload = self._channel.poll(oldest.seq, more=len(self._inflight) > 1)
                 if payload is None:
@@ -412,9 +450,7 @@ class PolicyProcess:
             except Exception as exc:    # the process ended, or sent what is no answer: it is done for
                 self._fail_started(exc)
                 return
-            self._inflight.popleft()
-            self._inflight_bytes -= oldest.nbytes
-            self._inflight_wire -= oldest.wire
+            self._inflight.pop()
             oldest.answered = True
             self._answered(oldest.seg, released)
             if not self._inflight:
@@ -433,10 +469,7 @@ class PolicyProcess:
     def _end_started(self) -> list[_Sent]:
         """The loop stops reading; return the calls that were in flight (now none)."""
         loop, self._reading = self._reading, None
-        sent = list(self._inflight)
-        self._inflight.clear()
-        self._inflight_bytes = 0
-        self._inflight_wire = 0
+        sent = self._inflight.take_all()
         if loop is not None and not loop.is_closed():
             try:
                 loop.remove_reader(self._sock.fileno())
