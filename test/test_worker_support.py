@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -111,3 +112,22 @@ def wait_for(predicate, timeout: float = 30.0, what: str = 'condition'):
             return value
         time.sleep(0.02)
     raise AssertionError(f'timed out after {timeout} s waiting for {what}')
+
+
+@contextlib.contextmanager
+def serving(path, deployment: str, *, isolation: str = 'process', timeout: float = 60.0, **config):
+    """A worker serving ``path`` as ``deployment`` on 127.0.0.1 (a free port), ready; yields (server, stub, runtime).
+
+    ``config``: further :func:`~sequence_ai_ros.worker.serve_policy_file` settings (``inference_timeout_s``, ...).
+    """
+    from sequence_ai_ros.worker import serve_policy_file
+
+    server = serve_policy_file(path, deployment=deployment, host='127.0.0.1', port=0, isolation=isolation, **config)
+    ch = channel(server.port)
+    try:
+        stub = pb_grpc.PolicyServiceStub(ch)
+        assert wait_ready(stub, deployment, timeout=timeout).ready
+        yield server, stub, server.runtimes[deployment]
+    finally:
+        ch.close()
+        server.stop(grace=0.5)

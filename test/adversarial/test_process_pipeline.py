@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_worker_support import Stream, channel, state_request, wait_for, wait_ready
+from test_worker_support import Stream, channel, serving, state_request, wait_for, wait_ready
 
 from sequence_ai_ros.protocol import codec
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
@@ -79,14 +79,9 @@ def first(reply: pb.EpisodeReply) -> tuple[float, float]:
 @pytest.fixture
 def gated(tmp_path):
     """A worker serving ``gated`` in its deployment process; yields (server, stub, runtime)."""
-    server = serve_policy_file(write_policy(tmp_path, 'gated'), deployment='gated', host='127.0.0.1', port=0,
-                               isolation='process', inference_timeout_s=120.0, idle_timeout_s=120)
-    ch = channel(server.port)
-    stub = pb_grpc.PolicyServiceStub(ch)
-    assert wait_ready(stub, 'gated', timeout=WAIT_S).ready
-    yield server, stub, server.runtimes['gated']
-    ch.close()
-    server.stop(grace=0.5)
+    with serving(write_policy(tmp_path, 'gated'), 'gated', timeout=WAIT_S, inference_timeout_s=120.0,
+                 idle_timeout_s=120) as served:
+        yield served
 
 
 def _open(stub, deployment: str, names: list[str]) -> list[Stream]:

@@ -16,12 +16,11 @@ import threading
 import time
 
 import pytest
-from test_worker_support import Stream, channel, state_request, wait_for, wait_ready
+from test_worker_support import Stream, serving, state_request, wait_for
 
 from sequence_ai_ros.protocol import codec
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
-from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
-from sequence_ai_ros.worker import policy_process, serve_policy_file
+from sequence_ai_ros.worker import policy_process
 
 WAIT_S = 60.0
 
@@ -63,14 +62,8 @@ def served(tmp_path, monkeypatch, request):
     path = tmp_path / 'gated' / 'policy.py'
     path.parent.mkdir(parents=True)
     path.write_text(POLICY)
-    server = serve_policy_file(path, deployment='gated', host='127.0.0.1', port=0, isolation='process',
-                               inference_timeout_s=120.0, idle_timeout_s=120)
-    ch = channel(server.port)
-    stub = pb_grpc.PolicyServiceStub(ch)
-    assert wait_ready(stub, 'gated', timeout=WAIT_S).ready
-    yield server, stub, server.runtimes['gated']
-    ch.close()
-    server.stop(grace=0.5)
+    with serving(path, 'gated', timeout=WAIT_S, inference_timeout_s=120.0, idle_timeout_s=120) as served:
+        yield served
 
 
 def _ready_within(stub, seconds: float) -> bool:
@@ -82,10 +75,8 @@ def _ready_within(stub, seconds: float) -> bool:
         return False
 
 
-@pytest.mark.parametrize('served', [(4, 0), (4, 64 << 10)], indirect=True, ids=['kernel-buffer', 'small-buffer'])
-def test_large_headers_behind_a_slow_inference_do_not_freeze_the_worker(served, tmp_path):
-    server, stub, runtime = served
-    gate = tmp_path / 'gate'
+def _behind_a_held_inference(stub, runtime, gate) -> list[Stream]:
+    """8 robots: the first's request held in ``infer`` until ``gate`` exists, then 7 with ~60 KB headers each."""
     robots = [Stream(stub, 'gated', f'robot-{k}') for k in range(8)]
     for robot in robots:
         assert robot.start().HasField('started')
@@ -93,6 +84,14 @@ def test_large_headers_behind_a_slow_inference_do_not_freeze_the_worker(served, 
     wait_for(lambda: runtime.scheduler.pipelined == 1, WAIT_S, 'the first inference in flight')
     for k in range(1, 8):
         robots[k].send(observation=req(1, 1 + k, **BIG_PARAMS))
+    return robots
+
+
+@pytest.mark.parametrize('served', [(4, 0), (4, 64 << 10)], indirect=True, ids=['kernel-buffer', 'small-buffer'])
+def test_large_headers_behind_a_slow_inference_do_not_freeze_the_worker(served, tmp_path):
+    _, stub, runtime = served
+    gate = tmp_path / 'gate'
+    robots = _behind_a_held_inference(stub, runtime, gate)
     # the requests reach the event loop: pipelined, or queued behind those when the budget binds
     wait_for(lambda: runtime.scheduler.queue_depth == 7, WAIT_S, 'the requests behind the held one')
     time.sleep(0.5)
@@ -110,15 +109,9 @@ def test_large_headers_behind_a_slow_inference_do_not_freeze_the_worker(served, 
 @pytest.mark.parametrize('served', [(1000, 0), (1000, 64 << 10)], indirect=True,   # a (1000, 64) float32: 256 KB
                          ids=['kernel-buffer', 'small-buffer'])
 def test_large_headers_and_a_large_chunk_never_deadlock_the_worker(served, tmp_path):
-    server, stub, runtime = served
+    _, stub, runtime = served
     gate = tmp_path / 'gate'
-    robots = [Stream(stub, 'gated', f'robot-{k}') for k in range(8)]
-    for robot in robots:
-        assert robot.start().HasField('started')
-    robots[0].send(observation=req(1, 1, gate=str(gate)))
-    wait_for(lambda: runtime.scheduler.pipelined == 1, WAIT_S, 'the first inference in flight')
-    for k in range(1, 8):
-        robots[k].send(observation=req(1, 1 + k, **BIG_PARAMS))
+    robots = _behind_a_held_inference(stub, runtime, gate)
     threading.Timer(2.0, gate.touch).start()
     for k, robot in enumerate(robots):
         reply = robot.recv(timeout=WAIT_S)
