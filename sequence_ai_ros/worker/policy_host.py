@@ -105,9 +105,10 @@ ALIGN = 64
 MAX_HELD = 16
 #: The dtype kinds whose arrays travel in a segment (others, e.g. object arrays, are pickled in the header).
 _SHARED_KINDS = frozenset('biufcmMSU')
-#: Most fds one read takes: a write of calls pipelined carries at most a new segment's fd for each of
-#: :data:`PIPELINE_DEPTH` calls, and a read takes the fds of one write at most (the kernel ends a read there);
-#: twice that, under Linux's 253 per message (``SCM_MAX_FD``).
+#: Most fds one read takes: a read takes the fds of one write at most (the kernel ends a read there), and the
+#: worker writes each call alone, with its new segment's fd if it has one; the room is twice
+#: :data:`PIPELINE_DEPTH`, so that even all the calls in flight written at once would fit, under Linux's 253 per
+#: message (``SCM_MAX_FD``).
 FDS_PER_READ = min(2 * PIPELINE_DEPTH, 253)
 _FD_SPACE = socket.CMSG_SPACE(FDS_PER_READ * array.array('i').itemsize)
 #: ``socket``'s flags as plain ints: an ``int & socket.MsgFlag`` runs ``enum.Flag``'s Python operators (about 6 %
@@ -192,24 +193,6 @@ class Channel:
         sent = self.sock.sendmsg(msg, anc)
         total = sum(len(p) for p in msg)
         if sent < total:     # a full socket buffer or a signal: the rest (the fds went with the first bytes)
-            self.sock.sendall(memoryview(b''.join(msg))[sent:])
-
-    def send_frames(self, frames: Sequence[tuple[int, Sequence[bytes | memoryview]]], fds: Sequence[int] = ()) -> None:
-        """Send several frames, ``(sequence number, parts)`` each, in one ``sendmsg``; ``fds`` ride with the first.
-
-        The reader takes fds in the order sent, each by the frame that says it has one (a later frame's fd may come
-        with an earlier frame's bytes, never after its own).
-
-        :raises OSError: when the peer is gone.
-        """
-        msg: list[bytes | memoryview] = []
-        for seq, parts in frames:
-            msg.append(_FRAME.pack(sum(len(p) for p in parts), seq))
-            msg.extend(parts)
-        anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array('i', fds))] if fds else []
-        sent = self.sock.sendmsg(msg, anc)
-        total = sum(len(p) for p in msg)
-        if sent < total:
             self.sock.sendall(memoryview(b''.join(msg))[sent:])
 
     def recv(self, seq: int | None = None, more: bool = False) -> tuple[memoryview, list[int]]:
@@ -585,7 +568,7 @@ def _raw_body(value: Any) -> bytes | None:
         return None
     if result and type(value.done) is not bool:
         return None
-    head = _RAW_HEAD.pack(_RAW_MARK, result, bool(value.done) if result else False, code, arr.ndim)
+    head = _RAW_HEAD.pack(_RAW_MARK, result, result and value.done, code, arr.ndim)
     return b''.join((head, struct.pack(f'<{arr.ndim}Q', *arr.shape), np.ascontiguousarray(arr).tobytes()))
 
 
