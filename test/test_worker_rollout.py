@@ -174,9 +174,10 @@ def test_with_rollout_cut_the_old_versions_episodes_are_cut_typed_and_the_switch
         assert isinstance(perrors.from_error(cut.error), NotReady) and '(rollout)' in cut.error.message, cut
         assert first.recv(timeout=10).HasField('ended')
         marker.unlink()                                             # version 1 unloads: its memory is free
-        assert server._rollouts.cuts == [('arm', 1, 1)]
+        # the rollout thread records the cut once the cut returns: the robot may read it first
+        wait_for(lambda: server._rollouts.cuts == [('arm', 1, 1)], timeout=10, what='the cut to be recorded')
         wait_for(lambda: serving_version(server, stub) == 2, timeout=30, what='the switch to version 2')
-        assert server._rollouts.unloaded == [('arm', 1)]
+        wait_for(lambda: server._rollouts.unloaded == [('arm', 1)], timeout=10, what='version 1 to be unloaded')
         second = Stream(stub, 'arm', 'second')
         assert second.start().started.deployment_version == 2 and ask(second, 1) == 2.0
         assert second.end().HasField('ended')
