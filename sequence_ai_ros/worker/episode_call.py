@@ -33,8 +33,8 @@ Threads: none of its own. :meth:`EpisodeCallHandler.replies` is a coroutine on t
 (``seq-grpc-loop``, gRPC asyncio); a reader *task* moves incoming messages into an inbox (:class:`_Inbox`) so that
 idle and start time can be measured without blocking on the network. Inference runs on the deployment's
 inference thread, or is sent to its deployment process from the loop itself, and is awaited; capture writes
-and episode ends (hook wait, commit) run on the loop's small bounded executor (``seq-io``), so an open stream
-costs no thread at all.
+and episode ends (hook wait, commit) run on the loop's small bounded executor (``seq-io``), JPEG/PNG decoding on
+the worker's ``seq-decode`` threads (never queued behind them), so an open stream costs no thread at all.
 """
 
 from __future__ import annotations
@@ -286,14 +286,17 @@ class EpisodeCallHandler:
         once the robot closed its side (bounded), as a stream refused when it opened does.
     :param traceparent: the call's W3C ``traceparent`` metadata: when the worker traces
         (:mod:`~sequence_ai_ros.protocol.tracing`), the episode's spans continue the robot's trace.
+    :param decoder: where JPEG/PNG frames are decoded (the worker's ``seq-decode`` threads); None: the loop's
+        executor.
     """
 
     def __init__(self, runtime: DeploymentRuntime, episode_id: str, idle_timeout_s: float,
                  start_timeout_s: float = float('inf'), client: str = '',
                  before_start: Callable[[DeploymentRuntime], bool] | None = None,
                  start_refusal: Callable[[], SequenceAIError | None] | None = None, owner: str = '',
-                 traceparent: str = '') -> None:
+                 traceparent: str = '', decoder: concurrent.futures.Executor | None = None) -> None:
         self.runtime = runtime
+        self._decoder = decoder
         self.owner = owner
         self.before_start = before_start
         self.start_refusal = start_refusal
@@ -519,7 +522,8 @@ class EpisodeCallHandler:
         runtime = self.runtime
         if _has_encoded_images(req):
             runtime.check_ready()      # a request refused while the deployment warms costs no decoding
-            inp = await self._io(runtime.decode, req, nbytes)   # JPEG/PNG decoding off the loop
+            # JPEG/PNG decoding off the loop, on threads of its own: never behind what waits on seq-io
+            inp = await self._loop.run_in_executor(self._decoder, runtime.decode, req, nbytes)
         else:
             inp = runtime.decode(req, nbytes)                   # raw frames and state: a copy, cheaper than a hop
         if self._end_seen.is_set():

@@ -17,7 +17,9 @@ load or an inference exceeds its deadline (checked on every call and by housekee
 
 Threads: ``seq-grpc-loop`` runs the gRPC asyncio server (every call, every open Episode stream: a
 coroutine each, no thread per stream); ``seq-io`` is its executor, a fixed pool of :data:`IO_THREADS` for
-blocking work (capture files, SQLite, image decoding, episode-end hooks awaited); the per-deployment
+blocking work (capture files, SQLite, episode starts and ends, their hooks awaited); ``seq-decode``, a fixed
+pool of :data:`DECODE_THREADS`, decodes JPEG/PNG frames (apart, so that nothing waiting on ``seq-io`` delays a
+round trip); the per-deployment
 threads of :mod:`sequence_ai_ros.worker.runtime`; ``seq-housekeeping`` (usage flush every 10 s, capture
 retention at start and hourly); served from a registry, ``seq-live`` (:mod:`~sequence_ai_ros.worker.live`:
 which deployments have episodes running, for ``seq delete``) and, for a deployment ``seq delete`` removed,
@@ -79,9 +81,12 @@ DEFAULT_MAX_STREAMS = ServerConfig.max_streams
 #: Handler threads kept free of episode streams for unary calls and health (the threaded server of earlier
 #: versions; kept for importers: gRPC asyncio needs no headroom).
 UNARY_HEADROOM = 16
-#: Threads of the event loop's executor (capture writes, SQLite, episode-end waits, image decoding): a fixed
-#: bound, whatever the number of open streams.
+#: Threads of the event loop's executor (capture writes, SQLite, episode starts and ends, their hook waits): a
+#: fixed bound, whatever the number of open streams.
 IO_THREADS = 8
+#: Threads that decode JPEG/PNG frames (``seq-decode``): apart from ``seq-io``, so that what waits there (a wave
+#: of episode ends, a slow episode hook, a slow disk) never holds another robot's frames on the round trip.
+DECODE_THREADS = 8
 
 
 def raise_open_files_limit() -> int:
@@ -164,16 +169,20 @@ def _read_pem(value: str | bytes | Path) -> bytes:
 
 
 class WorkerLoop:
-    """The worker's event loop, run by the thread ``seq-grpc-loop``, with its executor ``seq-io``.
+    """The worker's event loop, run by the thread ``seq-grpc-loop``, with its executors ``seq-io`` and ``seq-decode``.
 
-    Every gRPC call and Episode stream runs on :attr:`loop`; blocking work goes to the executor, a fixed pool of
-    :data:`IO_THREADS` threads. Started at construction; :meth:`close` stops it and sets :attr:`closed`.
+    Every gRPC call and Episode stream runs on :attr:`loop`; blocking work goes to the loop's executor, a fixed
+    pool of :data:`IO_THREADS` threads, and frame decoding to :attr:`decoder` (:data:`DECODE_THREADS`). Started
+    at construction; :meth:`close` stops it and sets :attr:`closed`.
     """
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix='seq-io')
         self.loop.set_default_executor(self._executor)
+        #: decodes the robots' JPEG/PNG frames, on the round trip: nothing else runs there
+        self.decoder = concurrent.futures.ThreadPoolExecutor(max_workers=DECODE_THREADS,
+                                                             thread_name_prefix='seq-decode')
         self._thread = threading.Thread(target=self.loop.run_forever, name='seq-grpc-loop', daemon=True)
         self._thread.start()
         #: set once the loop is stopped and closed
@@ -201,6 +210,7 @@ class WorkerLoop:
         if not self.loop.is_running():
             self.loop.close()
         self._executor.shutdown(wait=False)
+        self.decoder.shutdown(wait=False)
         self.closed.set()
 
 
@@ -414,6 +424,7 @@ class WorkerServer:
         # max_streams (OVERLOADED), and unary calls and health always answer.
         server = grpc.aio.server(options=options, interceptors=interceptors)
         servicer = PolicyServicer(self.runtimes, config)
+        servicer.decoder = self._io.decoder
         add_to_server(servicer, server)
         add_admin_to_server(self.admin, server)   # the probe port (probe.py) serves health alone
         statuses = HealthStatuses()   # health_service: names bounded, Watch capped and ended when idle

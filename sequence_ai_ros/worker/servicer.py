@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import functools
 import logging
 import threading
@@ -145,6 +146,8 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         self.drain = Drain(self.open_streams)
         #: the ended episodes per deployment version, for the admin API (:mod:`~sequence_ai_ros.worker.admin`)
         self.tally = VersionTally()
+        #: where the streams decode JPEG/PNG frames (the worker's ``seq-decode``); None: the loop's executor
+        self.decoder: concurrent.futures.Executor | None = None
 
     def _runtime(self, name: str, context: grpc.aio.ServicerContext, body_token: str = '') -> DeploymentRuntime:
         """The runtime serving ``name`` ('' with one deployment: that one).
@@ -223,7 +226,7 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
                                     self.config.start_timeout_s, client, before_start=self.before_start,
                                     start_refusal=self._start_refusal,
                                     owner=identity(self.token, not anonymous, client),
-                                    traceparent=_metadata(context, tracing.TRACEPARENT))
+                                    traceparent=_metadata(context, tracing.TRACEPARENT), decoder=self.decoder)
         refused = DRAINING if self.drain.draining else self._admit(stream, (client, anonymous))
         if refused:   # a typed refusal in the stream (drain.py: a balancer resets an aborted call)
             if self.on_refused is not None:
