@@ -136,8 +136,10 @@ class ActiveEpisode:
         :param reason: ``completed``, ``disconnect``, ``idle_timeout``, ``shutdown``... (from EpisodeEnd).
         :param stats: the robot's episode statistics, stored with the capture.
         :param wait: wait (up to :data:`HOOK_WAIT_S`) for the hook, e.g. before answering EpisodeEnded; never
-            for an inference: while the inference thread runs one (this episode's last, or another robot's),
-            the hook is queued to run first after it and this call does not wait for it.
+            behind other work: while the inference thread runs an inference (this episode's last, or another
+            robot's) or other episodes' hooks are ahead of it, the hook is queued to run first after them and
+            this call does not wait for it. So at most one end per deployment waits on a hook: robots ending
+            together behind a slow hook hold neither each other nor the worker's ``seq-io`` threads.
         :return: True for the call that ended it.
         """
         with self._lock:
@@ -151,7 +153,7 @@ class ActiveEpisode:
         hook = rt.hook_callable()
         if hook is not None:
             future = rt.scheduler.control(lambda: self._run_hook(hook))
-            if wait and not rt.scheduler.inferring:
+            if wait and rt.scheduler.control_alone():
                 try:
                     future.result(timeout=HOOK_WAIT_S)
                 except Exception as exc:  # the hook's own failure is logged in _run_hook

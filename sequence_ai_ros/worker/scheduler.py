@@ -142,6 +142,18 @@ class InferenceScheduler:
         with self._lock:
             return bool(self._borrowed) or (bool(self._current) and self._current[0].key is not None)
 
+    def control_alone(self) -> bool:
+        """True while the thread runs no request and at most one control job is queued or running.
+
+        Called right after :meth:`control`: its job then runs at once, behind nothing (no inference, no other
+        episode's hook).
+        """
+        with self._lock:
+            running = bool(self._current)
+            if self._borrowed or (running and self._current[0].key is not None):
+                return False
+            return len(self._control) + running <= 1
+
     def stats(self) -> dict[str, int]:
         """Counts of requests whose episode ended before they were served.
 

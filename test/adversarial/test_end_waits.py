@@ -1,0 +1,159 @@
+"""Break-it: episode ends waiting on a slow ``@seq.on_episode`` hook hold no other robot.
+
+The worker waits for an episode's hook (up to 30 s) before answering EpisodeEnded, on a thread of its small I/O
+pool (``seq-io``, which also starts episodes and writes capture), and a deployment's hooks run one after
+another on its inference thread. Two ways that went wrong, each with a hook that runs while a file exists:
+
+- robots of one deployment ending together each waited for every hook ahead of their own, holding a
+  ``seq-io`` thread each: eight of them took the whole pool, and no episode of any deployment could start;
+- robots of eight deployments ending together (each waiting for its own hook alone) take the whole pool too,
+  and JPEG frames were decoded there: every JPEG robot of every deployment got no chunk until the hooks were
+  done.
+
+The deployments run in the worker (``--isolation none``), so that only the worker's pools are shared.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import threading
+from pathlib import Path
+
+import numpy as np
+from test_worker_support import Stream, channel, state_request, wait_for, wait_ready
+
+from sequence_ai_ros.protocol import codec
+from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
+from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
+from sequence_ai_ros.worker import create_server
+from sequence_ai_ros.worker.registry import deploy
+from sequence_ai_ros.worker.runtime import HOOK_WAIT_S
+from sequence_ai_ros.worker.server import IO_THREADS
+
+NAMES = ['a', 'b']
+
+HOOKED = textwrap.dedent('''
+    import os, time
+    import numpy as np
+    import sequence_ai_ros.policy as seq
+
+    HELD = {held!r}
+
+    @seq.policy(action_space='joint_absolute', action_names=['a', 'b'], dt=0.1, chunk_length=4,
+                observation=seq.ObservationContract(state_names=['a', 'b']))
+    class Hooked:
+        def infer(self, inp, episode):
+            return np.zeros((4, 2), np.float32)
+
+        @seq.on_episode
+        def ended(self, episode):
+            open(HELD + '.' + episode.id, 'w').close()        # tells the test that this hook runs
+            deadline = time.monotonic() + 60                   # bounded, whatever the test does
+            while os.path.exists(HELD) and time.monotonic() < deadline:
+                time.sleep(0.01)
+''')
+
+CAMERA = textwrap.dedent('''
+    import numpy as np
+    import sequence_ai_ros.policy as seq
+
+    @seq.policy(action_space='joint_absolute', action_names=['a', 'b'], dt=0.1, chunk_length=4,
+                observation=seq.ObservationContract(state_names=['a', 'b'], cameras=[seq.CameraSpec('cam', 64, 48)]))
+    class Camera:
+        def infer(self, inp, episode):
+            return np.full((4, 2), float(inp.observation.images['cam'].mean()), np.float32)
+''')
+
+FRAME = codec.encode_image('cam', np.full((48, 64, 3), 120, np.uint8), 'jpeg')
+
+
+def _policy(root: Path, name: str, text: str) -> Path:
+    path = root / name / 'policy.py'
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    return path
+
+
+def _started(stub: pb_grpc.PolicyServiceStub, deployment: str, episode_id: str, images=()) -> Stream:
+    stream = Stream(stub, deployment, episode_id)
+    assert stream.start().HasField('started')
+    assert stream.ask(state_request(1, [0.0, 0.0], NAMES, images=images)).HasField('chunk')
+    return stream
+
+
+def _hooks_begun(held: Path, streams: list[Stream]) -> list[str]:
+    return [s.episode_id for s in streams if Path(f'{held}.{s.episode_id}').exists()]
+
+
+def _serve(seq_home: Path, tmp_path: Path, hooked: list[str]):
+    held = tmp_path / 'held'
+    hooked_file = _policy(tmp_path, 'hooked', HOOKED.format(held=str(held)))
+    for name in hooked:      # no dry run: it would run the hook
+        deploy(hooked_file, name=name, home=seq_home, dry=False, isolation='none')
+    deploy(_policy(tmp_path, 'camera', CAMERA), home=seq_home, dry_timeout_s=60, isolation='none')
+    server = create_server([*hooked, 'camera'], home=seq_home, isolation='none', idle_timeout_s=120)
+    return held, server
+
+
+def test_robots_ending_together_behind_a_slow_hook_get_episode_ended_and_hold_no_other_robot(seq_home, tmp_path):
+    held, server = _serve(seq_home, tmp_path, ['hooked'])
+    ch = channel(server.port)
+    try:
+        stub = pb_grpc.PolicyServiceStub(ch)
+        for name in ('hooked', 'camera'):
+            assert wait_ready(stub, name, timeout=60).ready
+        robot = _started(stub, 'camera', 'camera-robot', [FRAME])
+        ending = [_started(stub, 'hooked', f'hooked-{k}') for k in range(IO_THREADS)]
+        held.write_text('the hooks wait while this file exists')
+        for stream in ending:
+            stream.send(end=pb.EpisodeEnd(reason='completed'))
+        [first] = wait_for(lambda: _hooks_begun(held, ending), what='the first hook to run')
+        # the others' hooks are queued behind it: their robots get EpisodeEnded now, not once their hook ran or
+        # the hook wait (HOOK_WAIT_S) passed
+        for stream in ending:
+            if stream.episode_id != first:
+                assert stream.recv(timeout=HOOK_WAIT_S / 2).HasField('ended'), stream.episode_id
+        assert held.exists() and _hooks_begun(held, ending) == [first]
+        late = _started(stub, 'camera', 'started-meanwhile', [FRAME])     # episodes still start
+        for rid in range(2, 5):                                            # and chunks still come
+            assert robot.ask(state_request(rid, [0.0, 0.0], NAMES, images=[FRAME])).HasField('chunk')
+        assert late.end().HasField('ended') and robot.end().HasField('ended')
+        held.unlink()                       # the first hook returns; its robot's EpisodeEnded comes after it
+        [waited] = [s for s in ending if s.episode_id == first]
+        assert waited.recv(timeout=30).HasField('ended')
+        wait_for(lambda: len(_hooks_begun(held, ending)) == IO_THREADS, what='every hook to have run')
+    finally:
+        held.unlink(missing_ok=True)
+        ch.close()
+        server.stop(grace=0.5)
+
+
+def test_jpeg_frames_decode_while_every_io_thread_waits_on_a_hook(seq_home, tmp_path):
+    names = [f'hooked{k}' for k in range(IO_THREADS)]
+    held, server = _serve(seq_home, tmp_path, names)
+    ch = channel(server.port)
+    ending: list[threading.Thread] = []
+    try:
+        stub = pb_grpc.PolicyServiceStub(ch)
+        for name in (*names, 'camera'):
+            assert wait_ready(stub, name, timeout=60).ready
+        robot = _started(stub, 'camera', 'camera-robot', [FRAME])
+        streams = [_started(stub, name, f'robot-{name}') for name in names]
+        held.write_text('the hooks wait while this file exists')
+        for stream in streams:         # one per deployment: each end waits for its own hook on a seq-io thread
+            ending.append(threading.Thread(target=stream.end, daemon=True))
+            ending[-1].start()
+        wait_for(lambda: len(_hooks_begun(held, streams)) == IO_THREADS, what='every hook to run')
+        for rid in range(2, 6):        # every seq-io thread waits: the JPEG robot's chunks come all along
+            reply = robot.ask(state_request(rid, [0.0, 0.0], NAMES, images=[FRAME]))
+            assert reply.HasField('chunk') and reply.chunk.request_id == rid, reply
+        assert held.exists() and all(t.is_alive() for t in ending)     # the hooks still held their ends
+        held.unlink()
+        for thread in ending:
+            thread.join(timeout=60)
+        assert not any(t.is_alive() for t in ending)
+        assert robot.end().HasField('ended')
+    finally:
+        held.unlink(missing_ok=True)
+        ch.close()
+        server.stop(grace=0.5)
