@@ -61,7 +61,7 @@ from sequence_ai_ros.protocol.pipeline import TailSplicer
 from sequence_ai_ros.worker.boundary import refuse
 from sequence_ai_ros.worker.drain import LINGER_S
 from sequence_ai_ros.worker.metrics import UnderrunWatch
-from sequence_ai_ros.worker.runtime import ActiveEpisode, DeploymentRuntime, describe
+from sequence_ai_ros.worker.runtime import HOOK_WAIT_S, ActiveEpisode, DeploymentRuntime, describe
 from sequence_ai_ros.worker.scheduler import LoopFuture
 
 LOG = logging.getLogger(__name__)
@@ -683,7 +683,12 @@ class EpisodeCallHandler:
         trace = self._trace
         try:
             with trace.commit() if trace is not None else contextlib.nullcontext():
-                await self._io(lambda: active.end(reason, stats, wait=True))
+                first, hook = await self._io(active.begin_end, reason)
+                if not first:
+                    return ''
+                if hook is not None:      # awaited here: no seq-io thread is held while the policy runs it
+                    await self._await_hook(hook, active, reason, stats)
+                await self._io(active.finish_end, reason, stats)
         except Exception as exc:  # a full disk (usage, index): the episode has ended; EpisodeEnded names it
             LOG.error('episode %s: end of episode failed: %s', active.episode.id, describe(exc))
             return f'ending episode {active.episode.id!r}: {clip(describe(exc), 300)}'
@@ -691,6 +696,24 @@ class EpisodeCallHandler:
             if trace is not None:
                 trace.end(reason)
         return ''
+
+    async def _await_hook(self, hook: concurrent.futures.Future, active: ActiveEpisode, reason: str,
+                          stats: dict[str, Any] | None) -> None:
+        """Wait up to :data:`HOOK_WAIT_S` for the episode's hook (its failure is logged where it runs).
+
+        Cancelled meanwhile (the robot left, the worker stops): the episode's end is finished on the executor
+        all the same (capture committed, usage flushed), without waiting for the hook.
+        """
+        try:
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(hook)), HOOK_WAIT_S)
+        except asyncio.CancelledError:
+            try:
+                self._loop.run_in_executor(None, active.finish_end, reason, stats)
+            except RuntimeError:      # the executor has shut down (the worker stops): here, once
+                active.finish_end(reason, stats)
+            raise
+        except Exception as exc:      # past HOOK_WAIT_S, or the hook failed: EpisodeEnded all the same
+            LOG.debug('hook wait for %s: %s', active.episode.id, exc)
 
     def _ended(self, episode_id: str, captured: bool, failure: str = '') -> pb.EpisodeEnded:
         """EpisodeEnded, with the count of telemetry frames capture refused (and the first reason).

@@ -128,43 +128,61 @@ class ActiveEpisode:
         return self.runtime.scheduler.drop(self.episode.id)
 
     def end(self, reason: str, stats: dict[str, Any] | None = None, wait: bool = True) -> bool:
-        """End the episode: set ``episode.reason``, run the hook on the inference thread, commit capture.
+        """End the episode: set ``episode.reason``, run the hook on the inference thread, commit capture (blocking).
 
         Idempotent: only the first call does anything; later ones return False. The episode's queued
-        requests are dropped first (:meth:`end_arrived`).
+        requests are dropped first (:meth:`end_arrived`). :meth:`begin_end`, the wait for the hook, then
+        :meth:`finish_end`; the worker's streams run the three apart and await the hook on the event loop.
 
         :param reason: ``completed``, ``disconnect``, ``idle_timeout``, ``shutdown``... (from EpisodeEnd).
         :param stats: the robot's episode statistics, stored with the capture.
-        :param wait: wait (up to :data:`HOOK_WAIT_S`) for the hook, e.g. before answering EpisodeEnded; never
-            behind other work: while the inference thread runs an inference (this episode's last, or another
-            robot's) or other episodes' hooks are ahead of it, the hook is queued to run first after them and
-            this call does not wait for it. So at most one end per deployment waits on a hook: robots ending
-            together behind a slow hook hold neither each other nor the worker's ``seq-io`` threads.
+        :param wait: wait (up to :data:`HOOK_WAIT_S`) for the hook, e.g. before answering EpisodeEnded, when it
+            runs at once (:meth:`begin_end`).
         :return: True for the call that ended it.
+        """
+        first, hook = self.begin_end(reason, wait)
+        if not first:
+            return False
+        if hook is not None:
+            try:
+                hook.result(timeout=HOOK_WAIT_S)
+            except Exception as exc:  # the hook's own failure is logged in _run_hook
+                LOG.debug('hook wait for %s: %s', self.episode.id, exc)
+        self.finish_end(reason, stats)
+        return True
+
+    def begin_end(self, reason: str, wait: bool = True) -> tuple[bool, concurrent.futures.Future | None]:
+        """End the episode's requests and queue its hook; return (whether this call ended it, what to wait for).
+
+        Never blocks on the policy (any thread but the event loop's: after the scheduler stopped, the hook runs
+        in the caller). What to wait for is the hook's future with ``wait`` when the hook runs at once, else
+        None: behind an inference (this episode's last, or another robot's) or other episodes' hooks, the hook
+        runs right after them and nobody waits for it. So at most one end per deployment waits on a hook, and
+        robots ending together behind a slow hook never wait hook after hook. :meth:`finish_end` follows.
         """
         with self._lock:
             if self._ended:
-                return False
+                return False, None
             self._ended = True
         self.end_arrived()
         self.episode.reason = reason
         rt = self.runtime
         rt.forget(self.episode.id)
         hook = rt.hook_callable()
-        if hook is not None:
-            future = rt.scheduler.control(lambda: self._run_hook(hook))
-            if wait and rt.scheduler.control_alone():
-                try:
-                    future.result(timeout=HOOK_WAIT_S)
-                except Exception as exc:  # the hook's own failure is logged in _run_hook
-                    LOG.debug('hook wait for %s: %s', self.episode.id, exc)
+        if hook is None:
+            return True, None
+        future = rt.scheduler.control(lambda: self._run_hook(hook))
+        return True, future if wait and rt.scheduler.runs_next(future) else None
+
+    def finish_end(self, reason: str, stats: dict[str, Any] | None = None) -> None:
+        """After :meth:`begin_end` (and the wait for the hook): commit capture, count, flush usage, log (blocking)."""
         self.captured = self.recorder.commit(reason, dict(stats or {}, requests=self.requests))
         stats = stats or {}
+        rt = self.runtime
         rt.metrics.episode_ended(rt.name, reason, int(stats.get('underruns', 0)), float(stats.get('underrun_s', 0.0)))
         rt.usage.flush()
         log_episode(LOG, 'ended', self.fields(reason=reason, requests=self.requests,
                                               captured=self.captured), reason)
-        return True
 
     def fields(self, **more: Any) -> dict[str, Any]:
         """Return the episode's log fields (:func:`~sequence_ai_ros.worker.logs.episode_fields`) and ``more``."""

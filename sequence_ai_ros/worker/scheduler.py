@@ -142,17 +142,17 @@ class InferenceScheduler:
         with self._lock:
             return bool(self._borrowed) or (bool(self._current) and self._current[0].key is not None)
 
-    def control_alone(self) -> bool:
-        """True while the thread runs no request and at most one control job is queued or running.
+    def runs_next(self, future: Future) -> bool:
+        """True when ``future``'s control job (from :meth:`control`) ran, runs, or is the next to run.
 
-        Called right after :meth:`control`: its job then runs at once, behind nothing (no inference, no other
-        episode's hook).
+        The next: nothing runs (no request, no batch, no other control job) and it heads the control queue.
         """
         with self._lock:
-            running = bool(self._current)
-            if self._borrowed or (running and self._current[0].key is not None):
-                return False
-            return len(self._control) + running <= 1
+            if future.done():
+                return True
+            if self._current:
+                return self._current[0].future is future
+            return not self._borrowed and bool(self._control) and self._control[0].future is future
 
     def stats(self) -> dict[str, int]:
         """Counts of requests whose episode ended before they were served.

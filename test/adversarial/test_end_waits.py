@@ -1,14 +1,14 @@
-"""Break-it: episode ends waiting on a slow ``@seq.on_episode`` hook hold no other robot.
+"""Break-it: episode ends waiting on a slow ``@seq.on_episode`` hook, and slow capture writes, hold no other robot.
 
-The worker waits for an episode's hook (up to 30 s) before answering EpisodeEnded, on a thread of its small I/O
-pool (``seq-io``, which also starts episodes and writes capture), and a deployment's hooks run one after
-another on its inference thread. Two ways that went wrong, each with a hook that runs while a file exists:
+The worker waits for an episode's hook (up to 30 s) before answering EpisodeEnded, and a deployment's hooks run
+one after another on its inference thread. Its small I/O pool (``seq-io``) starts episodes and writes capture.
+Three ways that went wrong, each with a hook (or a capture write) that waits while a file exists:
 
-- robots of one deployment ending together each waited for every hook ahead of their own, holding a
-  ``seq-io`` thread each: eight of them took the whole pool, and no episode of any deployment could start;
-- robots of eight deployments ending together (each waiting for its own hook alone) take the whole pool too,
-  and JPEG frames were decoded there: every JPEG robot of every deployment got no chunk until the hooks were
-  done.
+- robots of one deployment ending together each waited for every hook ahead of their own;
+- each waiting end held a ``seq-io`` thread: eight of them (one deployment's, or eight deployments') took the
+  whole pool, and no episode of any deployment could start, nor a captured robot get its next chunk;
+- JPEG frames were decoded on ``seq-io`` too: a full pool (eight captured robots behind a slow disk) held every
+  JPEG robot of every deployment.
 
 The deployments run in the worker (``--isolation none``), so that only the worker's pools are shared.
 """
@@ -17,17 +17,21 @@ from __future__ import annotations
 
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
 from test_worker_support import Stream, channel, state_request, wait_for, wait_ready
 
+from sequence_ai_ros.capture.settings import CaptureSettings, save_settings
 from sequence_ai_ros.protocol import codec
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
 from sequence_ai_ros.worker import create_server
+from sequence_ai_ros.worker.capture_hook import EpisodeRecorder
 from sequence_ai_ros.worker.registry import deploy
 from sequence_ai_ros.worker.runtime import HOOK_WAIT_S
+from sequence_ai_ros.worker.scheduler import InferenceScheduler
 from sequence_ai_ros.worker.server import IO_THREADS
 
 NAMES = ['a', 'b']
@@ -128,8 +132,9 @@ def test_robots_ending_together_behind_a_slow_hook_get_episode_ended_and_hold_no
         server.stop(grace=0.5)
 
 
-def test_jpeg_frames_decode_while_every_io_thread_waits_on_a_hook(seq_home, tmp_path):
+def test_ends_waiting_on_hooks_in_eight_deployments_hold_no_start_and_no_captured_robot(seq_home, tmp_path):
     names = [f'hooked{k}' for k in range(IO_THREADS)]
+    save_settings(seq_home / 'capture' / 'camera', CaptureSettings(rate=1.0, enabled=True))
     held, server = _serve(seq_home, tmp_path, names)
     ch = channel(server.port)
     ending: list[threading.Thread] = []
@@ -137,23 +142,101 @@ def test_jpeg_frames_decode_while_every_io_thread_waits_on_a_hook(seq_home, tmp_
         stub = pb_grpc.PolicyServiceStub(ch)
         for name in (*names, 'camera'):
             assert wait_ready(stub, name, timeout=60).ready
-        robot = _started(stub, 'camera', 'camera-robot', [FRAME])
+        robot = _started(stub, 'camera', 'camera-robot', [FRAME])      # captured: a write after each reply
         streams = [_started(stub, name, f'robot-{name}') for name in names]
         held.write_text('the hooks wait while this file exists')
-        for stream in streams:         # one per deployment: each end waits for its own hook on a seq-io thread
+        for stream in streams:         # one per deployment: each end waits for its own hook, which runs at once
             ending.append(threading.Thread(target=stream.end, daemon=True))
             ending[-1].start()
         wait_for(lambda: len(_hooks_begun(held, streams)) == IO_THREADS, what='every hook to run')
-        for rid in range(2, 6):        # every seq-io thread waits: the JPEG robot's chunks come all along
-            reply = robot.ask(state_request(rid, [0.0, 0.0], NAMES, images=[FRAME]))
+        for rid in range(2, 6):        # a captured robot's chunks come all along
+            robot.send(observation=state_request(rid, [0.0, 0.0], NAMES, images=[FRAME]))
+            reply = robot.recv(timeout=HOOK_WAIT_S / 2)
             assert reply.HasField('chunk') and reply.chunk.request_id == rid, reply
-        assert held.exists() and all(t.is_alive() for t in ending)     # the hooks still held their ends
+        late = Stream(stub, 'camera', 'started-meanwhile')                 # and episodes start
+        late.send(start=pb.EpisodeStart(episode_id='started-meanwhile'))
+        assert late.recv(timeout=HOOK_WAIT_S / 2).HasField('started')
+        assert held.exists() and all(t.is_alive() for t in ending)     # the hooks still hold their own ends
         held.unlink()
         for thread in ending:
             thread.join(timeout=60)
         assert not any(t.is_alive() for t in ending)
-        assert robot.end().HasField('ended')
+        assert late.end().HasField('ended') and robot.end().ended.captured
     finally:
         held.unlink(missing_ok=True)
         ch.close()
         server.stop(grace=0.5)
+
+
+def test_jpeg_frames_decode_while_captured_robots_behind_a_slow_disk_fill_the_io_pool(seq_home, tmp_path,
+                                                                                    monkeypatch):
+    slow = tmp_path / 'slow-disk'
+    add_request = EpisodeRecorder.add_request
+    waiting: list[str] = []
+
+    def on_a_slow_disk(recorder, req, chunk, error):
+        if recorder.episode_id.startswith('captured-') and req.request_id >= 2:   # from the second request on
+            waiting.append(recorder.episode_id)
+            deadline = time.monotonic() + 60              # bounded, whatever the test does
+            while slow.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        add_request(recorder, req, chunk, error)
+
+    monkeypatch.setattr(EpisodeRecorder, 'add_request', on_a_slow_disk)
+    save_settings(seq_home / 'capture' / 'hooked', CaptureSettings(rate=1.0, enabled=True))
+    _, server = _serve(seq_home, tmp_path, ['hooked'])
+    ch = channel(server.port)
+    try:
+        stub = pb_grpc.PolicyServiceStub(ch)
+        for name in ('hooked', 'camera'):
+            assert wait_ready(stub, name, timeout=60).ready
+        robot = _started(stub, 'camera', 'camera-robot', [FRAME])
+        captured = [_started(stub, 'hooked', f'captured-{k}') for k in range(IO_THREADS)]
+        slow.write_text('capture writes wait while this file exists')
+        for stream in captured:        # each reply's capture write waits on a seq-io thread: the pool is full
+            stream.send(observation=state_request(2, [0.0, 0.0], NAMES))
+            assert stream.recv(timeout=HOOK_WAIT_S / 2).HasField('chunk')
+        wait_for(lambda: len(waiting) == IO_THREADS, what='every capture write to wait')
+        for rid in range(2, 6):        # the JPEG robot's frames decode on threads of their own
+            robot.send(observation=state_request(rid, [0.0, 0.0], NAMES, images=[FRAME]))
+            reply = robot.recv(timeout=HOOK_WAIT_S / 2)
+            assert reply.HasField('chunk') and reply.chunk.request_id == rid, reply
+        assert slow.exists()
+        slow.unlink()
+        for stream in captured:
+            assert stream.end().HasField('ended')
+        assert robot.end().HasField('ended')
+    finally:
+        slow.unlink(missing_ok=True)
+        ch.close()
+        server.stop(grace=0.5)
+
+
+def test_of_two_hooks_queued_at_once_exactly_the_first_is_waited_for():
+    scheduler = InferenceScheduler('race')
+    both = threading.Barrier(2)
+    release = threading.Event()
+    waited: dict[str, bool] = {}
+    futures: list = []
+
+    def end(name: str) -> None:
+        future = scheduler.control(lambda: release.wait(30))
+        futures.append(future)
+        both.wait(timeout=30)          # the other end queued its hook meanwhile: two robots ending together
+        waited[name] = scheduler.runs_next(future)
+
+    try:
+        for _ in range(20):
+            waited.clear()
+            release.clear()
+            threads = [threading.Thread(target=end, args=(name,)) for name in 'ab']
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(timeout=30)
+            assert sorted(waited.values()) == [False, True], waited     # the first waits, the second does not
+            release.set()
+            wait_for(lambda: all(f.done() for f in futures), what='the hooks to run')
+    finally:
+        release.set()
+        scheduler.stop()
