@@ -81,6 +81,8 @@ def private_domain(env: dict[str, str], domain: int | None = None) -> int:
 
 #: Derived domains tried, one after the other, while another process publishes on the demo's topics.
 DOMAIN_TRIES = 5
+#: How long a domain is watched for another publisher before the demo takes it (s): DDS discovery on one host.
+DISCOVERY_S = 3.0
 
 
 def _join_domain(env: dict[str, str], domain: int, command_topic: str) -> tuple[int, Any, Any]:
@@ -105,7 +107,7 @@ def _join_domain(env: dict[str, str], domain: int, command_topic: str) -> tuple[
         context = rclpy.context.Context()
         rclpy.init(context=context)
         operator = Operator('policy_node', command_topic, context)
-        seen = time.monotonic() + 3.0     # discovery: another publisher already there shows within this
+        seen = time.monotonic() + DISCOVERY_S     # discovery: another publisher already there shows within this
         while time.monotonic() < seen and not any(operator.publishers(t) for t in watched):
             time.sleep(0.1)
         busy = [f'{n} on {t}' for t in watched if (n := operator.publishers(t))]
