@@ -33,8 +33,9 @@ Threads: none of its own. :meth:`EpisodeCallHandler.replies` is a coroutine on t
 (``seq-grpc-loop``, gRPC asyncio); a reader *task* moves incoming messages into an inbox (:class:`_Inbox`) so that
 idle and start time can be measured without blocking on the network. Inference runs on the deployment's
 inference thread, or is sent to its deployment process from the loop itself, and is awaited; capture writes
-and episode ends (hook wait, commit) run on the loop's small bounded executor (``seq-io``), JPEG/PNG decoding on
-the worker's ``seq-decode`` threads (never queued behind them), so an open stream costs no thread at all.
+and episode ends (commit, usage) run on the loop's small bounded executor (``seq-io``), the wait for an episode's
+hook on the loop itself, JPEG/PNG decoding on the worker's ``seq-decode`` threads (never queued behind
+``seq-io``), so an open stream costs no thread at all.
 """
 
 from __future__ import annotations
@@ -335,10 +336,10 @@ class EpisodeCallHandler:
             if job is not None:
                 active, req, chunk, error = job
                 active.recorder.add_request(req, chunk, error)
-            if self.active is not None and not self.active.ended:
-                self.active.end('disconnect', wait=False)
+            if self.active is not None and not self.active.finished:   # never ended, or its end cut short
+                self.active.settle('disconnect')
 
-        if job is not None or (self.active is not None and not self.active.ended):
+        if job is not None or (self.active is not None and not self.active.finished):
             self._loop.run_in_executor(None, finish)
 
     async def _read(self, requests: AsyncIterator[Request]) -> None:
@@ -366,7 +367,7 @@ class EpisodeCallHandler:
         self._wake()
 
     async def _io(self, fn: Any, *args: Any) -> Any:
-        """Run blocking work (capture files, SQLite, the end hook's wait) on the loop's bounded executor."""
+        """Run blocking work (capture files, SQLite) on the loop's bounded executor."""
         return await self._loop.run_in_executor(None, fn, *args)
 
     async def replies(self, requests: AsyncIterator[Request]) -> AsyncIterator[pb.EpisodeReply]:
@@ -683,12 +684,16 @@ class EpisodeCallHandler:
         trace = self._trace
         try:
             with trace.commit() if trace is not None else contextlib.nullcontext():
-                first, hook = await self._io(active.begin_end, reason)
-                if not first:
-                    return ''
-                if hook is not None:      # awaited here: no seq-io thread is held while the policy runs it
-                    await self._await_hook(hook, active, reason, stats)
-                await self._io(active.finish_end, reason, stats)
+                try:
+                    first, hook = await self._io(active.begin_end, reason)
+                    if not first:
+                        return ''
+                    if hook is not None:      # awaited here: no seq-io thread is held while the policy runs it
+                        await self._await_hook(hook, active)
+                    await self._io(active.finish_end, reason, stats)
+                except asyncio.CancelledError:    # the robot left, the worker stops: the end completes all the same
+                    self._settle_later(active, reason, stats)
+                    raise
         except Exception as exc:  # a full disk (usage, index): the episode has ended; EpisodeEnded names it
             LOG.error('episode %s: end of episode failed: %s', active.episode.id, describe(exc))
             return f'ending episode {active.episode.id!r}: {clip(describe(exc), 300)}'
@@ -697,23 +702,27 @@ class EpisodeCallHandler:
                 trace.end(reason)
         return ''
 
-    async def _await_hook(self, hook: concurrent.futures.Future, active: ActiveEpisode, reason: str,
-                          stats: dict[str, Any] | None) -> None:
-        """Wait up to :data:`HOOK_WAIT_S` for the episode's hook (its failure is logged where it runs).
-
-        Cancelled meanwhile (the robot left, the worker stops): the episode's end is finished on the executor
-        all the same (capture committed, usage flushed), without waiting for the hook.
-        """
+    async def _await_hook(self, hook: concurrent.futures.Future, active: ActiveEpisode) -> None:
+        """Wait up to :data:`HOOK_WAIT_S` for the episode's hook (its failure is logged where it runs)."""
         try:
             await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(hook)), HOOK_WAIT_S)
         except asyncio.CancelledError:
-            try:
-                self._loop.run_in_executor(None, active.finish_end, reason, stats)
-            except RuntimeError:      # the executor has shut down (the worker stops): here, once
-                active.finish_end(reason, stats)
             raise
         except Exception as exc:      # past HOOK_WAIT_S, or the hook failed: EpisodeEnded all the same
             LOG.debug('hook wait for %s: %s', active.episode.id, exc)
+
+    def _settle_later(self, active: ActiveEpisode, reason: str, stats: dict[str, Any] | None) -> None:
+        """The stream was cancelled while ending ``active``: finish its end on the executor (never cancelled)."""
+        def settle() -> None:
+            try:
+                active.settle(reason, stats)
+            except Exception as exc:  # a full disk (usage, index): nobody is left to tell but the log
+                LOG.error('episode %s: end of episode failed: %s', active.episode.id, describe(exc))
+
+        try:
+            self._loop.run_in_executor(None, settle)
+        except RuntimeError:          # the executor has shut down (the worker stops): here, once
+            settle()
 
     def _ended(self, episode_id: str, captured: bool, failure: str = '') -> pb.EpisodeEnded:
         """EpisodeEnded, with the count of telemetry frames capture refused (and the first reason).

@@ -104,6 +104,7 @@ class ActiveEpisode:
         self.requests = 0
         self._lock = threading.Lock()
         self._ended = False
+        self._finished = False
         #: True once the episode's end has arrived (the robot's EpisodeEnd read off the stream, or :meth:`end`):
         #: from then on none of its requests starts (the scheduler drops them)
         self.ending = False
@@ -115,8 +116,13 @@ class ActiveEpisode:
 
     @property
     def ended(self) -> bool:
-        """True once :meth:`end` has run."""
+        """True once its end began (:meth:`end`, :meth:`begin_end`, :meth:`settle`)."""
         return self._ended
+
+    @property
+    def finished(self) -> bool:
+        """True once its end is done: capture committed, counted, usage flushed (:meth:`finish_end`)."""
+        return self._finished
 
     def end_arrived(self) -> int:
         """The episode's end has arrived: no request of it starts any more; return how many were dropped or cancelled.
@@ -174,8 +180,23 @@ class ActiveEpisode:
         future = rt.scheduler.control(lambda: self._run_hook(hook))
         return True, future if wait and rt.scheduler.runs_next(future) else None
 
+    def settle(self, reason: str, stats: dict[str, Any] | None = None) -> None:
+        """End the episode, unless its end began, and finish it, unless that was done; never waits for the hook.
+
+        For an end cut short (its stream cancelled, the robot gone): whatever of it had not run runs now, once.
+        """
+        self.begin_end(reason, wait=False)
+        self.finish_end(self.episode.reason or reason, stats)
+
     def finish_end(self, reason: str, stats: dict[str, Any] | None = None) -> None:
-        """After :meth:`begin_end` (and the wait for the hook): commit capture, count, flush usage, log (blocking)."""
+        """After :meth:`begin_end` (and the wait for the hook): commit capture, count, flush usage, log (blocking).
+
+        Idempotent: only the first call does anything.
+        """
+        with self._lock:
+            if self._finished:
+                return
+            self._finished = True
         self.captured = self.recorder.commit(reason, dict(stats or {}, requests=self.requests))
         stats = stats or {}
         rt = self.runtime

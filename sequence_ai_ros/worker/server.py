@@ -17,7 +17,8 @@ load or an inference exceeds its deadline (checked on every call and by housekee
 
 Threads: ``seq-grpc-loop`` runs the gRPC asyncio server (every call, every open Episode stream: a
 coroutine each, no thread per stream); ``seq-io`` is its executor, a fixed pool of :data:`IO_THREADS` for
-blocking work (capture files, SQLite, episode starts and ends, their hooks awaited); ``seq-decode``, a fixed
+blocking work (capture files, SQLite, episode starts and ends; an episode's hook is awaited on the loop itself);
+``seq-decode``, a fixed
 pool of :data:`DECODE_THREADS`, decodes JPEG/PNG frames (apart, so that nothing waiting on ``seq-io`` delays a
 round trip); the per-deployment
 threads of :mod:`sequence_ai_ros.worker.runtime`; ``seq-housekeeping`` (usage flush every 10 s, capture
@@ -81,11 +82,11 @@ DEFAULT_MAX_STREAMS = ServerConfig.max_streams
 #: Handler threads kept free of episode streams for unary calls and health (the threaded server of earlier
 #: versions; kept for importers: gRPC asyncio needs no headroom).
 UNARY_HEADROOM = 16
-#: Threads of the event loop's executor (capture writes, SQLite, episode starts and ends, their hook waits): a
-#: fixed bound, whatever the number of open streams.
+#: Threads of the event loop's executor (capture writes, SQLite, episode starts and ends): a fixed bound, whatever
+#: the number of open streams.
 IO_THREADS = 8
 #: Threads that decode JPEG/PNG frames (``seq-decode``): apart from ``seq-io``, so that what waits there (a wave
-#: of episode ends, a slow episode hook, a slow disk) never holds another robot's frames on the round trip.
+#: of episode ends, a slow capture disk) never holds another robot's frames on the round trip.
 DECODE_THREADS = 8
 
 

@@ -10,6 +10,8 @@ Three ways that went wrong, each with a hook (or a capture write) that waits whi
 - JPEG frames were decoded on ``seq-io`` too: a full pool (eight captured robots behind a slow disk) held every
   JPEG robot of every deployment.
 
+And an end cut short (the robot cancels its call while the end waits for the pool) still commits its episode.
+
 The deployments run in the worker (``--isolation none``), so that only the worker's pools are shared.
 """
 
@@ -30,7 +32,7 @@ from sequence_ai_ros.protocol import sequence_ai_pb2_grpc as pb_grpc
 from sequence_ai_ros.worker import create_server
 from sequence_ai_ros.worker.capture_hook import EpisodeRecorder
 from sequence_ai_ros.worker.registry import deploy
-from sequence_ai_ros.worker.runtime import HOOK_WAIT_S
+from sequence_ai_ros.worker.runtime import HOOK_WAIT_S, ActiveEpisode
 from sequence_ai_ros.worker.scheduler import InferenceScheduler
 from sequence_ai_ros.worker.server import IO_THREADS
 
@@ -240,3 +242,46 @@ def test_of_two_hooks_queued_at_once_exactly_the_first_is_waited_for():
     finally:
         release.set()
         scheduler.stop()
+
+
+def test_a_robot_that_gives_up_on_its_end_while_the_pool_is_busy_still_has_its_episode_committed(
+        seq_home, tmp_path, monkeypatch):
+    busy = threading.Event()
+    begun = threading.Event()
+    committed: list[str] = []
+    server_of: dict[str, object] = {}
+    begin_end, commit = ActiveEpisode.begin_end, EpisodeRecorder.commit
+
+    def then_a_busy_pool(active, reason, wait=True):
+        out = begin_end(active, reason, wait)
+        if active.episode.id == 'gives-up':       # every seq-io thread taken: the rest of its end waits in line
+            for _ in range(IO_THREADS):
+                server_of['server']._io._executor.submit(busy.wait, 30)
+            begun.set()
+        return out
+
+    def counted(recorder, reason, stats):
+        committed.append(recorder.episode_id)
+        return commit(recorder, reason, stats)
+
+    monkeypatch.setattr(ActiveEpisode, 'begin_end', then_a_busy_pool)
+    monkeypatch.setattr(EpisodeRecorder, 'commit', counted)
+    save_settings(seq_home / 'capture' / 'camera', CaptureSettings(rate=1.0, enabled=True))
+    deploy(_policy(tmp_path, 'camera', CAMERA), home=seq_home, dry_timeout_s=60, isolation='none')
+    server = server_of['server'] = create_server(['camera'], home=seq_home, isolation='none', idle_timeout_s=120)
+    ch = channel(server.port)
+    try:
+        stub = pb_grpc.PolicyServiceStub(ch)
+        assert wait_ready(stub, 'camera', timeout=60).ready
+        robot = _started(stub, 'camera', 'gives-up', [FRAME])
+        robot.send(end=pb.EpisodeEnd(reason='completed'))
+        assert begun.wait(30)
+        time.sleep(0.2)                # its stream awaits the rest of the end, queued behind the busy pool
+        robot.cancel()                 # the robot gives up waiting for EpisodeEnded (the client's close does)
+        wait_for(lambda: server.servicer.open_streams() == 0, what='the worker to end the cancelled call')
+        busy.set()
+        wait_for(lambda: committed == ['gives-up'], what='the episode to be committed')
+    finally:
+        busy.set()
+        ch.close()
+        server.stop(grace=0.5)
