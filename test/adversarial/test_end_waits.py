@@ -17,10 +17,13 @@ The deployments run in the worker (``--isolation none``), so that only the worke
 
 from __future__ import annotations
 
+import contextlib
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from test_worker_support import Stream, channel, state_request, wait_for, wait_ready
@@ -91,23 +94,32 @@ def _hooks_begun(held: Path, streams: list[Stream]) -> list[str]:
     return [s.episode_id for s in streams if Path(f'{held}.{s.episode_id}').exists()]
 
 
-def _serve(seq_home: Path, tmp_path: Path, hooked: list[str]):
+@contextlib.contextmanager
+def _serving(seq_home: Path, tmp_path: Path, hooked: list[str]) -> Iterator[tuple[Path, Any, Any]]:
+    """A worker serving ``hooked`` (their hook waits while the yielded file exists) and ``camera``, all ready.
+
+    Yields (that file, the server, a stub); the file is removed and the worker stopped afterwards.
+    """
     held = tmp_path / 'held'
     hooked_file = _policy(tmp_path, 'hooked', HOOKED.format(held=str(held)))
     for name in hooked:      # no dry run: it would run the hook
         deploy(hooked_file, name=name, home=seq_home, dry=False, isolation='none')
     deploy(_policy(tmp_path, 'camera', CAMERA), home=seq_home, dry_timeout_s=60, isolation='none')
     server = create_server([*hooked, 'camera'], home=seq_home, isolation='none', idle_timeout_s=120)
-    return held, server
-
-
-def test_robots_ending_together_behind_a_slow_hook_get_episode_ended_and_hold_no_other_robot(seq_home, tmp_path):
-    held, server = _serve(seq_home, tmp_path, ['hooked'])
     ch = channel(server.port)
     try:
         stub = pb_grpc.PolicyServiceStub(ch)
-        for name in ('hooked', 'camera'):
+        for name in (*hooked, 'camera'):
             assert wait_ready(stub, name, timeout=60).ready
+        yield held, server, stub
+    finally:
+        held.unlink(missing_ok=True)
+        ch.close()
+        server.stop(grace=0.5)
+
+
+def test_robots_ending_together_behind_a_slow_hook_get_episode_ended_and_hold_no_other_robot(seq_home, tmp_path):
+    with _serving(seq_home, tmp_path, ['hooked']) as (held, _, stub):
         robot = _started(stub, 'camera', 'camera-robot', [FRAME])
         ending = [_started(stub, 'hooked', f'hooked-{k}') for k in range(IO_THREADS)]
         held.write_text('the hooks wait while this file exists')
@@ -128,22 +140,13 @@ def test_robots_ending_together_behind_a_slow_hook_get_episode_ended_and_hold_no
         [waited] = [s for s in ending if s.episode_id == first]
         assert waited.recv(timeout=30).HasField('ended')
         wait_for(lambda: len(_hooks_begun(held, ending)) == IO_THREADS, what='every hook to have run')
-    finally:
-        held.unlink(missing_ok=True)
-        ch.close()
-        server.stop(grace=0.5)
 
 
 def test_ends_waiting_on_hooks_in_eight_deployments_hold_no_start_and_no_captured_robot(seq_home, tmp_path):
     names = [f'hooked{k}' for k in range(IO_THREADS)]
     save_settings(seq_home / 'capture' / 'camera', CaptureSettings(rate=1.0, enabled=True))
-    held, server = _serve(seq_home, tmp_path, names)
-    ch = channel(server.port)
     ending: list[threading.Thread] = []
-    try:
-        stub = pb_grpc.PolicyServiceStub(ch)
-        for name in (*names, 'camera'):
-            assert wait_ready(stub, name, timeout=60).ready
+    with _serving(seq_home, tmp_path, names) as (held, _, stub):
         robot = _started(stub, 'camera', 'camera-robot', [FRAME])      # captured: a write after each reply
         streams = [_started(stub, name, f'robot-{name}') for name in names]
         held.write_text('the hooks wait while this file exists')
@@ -164,15 +167,11 @@ def test_ends_waiting_on_hooks_in_eight_deployments_hold_no_start_and_no_capture
             thread.join(timeout=60)
         assert not any(t.is_alive() for t in ending)
         assert late.end().HasField('ended') and robot.end().ended.captured
-    finally:
-        held.unlink(missing_ok=True)
-        ch.close()
-        server.stop(grace=0.5)
 
 
 def test_jpeg_frames_decode_while_captured_robots_behind_a_slow_disk_fill_the_io_pool(seq_home, tmp_path,
                                                                                     monkeypatch):
-    slow = tmp_path / 'slow-disk'
+    slow = tmp_path / 'held'         # _serving's file (removed whatever happens): here the disk is slow while it exists
     add_request = EpisodeRecorder.add_request
     waiting: list[str] = []
 
@@ -186,12 +185,7 @@ def test_jpeg_frames_decode_while_captured_robots_behind_a_slow_disk_fill_the_io
 
     monkeypatch.setattr(EpisodeRecorder, 'add_request', on_a_slow_disk)
     save_settings(seq_home / 'capture' / 'hooked', CaptureSettings(rate=1.0, enabled=True))
-    _, server = _serve(seq_home, tmp_path, ['hooked'])
-    ch = channel(server.port)
-    try:
-        stub = pb_grpc.PolicyServiceStub(ch)
-        for name in ('hooked', 'camera'):
-            assert wait_ready(stub, name, timeout=60).ready
+    with _serving(seq_home, tmp_path, ['hooked']) as (_, _, stub):
         robot = _started(stub, 'camera', 'camera-robot', [FRAME])
         captured = [_started(stub, 'hooked', f'captured-{k}') for k in range(IO_THREADS)]
         slow.write_text('capture writes wait while this file exists')
@@ -208,10 +202,6 @@ def test_jpeg_frames_decode_while_captured_robots_behind_a_slow_disk_fill_the_io
         for stream in captured:
             assert stream.end().HasField('ended')
         assert robot.end().HasField('ended')
-    finally:
-        slow.unlink(missing_ok=True)
-        ch.close()
-        server.stop(grace=0.5)
 
 
 def test_of_two_hooks_queued_at_once_exactly_the_first_is_waited_for():
