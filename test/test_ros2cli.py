@@ -58,6 +58,15 @@ def ros2(*args: str, timeout: float = WAIT_S) -> subprocess.CompletedProcess:
     return subprocess.run([_ros2(), *args], capture_output=True, text=True, timeout=timeout)
 
 
+def lifecycle_state(node: str, state: str) -> bool:
+    """True once ``ros2 lifecycle get`` shows ``node`` in ``state`` (bounded retries).
+
+    Each ``get`` discovers the graph anew (``--no-daemon``): on loaded cores it may answer "Node not found" for a
+    node that has just answered ``set``; that is discovery, not the node's state, so it asks again.
+    """
+    return bool(wait_for(lambda: ros2('lifecycle', 'get', node, *SPIN).stdout.startswith(state), WAIT_S))
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
@@ -171,7 +180,7 @@ def _assert_holding(probe: Probe, since: float) -> None:
 
 
 def test_lifecycle_get_and_parameters(launched):
-    assert ros2('lifecycle', 'get', NODE, *SPIN).stdout.startswith('active')
+    assert lifecycle_state(NODE, 'active')
     got = ros2('param', 'get', NODE, 'control_rate_hz', *SPIN)
     assert got.stdout.strip() == 'Double value is: 50.0', got.stdout + got.stderr
     refused = ros2('param', 'set', NODE, 'control_rate_hz', '20.0', *SPIN)
@@ -236,12 +245,12 @@ def test_lifecycle_deactivate_mid_goal_aborts_and_holds(launched, tmp_path):
     result = result_fields(output)
     assert result['reason'] == 'interrupted' and 'deactivate' in result['message'], result
     _assert_holding(probe, t_deactivate)
-    assert ros2('lifecycle', 'get', NODE, *SPIN).stdout.startswith('inactive')
+    assert lifecycle_state(NODE, 'inactive')
     for transition in ('cleanup', 'configure', 'activate'):
         done = ros2('lifecycle', 'set', NODE, transition, *SPIN)
         assert 'Transitioning successful' in done.stdout, (transition, done.stdout + done.stderr,
                                                            log.read_text()[-4000:])
-    assert ros2('lifecycle', 'get', NODE, *SPIN).stdout.startswith('active')
+    assert lifecycle_state(NODE, 'active')
     assert probe.wait_connected(timeout=WAIT_S)
 
 
