@@ -706,8 +706,6 @@ class EpisodeCallHandler:
         """Wait up to :data:`HOOK_WAIT_S` for the episode's hook (its failure is logged where it runs)."""
         try:
             await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(hook)), HOOK_WAIT_S)
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:      # past HOOK_WAIT_S, or the hook failed: EpisodeEnded all the same
             LOG.debug('hook wait for %s: %s', active.episode.id, exc)
 

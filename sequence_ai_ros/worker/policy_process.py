@@ -133,16 +133,16 @@ def exit_words(code: int | None) -> str:
 class _Sent:
     """A call started from the event loop, in flight (:meth:`PolicyProcess.start`)."""
 
-    __slots__ = ('seq', 'seg', 'done', 'answered', 'nbytes', 'wire')
+    __slots__ = ('seq', 'seg', 'done', 'answered', 'array_bytes', 'wire_bytes')
 
-    def __init__(self, seq: int, seg: int, done: Callable[[str | None, Any], None], nbytes: int = 0,
-                 wire: int = 0) -> None:
+    def __init__(self, seq: int, seg: int, done: Callable[[str | None, Any], None], array_bytes: int = 0,
+                 wire_bytes: int = 0) -> None:
         self.seq = seq
         self.seg = seg
         self.done = done
         self.answered = False
-        self.nbytes = nbytes      # its arrays' bytes in shared memory
-        self.wire = wire          # its bytes on the socket, with the kernel's overhead (estimated)
+        self.array_bytes = array_bytes    # its arrays' bytes in shared memory
+        self.wire_bytes = wire_bytes      # its bytes on the socket, with the kernel's overhead (estimated)
 
 
 class _InFlight:
@@ -170,14 +170,14 @@ class _InFlight:
 
     def add(self, sent: _Sent) -> None:
         self.calls.append(sent)
-        self.array_bytes += sent.nbytes
-        self.wire_bytes += sent.wire
+        self.array_bytes += sent.array_bytes
+        self.wire_bytes += sent.wire_bytes
 
     def pop(self) -> _Sent:
         """Take the oldest call (answered)."""
         sent = self.calls.popleft()
-        self.array_bytes -= sent.nbytes
-        self.wire_bytes -= sent.wire
+        self.array_bytes -= sent.array_bytes
+        self.wire_bytes -= sent.wire_bytes
         return sent
 
     def take_all(self) -> list[_Sent]:

@@ -15,21 +15,20 @@ the token (``anonymous_streams``, the probe port) is told the worker's readiness
 Health of a deployment follows its readiness: NOT_SERVING while cold or warming, and for good once its
 load or an inference exceeds its deadline (checked on every call and by housekeeping every 10 s).
 
-Threads: ``seq-grpc-loop`` runs the gRPC asyncio server (every call, every open Episode stream: a
-coroutine each, no thread per stream); ``seq-io`` is its executor, a fixed pool of :data:`IO_THREADS` for
-blocking work (capture files, SQLite, episode starts and ends; an episode's hook is awaited on the loop itself);
-``seq-decode``, a fixed
-pool of :data:`DECODE_THREADS`, decodes JPEG/PNG frames (apart, so that nothing waiting on ``seq-io`` delays a
-round trip); the per-deployment
-threads of :mod:`sequence_ai_ros.worker.runtime`; ``seq-housekeeping`` (usage flush every 10 s, capture
-retention at start and hourly); served from a registry, ``seq-live`` (:mod:`~sequence_ai_ros.worker.live`:
-which deployments have episodes running, for ``seq delete``) and, for a deployment ``seq delete`` removed,
+Threads: ``seq-grpc-loop`` runs the gRPC asyncio server (every call, every open Episode stream: a coroutine
+each, no thread per stream); ``seq-io`` is its executor, a fixed pool of :data:`IO_THREADS` for blocking work
+(capture files, SQLite, episode starts and ends; an episode's hook is awaited on the loop itself);
+``seq-decode``, a fixed pool of :data:`DECODE_THREADS`, decodes JPEG/PNG frames (apart, so that nothing
+waiting on ``seq-io`` delays a round trip); the per-deployment threads of
+:mod:`sequence_ai_ros.worker.runtime`; ``seq-housekeeping`` (usage flush every 10 s, capture retention at
+start and hourly); served from a registry, ``seq-live`` (:mod:`~sequence_ai_ros.worker.live`: which
+deployments have episodes running, for ``seq delete``) and, for a deployment ``seq delete`` removed,
 ``seq-retire-<name>`` until its running episodes ended; with ``agent_port``, ``seq-agent``; with
 ``metrics_port``, prometheus_client's HTTP thread; after an admin Drain of an embedded worker,
-``seq-admin-drain`` (drain, then stop). With ``probe_port``, a second plaintext gRPC server on the
-same loop serves the health service alone (:mod:`~sequence_ai_ros.worker.probe`, with its own stream,
-message and connection caps), for probes that send no token and no TLS. The thread count does not grow
-with open streams, and nothing grown by a burst is kept. All are stopped by :meth:`WorkerServer.stop`.
+``seq-admin-drain`` (drain, then stop). With ``probe_port``, a second plaintext gRPC server on the same loop
+serves the health service alone (:mod:`~sequence_ai_ros.worker.probe`, with its own stream, message and
+connection caps), for probes that send no token and no TLS. The thread count does not grow with open streams,
+and nothing grown by a burst is kept. All are stopped by :meth:`WorkerServer.stop`.
 """
 
 from __future__ import annotations
