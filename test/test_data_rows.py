@@ -456,6 +456,60 @@ def test_usage_counts_survive_a_failed_flush(tmp_path: Path) -> None:
     assert read_usage(meter.path)['d'].episodes == 4
 
 
+def test_usage_flushes_called_together_share_one_write(tmp_path: Path) -> None:
+    """Eight episode ends flushing at once: two transactions (the first, then one for the seven that waited).
+
+    Each flush returns with its own counts in the database; before group commit each wrote its own
+    transaction, and 128 at once on 8 threads left one in SQLite's busy wait for 184 ms.
+    """
+    import threading
+    import time
+
+    from sequence_ai_ros.worker.usage import Usage, UsageMeter, read_usage
+
+    class Held(UsageMeter):
+        def __init__(self, *args: object) -> None:
+            super().__init__(*args)
+            self.writes: list[int] = []
+            self.release = threading.Event()
+            self.added = threading.Semaphore(0)
+
+        def add(self, **counts: float) -> None:
+            super().add(**counts)
+            self.added.release()
+
+        def _write(self, pending: Usage) -> None:
+            self.writes.append(pending.episodes)
+            assert self.release.wait(30)
+            super()._write(pending)
+
+    meter = Held('d', tmp_path / 'usage.sqlite')
+    done: list[int] = []
+
+    def end(k: int) -> None:
+        meter.add(episodes=1)
+        meter.flush()
+        done.append(k)
+
+    threads = [threading.Thread(target=end, args=(k,)) for k in range(8)]
+    threads[0].start()
+    assert meter.added.acquire(timeout=30)
+    deadline = time.monotonic() + 30
+    while not meter.writes and time.monotonic() < deadline:   # the first flush is writing, held
+        time.sleep(0.01)
+    assert meter.writes == [1]
+    for t in threads[1:]:
+        t.start()
+    for _ in range(7):
+        assert meter.added.acquire(timeout=30)
+    meter.release.set()
+    for t in threads:
+        t.join(30)
+    assert sorted(done) == list(range(8))
+    assert meter.writes == [1, 7]
+    assert read_usage(meter.path)['d'].episodes == 8
+
+
 def test_export_refuses_an_unknown_version(tmp_path: Path) -> None:
     store = make_store(tmp_path / 'v')
     _episode(store, 'a', _contract(), [_frame(0, q(0), q(0))])
