@@ -126,6 +126,31 @@ def test_calls_in_flight_hold_at_most_the_array_bytes_bound_and_the_rest_wait(po
         assert status == 'ok' and value[0][0] == float(arr.astype(np.int64).sum()), (status, value)
 
 
+class _Unloadable:
+    """Pickles in the worker; unpickling it in the deployment process raises (``int('not a number')``)."""
+
+    def __reduce__(self) -> tuple[type, tuple[str]]:
+        return int, ('not a number',)
+
+
+def _mapped_segments(pid: int) -> set[str]:
+    """The worker's shared-memory segments the process ``pid`` maps (``memfd:seq-<name>-<id>``)."""
+    with open(f'/proc/{pid}/maps', encoding='utf-8') as maps:
+        return {line.split()[-2] for line in maps if 'memfd:seq-sum-' in line}
+
+
+def test_a_call_the_process_cannot_unpickle_fails_typed_and_frees_its_segment(policy):
+    """Its segment is free again at once: the next calls reuse it, so the process maps one segment, not one each."""
+    process = policy.process
+    arr = np.full(1 << 20, 3, np.uint8)
+    for _ in range(5):
+        with pytest.raises(policy_process.RemoteError, match='not a number'):
+            process.call('infer', [arr, _Unloadable()], ('e', '', 'sum'), step='inferring')
+    value = process.call('infer', arr, ('e', '', 'sum'), step='inferring')
+    assert value[0][0] == float(arr.astype(np.int64).sum())
+    assert len(_mapped_segments(process.pid)) == 1
+
+
 def test_a_read_that_loses_file_descriptors_fails_the_channel_not_a_later_call():
     ours, theirs = socket.socketpair()
     pipes = [os.pipe() for _ in range(wire.FDS_PER_READ + 1)]

@@ -467,9 +467,10 @@ def call_head(segment: int, copy: bool, size: int, dropped: list[int], *, new: b
     return _CALL.pack(segment, flags, size, slot, len(dropped)) + b''.join(_I32.pack(k) for k in dropped)
 
 
-def call_slot(payload: memoryview) -> int:
-    """The slot of a call's payload (:data:`NO_SLOT`: none)."""
-    return _CALL.unpack_from(payload, 0)[3]
+def call_ids(payload: memoryview) -> tuple[int, int]:
+    """A call's segment (-1: none) and slot (:data:`NO_SLOT`: none), read from its head."""
+    seg, _, _, slot, _ = _CALL.unpack_from(payload, 0)
+    return seg, slot
 
 
 def parse_reply(payload: memoryview) -> tuple[list[int], tuple[str, Any]]:
@@ -858,8 +859,9 @@ def serve(sock: socket.socket, flags: mmap.mmap | None = None) -> None:
         answer.due(channel.seq)
         seg = -1
         try:
-            slot = call_slot(payload)
-            call, seg = segments.parse(payload, fds)
+            # the segment is the head's, read before the call is: one that does not unpickle is free again too
+            seg, slot = call_ids(payload)
+            call, _ = segments.parse(payload, fds)
             command, args, ended = call
             del call
             try:
