@@ -21,9 +21,10 @@ Its ``seq`` sub-commands live in :mod:`sequence_ai_ros.cli.serving`; the models 
 in :mod:`sequence_ai_ros.models`.
 
 Threads, all named and owned: ``seq-grpc-loop`` (gRPC asyncio: every call and open stream is a coroutine),
-``seq-io`` (its fixed executor for blocking work), ``seq-decode`` (JPEG/PNG frames), ``seq-load-<name>``
-(warming), ``seq-infer-<name>`` (inference, batches and episode hooks), ``seq-housekeeping`` (usage flush,
-capture retention), and when asked ``seq-agent`` (HAProxy readiness) and the metrics endpoint.
+``seq-io`` (its fixed executor for blocking work), ``seq-capture`` (capture writes), ``seq-decode`` (JPEG/PNG
+frames), ``seq-load-<name>`` (warming), ``seq-infer-<name>`` (inference, batches and episode hooks),
+``seq-housekeeping`` (usage flush, capture retention), and when asked ``seq-agent`` (HAProxy readiness) and the
+metrics endpoint.
 :meth:`WorkerServer.stop` stops them all.
 :mod:`.fleet` starts N worker processes behind HAProxy (``seq fleet``); :mod:`.metrics` and
 :mod:`.health_agent` serve operators and the balancer.

@@ -32,10 +32,11 @@ The episode ends exactly once (:meth:`ActiveEpisode.end`) with reason:
 Threads: none of its own. :meth:`EpisodeCallHandler.replies` is a coroutine on the worker's event loop
 (``seq-grpc-loop``, gRPC asyncio); a reader *task* moves incoming messages into an inbox (:class:`_Inbox`) so that
 idle and start time can be measured without blocking on the network. Inference runs on the deployment's
-inference thread, or is sent to its deployment process from the loop itself, and is awaited; capture writes
-and episode ends (commit, usage) run on the loop's small bounded executor (``seq-io``), the wait for an episode's
-hook on the loop itself, JPEG/PNG decoding on the worker's ``seq-decode`` threads (never queued behind
-``seq-io``), so an open stream costs no thread at all.
+inference thread, or is sent to its deployment process from the loop itself, and is awaited; episode starts and
+ends (usage) run on the loop's small bounded executor (``seq-io``), capture writes (each request and telemetry,
+a captured episode's commit) on the worker's ``seq-capture`` threads, the wait for an episode's hook
+on the loop itself, JPEG/PNG decoding on the worker's ``seq-decode`` threads (never queued behind ``seq-io``), so
+an open stream costs no thread at all, and a slow capture disk holds only captured robots.
 """
 
 from __future__ import annotations
@@ -289,15 +290,19 @@ class EpisodeCallHandler:
         (:mod:`~sequence_ai_ros.protocol.tracing`), the episode's spans continue the robot's trace.
     :param decoder: where JPEG/PNG frames are decoded (the worker's ``seq-decode`` threads); None: the loop's
         executor.
+    :param capture_io: where capture files are written (the worker's ``seq-capture`` threads); None: the loop's
+        executor.
     """
 
     def __init__(self, runtime: DeploymentRuntime, episode_id: str, idle_timeout_s: float,
                  start_timeout_s: float = float('inf'), client: str = '',
                  before_start: Callable[[DeploymentRuntime], bool] | None = None,
                  start_refusal: Callable[[], SequenceAIError | None] | None = None, owner: str = '',
-                 traceparent: str = '', decoder: concurrent.futures.Executor | None = None) -> None:
+                 traceparent: str = '', decoder: concurrent.futures.Executor | None = None,
+                 capture_io: concurrent.futures.Executor | None = None) -> None:
         self.runtime = runtime
         self._decoder = decoder
+        self._capture_io = capture_io
         self.owner = owner
         self.before_start = before_start
         self.start_refusal = start_refusal
@@ -340,7 +345,7 @@ class EpisodeCallHandler:
                 self.active.settle('disconnect')
 
         if job is not None or (self.active is not None and not self.active.finished):
-            self._loop.run_in_executor(None, finish)
+            self._loop.run_in_executor(self._writer(self.active), finish)
 
     async def _read(self, requests: AsyncIterator[Request]) -> None:
         try:
@@ -367,8 +372,16 @@ class EpisodeCallHandler:
         self._wake()
 
     async def _io(self, fn: Any, *args: Any) -> Any:
-        """Run blocking work (capture files, SQLite) on the loop's bounded executor."""
+        """Run blocking work (SQLite, registry and live files) on the loop's bounded executor."""
         return await self._loop.run_in_executor(None, fn, *args)
+
+    async def _write(self, fn: Any, *args: Any) -> Any:
+        """Run a capture write on the worker's capture threads."""
+        return await self._loop.run_in_executor(self._capture_io, fn, *args)
+
+    def _writer(self, active: ActiveEpisode | None) -> concurrent.futures.Executor | None:
+        """Where ``active``'s end runs: the capture threads when it commits capture, else the loop's executor."""
+        return self._capture_io if active is not None and active.recorder.active else None
 
     async def replies(self, requests: AsyncIterator[Request]) -> AsyncIterator[pb.EpisodeReply]:
         """Consume the robot's messages and yield the replies (the gRPC response stream).
@@ -441,7 +454,7 @@ class EpisodeCallHandler:
                     if self.active is None:
                         yield _error(EpisodeStateError('Telemetry before EpisodeStart'))
                     elif self.active.recorder.active:
-                        await self._io(self.active.recorder.add_telemetry, list(item.telemetry.frames))
+                        await self._write(self.active.recorder.add_telemetry, list(item.telemetry.frames))
                 elif kind == 'start':
                     refusal = self.start_refusal() if self.start_refusal is not None and self.active is None else None
                     if refusal is not None:   # the stream opened before the drain began: refused as at its open
@@ -655,7 +668,7 @@ class EpisodeCallHandler:
         job, self._to_capture = self._to_capture, None
         if job is not None:
             active, req, chunk, error = job
-            await self._io(active.recorder.add_request, req, chunk, error)
+            await self._write(active.recorder.add_request, req, chunk, error)
 
     async def _end(self, end: pb.EpisodeEnd) -> list[pb.EpisodeReply]:
         """End the episode on the robot's EpisodeEnd: EpisodeEnded always, after an Error per refused value.
@@ -672,7 +685,7 @@ class EpisodeCallHandler:
         if end.capture_error:     # the robot stopped its capture: what came is not the whole episode
             recorder = self.active.recorder
             why = f'the robot stopped its capture: {clip(limits.printable(end.capture_error), 400)}'
-            await self._io(lambda: recorder.abort(why))
+            await self._write(lambda: recorder.abort(why))
         failure = await self._end_episode(reason, stats)
         return [*replies, pb.EpisodeReply(ended=self._ended(self.active.episode.id, self.active.captured, failure))]
 
@@ -690,7 +703,7 @@ class EpisodeCallHandler:
                         return ''
                     if hook is not None:      # awaited here: no seq-io thread is held while the policy runs it
                         await self._await_hook(hook, active)
-                    await self._io(active.finish_end, reason, stats)
+                    await self._loop.run_in_executor(self._writer(active), active.finish_end, reason, stats)
                 except asyncio.CancelledError:    # the robot left, the worker stops: the end completes all the same
                     self._settle_later(active, reason, stats)
                     raise
@@ -718,7 +731,7 @@ class EpisodeCallHandler:
                 LOG.error('episode %s: end of episode failed: %s', active.episode.id, describe(exc))
 
         try:
-            self._loop.run_in_executor(None, settle)
+            self._loop.run_in_executor(self._writer(active), settle)
         except RuntimeError:          # the executor has shut down (the worker stops): here, once
             settle()
 

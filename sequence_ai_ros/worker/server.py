@@ -17,8 +17,9 @@ load or an inference exceeds its deadline (checked on every call and by housekee
 
 Threads: ``seq-grpc-loop`` runs the gRPC asyncio server (every call, every open Episode stream: a coroutine
 each, no thread per stream); ``seq-io`` is its executor, a fixed pool of :data:`IO_THREADS` for blocking work
-(capture files, SQLite, episode starts and ends; an episode's hook is awaited on the loop itself);
-``seq-decode``, a fixed pool of :data:`DECODE_THREADS`, decodes JPEG/PNG frames (apart, so that nothing
+(SQLite, episode starts and ends; an episode's hook is awaited on the loop itself); ``seq-capture``, a fixed
+pool of :data:`CAPTURE_THREADS`, writes capture files (apart, so that a slow capture disk holds no uncaptured
+robot); ``seq-decode``, a fixed pool of :data:`DECODE_THREADS`, decodes JPEG/PNG frames (apart, so that nothing
 waiting on ``seq-io`` delays a round trip); the per-deployment threads of
 :mod:`sequence_ai_ros.worker.runtime`; ``seq-housekeeping`` (usage flush every 10 s, capture retention at
 start and hourly); served from a registry, ``seq-live`` (:mod:`~sequence_ai_ros.worker.live`: which
@@ -81,9 +82,13 @@ DEFAULT_MAX_STREAMS = ServerConfig.max_streams
 #: Handler threads kept free of episode streams for unary calls and health (the threaded server of earlier
 #: versions; kept for importers: gRPC asyncio needs no headroom).
 UNARY_HEADROOM = 16
-#: Threads of the event loop's executor (capture writes, SQLite, episode starts and ends): a fixed bound, whatever
-#: the number of open streams.
+#: Threads of the event loop's executor (SQLite, episode starts and ends, metrics and health answers): a fixed
+#: bound, whatever the number of open streams.
 IO_THREADS = 8
+#: Threads that write capture (``seq-capture``: each request and telemetry, a captured episode's commit): apart
+#: from ``seq-io``, so that a slow capture disk holds only captured robots, never another deployment's episode
+#: starts and ends, the metrics endpoint or the balancer's health agent.
+CAPTURE_THREADS = 8
 #: Threads that decode JPEG/PNG frames (``seq-decode``): apart from ``seq-io``, so that what waits there (a wave
 #: of episode ends, a slow capture disk) never holds another robot's frames on the round trip.
 DECODE_THREADS = 8
@@ -169,11 +174,12 @@ def _read_pem(value: str | bytes | Path) -> bytes:
 
 
 class WorkerLoop:
-    """The worker's event loop, run by the thread ``seq-grpc-loop``, with its executors ``seq-io`` and ``seq-decode``.
+    """The worker's event loop, run by the thread ``seq-grpc-loop``, with its executors (``seq-*`` threads).
 
     Every gRPC call and Episode stream runs on :attr:`loop`; blocking work goes to the loop's executor, a fixed
-    pool of :data:`IO_THREADS` threads, and frame decoding to :attr:`decoder` (:data:`DECODE_THREADS`). Started
-    at construction; :meth:`close` stops it and sets :attr:`closed`.
+    pool of :data:`IO_THREADS` threads, capture writes to :attr:`capture` (:data:`CAPTURE_THREADS`) and frame
+    decoding to :attr:`decoder` (:data:`DECODE_THREADS`). Started at construction; :meth:`close` stops it and
+    sets :attr:`closed`.
     """
 
     def __init__(self) -> None:
@@ -183,6 +189,9 @@ class WorkerLoop:
         #: decodes the robots' JPEG/PNG frames, on the round trip: nothing else runs there
         self.decoder = concurrent.futures.ThreadPoolExecutor(max_workers=DECODE_THREADS,
                                                              thread_name_prefix='seq-decode')
+        #: writes capture files: a slow capture disk holds nothing but captured robots
+        self.capture = concurrent.futures.ThreadPoolExecutor(max_workers=CAPTURE_THREADS,
+                                                             thread_name_prefix='seq-capture')
         self._thread = threading.Thread(target=self.loop.run_forever, name='seq-grpc-loop', daemon=True)
         self._thread.start()
         #: set once the loop is stopped and closed
@@ -211,6 +220,7 @@ class WorkerLoop:
             self.loop.close()
         self._executor.shutdown(wait=False)
         self.decoder.shutdown(wait=False)
+        self.capture.shutdown(wait=False)
         self.closed.set()
 
 
@@ -425,6 +435,7 @@ class WorkerServer:
         server = grpc.aio.server(options=options, interceptors=interceptors)
         servicer = PolicyServicer(self.runtimes, config)
         servicer.decoder = self._io.decoder
+        servicer.capture_io = self._io.capture
         add_to_server(servicer, server)
         add_admin_to_server(self.admin, server)   # the probe port (probe.py) serves health alone
         statuses = HealthStatuses()   # health_service: names bounded, Watch capped and ended when idle

@@ -148,6 +148,8 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
         self.tally = VersionTally()
         #: where the streams decode JPEG/PNG frames (the worker's ``seq-decode``); None: the loop's executor
         self.decoder: concurrent.futures.Executor | None = None
+        #: where the streams write capture (the worker's ``seq-capture``); None: the loop's executor
+        self.capture_io: concurrent.futures.Executor | None = None
 
     def _runtime(self, name: str, context: grpc.aio.ServicerContext, body_token: str = '') -> DeploymentRuntime:
         """The runtime serving ``name`` ('' with one deployment: that one).
@@ -226,7 +228,8 @@ class PolicyServicer(pb_grpc.PolicyServiceServicer):
                                     self.config.start_timeout_s, client, before_start=self.before_start,
                                     start_refusal=self._start_refusal,
                                     owner=identity(self.token, not anonymous, client),
-                                    traceparent=_metadata(context, tracing.TRACEPARENT), decoder=self.decoder)
+                                    traceparent=_metadata(context, tracing.TRACEPARENT), decoder=self.decoder,
+                                    capture_io=self.capture_io)
         refused = DRAINING if self.drain.draining else self._admit(stream, (client, anonymous))
         if refused:   # a typed refusal in the stream (drain.py: a balancer resets an aborted call)
             if self.on_refused is not None:

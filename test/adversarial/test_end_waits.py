@@ -8,7 +8,9 @@ Three ways that went wrong, each with a hook (or a capture write) that waits whi
 - each waiting end held a ``seq-io`` thread: eight of them (one deployment's, or eight deployments') took the
   whole pool, and no episode of any deployment could start, nor a captured robot get its next chunk;
 - JPEG frames were decoded on ``seq-io`` too: a full pool (eight captured robots behind a slow disk) held every
-  JPEG robot of every deployment.
+  JPEG robot of every deployment;
+- capture was written on ``seq-io`` too: eight captured robots behind a slow disk held every other deployment's
+  episode starts and ends.
 
 And an end cut short (the robot cancels its call while the end waits for the pool) still commits its episode.
 
@@ -37,7 +39,7 @@ from sequence_ai_ros.worker.capture_hook import EpisodeRecorder
 from sequence_ai_ros.worker.registry import deploy
 from sequence_ai_ros.worker.runtime import HOOK_WAIT_S, ActiveEpisode
 from sequence_ai_ros.worker.scheduler import InferenceScheduler
-from sequence_ai_ros.worker.server import IO_THREADS
+from sequence_ai_ros.worker.server import CAPTURE_THREADS, IO_THREADS
 
 NAMES = ['a', 'b']
 
@@ -169,8 +171,8 @@ def test_ends_waiting_on_hooks_in_eight_deployments_hold_no_start_and_no_capture
         assert late.end().HasField('ended') and robot.end().ended.captured
 
 
-def test_jpeg_frames_decode_while_captured_robots_behind_a_slow_disk_fill_the_io_pool(seq_home, tmp_path,
-                                                                                    monkeypatch):
+def test_captured_robots_behind_a_slow_disk_hold_no_other_deployments_frames_starts_or_ends(seq_home, tmp_path,
+                                                                                            monkeypatch):
     slow = tmp_path / 'held'         # _serving's file (removed whatever happens): here the disk is slow while it exists
     add_request = EpisodeRecorder.add_request
     waiting: list[str] = []
@@ -187,16 +189,21 @@ def test_jpeg_frames_decode_while_captured_robots_behind_a_slow_disk_fill_the_io
     save_settings(seq_home / 'capture' / 'hooked', CaptureSettings(rate=1.0, enabled=True))
     with _serving(seq_home, tmp_path, ['hooked']) as (_, _, stub):
         robot = _started(stub, 'camera', 'camera-robot', [FRAME])
-        captured = [_started(stub, 'hooked', f'captured-{k}') for k in range(IO_THREADS)]
+        captured = [_started(stub, 'hooked', f'captured-{k}') for k in range(max(CAPTURE_THREADS, IO_THREADS))]
         slow.write_text('capture writes wait while this file exists')
-        for stream in captured:        # each reply's capture write waits on a seq-io thread: the pool is full
+        for stream in captured:        # each reply's capture write waits on a capture thread: the pool is full
             stream.send(observation=state_request(2, [0.0, 0.0], NAMES))
             assert stream.recv(timeout=HOOK_WAIT_S / 2).HasField('chunk')
-        wait_for(lambda: len(waiting) == IO_THREADS, what='every capture write to wait')
+        wait_for(lambda: len(waiting) == CAPTURE_THREADS, what='every capture thread to wait')
         for rid in range(2, 6):        # the JPEG robot's frames decode on threads of their own
             robot.send(observation=state_request(rid, [0.0, 0.0], NAMES, images=[FRAME]))
             reply = robot.recv(timeout=HOOK_WAIT_S / 2)
             assert reply.HasField('chunk') and reply.chunk.request_id == rid, reply
+        late = Stream(stub, 'camera', 'started-meanwhile')     # an uncaptured deployment's episodes start and end
+        late.send(start=pb.EpisodeStart(episode_id='started-meanwhile'))
+        assert late.recv(timeout=HOOK_WAIT_S / 2).HasField('started')
+        late.send(end=pb.EpisodeEnd(reason='completed'))
+        assert late.recv(timeout=HOOK_WAIT_S / 2).HasField('ended')
         assert slow.exists()
         slow.unlink()
         for stream in captured:
