@@ -133,10 +133,10 @@ class _Unloadable:
         return int, ('not a number',)
 
 
-def _mapped_segments(pid: int) -> set[str]:
+def _mapped_segments(pid: int, name: str = 'sum') -> set[str]:
     """The worker's shared-memory segments the process ``pid`` maps (``memfd:seq-<name>-<id>``)."""
     with open(f'/proc/{pid}/maps', encoding='utf-8') as maps:
-        return {line.split()[-2] for line in maps if 'memfd:seq-sum-' in line}
+        return {line.split()[-2] for line in maps if f'memfd:seq-{name}-' in line}
 
 
 def test_a_call_the_process_cannot_unpickle_fails_typed_and_frees_its_segment(policy):
@@ -149,6 +149,50 @@ def test_a_call_the_process_cannot_unpickle_fails_typed_and_frees_its_segment(po
     value = process.call('infer', arr, ('e', '', 'sum'), step='inferring')
     assert value[0][0] == float(arr.astype(np.int64).sum())
     assert len(_mapped_segments(process.pid)) == 1
+
+
+LIMITED = textwrap.dedent('''
+    import resource
+    import numpy as np
+    import sequence_ai_ros.policy as seq
+
+    @seq.policy(action_space='joint_absolute', action_names=['a', 'b'], dt=0.1, chunk_length=2,
+                observation=seq.ObservationContract(state_names=['a', 'b']))
+    class Limited:
+        """Answers (sum, size), as Sum; its load caps the process's address space at 48 MB above its use."""
+
+        def load(self):
+            with open('/proc/self/status') as f:
+                vm = next(int(line.split()[1]) for line in f if line.startswith('VmSize:')) * 1024
+            resource.setrlimit(resource.RLIMIT_AS, (vm + (48 << 20), resource.RLIM_INFINITY))
+
+        def infer(self, inp, episode):
+            return np.array([[float(inp.sum()), float(inp.size)]] * 2)
+''')
+
+
+def test_a_new_segment_the_process_cannot_map_fails_its_call_alone(tmp_path):
+    """A call's new segment the process cannot map (ENOMEM) fails that call alone, typed.
+
+    The segment is dropped on both sides: reused as free, each later call failed with ``KeyError``; kept as held,
+    each call of that size leaked a new one.
+    """
+    path = tmp_path / 'limited.py'
+    path.write_text(LIMITED)
+    remote = describe_policy_file(path, 'limited', 60).instantiate()
+    try:
+        remote.load()
+        process = remote.process
+        for _ in range(3):
+            with pytest.raises(policy_process.RemoteError):
+                process.call('infer', np.full(96 << 20, 1, np.uint8), ('e', '', 'limited'))
+        for k in range(3):
+            arr = np.full(1 << 20, k + 2, np.uint8)
+            value = process.call('infer', arr, ('e', '', 'limited'))
+            assert value[0][0] == float(arr.astype(np.int64).sum())
+        assert len(_mapped_segments(process.pid, 'limited')) == 1
+    finally:
+        remote.close()
 
 
 def test_a_read_that_loses_file_descriptors_fails_the_channel_not_a_later_call():

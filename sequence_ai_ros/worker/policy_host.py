@@ -437,8 +437,11 @@ class Segments:
         return value, seg
 
     def release(self, seg: int) -> list[int]:
-        """After a call of segment ``seg``: the held segments nothing references any more, now free to write again."""
-        free = [seg] if seg >= 0 and seg not in self.held else []
+        """After a call of segment ``seg``: the held segments nothing references any more, now free to write again.
+
+        A segment not mapped here (its ``mmap`` failed) is never free: the worker drops it.
+        """
+        free = [seg] if seg in self.maps and seg not in self.held else []
         if self.held:
             unreferenced = sys.getrefcount(self._probe[0])
             free += [k for k in list(self.held) if sys.getrefcount(self.held[k]) <= unreferenced]

@@ -133,12 +133,13 @@ def exit_words(code: int | None) -> str:
 class _Sent:
     """A call started from the event loop, in flight (:meth:`PolicyProcess.start`)."""
 
-    __slots__ = ('seq', 'seg', 'done', 'answered', 'array_bytes', 'wire_bytes')
+    __slots__ = ('seq', 'seg', 'new', 'done', 'answered', 'array_bytes', 'wire_bytes')
 
     def __init__(self, seq: int, seg: int, done: Callable[[str | None, Any], None], array_bytes: int = 0,
                  wire_bytes: int = 0) -> None:
         self.seq = seq
         self.seg = seg
+        self.new = False                  # its segment is new (mapped by the process with this call)
         self.done = done
         self.answered = False
         self.array_bytes = array_bytes    # its arrays' bytes in shared memory
@@ -356,6 +357,7 @@ class PolicyProcess:
             try:
                 seq = self._next_seq()
                 head, fds, seg = self._place(pickler, wire.NO_SLOT)
+                new = bool(fds)
                 self._channel.send([head, header], fds, seq)
                 payload, _ = self._channel.recv(seq)
                 released, (status, value) = wire.parse_reply(payload)
@@ -365,7 +367,7 @@ class PolicyProcess:
             finally:
                 for fd in fds:         # the process has its own copy now (or never will)
                     os.close(fd)
-            self._answered(seg, released)
+            self._answered(seg, released, failed_new=new and status == 'err')
         if status == 'err':
             raise RemoteError(value)
         if status == 'contract':        # the policy found the request malformed (ContractViolation)
@@ -414,6 +416,7 @@ class PolicyProcess:
         self._inflight.add(sent)
         try:
             head, fds, sent.seg = self._place(pickler, slot)
+            sent.new = bool(fds)
             if first:
                 self._reading = loop
                 loop.add_reader(self._sock.fileno(), self._on_readable)
@@ -452,7 +455,7 @@ class PolicyProcess:
                 return
             self._inflight.pop()
             oldest.answered = True
-            self._answered(oldest.seg, released)
+            self._answered(oldest.seg, released, failed_new=oldest.new and status == 'err')
             if not self._inflight:
                 self._end_started()
                 self._lock.release()
@@ -461,10 +464,19 @@ class PolicyProcess:
             except Exception:       # its caller's bug: the other answers are still handed on
                 LOG.exception('the answer of a call to the policy process of %r was not taken', self.name)
 
-    def _answered(self, seg: int, released: list[int]) -> None:
-        """A call of segment ``seg`` was answered; the process released segments ``released``."""
+    def _answered(self, seg: int, released: list[int], failed_new: bool = False) -> None:
+        """A call of segment ``seg`` was answered; the process released segments ``released``.
+
+        :param failed_new: the call failed and brought ``seg`` new: the process may never have mapped it (its
+            ``mmap`` failed, or the call's head did not parse), so it is dropped on both sides, never reused.
+        """
         self._busy.discard(seg)
         self._free.extend(k for k in released if k in self._segments and k not in self._free)
+        if failed_new and seg in self._segments:
+            if seg in self._free:
+                self._free.remove(seg)
+            self._segments.pop(seg).close()
+            self._dropped.append(seg)      # the process unmaps it (if it mapped it) with the next call
 
     def _end_started(self) -> list[_Sent]:
         """The loop stops reading; return the calls that were in flight (now none)."""
