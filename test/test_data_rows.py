@@ -456,6 +456,66 @@ def test_usage_counts_survive_a_failed_flush(tmp_path: Path) -> None:
     assert read_usage(meter.path)['d'].episodes == 4
 
 
+def test_usage_of_a_process_gone_before_its_write_is_written_by_the_next_meters_first_flush(tmp_path: Path) -> None:
+    """A gone worker's unwritten usage is written by the next meter's first flush, before any count of its own.
+
+    The worker could not write it (the database unreachable) and exited: it was left in its pending record, and
+    the next meter of the deployment adopts it.
+    """
+    import sqlite3
+    import subprocess
+    import sys
+
+    from sequence_ai_ros.worker.usage import UsageMeter
+
+    path = tmp_path / 'usage.sqlite'
+    path.mkdir()                                  # no database can be opened there
+    gone = ("import sys; from sequence_ai_ros.worker.usage import UsageMeter\n"
+            "m = UsageMeter('d', sys.argv[1]); m.add(episodes=3, requests=7)\n"
+            "try:\n    m.flush()\nexcept Exception:\n    print('kept')\n")
+    done = subprocess.run([sys.executable, '-c', gone, str(path)], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == 'kept', done.stderr
+    path.rmdir()
+    meter = UsageMeter('d', path)
+    meter.flush()
+    with sqlite3.connect(str(path)) as conn:
+        row = conn.execute("SELECT episodes, requests FROM usage WHERE deployment = 'd'").fetchone()
+    assert row == (3, 7)
+
+
+def test_a_usage_flush_waiting_for_another_when_its_deployment_is_deleted_writes_nothing(tmp_path: Path) -> None:
+    """``seq delete`` (retire) while a flush waits behind another's write: it must not re-create the deleted row."""
+    import threading
+
+    from sequence_ai_ros.worker.usage import Usage, UsageMeter
+
+    writing, release = threading.Event(), threading.Event()
+    after_retire: list[int] = []
+
+    class Held(UsageMeter):
+        def _write(self, pending: Usage) -> None:
+            if self.retired:
+                after_retire.append(pending.episodes)
+            writing.set()
+            assert release.wait(30)
+            super()._write(pending)
+
+    meter = Held('d', tmp_path / 'usage.sqlite')
+    meter.add(episodes=1)
+    first = threading.Thread(target=meter.flush)
+    first.start()
+    assert writing.wait(30)
+    meter.add(episodes=1)
+    second = threading.Thread(target=meter.flush)
+    second.start()
+    second.join(0.5)                   # past its first look at retired, waiting for the write
+    meter.retire()
+    release.set()
+    first.join(30)
+    second.join(30)
+    assert after_retire == []
+
+
 def test_usage_flushes_called_together_share_one_write(tmp_path: Path) -> None:
     """Eight episode ends flushing at once: two transactions (the first, then one for the seven that waited).
 

@@ -210,6 +210,7 @@ class UsageMeter:
                 if counts != Usage():
                     with self._lock:
                         self._pending.add(counts)
+                        self._added += 1            # the next flush writes them
                         keep = dataclasses.replace(self._pending)
                     if not self._save_record(keep):   # not durable in ours yet: leave it where it is
                         with self._lock:
@@ -247,7 +248,8 @@ class UsageMeter:
             wanted = self._added
         with self._flushing:
             with self._lock:
-                if self._written >= wanted:   # the write this call waited for held its counts
+                # the write this call waited for held its counts, or the deployment was deleted meanwhile
+                if self._written >= wanted or self.retired:
                     return
                 pending, self._pending = self._pending, Usage()
                 upto = self._added
