@@ -178,7 +178,8 @@ def drive(worker: Worker, robots: int, seconds: float, names: list[str] = NAMES)
     # Robots close (EpisodeEnd, channel close) only once every robot's last reply came: a close costs this process
     # about 1.2 ms under its GIL, so 128 closing within a slot stall the robots still asking here by ~150 ms. Those
     # late replies would be the bench's own (a real robot shares its interpreter with no other), not the worker's.
-    finished = threading.Barrier(robots, timeout=seconds + 120)
+    finished = threading.Barrier(robots)
+    deadline = time.monotonic() + seconds + 120     # the whole drive's bound (a robot whose reply never comes)
     peak_threads = [0]
 
     def run(k: int) -> None:
@@ -199,7 +200,7 @@ def drive(worker: Worker, robots: int, seconds: float, names: list[str] = NAMES)
                     if time.monotonic() > due + PERIOD_S:
                         late[0] += 1
             with contextlib.suppress(threading.BrokenBarrierError):
-                finished.wait()
+                finished.wait(timeout=max(0.0, deadline - time.monotonic()))
         except Exception as exc:  # reported with the figures
             errors.append(f'robot {k}: {type(exc).__name__}: {exc}')
             with contextlib.suppress(Exception):
@@ -212,13 +213,17 @@ def drive(worker: Worker, robots: int, seconds: float, names: list[str] = NAMES)
     threads = [threading.Thread(target=run, args=(k,), name=f'bench-robot-{k}', daemon=True) for k in range(robots)]
     for t in threads:
         t.start()
-    t0 = time.monotonic()
     with contextlib.suppress(Exception):
         ready.wait()
     t_start = time.monotonic()
-    while any(t.is_alive() for t in threads) and time.monotonic() - t0 < seconds + 120:
+    while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
         peak_threads[0] = max(peak_threads[0], worker.threads())
         time.sleep(0.25)
+    finished.abort()                 # the robots that had their last reply close now, whoever did not
+    closing = time.monotonic() + 5.0
+    for t in threads:
+        t.join(timeout=max(0.0, closing - time.monotonic()))
+    errors.extend(f'robot {k}: no reply within {seconds + 120:g} s' for k, t in enumerate(threads) if t.is_alive())
     elapsed = max(1e-9, time.monotonic() - t_start)
     ms = np.asarray(lat) * 1e3
     return {'robots': robots, 'requests': len(lat), 'rate': len(lat) / elapsed,
