@@ -67,6 +67,9 @@ class EpisodeRecorder:
         self._started = time.time()
         self._lock = threading.Lock()  # the stream thread and the disconnect callback may race
         self._ep = None
+        #: answered requests not written yet, in order (hold, write_held)
+        self._held: list[tuple[pb.ObservationRequest, pb.ActionChunk | None, pb.Error | None]] = []
+        self._held_lock = threading.Lock()   # guards _held alone: never held while writing (hold is on the loop)
         self.fps = 0.0
         self.images = False
         self.rejected = 0
@@ -127,6 +130,29 @@ class EpisodeRecorder:
         if self._ep is not None:
             self._guard('add_request', lambda: self._ep and self._ep.add_request(req, chunk, error))
 
+    def hold(self, req: pb.ObservationRequest, chunk: pb.ActionChunk | None, error: pb.Error | None) -> None:
+        """Keep one answered request to write once its reply went out; never blocks (the event loop calls it).
+
+        :meth:`write_held` writes it, or else :meth:`commit` does, first: a write cancelled before it ran (the
+        stream cut while the write waited for a thread) is not lost.
+        """
+        if self._ep is None:
+            return
+        with self._held_lock:
+            self._held.append((req, chunk, error))
+
+    def write_held(self) -> None:
+        """Write the requests :meth:`hold` kept that are still there, in order (blocking: capture files)."""
+        with self._lock:
+            self._write_held()
+
+    def _write_held(self) -> None:
+        """Under ``_lock``: write the held requests, if any."""
+        with self._held_lock:
+            held, self._held = self._held, []
+        for job in held:
+            self._guarded('add_request', lambda job=job: self._ep and self._ep.add_request(*job))
+
     def add_telemetry(self, frames: list[pb.TelemetryFrame]) -> None:
         """Record telemetry frames streamed by the robot; frames that fail the contract check are counted."""
         if self._ep is not None:
@@ -144,6 +170,8 @@ class EpisodeRecorder:
         """
         with self._lock:
             ep, self._ep = self._ep, None
+            with self._held_lock:
+                self._held = []
             if ep is None:
                 return
             LOG.warning('capture of episode %s not kept: %s', self.episode_id, why)
@@ -156,11 +184,14 @@ class EpisodeRecorder:
     def commit(self, reason: str, stats: dict[str, Any]) -> bool:
         """Commit the episode atomically (when captured) and record the run; return True when it was stored.
 
+        A request still held (:meth:`hold`) is written first.
+
         Every episode's run (captured or not) is recorded in the store's index, so that it can be labelled
         and counted by ``seq policy stats``; a failure there is logged and never stops serving.
         """
         stored = None
         with self._lock:
+            self._write_held()                # the last request answered, if its own write has not run
             if self._ep is not None:
                 stored = self._guarded('commit', self._ep.commit, reason, stats)
                 self._ep = None

@@ -61,6 +61,7 @@ from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import clip
 from sequence_ai_ros.protocol.pipeline import TailSplicer
 from sequence_ai_ros.worker.boundary import refuse
+from sequence_ai_ros.worker.capture_hook import EpisodeRecorder
 from sequence_ai_ros.worker.drain import LINGER_S
 from sequence_ai_ros.worker.metrics import UnderrunWatch
 from sequence_ai_ros.worker.runtime import HOOK_WAIT_S, ActiveEpisode, DeploymentRuntime, describe
@@ -272,6 +273,14 @@ class _EndArrived(Exception):  # noqa: N818 - a signal, not an error
         self.started, self.counted = started, counted
 
 
+def _settle(active: ActiveEpisode, reason: str, stats: dict[str, Any] | None) -> None:
+    """Finish whatever of ``active``'s end has not run (:meth:`ActiveEpisode.settle`); a failure is logged."""
+    try:
+        active.settle(reason, stats)
+    except Exception as exc:  # a full disk (usage, index): nobody is left to tell but the log
+        LOG.error('episode %s: end of episode failed: %s', active.episode.id, describe(exc))
+
+
 class EpisodeCallHandler:
     """Serve one Episode call on the event loop.
 
@@ -315,7 +324,7 @@ class EpisodeCallHandler:
         self._loop_thread = threading.get_ident()   # the loop's thread: a callback there wakes a wait directly
         self._inbox = _Inbox(self._loop)
         self._splicer = TailSplicer()   # fills chunk_tail of pipelined requests from answers not yet received
-        self._to_capture: tuple[Any, ...] | None = None   # the request answered last, captured after its reply
+        self._to_capture: EpisodeRecorder | None = None   # holds the request answered last, written after its reply
         self._end_seen = asyncio.Event()   # the robot's EpisodeEnd has arrived (it may still wait in the inbox)
         self._end_dropped = 0              # queued requests the scheduler dropped when it arrived
         self._waiter: asyncio.Future | None = None   # what _await_inference sleeps on (loop thread)
@@ -332,20 +341,17 @@ class EpisodeCallHandler:
         self._loop.call_soon_threadsafe(self._inbox.put, _SHUTDOWN)
 
     def on_done(self) -> None:
-        """The call ended: end the episode as ``disconnect`` if still running (in the background)."""
-        job, self._to_capture = self._to_capture, None   # the robot left while its last reply was going out
+        """The call ended: end the episode as ``disconnect`` if still running (in the background).
+
+        A request answered and not written yet (the robot left while its reply went out, or the stream was cut
+        while the write waited for a thread) is written by the episode's commit, first.
+        """
+        self._to_capture = None
         if self._trace is not None:
             self._trace.end('disconnect')
-
-        def finish() -> None:
-            if job is not None:
-                active, req, chunk, error = job
-                active.recorder.add_request(req, chunk, error)
-            if self.active is not None and not self.active.finished:   # never ended, or its end cut short
-                self.active.settle('disconnect')
-
-        if job is not None or (self.active is not None and not self.active.finished):
-            self._loop.run_in_executor(self._writer(self.active), finish)
+        active = self.active
+        if active is not None and not active.finished:   # never ended, or its end cut short
+            self._loop.run_in_executor(self._writer(active), _settle, active, 'disconnect', None)
 
     async def _read(self, requests: AsyncIterator[Request]) -> None:
         try:
@@ -656,7 +662,8 @@ class EpisodeCallHandler:
         else:
             self.runtime.metrics.request(self.runtime.name, pb.ErrorCode.Name(reply.error.code))
         if active.recorder.active:
-            self._to_capture = (active, req, chunk, None if chunk is not None else reply.error)
+            active.recorder.hold(req, chunk, None if chunk is not None else reply.error)
+            self._to_capture = active.recorder
         if self._trace is not None:
             self._trace.answered(chunk.timings.queue_wait_ms if chunk is not None else 0.0,
                                  chunk.timings.inference_ms if chunk is not None else 0.0,
@@ -665,10 +672,9 @@ class EpisodeCallHandler:
 
     async def _capture_request(self) -> None:
         """Capture the request just answered (its chunk or error), before the stream's next message is read."""
-        job, self._to_capture = self._to_capture, None
-        if job is not None:
-            active, req, chunk, error = job
-            await self._write(active.recorder.add_request, req, chunk, error)
+        recorder, self._to_capture = self._to_capture, None
+        if recorder is not None:
+            await self._write(recorder.write_held)
 
     async def _end(self, end: pb.EpisodeEnd) -> list[pb.EpisodeReply]:
         """End the episode on the robot's EpisodeEnd: EpisodeEnded always, after an Error per refused value.
@@ -724,16 +730,10 @@ class EpisodeCallHandler:
 
     def _settle_later(self, active: ActiveEpisode, reason: str, stats: dict[str, Any] | None) -> None:
         """The stream was cancelled while ending ``active``: finish its end on the executor (never cancelled)."""
-        def settle() -> None:
-            try:
-                active.settle(reason, stats)
-            except Exception as exc:  # a full disk (usage, index): nobody is left to tell but the log
-                LOG.error('episode %s: end of episode failed: %s', active.episode.id, describe(exc))
-
         try:
-            self._loop.run_in_executor(self._writer(active), settle)
+            self._loop.run_in_executor(self._writer(active), _settle, active, reason, stats)
         except RuntimeError:          # the executor has shut down (the worker stops): here, once
-            settle()
+            _settle(active, reason, stats)
 
     def _ended(self, episode_id: str, captured: bool, failure: str = '') -> pb.EpisodeEnded:
         """EpisodeEnded, with the count of telemetry frames capture refused (and the first reason).

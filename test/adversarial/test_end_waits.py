@@ -19,6 +19,7 @@ The deployments run in the worker (``--isolation none``), so that only the worke
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import textwrap
 import threading
@@ -30,6 +31,7 @@ from typing import Any
 import numpy as np
 from test_worker_support import Stream, channel, state_request, wait_for, wait_ready
 
+from sequence_ai_ros.capture.episode import EpisodeCapture
 from sequence_ai_ros.capture.settings import CaptureSettings, save_settings
 from sequence_ai_ros.protocol import codec
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
@@ -171,21 +173,33 @@ def test_ends_waiting_on_hooks_in_eight_deployments_hold_no_start_and_no_capture
         assert late.end().HasField('ended') and robot.end().ended.captured
 
 
-def test_captured_robots_behind_a_slow_disk_hold_no_other_deployments_frames_starts_or_ends(seq_home, tmp_path,
-                                                                                            monkeypatch):
-    slow = tmp_path / 'held'         # _serving's file (removed whatever happens): here the disk is slow while it exists
-    add_request = EpisodeRecorder.add_request
-    waiting: list[str] = []
+def _slow_capture_disk(slow: Path, monkeypatch: Any) -> tuple[list[str], collections.Counter]:
+    """While ``slow`` exists, a captured episode's writes from its second request on wait, as on a slow disk.
 
-    def on_a_slow_disk(recorder, req, chunk, error):
-        if recorder.episode_id.startswith('captured-') and req.request_id >= 2:   # from the second request on
-            waiting.append(recorder.episode_id)
+    Each waits holding its episode's recorder. Returns (the episodes whose write waited, the requests written by
+    (episode, request id)).
+    """
+    add_request = EpisodeCapture.add_request
+    waiting: list[str] = []
+    written: collections.Counter = collections.Counter()
+
+    def on_a_slow_disk(capture, req, chunk=None, error=None):
+        if capture.episode_id.startswith('captured-') and req.request_id >= 2 and slow.exists():
+            waiting.append(capture.episode_id)
             deadline = time.monotonic() + 60              # bounded, whatever the test does
             while slow.exists() and time.monotonic() < deadline:
                 time.sleep(0.01)
-        add_request(recorder, req, chunk, error)
+        add_request(capture, req, chunk, error)
+        written[(capture.episode_id, req.request_id)] += 1
 
-    monkeypatch.setattr(EpisodeRecorder, 'add_request', on_a_slow_disk)
+    monkeypatch.setattr(EpisodeCapture, 'add_request', on_a_slow_disk)
+    return waiting, written
+
+
+def test_captured_robots_behind_a_slow_disk_hold_no_other_deployments_frames_starts_or_ends(seq_home, tmp_path,
+                                                                                            monkeypatch):
+    slow = tmp_path / 'held'         # _serving's file (removed whatever happens): here the disk is slow while it exists
+    waiting, _ = _slow_capture_disk(slow, monkeypatch)
     save_settings(seq_home / 'capture' / 'hooked', CaptureSettings(rate=1.0, enabled=True))
     with _serving(seq_home, tmp_path, ['hooked']) as (_, _, stub):
         robot = _started(stub, 'camera', 'camera-robot', [FRAME])
@@ -209,6 +223,36 @@ def test_captured_robots_behind_a_slow_disk_hold_no_other_deployments_frames_sta
         for stream in captured:
             assert stream.end().HasField('ended')
         assert robot.end().HasField('ended')
+
+
+def test_a_worker_stopping_while_captured_robots_wait_on_a_slow_disk_keeps_every_answered_request(seq_home,
+                                                                                                   tmp_path,
+                                                                                                   monkeypatch):
+    """More captured robots than capture threads, each answered a request whose write waits; the worker stops.
+
+    The writes still queued when the streams were cut were lost (cancelled with the stream): their episodes
+    committed without the request each robot had been answered. Each is written by the commit now, once.
+    """
+    slow = tmp_path / 'held'
+    waiting, written = _slow_capture_disk(slow, monkeypatch)
+    save_settings(seq_home / 'capture' / 'hooked', CaptureSettings(rate=1.0, enabled=True))
+    with _serving(seq_home, tmp_path, ['hooked']) as (_, server, stub):
+        captured = [_started(stub, 'hooked', f'captured-{k}') for k in range(CAPTURE_THREADS + 3)]
+        slow.write_text('capture writes wait while this file exists')
+        for stream in captured:        # 8 writes wait on the disk, 3 more wait for a capture thread
+            stream.send(observation=state_request(2, [0.0, 0.0], NAMES))
+            assert stream.recv(timeout=HOOK_WAIT_S / 2).HasField('chunk')
+        wait_for(lambda: len(waiting) == CAPTURE_THREADS, what='every capture thread to wait')
+        stopping = threading.Thread(target=server.stop, kwargs={'grace': 0.3}, daemon=True)
+        stopping.start()
+        stopping.join(2.0)             # the streams are cut meanwhile; the commits wait for the disk
+        slow.unlink()
+        stopping.join(60)
+        assert not stopping.is_alive()
+    ids = [s.episode_id for s in captured]
+    wait_for(lambda: all(written[(e, 2)] for e in ids), what='every answered request written')
+    assert [written[(e, 2)] for e in ids] == [1] * len(ids)
+    assert [written[(e, 1)] for e in ids] == [1] * len(ids)
 
 
 def test_of_two_hooks_queued_at_once_exactly_the_first_is_waited_for():
