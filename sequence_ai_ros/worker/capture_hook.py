@@ -67,9 +67,10 @@ class EpisodeRecorder:
         self._started = time.time()
         self._lock = threading.Lock()  # the stream thread and the disconnect callback may race
         self._ep = None
-        #: answered requests not written yet, in order (hold, write_held)
-        self._held: list[tuple[pb.ObservationRequest, pb.ActionChunk | None, pb.Error | None]] = []
-        self._held_lock = threading.Lock()   # guards _held alone: never held while writing (hold is on the loop)
+        #: what came and is not written yet, in order: ('request', (req, chunk, error)) or ('telemetry', (frames,))
+        self._held: list[tuple[str, tuple[Any, ...]]] = []
+        self._dropped = ''                   # why the robot dropped this episode's capture (drop), else ''
+        self._held_lock = threading.Lock()   # guards _held and _dropped alone: never held while writing
         self.fps = 0.0
         self.images = False
         self.rejected = 0
@@ -106,10 +107,6 @@ class EpisodeRecorder:
         """True while this episode is being captured."""
         return self._ep is not None
 
-    def _guard(self, what: str, fn: Any, *args: Any) -> Any:
-        with self._lock:
-            return self._guarded(what, fn, *args)
-
     def _guarded(self, what: str, fn: Any, *args: Any) -> Any:
         if self._ep is None:
             return None
@@ -126,9 +123,14 @@ class EpisodeRecorder:
             return None
 
     def add_request(self, req: pb.ObservationRequest, chunk: pb.ActionChunk | None, error: pb.Error | None) -> None:
-        """Record one request and its answer (a chunk or an error)."""
-        if self._ep is not None:
-            self._guard('add_request', lambda: self._ep and self._ep.add_request(req, chunk, error))
+        """Record one request and its answer (a chunk or an error), after what is held (blocking)."""
+        self.hold(req, chunk, error)
+        self.write_held()
+
+    def add_telemetry(self, frames: list[pb.TelemetryFrame]) -> None:
+        """Record telemetry frames from the robot, after what is held; frames failing the contract are counted."""
+        self.hold_telemetry(frames)
+        self.write_held()
 
     def hold(self, req: pb.ObservationRequest, chunk: pb.ActionChunk | None, error: pb.Error | None) -> None:
         """Keep one answered request to write once its reply went out; never blocks (the event loop calls it).
@@ -136,31 +138,50 @@ class EpisodeRecorder:
         :meth:`write_held` writes it, or else :meth:`commit` does, first: a write cancelled before it ran (the
         stream cut while the write waited for a thread) is not lost.
         """
-        if self._ep is None:
-            return
+        self._keep('request', (req, chunk, error))
+
+    def hold_telemetry(self, frames: list[pb.TelemetryFrame]) -> None:
+        """Keep telemetry frames to write (:meth:`write_held`, or else :meth:`commit`); never blocks."""
+        self._keep('telemetry', (list(frames),))
+
+    def drop(self, why: str) -> None:
+        """Keep none of this episode (:meth:`abort`), decided now; never blocks (the event loop calls it).
+
+        The files are aborted by :meth:`abort`, or else by the next :meth:`write_held` or :meth:`commit`: an abort
+        that never ran (the stream cut while it waited for a thread) keeps nothing all the same.
+        """
         with self._held_lock:
-            self._held.append((req, chunk, error))
+            self._dropped = self._dropped or why
+            self._held = []
 
     def write_held(self) -> None:
-        """Write the requests :meth:`hold` kept that are still there, in order (blocking: capture files)."""
+        """Write what :meth:`hold` and :meth:`hold_telemetry` kept and is still there, in order (blocking)."""
         with self._lock:
             self._write_held()
 
-    def _write_held(self) -> None:
-        """Under ``_lock``: write the held requests, if any."""
+    def _keep(self, kind: str, args: tuple[Any, ...]) -> None:
+        if self._ep is None:
+            return
         with self._held_lock:
-            held, self._held = self._held, []
-        for job in held:
-            self._guarded('add_request', lambda job=job: self._ep and self._ep.add_request(*job))
+            if not self._dropped:
+                self._held.append((kind, args))
 
-    def add_telemetry(self, frames: list[pb.TelemetryFrame]) -> None:
-        """Record telemetry frames streamed by the robot; frames that fail the contract check are counted."""
-        if self._ep is not None:
-            self._guard('add_telemetry', lambda: self._ep and self._ep.add_telemetry(list(frames)))
-            ep = self._ep
-            if ep is not None:
-                got = ep.rejections()
-                self.rejected, self.rejected_first = got['telemetry_rejected'], got['telemetry_error']
+    def _write_held(self) -> None:
+        """Under ``_lock``: write what is held, in order; abort instead when the robot dropped the capture."""
+        with self._held_lock:
+            held, self._held, dropped = self._held, [], self._dropped
+        if dropped:
+            self._abort(dropped)
+            return
+        for kind, args in held:
+            if kind == 'request':
+                self._guarded('add_request', lambda args=args: self._ep and self._ep.add_request(*args))
+            else:
+                self._guarded('add_telemetry', lambda args=args: self._ep and self._ep.add_telemetry(*args))
+                ep = self._ep
+                if ep is not None:
+                    got = ep.rejections()
+                    self.rejected, self.rejected_first = got['telemetry_rejected'], got['telemetry_error']
 
     def abort(self, why: str) -> None:
         """Keep none of this episode (its partial data is aborted), for ``why`` (told to the robot); the run is kept.
@@ -169,22 +190,27 @@ class EpisodeRecorder:
         before is not a whole episode. Its run is still recorded at :meth:`commit` (``captured`` 0).
         """
         with self._lock:
-            ep, self._ep = self._ep, None
-            with self._held_lock:
-                self._held = []
-            if ep is None:
-                return
-            LOG.warning('capture of episode %s not kept: %s', self.episode_id, why)
-            self.capture_error = self.capture_error or f'episode {self.episode_id!r} not kept: {why}'
-            try:
-                ep.abort()
-            except Exception as abort_exc:
-                LOG.error('capture abort of %s failed: %s', self.episode_id, abort_exc)
+            self._abort(why)
+
+    def _abort(self, why: str) -> None:
+        """Under ``_lock``: :meth:`abort`."""
+        with self._held_lock:
+            self._held = []
+        ep, self._ep = self._ep, None
+        if ep is None:
+            return
+        LOG.warning('capture of episode %s not kept: %s', self.episode_id, why)
+        self.capture_error = self.capture_error or f'episode {self.episode_id!r} not kept: {why}'
+        try:
+            ep.abort()
+        except Exception as abort_exc:
+            LOG.error('capture abort of %s failed: %s', self.episode_id, abort_exc)
 
     def commit(self, reason: str, stats: dict[str, Any]) -> bool:
         """Commit the episode atomically (when captured) and record the run; return True when it was stored.
 
-        A request still held (:meth:`hold`) is written first.
+        What is still held (:meth:`hold`) is written first, or the episode aborted when the robot dropped it
+        (:meth:`drop`).
 
         Every episode's run (captured or not) is recorded in the store's index, so that it can be labelled
         and counted by ``seq policy stats``; a failure there is logged and never stops serving.

@@ -273,6 +273,11 @@ class _EndArrived(Exception):  # noqa: N818 - a signal, not an error
         self.started, self.counted = started, counted
 
 
+def _dropped_why(end: pb.EpisodeEnd) -> str:
+    """Why an episode whose EpisodeEnd carries ``capture_error`` is not kept (told to the robot)."""
+    return f'the robot stopped its capture: {clip(limits.printable(end.capture_error[:800]), 400)}'
+
+
 def _settle(active: ActiveEpisode, reason: str, stats: dict[str, Any] | None) -> None:
     """Finish whatever of ``active``'s end has not run (:meth:`ActiveEpisode.settle`); a failure is logged."""
     try:
@@ -361,19 +366,25 @@ class EpisodeCallHandler:
                     self._inbox.put(_UNDECODABLE)
                     return
                 if item[0].WhichOneof('kind') == 'end':
-                    self._end_arrived()
+                    self._end_arrived(item[0].end)
                 self._inbox.put(item)
         except Exception as exc:  # grpc raises when the call is cancelled or the peer drops
             LOG.debug('episode %s: request stream ended: %s', self.episode_id, exc)
         finally:
             self._inbox.put(_CLOSED)
 
-    def _end_arrived(self) -> None:
-        """EpisodeEnd came in: no request of this episode starts from now on; the consumer is woken."""
+    def _end_arrived(self, end: pb.EpisodeEnd | None = None) -> None:
+        """EpisodeEnd came in: no request of this episode starts from now on; the consumer is woken.
+
+        With ``capture_error`` (the robot stopped its capture) none of the episode is kept, decided here: a
+        stream cut before the end is handled keeps none of it either.
+        """
         if self._end_seen.is_set():
             return
         self._end_seen.set()
         if self.active is not None:
+            if end is not None and end.capture_error:
+                self.active.recorder.drop(_dropped_why(end))
             self._end_dropped = self.active.end_arrived()
         self._wake()
 
@@ -459,8 +470,9 @@ class EpisodeCallHandler:
                         self.active.live.underran(*live)
                     if self.active is None:
                         yield _error(EpisodeStateError('Telemetry before EpisodeStart'))
-                    elif self.active.recorder.active:
-                        await self._write(self.active.recorder.add_telemetry, list(item.telemetry.frames))
+                    elif self.active.recorder.active:   # held until written: a stream cut meanwhile loses none
+                        self.active.recorder.hold_telemetry(list(item.telemetry.frames))
+                        await self._write(self.active.recorder.write_held)
                 elif kind == 'start':
                     refusal = self.start_refusal() if self.start_refusal is not None and self.active is None else None
                     if refusal is not None:   # the stream opened before the drain began: refused as at its open
@@ -689,9 +701,9 @@ class EpisodeCallHandler:
         if self.active is None:
             return [*replies, pb.EpisodeReply(ended=pb.EpisodeEnded(episode_id=self.episode_id, captured=False))]
         if end.capture_error:     # the robot stopped its capture: what came is not the whole episode
-            recorder = self.active.recorder
-            why = f'the robot stopped its capture: {clip(limits.printable(end.capture_error), 400)}'
-            await self._write(lambda: recorder.abort(why))
+            why = _dropped_why(end)
+            self.active.recorder.drop(why)
+            await self._write(self.active.recorder.abort, why)
         failure = await self._end_episode(reason, stats)
         return [*replies, pb.EpisodeReply(ended=self._ended(self.active.episode.id, self.active.captured, failure))]
 
