@@ -11,11 +11,10 @@ capture store.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import Any
 
-from test_end_waits import FRAME, NAMES, _serving, _slow_capture_disk, _started
+from test_end_waits import FRAME, NAMES, _serving, _slow_capture_disk, _started, _stop_then_free_the_disk
 from test_worker_support import Stream, state_request, wait_for
 
 from sequence_ai_ros.capture.records import REQUEST
@@ -63,6 +62,16 @@ def _fill_the_pool(stub, slow, waiting) -> list[Stream]:
     return busy
 
 
+def _leave_then_free_the_disk(victim: Stream, slow, busy: list[Stream], seq_home) -> None:
+    """The victim robot cancels its call; then the disk is fast again, the busy robots end, the victim's run is in."""
+    victim.cancel()
+    time.sleep(0.5)
+    slow.unlink()
+    for s in busy:
+        assert s.end().ended.captured
+    wait_for(lambda: 'victim' in _runs(seq_home), what="the victim's run recorded")
+
+
 def _capturing(seq_home, tmp_path, monkeypatch):
     slow = tmp_path / 'held'
     waiting, _ = _slow_capture_disk(slow, monkeypatch)
@@ -82,12 +91,7 @@ def test_a_robot_cancelling_right_after_a_reply_whose_write_waits_keeps_every_re
         victim.send(observation=state_request(4, [0.0, 0.0], NAMES))
         assert victim.recv(timeout=15).HasField('chunk')
         wait_for(lambda: _queued(server) > 0, what="the victim's write to wait for a thread")
-        victim.cancel()
-        time.sleep(0.5)
-        slow.unlink()
-        for s in busy:
-            s.end()
-        wait_for(lambda: 'victim' in _runs(seq_home), what="the victim's run recorded")
+        _leave_then_free_the_disk(victim, slow, busy, seq_home)
     assert _committed(seq_home).get('victim') == [1, 2, 3, 4]
     assert _runs(seq_home)['victim']['reason'] == 'disconnect'
     assert not _leaks(caplog), _leaks(caplog)
@@ -104,12 +108,7 @@ def test_a_worker_stopping_with_writes_waiting_commits_every_answered_request_on
             s.send(observation=state_request(2, [0.0, 0.0], NAMES))
             assert s.recv(timeout=15).HasField('chunk')
         wait_for(lambda: _queued(server) == 3, what='three writes to wait for a thread')
-        stopping = threading.Thread(target=server.stop, kwargs={'grace': 0.3}, daemon=True)
-        stopping.start()
-        stopping.join(2.0)
-        slow.unlink()
-        stopping.join(60)
-        assert not stopping.is_alive()
+        _stop_then_free_the_disk(server, slow)
     ids = [s.episode_id for s in robots]
     wait_for(lambda: all(e in _runs(seq_home) for e in ids), what='every run recorded')
     committed = _committed(seq_home)
@@ -153,12 +152,7 @@ def test_an_episode_whose_robot_dropped_its_capture_is_not_kept_when_the_robot_l
         before = _queued(server)
         victim.send(end=DROPPED)
         wait_for(lambda: _queued(server) > before, what='the abort to wait for a thread')
-        victim.cancel()                                       # the robot leaves before EpisodeEnded
-        time.sleep(0.5)
-        slow.unlink()
-        for s in busy:
-            assert s.end().ended.captured
-        wait_for(lambda: 'victim' in _runs(seq_home), what="the victim's run recorded")
+        _leave_then_free_the_disk(victim, slow, busy, seq_home)     # before EpisodeEnded
     assert 'victim' not in _committed(seq_home)
     assert _runs(seq_home)['victim']['captured'] == 0
 
@@ -172,12 +166,7 @@ def test_an_episode_whose_robot_dropped_its_capture_is_not_kept_when_the_worker_
         before = _queued(server)
         victim.send(end=DROPPED)
         wait_for(lambda: _queued(server) > before, what='the abort to wait for a thread')
-        stopping = threading.Thread(target=server.stop, kwargs={'grace': 0.3}, daemon=True)
-        stopping.start()
-        stopping.join(2.0)
-        slow.unlink()
-        stopping.join(60)
-        assert not stopping.is_alive()
+        _stop_then_free_the_disk(server, slow)
     wait_for(lambda: 'victim' in _runs(seq_home), what="the victim's run recorded")
     assert 'victim' not in _committed(seq_home)
 
@@ -192,12 +181,7 @@ def test_a_dropped_capture_whose_last_answer_waits_to_be_written_keeps_nothing_w
         wait_for(lambda: _queued(server) > 0, what="the victim's write to wait for a thread")
         victim.send(end=DROPPED)       # read at once; handled only after the write, which waits
         time.sleep(0.3)
-        victim.cancel()
-        time.sleep(0.5)
-        slow.unlink()
-        for s in busy:
-            s.end()
-        wait_for(lambda: 'victim' in _runs(seq_home), what="the victim's run recorded")
+        _leave_then_free_the_disk(victim, slow, busy, seq_home)
     assert 'victim' not in _committed(seq_home)
 
 
@@ -209,11 +193,6 @@ def test_telemetry_whose_write_waits_for_a_thread_is_kept_when_the_robot_leaves(
         state = state_request(1, [0.0, 0.0], NAMES).state
         victim.send(telemetry=pb.Telemetry(frames=[pb.TelemetryFrame(robot_time_s=1.0, state=state, action=state)]))
         wait_for(lambda: _queued(server) > 0, what="the victim's telemetry write to wait for a thread")
-        victim.cancel()
-        time.sleep(0.5)
-        slow.unlink()
-        for s in busy:
-            s.end()
-        wait_for(lambda: 'victim' in _runs(seq_home), what="the victim's run recorded")
+        _leave_then_free_the_disk(victim, slow, busy, seq_home)
     episodes = {e.episode_id: e for e in _store(seq_home).episodes()}
     assert episodes['victim'].frames == 1

@@ -196,6 +196,16 @@ def _slow_capture_disk(slow: Path, monkeypatch: Any) -> tuple[list[str], collect
     return waiting, written
 
 
+def _stop_then_free_the_disk(server: Any, slow: Path) -> None:
+    """Stop the worker (grace 0.3 s: the streams are cut) while ``slow`` holds the disk; free it after 2 s."""
+    stopping = threading.Thread(target=server.stop, kwargs={'grace': 0.3}, daemon=True)
+    stopping.start()
+    stopping.join(2.0)             # the streams are cut meanwhile; the commits wait for the disk
+    slow.unlink()
+    stopping.join(60)
+    assert not stopping.is_alive()
+
+
 def test_captured_robots_behind_a_slow_disk_hold_no_other_deployments_frames_starts_or_ends(seq_home, tmp_path,
                                                                                             monkeypatch):
     slow = tmp_path / 'held'         # _serving's file (removed whatever happens): here the disk is slow while it exists
@@ -243,12 +253,7 @@ def test_a_worker_stopping_while_captured_robots_wait_on_a_slow_disk_keeps_every
             stream.send(observation=state_request(2, [0.0, 0.0], NAMES))
             assert stream.recv(timeout=HOOK_WAIT_S / 2).HasField('chunk')
         wait_for(lambda: len(waiting) == CAPTURE_THREADS, what='every capture thread to wait')
-        stopping = threading.Thread(target=server.stop, kwargs={'grace': 0.3}, daemon=True)
-        stopping.start()
-        stopping.join(2.0)             # the streams are cut meanwhile; the commits wait for the disk
-        slow.unlink()
-        stopping.join(60)
-        assert not stopping.is_alive()
+        _stop_then_free_the_disk(server, slow)
     ids = [s.episode_id for s in captured]
     wait_for(lambda: all(written[(e, 2)] for e in ids), what='every answered request written')
     assert [written[(e, 2)] for e in ids] == [1] * len(ids)
