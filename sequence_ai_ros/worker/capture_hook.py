@@ -122,16 +122,6 @@ class EpisodeRecorder:
                 LOG.error('capture abort of %s failed: %s', self.episode_id, abort_exc)
             return None
 
-    def add_request(self, req: pb.ObservationRequest, chunk: pb.ActionChunk | None, error: pb.Error | None) -> None:
-        """Record one request and its answer (a chunk or an error), after what is held (blocking)."""
-        self.hold(req, chunk, error)
-        self.write_held()
-
-    def add_telemetry(self, frames: list[pb.TelemetryFrame]) -> None:
-        """Record telemetry frames from the robot, after what is held; frames failing the contract are counted."""
-        self.hold_telemetry(frames)
-        self.write_held()
-
     def hold(self, req: pb.ObservationRequest, chunk: pb.ActionChunk | None, error: pb.Error | None) -> None:
         """Keep one answered request to write once its reply went out; never blocks (the event loop calls it).
 
@@ -145,10 +135,11 @@ class EpisodeRecorder:
         self._keep('telemetry', (list(frames),))
 
     def drop(self, why: str) -> None:
-        """Keep none of this episode (:meth:`abort`), decided now; never blocks (the event loop calls it).
+        """Keep none of this episode, for ``why`` (told to the robot in EpisodeEnded); never blocks (the loop calls it).
 
-        The files are aborted by :meth:`abort`, or else by the next :meth:`write_held` or :meth:`commit`: an abort
-        that never ran (the stream cut while it waited for a thread) keeps nothing all the same.
+        The robot stopped its capture (EpisodeEnd.capture_error: a record over the message limit), so what came
+        is not a whole episode. Decided now; the next :meth:`write_held` or :meth:`commit` aborts its files (a
+        stream cut before either ran keeps nothing all the same). Its run is still recorded (``captured`` 0).
         """
         with self._held_lock:
             self._dropped = self._dropped or why
@@ -183,17 +174,8 @@ class EpisodeRecorder:
                     got = ep.rejections()
                     self.rejected, self.rejected_first = got['telemetry_rejected'], got['telemetry_error']
 
-    def abort(self, why: str) -> None:
-        """Keep none of this episode (its partial data is aborted), for ``why`` (told to the robot); the run is kept.
-
-        The robot stopped its capture (EpisodeEnd.capture_error: a record over the message limit), so what came
-        before is not a whole episode. Its run is still recorded at :meth:`commit` (``captured`` 0).
-        """
-        with self._lock:
-            self._abort(why)
-
     def _abort(self, why: str) -> None:
-        """Under ``_lock``: :meth:`abort`."""
+        """Under ``_lock``: abort the episode's files for ``why`` (:meth:`drop`); its run is still recorded."""
         with self._held_lock:
             self._held = []
         ep, self._ep = self._ep, None

@@ -700,10 +700,8 @@ class EpisodeCallHandler:
         replies = [_error(refuse(self.runtime, exc)) for exc in bad]
         if self.active is None:
             return [*replies, pb.EpisodeReply(ended=pb.EpisodeEnded(episode_id=self.episode_id, captured=False))]
-        if end.capture_error:     # the robot stopped its capture: what came is not the whole episode
-            why = _dropped_why(end)
-            self.active.recorder.drop(why)
-            await self._write(self.active.recorder.abort, why)
+        if end.capture_error:     # the robot stopped its capture: the episode's commit aborts its files
+            self.active.recorder.drop(_dropped_why(end))
         failure = await self._end_episode(reason, stats)
         return [*replies, pb.EpisodeReply(ended=self._ended(self.active.episode.id, self.active.captured, failure))]
 

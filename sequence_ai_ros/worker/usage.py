@@ -140,8 +140,8 @@ class UsageMeter:
         self._lock = threading.Lock()
         self._pending = Usage()
         self._flushing = threading.Lock()   # one database write at a time (flush)
-        self._added = 0                     # add() calls so far
-        self._written = 0                   # add() calls whose counts the database holds
+        self._added = 0                     # additions so far (add() calls, records adopted)
+        self._written = 0                   # additions whose counts the database holds
         self.total = Usage()
         self.retired = False
         self._record: Path | None = None   # this process's pending record (module docstring)

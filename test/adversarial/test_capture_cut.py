@@ -1,7 +1,7 @@
 """Break-it: capture writes waiting for a thread when the stream is cut lose nothing and keep nothing dropped.
 
 Capture writes run on the worker's ``seq-capture`` threads. With those threads busy on a slow disk (eight captured
-robots whose writes wait, inside their recorders, as on a real slow disk), a robot's write or its capture abort
+robots whose writes wait, inside their recorders, as on a real slow disk), a robot's write or its episode's end
 waits for a thread; meanwhile its stream is cut (the robot cancels, the worker stops, a rollout cuts). What was
 answered is written once, in order, by the episode's commit if its own write never ran; telemetry too; and an
 episode whose robot dropped its capture (``EpisodeEnd.capture_error``) is never kept. Checked in the real
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 from test_end_waits import FRAME, NAMES, _serving, _slow_capture_disk, _started, _stop_then_free_the_disk
@@ -49,6 +50,11 @@ def _leaks(caplog) -> list[str]:
 def _queued(server: Any) -> int:
     """Writes waiting for a capture thread."""
     return server.servicer.capture_io._work_queue.qsize()
+
+
+def _end_begun(held, episode_id: str) -> bool:
+    """The episode's end began: its ``@seq.on_episode`` hook runs (and waits while ``held`` exists)."""
+    return Path(f'{held}.{episode_id}').exists()
 
 
 def _fill_the_pool(stub, slow, waiting) -> list[Stream]:
@@ -143,29 +149,27 @@ def test_a_rollout_cut_while_a_write_waits_commits_it_and_an_uncaptured_episode_
     assert not _leaks(caplog), _leaks(caplog)
 
 
-def test_an_episode_whose_robot_dropped_its_capture_is_not_kept_when_the_robot_leaves_while_the_abort_waits(
+def test_an_episode_whose_robot_dropped_its_capture_is_not_kept_when_the_robot_leaves_while_its_end_waits(
         seq_home, tmp_path, monkeypatch):
     slow, waiting = _capturing(seq_home, tmp_path, monkeypatch)
     with _serving(seq_home, tmp_path, ['hooked']) as (_, server, stub):
         victim = _started(stub, 'hooked', 'victim')          # request 1 answered and written (the disk fast yet)
         busy = _fill_the_pool(stub, slow, waiting)
-        before = _queued(server)
         victim.send(end=DROPPED)
-        wait_for(lambda: _queued(server) > before, what='the abort to wait for a thread')
+        wait_for(lambda: _end_begun(slow, 'victim'), what="the victim's end to begin (its hook runs, then waits)")
         _leave_then_free_the_disk(victim, slow, busy, seq_home)     # before EpisodeEnded
     assert 'victim' not in _committed(seq_home)
     assert _runs(seq_home)['victim']['captured'] == 0
 
 
-def test_an_episode_whose_robot_dropped_its_capture_is_not_kept_when_the_worker_stops_while_the_abort_waits(
+def test_an_episode_whose_robot_dropped_its_capture_is_not_kept_when_the_worker_stops_while_its_end_waits(
         seq_home, tmp_path, monkeypatch):
     slow, waiting = _capturing(seq_home, tmp_path, monkeypatch)
     with _serving(seq_home, tmp_path, ['hooked']) as (_, server, stub):
         victim = _started(stub, 'hooked', 'victim')
         _fill_the_pool(stub, slow, waiting)
-        before = _queued(server)
         victim.send(end=DROPPED)
-        wait_for(lambda: _queued(server) > before, what='the abort to wait for a thread')
+        wait_for(lambda: _end_begun(slow, 'victim'), what="the victim's end to begin (its hook runs, then waits)")
         _stop_then_free_the_disk(server, slow)
     wait_for(lambda: 'victim' in _runs(seq_home), what="the victim's run recorded")
     assert 'victim' not in _committed(seq_home)
