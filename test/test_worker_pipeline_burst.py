@@ -126,6 +126,66 @@ def test_calls_in_flight_hold_at_most_the_array_bytes_bound_and_the_rest_wait(po
         assert status == 'ok' and value[0][0] == float(arr.astype(np.int64).sum()), (status, value)
 
 
+def _loop_call(policy, loop, arr: np.ndarray) -> tuple[str, object]:
+    """One call started from ``loop`` (running it until the answer)."""
+    async def run() -> tuple[str, object]:
+        fut = loop.create_future()
+        assert policy.process.start(loop, lambda s, v: fut.set_result((s, v)), 'infer', arr, ('e', '', 'sum'),
+                                    step='inferring') is not None
+        return await asyncio.wait_for(fut, 60)
+
+    return loop.run_until_complete(run())
+
+
+def test_loop_calls_and_thread_calls_alternate_each_with_its_own_answer_while_the_loop_keeps_its_reader(policy):
+    """The loop's reader stays registered between its calls; a thread's call meanwhile reads its own answer.
+
+    The thread's call runs while the loop runs, so its answer wakes the loop's reader with nothing in flight: the
+    reader goes then, and the loop's next call registers it again.
+    """
+    loop = asyncio.new_event_loop()
+    arrays = [np.full(1000 + k, k + 1, np.uint8) for k in range(6)]
+    try:
+        got = []
+        for k, arr in enumerate(arrays):
+            if k % 2:      # a thread's call, while the loop runs (and watches the socket)
+                got.append(('ok', loop.run_until_complete(asyncio.wait_for(loop.run_in_executor(
+                    None, policy.process.call, 'infer', arr, ('t', '', 'sum')), 60))))
+            else:
+                got.append(_loop_call(policy, loop, arr))
+    finally:
+        loop.close()
+    for (status, value), arr in zip(got, arrays, strict=True):
+        assert status == 'ok' and (value[0][0], value[0][1]) == (float(arr.astype(np.int64).sum()), arr.size)
+    assert policy.alive()
+
+
+def test_a_closed_deployment_process_leaves_no_reader_on_its_loop_for_a_reused_fd_number(policy):
+    """Closing the process removes the loop's reader of its socket: a socket given that fd number later is the
+    loop's to watch, and its reader (not the old one) runs."""
+    loop = asyncio.new_event_loop()
+    try:
+        assert _loop_call(policy, loop, np.ones(100, np.uint8))[0] == 'ok'
+        fd = policy.process._sock.fileno()
+        policy.close()                                    # from this thread, the loop not running
+        a, b = socket.socketpair()                        # the lowest free numbers: maybe the old one already
+        try:
+            if fd not in (a.fileno(), b.fileno()):
+                os.dup2(a.fileno(), fd)                   # the old number, now another socket's
+            seen = loop.create_future()
+            loop.add_reader(fd, lambda: seen.done() or seen.set_result(os.read(fd, 10)))
+            (a if b.fileno() == fd else b).send(b'new')
+            assert loop.run_until_complete(asyncio.wait_for(seen, 10)) == b'new'
+            loop.remove_reader(fd)
+        finally:
+            if fd not in (a.fileno(), b.fileno()):
+                os.close(fd)
+            a.close()
+            b.close()
+    finally:
+        loop.close()
+
+
 class _Unloadable:
     """Pickles in the worker; unpickling it in the deployment process raises (``int('not a number')``)."""
 
