@@ -56,7 +56,7 @@ from google.protobuf.message import DecodeError
 
 import sequence_ai_ros
 from sequence_ai_ros.exceptions import EpisodeStateError, NotReady, SequenceAIError, UnknownDeployment
-from sequence_ai_ros.protocol import errors, limits, tracing
+from sequence_ai_ros.protocol import codec, errors, limits, messages, tracing
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
 from sequence_ai_ros.protocol.contract import clip
 from sequence_ai_ros.protocol.pipeline import TailSplicer
@@ -255,6 +255,11 @@ def _has_encoded_images(req: pb.ObservationRequest) -> bool:
     """True when ``req`` carries a JPEG/PNG frame (costly to decode); raw frames decode in a copy."""
     return (any(image.encoding != 'raw' for image in req.images)
             or any(image.encoding != 'raw' for frame in req.history for image in frame.images))
+
+
+def _decode_image(image: pb.Image) -> Any:
+    """One JPEG/PNG frame as :func:`~sequence_ai_ros.protocol.messages.unpack_observation` decodes it."""
+    return codec.decode_image(image, max_pixels=messages.MAX_PIXELS)
 
 
 def _error(exc: BaseException, request_id: int = 0) -> pb.EpisodeReply:
@@ -554,8 +559,7 @@ class EpisodeCallHandler:
         runtime = self.runtime
         if _has_encoded_images(req):
             runtime.check_ready()      # a request refused while the deployment warms costs no decoding
-            # JPEG/PNG decoding off the loop, on threads of its own: never behind what waits on seq-io
-            inp = await self._loop.run_in_executor(self._decoder, runtime.decode, req, nbytes)
+            inp = await self._decode_encoded(req, nbytes)
         else:
             inp = runtime.decode(req, nbytes)                   # raw frames and state: a copy, cheaper than a hop
         if self._end_seen.is_set():
@@ -574,6 +578,32 @@ class EpisodeCallHandler:
                 runtime.on_failure(result.exc)
             raise result.exc
         return runtime.finish(active, req, result)
+
+    async def _decode_encoded(self, req: pb.ObservationRequest, nbytes: int | None) -> messages.PolicyInput:
+        """Decode a request with JPEG/PNG frames: each frame on a ``seq-decode`` thread of its own, at once.
+
+        Decoding releases the GIL, so a robot's frames decode side by side on as many cores (one camera's time,
+        not the sum); the request itself is then checked and assembled on the loop (raw data: a copy). One frame
+        goes with its request in one hop. Off the loop, on threads of their own: never behind what waits on
+        ``seq-io``.
+
+        :raises ContractViolation: for a request over the contract's size, or a frame that does not decode (the
+            first such frame in the request's order), before any other check of the request.
+        """
+        runtime = self.runtime
+        frames = messages.encoded_frames(req, runtime.contract)
+        if len(frames) < 2:
+            return await self._loop.run_in_executor(self._decoder, runtime.decode, req, nbytes)
+        size = req.ByteSize() if nbytes is None else nbytes
+        runtime.check_size(req, size)
+        done = await asyncio.gather(*(self._loop.run_in_executor(self._decoder, _decode_image, image)
+                                      for _, image in frames), return_exceptions=True)
+        decoded = {}
+        for (key, _), got in zip(frames, done, strict=True):
+            if isinstance(got, BaseException):
+                raise got
+            decoded[key] = got
+        return runtime.decode(req, size, decoded=decoded)
 
     async def _await_inference(self, active: ActiveEpisode, req: pb.ObservationRequest,
                                future: concurrent.futures.Future) -> Any:
