@@ -16,6 +16,9 @@ runs in this process, one system at a time.
   ``floor (stream)`` has our client's threading (a bidi stream fed from a queue, replies read on a thread of
   its own, grpc.aio server); ``floor (unary)`` is one blocking unary call per request. Their ratio to openpi
   is what Python gRPC itself costs: a target below it cannot be reached with grpcio.
+- grpc floor + hop (``floor + hop``): the stream floor with the least a deployment process costs behind it
+  (:data:`FLOOR_HOP_SERVER`: each request's bytes copied into shared memory, a head to a forked child over a
+  socket pair, the chunk's bytes back on it). The default isolation cannot be cheaper than this row.
 
 JPEG rows: the same two frames as JPEG bytes (quality 90, encoded once, before the run), the same bytes for
 both systems. Ours sends them as encoded frames (they pass through the client untouched, :func:`probe_encoded`
@@ -129,6 +132,79 @@ async def main():
                                       ('grpc.max_send_message_length', 64 << 20)])
     handlers = {'Echo': grpc.unary_unary_rpc_method_handler(echo),
                 'Stream': grpc.stream_stream_rpc_method_handler(stream)}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler('floor.Floor', handlers),))
+    port = server.add_insecure_port('127.0.0.1:0')
+    await server.start()
+    print(f'serving grpc on 127.0.0.1:{port}', flush=True)
+    await server.wait_for_termination()
+
+asyncio.run(main())
+'''
+
+
+#: The grpc floor with a deployment process's minimum behind it: the floor server above, but each request's
+#: bytes are copied into shared memory (a slot of an anonymous shared map), a 16-byte head goes over a socket pair
+#: to a forked child, which views them as the policy's arrays and answers the chunk's bytes on the socket; the
+#: loop reads answers with one reader registered for the server's life. No pickling, no validation, no decode.
+FLOOR_HOP_SERVER = '''
+import asyncio, collections, mmap, os, socket, struct
+import numpy as np
+
+REPLY = np.zeros((30, 26), np.float32).tobytes()
+SLOTS, SLOT_BYTES = 32, 1 << 20
+HEAD = struct.Struct('<QQ')
+
+def child(sock, shm):
+    while True:
+        head = sock.recv(HEAD.size, socket.MSG_WAITALL)
+        if len(head) < HEAD.size:
+            os._exit(0)
+        at, n = HEAD.unpack(head)
+        frames = np.frombuffer(shm, np.uint8, n, at)      # a view, as a deployment process's arrays are
+        del frames
+        sock.sendall(REPLY)
+
+parent, other = socket.socketpair()
+shm = mmap.mmap(-1, SLOTS * SLOT_BYTES)     # MAP_SHARED: the child sees what the server writes
+if os.fork() == 0:                          # before grpc is imported: a fork must not copy its threads
+    parent.close()
+    child(other, shm)
+other.close()
+
+import grpc
+
+async def main():
+    loop = asyncio.get_running_loop()
+    pending = collections.deque()
+    got = bytearray()
+    parent.setblocking(False)
+
+    def readable():
+        data = parent.recv(1 << 16)
+        if not data:
+            os._exit(1)
+        got.extend(data)
+        while len(got) >= len(REPLY) and pending:
+            pending.popleft().set_result(bytes(got[:len(REPLY)]))
+            del got[:len(REPLY)]
+
+    loop.add_reader(parent.fileno(), readable)
+    sent = 0
+
+    async def stream(requests, context):
+        nonlocal sent
+        async for request in requests:
+            at = (sent % SLOTS) * SLOT_BYTES
+            sent += 1
+            shm[at:at + len(request)] = request
+            answer = loop.create_future()
+            pending.append(answer)
+            parent.send(HEAD.pack(at, len(request)))
+            yield await answer
+
+    server = grpc.aio.server(options=[('grpc.max_receive_message_length', 64 << 20),
+                                      ('grpc.max_send_message_length', 64 << 20)])
+    handlers = {'Stream': grpc.stream_stream_rpc_method_handler(stream)}
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler('floor.Floor', handlers),))
     port = server.add_insecure_port('127.0.0.1:0')
     await server.start()
@@ -430,12 +506,14 @@ def _systems() -> dict[str, System]:
     proc, port = _start(FLOOR_SERVER)
     systems['floor (stream)'] = System('floor (stream)', proc, functools.partial(FloorStream, port))
     systems['floor (unary)'] = System('floor (unary)', proc, functools.partial(FloorUnary, port))
+    proc, port = _start(FLOOR_HOP_SERVER)
+    systems['floor + hop'] = System('floor + hop', proc, functools.partial(FloorStream, port))
     return systems
 
 
 #: Each repeat's single-robot blocks, in this order, :data:`BLOCKS` times (raw, then JPEG).
-SINGLE_ORDER = ('ours', 'openpi', 'ours (none)', 'floor (stream)', 'floor (unary)', 'ours jpeg', 'openpi jpeg',
-                'ours (none) jpeg')
+SINGLE_ORDER = ('ours', 'openpi', 'ours (none)', 'floor (stream)', 'floor (unary)', 'floor + hop', 'ours jpeg',
+                'openpi jpeg', 'ours (none) jpeg')
 FLEET_ORDER = ('ours', 'openpi', 'ours (none)')
 
 
@@ -485,6 +563,8 @@ def _repeat(systems: dict[str, System], quiet_wait_s: float = 0.0) -> dict[str, 
               'none_p50_jpeg': _ratio(rows['ours (none) jpeg']['rtt_p50_ms'], base_jpeg['rtt_p50_ms']),
               'floor_stream_p50': _ratio(rows['floor (stream)']['rtt_p50_ms'], base['rtt_p50_ms']),
               'floor_unary_p50': _ratio(rows['floor (unary)']['rtt_p50_ms'], base['rtt_p50_ms']),
+              'floor_hop_p50': _ratio(rows['floor + hop']['rtt_p50_ms'], base['rtt_p50_ms']),
+              'ours_over_floor_hop_p50': _ratio(rows['ours']['rtt_p50_ms'], rows['floor + hop']['rtt_p50_ms']),
               'floor_stream_client_cpu': _ratio(rows['floor (stream)']['client_cpu_ms'], base['client_cpu_ms']),
               'floor_unary_client_cpu': _ratio(rows['floor (unary)']['client_cpu_ms'], base['client_cpu_ms']),
               'floor_stream_server_cpu': _ratio(rows['floor (stream)']['server_cpu_ms'], base['server_cpu_ms'])}
@@ -512,6 +592,8 @@ RATIO_LABELS = {'p50_raw': 'round trip p50, raw', 'p50_jpeg': 'round trip p50, J
                 'none_p50_raw': 'p50 raw, --isolation none', 'none_p50_jpeg': 'p50 JPEG, --isolation none',
                 'floor_stream_p50': 'grpc floor / openpi: p50 (stream)',
                 'floor_unary_p50': 'grpc floor / openpi: p50 (unary)',
+                'floor_hop_p50': 'grpc floor + process hop / openpi: p50',
+                'ours_over_floor_hop_p50': 'ours / (grpc floor + process hop): p50',
                 'floor_stream_client_cpu': 'grpc floor / openpi: client CPU (stream)',
                 'floor_unary_client_cpu': 'grpc floor / openpi: client CPU (unary)',
                 'floor_stream_server_cpu': 'grpc floor / openpi: server CPU (stream)'}
@@ -691,6 +773,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument('--profile', action='store_true', help='also profile every process (py-spy)')
     parser.add_argument('--profile-only', action='store_true', help='only the profile')
     parser.add_argument('--native', action='store_true', help='profile native frames too (py-spy --native)')
+    parser.add_argument('--timeline', action='store_true',
+                        help='only the timeline: one round trip step by step, ours against the grpc floors')
     parser.add_argument('--profile-kinds', default='', metavar='K,K',
                         help=f"profile only these (of {', '.join(CLIENTS)}; default all)")
     parser.add_argument('--client', nargs=4, metavar=('KIND', 'PORT', 'N', 'OUT'), help=argparse.SUPPRESS)
@@ -699,14 +783,21 @@ def main(argv: list[str] | None = None) -> dict:
         _client_main(args.client[0], int(args.client[1]), int(args.client[2]), args.client[3])
         return {}
     try:
-        import openpi_client.msgpack_numpy  # noqa: F401
-        import websockets  # noqa: F401
+        if not args.timeline:        # the timeline runs ours and the grpc floors only
+            import openpi_client.msgpack_numpy  # noqa: F401
+            import websockets  # noqa: F401
     except ImportError as exc:
         raise RuntimeError(f'{exc}: install the bench requirements (make bench does: requirements-bench.txt and '
                            'pip install --no-deps openpi-client==0.1.2)') from None
     print('wire: 2 224x224x3 uint8 frames + 26-d state up, (30, 26) float32 down, 0 ms policy; '
           f'{os.cpu_count()} cores; systems alternate in blocks')
     result: dict[str, Any] = {}
+    if args.timeline:
+        from sequence_ai_ros.bench import wire_timeline
+
+        result['timeline'] = wire_timeline.run()
+        wire_timeline.print_timeline(result['timeline'])
+        return result
     if not args.profile_only:
         result = measure(args.repeats, args.quiet_wait)
     if args.profile or args.profile_only:
