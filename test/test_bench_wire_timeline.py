@@ -1,4 +1,4 @@
-"""The wire timeline (``bench_wire --timeline``): its steps from points, and a short real run naming every step.
+"""The wire timeline (``python -m sequence_ai_ros.bench.wire_timeline``): steps from points, and a short real run.
 
 No figure is checked (a benchmark's numbers live in ``make bench``): only that each step is found, in order.
 """

@@ -161,8 +161,10 @@ def test_loop_calls_and_thread_calls_alternate_each_with_its_own_answer_while_th
 
 
 def test_a_closed_deployment_process_leaves_no_reader_on_its_loop_for_a_reused_fd_number(policy):
-    """Closing the process removes the loop's reader of its socket: a socket given that fd number later is the
-    loop's to watch, and its reader (not the old one) runs."""
+    """Closing the process removes the loop's reader of its socket.
+
+    A socket given that fd number later is the loop's to watch, and its reader (not the old one) runs.
+    """
     loop = asyncio.new_event_loop()
     try:
         assert _loop_call(policy, loop, np.ones(100, np.uint8))[0] == 'ok'

@@ -225,7 +225,8 @@ class Robot(Protocol):
         """End the robot's connection."""
 
 
-def _start(code: str, *args: str) -> tuple[subprocess.Popen, int]:
+def start_server(code: str, *args: str) -> tuple[subprocess.Popen, int]:
+    """Run a server (``python -c code args``) until it says where it serves; return it and its port."""
     proc, address = start_server_process(code, *args)
     return proc, int(address.rsplit(':', 1)[-1])
 
@@ -354,7 +355,8 @@ class Baseline:
         self.ws.close()
 
 
-def _floor_request() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def floor_request() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The floors' request: the two frames and the state, sent joined as one bytes message."""
     return _frames()
 
 
@@ -367,7 +369,7 @@ class FloorUnary:
         self.channel = grpc.insecure_channel(f'127.0.0.1:{port}', options=[
             ('grpc.max_receive_message_length', 64 << 20), ('grpc.max_send_message_length', 64 << 20)])
         self.call: Any = self.channel.unary_unary('/floor.Floor/Echo')
-        self.parts = _floor_request()
+        self.parts = floor_request()
 
     def ask(self) -> float:
         """One round trip (s)."""
@@ -382,21 +384,34 @@ class FloorUnary:
 
 
 class FloorStream:
-    """The grpc floor with our client's threading: a bidi stream fed from a queue, replies read on a thread."""
+    """The grpc floor with our client's threading: a bidi stream fed from a queue, replies read on a thread.
 
-    def __init__(self, port: int) -> None:
+    :param mark: called with ``'packed'`` as gRPC's request thread takes a request and ``'reply read'`` as the
+        read thread gets its reply (the timeline's points, :mod:`~sequence_ai_ros.bench.wire_timeline`); None: not.
+    """
+
+    def __init__(self, port: int, mark: Callable[[str], None] | None = None) -> None:
         import grpc
 
         self.channel = grpc.insecure_channel(f'127.0.0.1:{port}', options=[
             ('grpc.max_receive_message_length', 64 << 20), ('grpc.max_send_message_length', 64 << 20)])
         self._outbox: queue.Queue[bytes | None] = queue.Queue()
         self._got = threading.Event()
-        self.parts = _floor_request()
+        self.parts = floor_request()
         stream: Any = self.channel.stream_stream('/floor.Floor/Stream')
-        call: Any = stream(iter(self._outbox.get, None))
+
+        def requests() -> Any:
+            for request in iter(self._outbox.get, None):
+                if mark is not None:
+                    mark('packed')
+                yield request
+
+        call: Any = stream(requests())
 
         def read() -> None:
             for reply in call:
+                if mark is not None:
+                    mark('reply read')
                 np.frombuffer(reply, np.float32).reshape(CHUNK_LENGTH, -1)
                 self._got.set()
 
@@ -497,16 +512,16 @@ def _systems() -> dict[str, System]:
     """Start every server; return the systems by row name (the caller kills their processes)."""
     systems: dict[str, System] = {}
     for isolation, name in (('process', 'ours'), ('none', 'ours (none)')):
-        proc, port = _start(OURS_SERVER, str(POLICY), isolation)
+        proc, port = start_server(OURS_SERVER, str(POLICY), isolation)
         systems[name] = System(name, proc, functools.partial(Ours, port))
         systems[f'{name} jpeg'] = System(f'{name} jpeg', proc, functools.partial(Ours, port, jpeg=True))
-    proc, port = _start(BASELINE_SERVER)
+    proc, port = start_server(BASELINE_SERVER)
     systems['openpi'] = System('openpi', proc, functools.partial(Baseline, port))
     systems['openpi jpeg'] = System('openpi jpeg', proc, functools.partial(Baseline, port, jpeg=True))
-    proc, port = _start(FLOOR_SERVER)
+    proc, port = start_server(FLOOR_SERVER)
     systems['floor (stream)'] = System('floor (stream)', proc, functools.partial(FloorStream, port))
     systems['floor (unary)'] = System('floor (unary)', proc, functools.partial(FloorUnary, port))
-    proc, port = _start(FLOOR_HOP_SERVER)
+    proc, port = start_server(FLOOR_HOP_SERVER)
     systems['floor + hop'] = System('floor + hop', proc, functools.partial(FloorStream, port))
     return systems
 
@@ -717,8 +732,8 @@ def profile(native: bool = False, n: int = PROFILE_REQUESTS, only: tuple[str, ..
     _py_spy()
     work = Path(os.environ.get('TMPDIR', '/tmp')) / f'seq-wire-profile-{os.getpid()}'   # the raw files stay
     work.mkdir(parents=True, exist_ok=True)
-    servers = {'ours': _start(OURS_SERVER, str(POLICY), 'process'), 'openpi': _start(BASELINE_SERVER),
-               'floor': _start(FLOOR_SERVER)}
+    servers = {'ours': start_server(OURS_SERVER, str(POLICY), 'process'), 'openpi': start_server(BASELINE_SERVER),
+               'floor': start_server(FLOOR_SERVER)}
     kinds = {'ours': 'ours', 'openpi': 'openpi', 'ours-jpeg': 'ours', 'openpi-jpeg': 'openpi',
              'floor-stream': 'floor'}
     kinds = {kind: server for kind, server in kinds.items() if not only or kind in only}
@@ -773,8 +788,6 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument('--profile', action='store_true', help='also profile every process (py-spy)')
     parser.add_argument('--profile-only', action='store_true', help='only the profile')
     parser.add_argument('--native', action='store_true', help='profile native frames too (py-spy --native)')
-    parser.add_argument('--timeline', action='store_true',
-                        help='only the timeline: one round trip step by step, ours against the grpc floors')
     parser.add_argument('--profile-kinds', default='', metavar='K,K',
                         help=f"profile only these (of {', '.join(CLIENTS)}; default all)")
     parser.add_argument('--client', nargs=4, metavar=('KIND', 'PORT', 'N', 'OUT'), help=argparse.SUPPRESS)
@@ -783,21 +796,14 @@ def main(argv: list[str] | None = None) -> dict:
         _client_main(args.client[0], int(args.client[1]), int(args.client[2]), args.client[3])
         return {}
     try:
-        if not args.timeline:        # the timeline runs ours and the grpc floors only
-            import openpi_client.msgpack_numpy  # noqa: F401
-            import websockets  # noqa: F401
+        import openpi_client.msgpack_numpy  # noqa: F401
+        import websockets  # noqa: F401
     except ImportError as exc:
         raise RuntimeError(f'{exc}: install the bench requirements (make bench does: requirements-bench.txt and '
                            'pip install --no-deps openpi-client==0.1.2)') from None
     print('wire: 2 224x224x3 uint8 frames + 26-d state up, (30, 26) float32 down, 0 ms policy; '
           f'{os.cpu_count()} cores; systems alternate in blocks')
     result: dict[str, Any] = {}
-    if args.timeline:
-        from sequence_ai_ros.bench import wire_timeline
-
-        result['timeline'] = wire_timeline.run()
-        wire_timeline.print_timeline(result['timeline'])
-        return result
     if not args.profile_only:
         result = measure(args.repeats, args.quiet_wait)
     if args.profile or args.profile_only:

@@ -1,4 +1,7 @@
-"""Where one request's round trip goes, step by step, on both sides of the wire (``bench_wire --timeline``).
+"""Where one request's round trip goes, step by step, on both sides of the wire.
+
+``python -m sequence_ai_ros.bench.wire_timeline [--requests N]``: the wire benchmark's payload and systems
+(:mod:`~sequence_ai_ros.bench.bench_wire`), one robot each, ours at the default isolation.
 
 Timestamps are ``time.perf_counter_ns`` (CLOCK_MONOTONIC: one clock for every process on the machine), taken
 where the functions below are entered or return, wrapped at start in the client (this process) and in the
@@ -7,18 +10,22 @@ the table prints each step's median. The deployment process is not instrumented:
 the call's send to the worker's wake on its answer. The wrappers cost about a microsecond a point, so the
 instrumented round trip is a little slower than the benchmark's.
 
-The grpc floor (:data:`~sequence_ai_ros.bench.bench_wire.FLOOR_SERVER` and ``FLOOR_HOP_SERVER``) gets the client's
-points only: its server takes the message and yields the answer, nothing between.
+The grpc floors (:data:`~sequence_ai_ros.bench.bench_wire.FLOOR_SERVER` and ``FLOOR_HOP_SERVER``) get the client's
+points only (:class:`~sequence_ai_ros.bench.bench_wire.FloorStream`'s ``mark``): their servers take the message and
+answer it, nothing between.
 """
 
 from __future__ import annotations
 
+import argparse
+import bisect
 import functools
 import importlib
 import inspect
 import json
 import os
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -150,8 +157,6 @@ def steps(order: tuple[str, ...], points: list[tuple[str, int]], rounds: list[tu
     for times in by_name.values():
         times.sort()
     got: dict[str, list[float]] = {name: [] for name in order[1:]}
-    import bisect
-
     for asked, done in rounds:
         row = [asked]
         for name in order[1:-1]:
@@ -179,7 +184,7 @@ def run(n: int = 1500, isolation: str = 'process') -> dict[str, dict[str, float]
     client = Recorder()
     for point in CLIENT_POINTS:
         client.wrap(*point)
-    proc, port = bw._start(WORKER, str(bw.POLICY), isolation, str(out))
+    proc, port = bw.start_server(WORKER, str(bw.POLICY), isolation, str(out))
     try:
         robot: Any = bw.Ours(port)
         result['ours'] = _rounds(robot, client, n, OURS_ORDER, lambda: _worker_points(out))
@@ -188,9 +193,9 @@ def run(n: int = 1500, isolation: str = 'process') -> dict[str, dict[str, float]
         proc.kill()
         proc.wait(10)
     for name, code in (('floor (stream)', bw.FLOOR_SERVER), ('floor + hop', bw.FLOOR_HOP_SERVER)):
-        proc, port = bw._start(code)
+        proc, port = bw.start_server(code)
         try:
-            robot = _TimedFloor(port, client)
+            robot = bw.FloorStream(port, mark=client.mark)
             result[name] = _rounds(robot, client, n, FLOOR_ORDER, list)
             result[name].pop('reply read', None)       # both transits and the server: WIRE_AND_SERVER
             robot.close()
@@ -224,47 +229,6 @@ def _rounds(robot: Any, client: Recorder, n: int, order: tuple[str, ...],
     return got
 
 
-class _TimedFloor:
-    """The floor's stream client (:class:`~sequence_ai_ros.bench.bench_wire.FloorStream`) taking the client's points."""
-
-    def __init__(self, port: int, rec: Recorder) -> None:
-        from sequence_ai_ros.bench import bench_wire as bw
-
-        self._floor = floor = bw.FloorStream.__new__(bw.FloorStream)
-        import queue
-
-        import grpc
-        import numpy as np
-
-        floor.channel = grpc.insecure_channel(f'127.0.0.1:{port}', options=[
-            ('grpc.max_receive_message_length', 64 << 20), ('grpc.max_send_message_length', 64 << 20)])
-        floor._outbox = queue.Queue()
-        floor._got = threading.Event()
-        floor.parts = bw._floor_request()
-
-        def requests() -> Any:
-            for item in iter(floor._outbox.get, None):
-                rec.mark('packed')
-                yield item
-
-        call: Any = floor.channel.stream_stream('/floor.Floor/Stream')(requests())
-
-        def read() -> None:
-            for reply in call:
-                rec.mark('reply read')
-                np.frombuffer(reply, np.float32).reshape(bw.CHUNK_LENGTH, -1)
-                floor._got.set()
-
-        floor._reader = threading.Thread(target=read, name='floor-recv', daemon=True)
-        floor._reader.start()
-
-    def ask(self) -> float:
-        return self._floor.ask()
-
-    def close(self) -> None:
-        self._floor.close()
-
-
 def print_timeline(result: dict[str, dict[str, float]]) -> None:
     """Print each system's steps (median µs) side by side."""
     names = list(result)
@@ -274,3 +238,20 @@ def print_timeline(result: dict[str, dict[str, float]]) -> None:
         cells = ''.join(f'{result[n][point]:16.1f}' if point in result[n] else f"{'':16s}" for n in names)
         print(f'  {STEP_WORDS[point]:72s}{cells}')
     print(f"  {'round trip':72s}" + ''.join(f"{result[n]['round trip']:16.1f}" for n in names), flush=True)
+
+
+def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
+    """Run the timeline and print it; return its steps."""
+    parser = argparse.ArgumentParser(prog='python -m sequence_ai_ros.bench.wire_timeline')
+    parser.add_argument('--requests', type=int, default=1500, metavar='N',
+                        help='round trips per system (default %(default)d)')
+    args = parser.parse_args(argv)
+    print(f'wire timeline: the wire benchmark\'s payload, one robot, {args.requests} round trips per system, '
+          f'{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}')
+    result = run(args.requests)
+    print_timeline(result)
+    return result
+
+
+if __name__ == '__main__':
+    main(sys.argv[1:])
