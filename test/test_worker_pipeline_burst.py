@@ -13,6 +13,8 @@ import asyncio
 import os
 import socket
 import textwrap
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -128,13 +130,7 @@ def test_calls_in_flight_hold_at_most_the_array_bytes_bound_and_the_rest_wait(po
 
 def _loop_call(policy, loop, arr: np.ndarray) -> tuple[str, object]:
     """One call started from ``loop`` (running it until the answer)."""
-    async def run() -> tuple[str, object]:
-        fut = loop.create_future()
-        assert policy.process.start(loop, lambda s, v: fut.set_result((s, v)), 'infer', arr, ('e', '', 'sum'),
-                                    step='inferring') is not None
-        return await asyncio.wait_for(fut, 60)
-
-    return loop.run_until_complete(run())
+    return loop.run_until_complete(_answer(policy, loop, arr))
 
 
 def test_loop_calls_and_thread_calls_alternate_each_with_its_own_answer_while_the_loop_keeps_its_reader(policy):
@@ -186,6 +182,64 @@ def test_a_closed_deployment_process_leaves_no_reader_on_its_loop_for_a_reused_f
             b.close()
     finally:
         loop.close()
+
+
+def test_a_close_that_cannot_wait_for_a_stalled_loop_still_leaves_no_reader_for_a_reused_fd_number(policy):
+    """The loop (a thread of its own) is stalled past close()'s wait: the socket closes behind the reader's removal."""
+    loop = asyncio.new_event_loop()
+    runner = threading.Thread(target=loop.run_forever, name='test-loop', daemon=True)
+    runner.start()
+    try:
+        asked = asyncio.run_coroutine_threadsafe(_answer(policy, loop, np.ones(10, np.uint8)), loop)
+        assert asked.result(30)[0] == 'ok'
+        fd = policy.process._sock.fileno()
+        stalled = threading.Event()
+        loop.call_soon_threadsafe(lambda: stalled.set() or time.sleep(2.5))       # past close()'s 2 s wait
+        assert stalled.wait(10)
+        policy.close()
+        deadline = time.monotonic() + 15           # the loop closes the socket once it ran on
+        while policy.process._sock.fileno() >= 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        a, b = socket.socketpair()
+        try:
+            if fd not in (a.fileno(), b.fileno()):
+                os.dup2(a.fileno(), fd)                   # the old number, now another socket's
+            seen = threading.Event()
+
+            def read() -> None:
+                os.read(fd, 10)
+                loop.remove_reader(fd)
+                seen.set()
+
+            loop.call_soon_threadsafe(loop.add_reader, fd, read)
+            (a if b.fileno() == fd else b).send(b'new')
+            assert seen.wait(15)
+        finally:
+            if fd not in (a.fileno(), b.fileno()):
+                os.close(fd)
+            a.close()
+            b.close()
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join(10)
+        loop.close()
+
+
+def test_a_second_loop_starts_calls_once_the_first_has_stopped(policy):
+    first, second = asyncio.new_event_loop(), asyncio.new_event_loop()
+    try:
+        assert _loop_call(policy, first, np.ones(10, np.uint8))[0] == 'ok'       # first stops, still open
+        assert _loop_call(policy, second, np.full(10, 2, np.uint8))[1][0][0] == 20.0
+    finally:
+        first.close()
+        second.close()
+
+
+async def _answer(policy, loop, arr: np.ndarray) -> tuple[str, object]:
+    fut = loop.create_future()
+    assert policy.process.start(loop, lambda s, v: fut.set_result((s, v)), 'infer', arr, ('e', '', 'sum'),
+                                step='inferring') is not None
+    return await asyncio.wait_for(fut, 60)
 
 
 class _Unloadable:

@@ -396,10 +396,10 @@ class PolicyProcess:
         """
         first = not self._inflight
         watching = self._watching
-        if watching is not None and watching is not loop:     # another loop's reader: never two
-            if not watching.is_closed():
+        if watching is not None and (watching is not loop or watching.is_closed()):
+            if watching.is_running():        # another loop reads the socket: never two
                 return None
-            self._watching = None                             # closed: its selector went with it
+            self._unwatch()                  # a stopped or closed loop's reader goes
         if first:
             if not self._lock.acquire(blocking=False):
                 return None
@@ -429,7 +429,11 @@ class PolicyProcess:
             if first:
                 self._reading = loop
                 if self._watching is None:
-                    loop.add_reader(self._sock.fileno(), self._on_readable)
+                    fd = self._sock.fileno()
+                    # an entry the loop may keep for this fd number from a socket closed before its reader went
+                    # (a close that could not wait for a stalled loop): asyncio would take it for this one's
+                    loop.remove_reader(fd)
+                    loop.add_reader(fd, self._on_readable)
                     self._watching = loop
             # at once, behind busy ones too: gathered into one write at the end of the loop's pass, a call waited
             # for that pass (p99 9 ms, up to 22 ms at 128 robots; 0.4 ms sent at once)
@@ -526,11 +530,18 @@ class PolicyProcess:
 
         threading.Thread(target=settle, name=f'seq-died-{self.name}', daemon=True).start()
 
-    def _let_go(self) -> None:
-        """Before the socket closes: the loop watching it stops (an fd number is reused); calls in flight fail."""
+    def _close_socket(self) -> None:
+        with self._sock_lock:
+            self._sock.close()
+
+    def _let_go(self) -> asyncio.AbstractEventLoop | None:
+        """Before the socket closes: the loop watching it stops (an fd number is reused); calls in flight fail.
+
+        :returns: None once done; the loop, when it did not run the removal within 2 s (it is queued there).
+        """
         loop = self._watching
         if loop is None or loop.is_closed():
-            return
+            return None
 
         def stop() -> None:
             if self._reading is loop:
@@ -540,14 +551,14 @@ class PolicyProcess:
 
         if not loop.is_running():        # nobody reads it any more: a call in flight fails here
             stop()
-            return
+            return None
         try:
             here = asyncio.get_running_loop() is loop
         except RuntimeError:
             here = False
         if here:
             stop()
-            return
+            return None
         done = threading.Event()
 
         def remove() -> None:
@@ -560,8 +571,8 @@ class PolicyProcess:
         try:
             loop.call_soon_threadsafe(remove)
         except RuntimeError:
-            return
-        done.wait(2.0)
+            return None
+        return None if done.wait(2.0) else loop
 
     def _place(self, pickler: wire.CallPickler, slot: int) -> tuple[bytes, list[int], int]:
         """Copy the call's arrays into a free segment (a new one when none fits); return the call's head, fds, segment.
@@ -642,9 +653,14 @@ class PolicyProcess:
         self._end(timeout)
         for relay in self.output:      # its last lines into the log (the pipes end with the process's descendants)
             relay.join(OUTPUT_JOIN_S)
-        self._let_go()
-        with self._sock_lock:
-            self._sock.close()
+        stalled = self._let_go()
+        if stalled is None:
+            self._close_socket()
+        else:       # behind the reader's removal on that loop: a number freed while registered is another's to watch
+            try:
+                stalled.call_soon_threadsafe(self._close_socket)
+            except RuntimeError:          # the loop closed meanwhile (its selector with it)
+                self._close_socket()
         for segment in self._segments.values():
             try:
                 segment.close()
