@@ -1,4 +1,4 @@
-"""A request's JPEG/PNG frames decode each on a ``seq-decode`` thread of its own, side by side, on a real worker.
+"""A request's JPEG/PNG frames decode in two runs side by side on ``seq-decode`` threads, after every check.
 
 The policy answers each camera's mean pixel value, current frame and history alike, so a chunk shows which frame
 the policy got for which camera. Decoding side by side is shown without a clock: the frames' decodes wait for
@@ -17,6 +17,7 @@ from test_worker_support import Stream, serving, state_request
 from sequence_ai_ros.policy.loader import load_policy_file
 from sequence_ai_ros.protocol import codec, messages
 from sequence_ai_ros.protocol import sequence_ai_pb2 as pb
+from sequence_ai_ros.worker import episode_call
 
 NAMES = ['a', 'b']
 POLICY = textwrap.dedent('''
@@ -54,39 +55,53 @@ def means(tmp_path):
         yield stub, runtime
 
 
-def _meeting(monkeypatch, parties: int) -> list[tuple[str, str]]:
+def _meeting(monkeypatch, parties: int) -> tuple[list[tuple[str, str]], list[int]]:
     """Make each frame's decode wait (10 s at most) until ``parties`` decode at once.
 
-    :returns: the frames decoded, as they are: (camera key, thread name).
+    :returns: the frames decoded, as they are (camera key, thread name), and the most decoding at once (a list of
+        one number).
     """
     barrier = threading.Barrier(parties, timeout=10)
     seen: list[tuple[str, str]] = []
+    lock, now, most = threading.Lock(), [0], [0]
     decode = codec.decode_image
 
     def meet(image: pb.Image, **kwargs):
-        seen.append((image.key, threading.current_thread().name))
-        barrier.wait()
-        return decode(image, **kwargs)
+        with lock:
+            seen.append((image.key, threading.current_thread().name))
+            now[0] += 1
+            most[0] = max(most[0], now[0])
+        try:
+            barrier.wait()
+            return decode(image, **kwargs)
+        finally:
+            with lock:
+                now[0] -= 1
 
     monkeypatch.setattr(codec, 'decode_image', meet)
-    return seen
+    return seen, most
 
 
-def test_a_requests_frames_decode_side_by_side_each_reaching_the_policy_as_its_camera(means, monkeypatch):
+def _rows(reply: pb.EpisodeReply) -> list[list[float]]:
+    assert reply.HasField('chunk'), reply
+    return np.frombuffer(reply.chunk.actions.data, np.float32).reshape(2, 2).tolist()
+
+
+def test_a_requests_frames_decode_in_two_runs_side_by_side_each_reaching_the_policy_as_its_camera(means, monkeypatch):
+    """Four frames (two cameras, now and one frame back): two runs of two meet at a barrier, two at a time."""
     stub, _ = means
-    seen = _meeting(monkeypatch, 4)           # the current frame's two cameras and the history frame's two
+    seen, most = _meeting(monkeypatch, 2)
     stream = Stream(stub, 'means', 'side-by-side')
     assert stream.start().HasField('started')
     past = pb.Frame(robot_time_s=0.5, state=codec.to_tensor(np.zeros(2, np.float32)), images=_images(10, 20))
     reply = stream.ask(state_request(1, [0, 0], NAMES, images=_images(30, 40), history=[past]))
-    assert reply.HasField('chunk'), reply
-    rows = np.frombuffer(reply.chunk.actions.data, np.float32).reshape(2, 2)
-    assert rows.tolist() == [[30.0, 40.0], [10.0, 20.0]]
+    assert _rows(reply) == [[30.0, 40.0], [10.0, 20.0]]
     assert len(seen) == 4 and all(name.startswith('seq-decode') for _, name in seen), seen
+    assert most[0] == episode_call.FRAME_JOBS == 2
     assert stream.end().HasField('ended')
 
 
-def test_a_frame_that_does_not_decode_fails_its_request_alone_naming_the_camera(means, monkeypatch):
+def test_a_frame_that_does_not_decode_fails_its_request_alone_naming_the_camera(means):
     stub, _ = means
     stream = Stream(stub, 'means', 'corrupt')
     assert stream.start().HasField('started')
@@ -95,41 +110,51 @@ def test_a_frame_that_does_not_decode_fails_its_request_alone_naming_the_camera(
     reply = stream.ask(state_request(1, [0, 0], NAMES, images=[_frame('left', 1, 'png'), broken]))
     assert reply.HasField('error') and reply.error.code == pb.CONTRACT_VIOLATION, reply
     assert "'right'" in reply.error.message and 'cannot decode' in reply.error.message
-    reply = stream.ask(state_request(2, [0, 0], NAMES, images=_images(7, 8)))
-    assert np.frombuffer(reply.chunk.actions.data, np.float32)[:2].tolist() == [7.0, 8.0]
+    assert _rows(stream.ask(state_request(2, [0, 0], NAMES, images=_images(7, 8))))[0] == [7.0, 8.0]
     assert stream.end().HasField('ended')
 
 
-def test_a_frame_refused_by_the_contract_is_never_decoded(means, monkeypatch):
+def test_a_request_the_contract_refuses_is_refused_before_any_frame_decodes(means, monkeypatch):
+    """Unknown, resized or repeated cameras, a non-finite state: each refused as ever, with not one frame decoded."""
     stub, _ = means
-    seen = _meeting(monkeypatch, 1)
+    seen, _ = _meeting(monkeypatch, 1)
     stream = Stream(stub, 'means', 'refused')
     assert stream.start().HasField('started')
-    for rid, images, words in (
-            (1, [_frame('left', 1, 'png'), _frame('top', 2, 'png')], "unknown camera 'top'"),
-            (2, [_frame('left', 1, 'png'), codec.encode_image('right', np.zeros((48, 64, 3), np.uint8), 'png')],
-             "camera 'right' is 64x48")):
-        reply = stream.ask(state_request(rid, [0, 0], NAMES, images=images))
-        assert reply.HasField('error') and words in reply.error.message, reply
-    assert [key for key, _ in seen] == ['left', 'left'], seen      # never 'top', never the 64x48 frame
+    corrupt = _frame('right', 5, 'png')
+    corrupt.data = corrupt.data[:40]
+    cases = (
+        ([_frame('left', 1, 'png'), _frame('top', 2, 'png')], [0, 0], "unknown camera 'top'"),
+        ([_frame('left', 1, 'png'), codec.encode_image('right', np.zeros((48, 64, 3), np.uint8), 'png')], [0, 0],
+         "camera 'right' is 64x48"),
+        ([_frame('left', 1, 'png')] * 8 + [_frame('right', 2, 'png')], [0, 0], "camera 'left' sent twice"),
+        ([_frame('left', 1, 'png'), corrupt], [float('nan'), 0], 'non-finite'),
+        ([_frame('top', 1, 'png'), corrupt], [0, 0], "unknown camera 'top'"),
+    )
+    for rid, (images, state, words) in enumerate(cases, start=1):
+        reply = stream.ask(state_request(rid, state, NAMES, images=images))
+        assert reply.HasField('error') and reply.error.code == pb.CONTRACT_VIOLATION, reply
+        assert words in reply.error.message, (words, reply.error.message)
+    assert seen == []
+    assert _rows(stream.ask(state_request(9, [0, 0], NAMES, images=_images(3, 4))))[0] == [3.0, 4.0]
     assert stream.end().HasField('ended')
 
 
-def test_encoded_frames_names_what_unpack_observation_decodes_and_its_arrays_are_used(tmp_path):
+def test_unpack_observation_checks_the_whole_request_before_asking_for_any_encoded_frame(tmp_path):
     (tmp_path / 'means.py').write_text(POLICY)
     contract = load_policy_file(tmp_path / 'means.py').contract
     past = pb.Frame(state=codec.to_tensor(np.zeros(2, np.float32)),
                     images=[_frame('left', 3, 'jpeg'), _frame('right', 4, 'raw')])
     req = state_request(1, [0, 0], NAMES, images=[_frame('left', 5, 'png'), _frame('right', 6, 'raw')],
                         history=[past])
-    frames = messages.encoded_frames(req, contract)
-    assert [key for key, _ in frames] == [(messages.CURRENT, 'left'), (0, 'left')]      # raw frames are not
-    marked = {key: np.full((24, 32, 3), 99, np.uint8) for key, _ in frames}
-    inp = messages.unpack_observation(req, contract, decoded=marked)
-    assert inp.observation.images['left'] is marked[(messages.CURRENT, 'left')]
-    assert inp.history[0].images['left'] is marked[(0, 'left')]
+    asked: list[str] = []
+
+    def mark(image: pb.Image) -> str:
+        asked.append(image.key)
+        return f'later:{image.key}'
+
+    inp = messages.unpack_observation(req, contract, decode=mark)
+    assert asked == ['left', 'left']                          # encoded frames only; raw ones are unpacked
+    assert inp.observation.images['left'] == 'later:left' and inp.history[0].images['left'] == 'later:left'
     assert int(inp.observation.images['right'].mean()) == 6
     plain = messages.unpack_observation(req, contract)
     assert int(plain.observation.images['left'].mean()) == 5 and int(plain.history[0].images['left'].mean()) == 3
-    req.history.add().CopyFrom(past)          # more history than the contract's: its frames are not decoded first
-    assert messages.encoded_frames(req, contract) == [((messages.CURRENT, 'left'), req.images[0])]

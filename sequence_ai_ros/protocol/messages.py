@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -241,34 +241,10 @@ class PolicyInput:
 
 #: The largest frame a request may carry (width * height): a 4K camera's.
 MAX_PIXELS = 3840 * 2160
-#: Which frame an image belongs to: -1 the current observation, k the request's ``history[k]``.
-CURRENT = -1
-
-
-def _camera_fits(img: pb.Image, contract: Contract) -> bool:
-    """True when ``img`` names a camera of the contract at its declared size (the checks before any decoding)."""
-    spec = contract.observation.camera(img.key)
-    return spec is not None and (not (spec.width and spec.height) or (img.width, img.height) == (spec.width,
-                                                                                              spec.height))
-
-
-def encoded_frames(req: pb.ObservationRequest, contract: Contract) -> list[tuple[tuple[int, str], pb.Image]]:
-    """The JPEG/PNG images of ``req`` that :func:`unpack_observation` would decode, by ``(frame, camera key)``.
-
-    Those it refuses before decoding (an unknown camera, a size not the contract's, history beyond the contract's)
-    are left out: decode these (each apart, on threads of their own) and hand them to
-    :func:`unpack_observation` as ``decoded``. ``frame`` is :data:`CURRENT` or the index into ``req.history``.
-    """
-    frames = [(CURRENT, req.images)]
-    if len(req.history) <= contract.observation.history - 1:
-        frames += list(enumerate(frame.images for frame in req.history))
-    return [((k, img.key), img) for k, images in frames for img in images
-            if img.encoding != 'raw' and _camera_fits(img, contract)]
 
 
 def _unpack_images(images: Sequence[pb.Image], contract: Contract, max_pixels: int | None, what: str,
-                   decoded: Mapping[tuple[int, str], np.ndarray] | None = None,
-                   frame: int = CURRENT) -> dict[str, ImageLike]:
+                   decode: Callable[[pb.Image], Any] | None = None) -> dict[str, ImageLike]:
     out: dict[str, ImageLike] = {}
     for img in images:
         spec = contract.observation.camera(img.key)
@@ -280,8 +256,10 @@ def _unpack_images(images: Sequence[pb.Image], contract: Contract, max_pixels: i
         if spec.width and spec.height and (img.width, img.height) != (spec.width, spec.height):
             raise ContractViolation(f'{what}: camera {img.key!r} is {img.width}x{img.height}, '
                                     f'the contract says {spec.width}x{spec.height}')
-        ready = decoded.get((frame, img.key)) if decoded is not None and img.encoding != 'raw' else None
-        out[img.key] = ready if ready is not None else codec.decode_image(img, max_pixels=max_pixels)
+        if decode is not None and img.encoding != 'raw':
+            out[img.key] = decode(img)
+        else:
+            out[img.key] = codec.decode_image(img, max_pixels=max_pixels)
     missing = [c.key for c in contract.observation.cameras if c.key not in out]
     if missing:
         raise ContractViolation(f'{what}: missing cameras {missing}')
@@ -299,12 +277,12 @@ def _unpack_state(tensor: pb.Tensor, contract: Contract, what: str) -> np.ndarra
 
 
 def unpack_observation(req: pb.ObservationRequest, contract: Contract, *, max_pixels: int | None = MAX_PIXELS,
-                       decoded: Mapping[tuple[int, str], np.ndarray] | None = None) -> PolicyInput:
+                       decode: Callable[[pb.Image], Any] | None = None) -> PolicyInput:
     """Validate a request against the contract and decode it for the policy.
 
-    :param decoded: JPEG/PNG images already decoded (:func:`~sequence_ai_ros.protocol.codec.decode_image`,
-        ``max_pixels`` alike), by ``(frame, camera key)`` as :func:`encoded_frames` names them; the others are
-        decoded here.
+    :param decode: what stands in for each JPEG/PNG image that passed the contract's checks (raw ones are always
+        unpacked here): by default :func:`~sequence_ai_ros.protocol.codec.decode_image` with ``max_pixels``; a
+        caller may return a placeholder, check the whole request first, and decode the pixels afterwards.
 
     :raises ContractViolation: for a wrong state shape/dtype, NaN, unknown/missing camera, an image
         over ``max_pixels`` or not the contract's size, a truncated image, too much history, or a
@@ -315,7 +293,7 @@ def unpack_observation(req: pb.ObservationRequest, contract: Contract, *, max_pi
     if names and req.state_names:
         check_names(req.state_names, names, f'{what} state')
     state = _unpack_state(req.state, contract, what)
-    images = _unpack_images(req.images, contract, max_pixels, what, decoded)
+    images = _unpack_images(req.images, contract, max_pixels, what, decode)
     obs = Observation(state=state, state_names=tuple(req.state_names or names), images=images,
                       instruction=req.instruction, timestamp=req.robot_time_s, params=dict(req.params))
     want = contract.observation.history
@@ -326,7 +304,7 @@ def unpack_observation(req: pb.ObservationRequest, contract: Contract, *, max_pi
         fwhat = f'{what} history[{i}]'
         history.append(Observation(
             state=_unpack_state(frame.state, contract, fwhat), state_names=obs.state_names,
-            images=_unpack_images(frame.images, contract, max_pixels, fwhat, decoded, i),
+            images=_unpack_images(frame.images, contract, max_pixels, fwhat, decode),
             instruction=req.instruction, timestamp=frame.robot_time_s))
     history.append(obs)
     d = contract.action_dim

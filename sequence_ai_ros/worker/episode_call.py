@@ -257,9 +257,23 @@ def _has_encoded_images(req: pb.ObservationRequest) -> bool:
             or any(image.encoding != 'raw' for frame in req.history for image in frame.images))
 
 
-def _decode_image(image: pb.Image) -> Any:
-    """One JPEG/PNG frame as :func:`~sequence_ai_ros.protocol.messages.unpack_observation` decodes it."""
-    return codec.decode_image(image, max_pixels=messages.MAX_PIXELS)
+#: At most this many jobs decode one request's JPEG/PNG frames side by side (a run of frames each): a request
+#: with many frames takes no more of the ``seq-decode`` threads than two robots' requests did.
+FRAME_JOBS = 2
+
+
+class _Frame:
+    """A JPEG/PNG frame's place in a checked request until its pixels are decoded."""
+
+    __slots__ = ('array',)
+
+    def __init__(self) -> None:
+        self.array: Any = None
+
+
+def _decode_run(images: list[pb.Image]) -> list[Any]:
+    """Decode ``images`` in order, as :func:`~sequence_ai_ros.protocol.messages.unpack_observation` does."""
+    return [codec.decode_image(image, max_pixels=messages.MAX_PIXELS) for image in images]
 
 
 def _error(exc: BaseException, request_id: int = 0) -> pb.EpisodeReply:
@@ -580,30 +594,40 @@ class EpisodeCallHandler:
         return runtime.finish(active, req, result)
 
     async def _decode_encoded(self, req: pb.ObservationRequest, nbytes: int | None) -> messages.PolicyInput:
-        """Decode a request with JPEG/PNG frames: each frame on a ``seq-decode`` thread of its own, at once.
+        """Decode a request with JPEG/PNG frames: every check first, then the pixels, in up to :data:`FRAME_JOBS` jobs.
 
-        Decoding releases the GIL, so a robot's frames decode side by side on as many cores (one camera's time,
-        not the sum); the request itself is then checked and assembled on the loop (raw data: a copy). One frame
-        goes with its request in one hop. Off the loop, on threads of their own: never behind what waits on
-        ``seq-io``.
+        The request is checked whole on the loop (size, state, cameras, history; raw frames are a copy), with a
+        placeholder for each encoded frame, so a refused request costs no decoding and gets the refusal it always
+        did. Its frames then decode on the ``seq-decode`` threads, split into at most :data:`FRAME_JOBS` runs side
+        by side (decoding releases the GIL: two cameras cost one camera's time on two cores), never behind what
+        waits on ``seq-io``.
 
-        :raises ContractViolation: for a request over the contract's size, or a frame that does not decode (the
-            first such frame in the request's order), before any other check of the request.
+        :raises ContractViolation: for a request the contract refuses, or the first frame, in the request's order,
+            that does not decode.
         """
-        runtime = self.runtime
-        frames = messages.encoded_frames(req, runtime.contract)
-        if len(frames) < 2:
-            return await self._loop.run_in_executor(self._decoder, runtime.decode, req, nbytes)
-        size = req.ByteSize() if nbytes is None else nbytes
-        runtime.check_size(req, size)
-        done = await asyncio.gather(*(self._loop.run_in_executor(self._decoder, _decode_image, image)
-                                      for _, image in frames), return_exceptions=True)
-        decoded = {}
-        for (key, _), got in zip(frames, done, strict=True):
+        frames: list[tuple[pb.Image, _Frame]] = []
+
+        def later(image: pb.Image) -> _Frame:
+            frame = _Frame()
+            frames.append((image, frame))
+            return frame
+
+        inp = self.runtime.decode(req, nbytes, decode=later)
+        n = len(frames)
+        jobs = min(FRAME_JOBS, n)
+        runs = [frames[k * n // jobs:(k + 1) * n // jobs] for k in range(jobs)]
+        done = await asyncio.gather(*(self._loop.run_in_executor(self._decoder, _decode_run, [im for im, _ in run])
+                                      for run in runs), return_exceptions=True)
+        for run, got in zip(runs, done, strict=True):    # in the request's order: the earliest failure first
             if isinstance(got, BaseException):
                 raise got
-            decoded[key] = got
-        return runtime.decode(req, size, decoded=decoded)
+            for (_, frame), array in zip(run, got, strict=True):
+                frame.array = array
+        for obs in inp.history:   # the current observation is the last
+            for key, value in obs.images.items():
+                if type(value) is _Frame:
+                    obs.images[key] = value.array
+        return inp
 
     async def _await_inference(self, active: ActiveEpisode, req: pb.ObservationRequest,
                                future: concurrent.futures.Future) -> Any:

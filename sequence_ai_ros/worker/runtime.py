@@ -29,7 +29,7 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -651,26 +651,20 @@ class DeploymentRuntime:
         return True
 
     def decode(self, req: pb.ObservationRequest, nbytes: int | None = None,
-               decoded: Mapping[tuple[int, str], np.ndarray] | None = None) -> messages.PolicyInput:
+               decode: Callable[[pb.Image], Any] | None = None) -> messages.PolicyInput:
         """Check the request's size and decode it against the contract (images decoded: the costly part).
 
         :param nbytes: the request's size on the wire (bytes) when known (the Episode stream's deserializer
             gives it); None measures it with ``ByteSize()``, which in upb re-encodes the whole message.
-        :param decoded: its JPEG/PNG images already decoded (:func:`~sequence_ai_ros.protocol.messages.encoded_frames`).
+        :param decode: what stands in for each JPEG/PNG image
+            (:func:`~sequence_ai_ros.protocol.messages.unpack_observation`).
         :raises ContractViolation: for a request over the contract's size or a malformed one.
-        """
-        self.check_size(req, nbytes)
-        return messages.unpack_observation(req, self.contract, decoded=decoded)
-
-    def check_size(self, req: pb.ObservationRequest, nbytes: int | None = None) -> None:
-        """Refuse a request over the contract's size (``nbytes`` as :meth:`decode` takes it).
-
-        :raises ContractViolation: when it is.
         """
         size = req.ByteSize() if nbytes is None else nbytes
         if size > self.max_message_bytes:
             raise ContractViolation(f'request {req.request_id}: {size} bytes exceeds the contract\'s '
                                     f'{self.max_message_bytes}')
+        return messages.unpack_observation(req, self.contract, decode=decode)
 
     @property
     def wait_slice_s(self) -> float:
