@@ -173,8 +173,10 @@ class ActiveEpisode:
         self.end_arrived()
         self.episode.reason = reason
         rt = self.runtime
-        rt.forget(self.episode.id)
         hook = rt.hook_callable()
+        # with a hook, the hook's own call drops the episode's state in a deployment process, once it ran: told
+        # to forget it now, any call sent before the hook (another robot's) would, and the hook would find it empty
+        rt.forget(self.episode.id, policy_side=hook is None)
         if hook is None:
             return True, None
         future = rt.scheduler.control(lambda: self._run_hook(hook))
@@ -502,11 +504,11 @@ class DeploymentRuntime:
         return EpisodeStateError(f'episode {clip(episode_id)!r} is already running on {self.name!r}; '
                                  'every robot needs its own episode id')
 
-    def forget(self, episode_id: str) -> None:
-        """Drop an ended episode from the running set (and from its deployment process)."""
+    def forget(self, episode_id: str, *, policy_side: bool = True) -> None:
+        """Drop an ended episode from the running set, and with ``policy_side`` from its deployment process."""
         self._episodes.remove(episode_id)
         host = self._instance
-        if host is not None:
+        if host is not None and policy_side:
             host.forget(episode_id)
 
     def running_episodes(self) -> list[ActiveEpisode]:
