@@ -73,6 +73,13 @@ def test_truncated_and_oversized_images_are_contract_violations():
         codec.decode_image(msg)
     with pytest.raises(ContractViolation, match='exceeds'):
         codec.decode_image(codec.encode_image('cam', img, 'png'), max_pixels=100)
+    msg.data = b'not an image at all'               # the same words each time: no buffer's address in them
+    words = set()
+    for _ in range(2):
+        with pytest.raises(ContractViolation, match='not an image Pillow can identify') as info:
+            codec.decode_image(msg)
+        words.add(str(info.value))
+    assert len(words) == 1 and '0x' not in words.pop()
 
 
 def _contract(history: int = 1) -> Contract:
