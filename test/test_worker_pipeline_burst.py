@@ -10,11 +10,13 @@ up shows as a wrong value.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -166,22 +168,29 @@ def test_a_closed_deployment_process_leaves_no_reader_on_its_loop_for_a_reused_f
         assert _loop_call(policy, loop, np.ones(100, np.uint8))[0] == 'ok'
         fd = policy.process._sock.fileno()
         policy.close()                                    # from this thread, the loop not running
-        a, b = socket.socketpair()                        # the lowest free numbers: maybe the old one already
-        try:
-            if fd not in (a.fileno(), b.fileno()):
-                os.dup2(a.fileno(), fd)                   # the old number, now another socket's
+        with _socket_numbered(fd) as peer:
             seen = loop.create_future()
             loop.add_reader(fd, lambda: seen.done() or seen.set_result(os.read(fd, 10)))
-            (a if b.fileno() == fd else b).send(b'new')
+            peer.send(b'new')
             assert loop.run_until_complete(asyncio.wait_for(seen, 10)) == b'new'
             loop.remove_reader(fd)
-        finally:
-            if fd not in (a.fileno(), b.fileno()):
-                os.close(fd)
-            a.close()
-            b.close()
     finally:
         loop.close()
+
+
+@contextlib.contextmanager
+def _socket_numbered(fd: int) -> Iterator[socket.socket]:
+    """A socket pair's end given the (free) number ``fd``; yields the other end, to write to it."""
+    a, b = socket.socketpair()                        # the lowest free numbers: maybe ``fd`` already
+    try:
+        if fd not in (a.fileno(), b.fileno()):
+            os.dup2(a.fileno(), fd)
+        yield a if b.fileno() == fd else b
+    finally:
+        if fd not in (a.fileno(), b.fileno()):
+            os.close(fd)
+        a.close()
+        b.close()
 
 
 def test_a_close_that_cannot_wait_for_a_stalled_loop_still_leaves_no_reader_for_a_reused_fd_number(policy):
@@ -200,10 +209,7 @@ def test_a_close_that_cannot_wait_for_a_stalled_loop_still_leaves_no_reader_for_
         deadline = time.monotonic() + 15           # the loop closes the socket once it ran on
         while policy.process._sock.fileno() >= 0 and time.monotonic() < deadline:
             time.sleep(0.01)
-        a, b = socket.socketpair()
-        try:
-            if fd not in (a.fileno(), b.fileno()):
-                os.dup2(a.fileno(), fd)                   # the old number, now another socket's
+        with _socket_numbered(fd) as peer:
             seen = threading.Event()
 
             def read() -> None:
@@ -212,13 +218,8 @@ def test_a_close_that_cannot_wait_for_a_stalled_loop_still_leaves_no_reader_for_
                 seen.set()
 
             loop.call_soon_threadsafe(loop.add_reader, fd, read)
-            (a if b.fileno() == fd else b).send(b'new')
+            peer.send(b'new')
             assert seen.wait(15)
-        finally:
-            if fd not in (a.fileno(), b.fileno()):
-                os.close(fd)
-            a.close()
-            b.close()
     finally:
         loop.call_soon_threadsafe(loop.stop)
         runner.join(10)

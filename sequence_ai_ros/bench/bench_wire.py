@@ -113,6 +113,18 @@ OURS_SERVER = (
     "print(f'serving grpc on 127.0.0.1:{server.port}', flush=True)\n"
     'server.wait()\n')
 
+#: The end of each floor's ``main()``: a ``grpc.aio`` server of its ``handlers`` on 127.0.0.1, printing the port.
+_FLOOR_SERVE = '''    server = grpc.aio.server(options=[('grpc.max_receive_message_length', 64 << 20),
+                                      ('grpc.max_send_message_length', 64 << 20)])
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler('floor.Floor', handlers),))
+    port = server.add_insecure_port('127.0.0.1:0')
+    await server.start()
+    print(f'serving grpc on 127.0.0.1:{port}', flush=True)
+    await server.wait_for_termination()
+
+asyncio.run(main())
+'''
+
 FLOOR_SERVER = '''
 import asyncio
 import grpc
@@ -128,18 +140,9 @@ async def stream(requests, context):
         yield REPLY
 
 async def main():
-    server = grpc.aio.server(options=[('grpc.max_receive_message_length', 64 << 20),
-                                      ('grpc.max_send_message_length', 64 << 20)])
     handlers = {'Echo': grpc.unary_unary_rpc_method_handler(echo),
                 'Stream': grpc.stream_stream_rpc_method_handler(stream)}
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler('floor.Floor', handlers),))
-    port = server.add_insecure_port('127.0.0.1:0')
-    await server.start()
-    print(f'serving grpc on 127.0.0.1:{port}', flush=True)
-    await server.wait_for_termination()
-
-asyncio.run(main())
-'''
+''' + _FLOOR_SERVE
 
 
 #: The grpc floor with a deployment process's minimum behind it: the floor server above, but each request's
@@ -202,17 +205,8 @@ async def main():
             parent.send(HEAD.pack(at, len(request)))
             yield await answer
 
-    server = grpc.aio.server(options=[('grpc.max_receive_message_length', 64 << 20),
-                                      ('grpc.max_send_message_length', 64 << 20)])
     handlers = {'Stream': grpc.stream_stream_rpc_method_handler(stream)}
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler('floor.Floor', handlers),))
-    port = server.add_insecure_port('127.0.0.1:0')
-    await server.start()
-    print(f'serving grpc on 127.0.0.1:{port}', flush=True)
-    await server.wait_for_termination()
-
-asyncio.run(main())
-'''
+''' + _FLOOR_SERVE
 
 
 class Robot(Protocol):
