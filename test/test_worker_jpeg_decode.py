@@ -12,7 +12,7 @@ import threading
 
 import numpy as np
 import pytest
-from test_worker_support import Stream, serving, state_request
+from test_worker_support import Stream, serving, state_request, wait_for
 
 from sequence_ai_ros.policy.loader import load_policy_file
 from sequence_ai_ros.protocol import codec, messages
@@ -90,6 +90,7 @@ def _rows(reply: pb.EpisodeReply) -> list[list[float]]:
 def test_a_requests_frames_decode_in_two_runs_side_by_side_each_reaching_the_policy_as_its_camera(means, monkeypatch):
     """Four frames (two cameras, now and one frame back): two runs of two meet at a barrier, two at a time."""
     stub, _ = means
+    monkeypatch.setattr(episode_call, '_CORES', 2)
     seen, most = _meeting(monkeypatch, 2)
     stream = Stream(stub, 'means', 'side-by-side')
     assert stream.start().HasField('started')
@@ -99,6 +100,36 @@ def test_a_requests_frames_decode_in_two_runs_side_by_side_each_reaching_the_pol
     assert len(seen) == 4 and all(name.startswith('seq-decode') for _, name in seen), seen
     assert most[0] == episode_call.FRAME_JOBS == 2
     assert stream.end().HasField('ended')
+
+
+def test_while_another_requests_frames_keep_the_cores_busy_a_request_decodes_in_one_run(means, monkeypatch):
+    """``first``'s two frames take both cores (held in their decode); ``second``'s two then decode on one thread."""
+    stub, _ = means
+    monkeypatch.setattr(episode_call, '_CORES', 2)
+    held, release = _images(50, 60), threading.Event()
+    threads: dict[bytes, str] = {}
+    decode = codec.decode_image
+
+    def hold(image: pb.Image, **kwargs):
+        threads[image.data] = threading.current_thread().name
+        if image.data in (held[0].data, held[1].data):
+            release.wait(10)
+        return decode(image, **kwargs)
+
+    monkeypatch.setattr(codec, 'decode_image', hold)
+    first, second = Stream(stub, 'means', 'first'), Stream(stub, 'means', 'second')
+    for stream in (first, second):
+        assert stream.start().HasField('started')
+    first.send(observation=state_request(1, [0, 0], NAMES, images=held))
+    wait_for(lambda: len(threads) == 2, what="first's frames decoding")
+    later = _images(70, 80)
+    reply = second.ask(state_request(1, [0, 0], NAMES, images=later))
+    release.set()
+    assert _rows(reply)[0] == [70.0, 80.0] and _rows(first.recv())[0] == [50.0, 60.0]
+    assert threads[held[0].data] != threads[held[1].data]                # side by side: the cores were free
+    assert threads[later[0].data] == threads[later[1].data]              # one run: they were not
+    for stream in (first, second):
+        assert stream.end().HasField('ended')
 
 
 def test_a_frame_that_does_not_decode_fails_its_request_alone_naming_the_camera(means):

@@ -46,6 +46,7 @@ import collections
 import concurrent.futures
 import contextlib
 import logging
+import os
 import threading
 import time
 import uuid
@@ -257,9 +258,34 @@ def _has_encoded_images(req: pb.ObservationRequest) -> bool:
             or any(image.encoding != 'raw' for frame in req.history for image in frame.images))
 
 
-#: At most this many jobs decode one request's JPEG/PNG frames side by side (a run of frames each): a request
-#: with many frames takes no more of the ``seq-decode`` threads than two robots' requests did.
+#: At most this many jobs decode one request's JPEG/PNG frames side by side (a run of frames each), and only
+#: while the cores are free of other requests' decoding (:class:`_Decoding`): a request with many frames takes no
+#: more of the ``seq-decode`` threads than two robots' requests did, and under load each request is one run.
 FRAME_JOBS = 2
+_CORES = os.cpu_count() or 1
+
+
+class _Decoding:
+    """The runs of frames decoding now, across this process's streams (any thread)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.runs = 0
+
+    def take(self, wanted: int) -> int:
+        """Runs for a request that could use ``wanted``: all of them while the cores have room, else one."""
+        with self._lock:
+            got = wanted if self.runs + wanted <= _CORES else 1
+            self.runs += got
+            return got
+
+    def give_back(self, runs: int) -> None:
+        """A request's ``runs`` are done."""
+        with self._lock:
+            self.runs -= runs
+
+
+_DECODING = _Decoding()
 
 
 class _Frame:
@@ -598,9 +624,9 @@ class EpisodeCallHandler:
 
         The request is checked whole on the loop (size, state, cameras, history; raw frames are a copy), with a
         placeholder for each encoded frame, so a refused request costs no decoding and gets the refusal it always
-        did. Its frames then decode on the ``seq-decode`` threads, split into at most :data:`FRAME_JOBS` runs side
-        by side (decoding releases the GIL: two cameras cost one camera's time on two cores), never behind what
-        waits on ``seq-io``.
+        did. Its frames then decode on the ``seq-decode`` threads, never behind what waits on ``seq-io``: split into
+        :data:`FRAME_JOBS` runs side by side while the cores have room (decoding releases the GIL: two cameras cost
+        one camera's time on two cores), else in one run, as when other robots' frames keep the cores busy.
 
         :raises ContractViolation: for a request the contract refuses, or the first frame, in the request's order,
             that does not decode.
@@ -614,10 +640,14 @@ class EpisodeCallHandler:
 
         inp = self.runtime.decode(req, nbytes, decode=later)
         n = len(frames)
-        jobs = min(FRAME_JOBS, n)
-        runs = [frames[k * n // jobs:(k + 1) * n // jobs] for k in range(jobs)]
-        done = await asyncio.gather(*(self._loop.run_in_executor(self._decoder, _decode_run, [im for im, _ in run])
-                                      for run in runs), return_exceptions=True)
+        jobs = _DECODING.take(min(FRAME_JOBS, n))
+        try:
+            runs = [frames[k * n // jobs:(k + 1) * n // jobs] for k in range(jobs)]
+            done = await asyncio.gather(*(self._loop.run_in_executor(self._decoder, _decode_run,
+                                                                     [im for im, _ in run]) for run in runs),
+                                        return_exceptions=True)
+        finally:
+            _DECODING.give_back(jobs)
         for run, got in zip(runs, done, strict=True):    # in the request's order: the earliest failure first
             if isinstance(got, BaseException):
                 raise got
