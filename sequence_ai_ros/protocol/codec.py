@@ -342,7 +342,6 @@ def decode_image(image: pb.Image, *, max_pixels: int | None = None) -> np.ndarra
             raise ContractViolation(f'{what}: raw payload of {len(data)} bytes, expected {expected} '
                                     f'for {image.width}x{image.height}x{image.channels}')
         return np.frombuffer(data, np.uint8).reshape(image.height, image.width, image.channels)
-    import PIL
     from PIL import Image as PILImage
 
     try:
@@ -361,7 +360,7 @@ def decode_image(image: pb.Image, *, max_pixels: int | None = None) -> np.ndarra
             arr = np.asarray(pil if pil.mode == mode else pil.convert(mode))   # convert() to its own mode copies
     except ContractViolation:
         raise
-    except PIL.UnidentifiedImageError:    # its message names the buffer object (an address, new each request)
+    except PILImage.UnidentifiedImageError:    # its message names the buffer object (an address, new each request)
         raise ContractViolation(f'{what}: cannot decode {image.encoding}: not an image Pillow can identify') from None
     except Exception as exc:  # truncated or corrupt data: Pillow raises OSError and friends
         raise ContractViolation(f'{what}: cannot decode {image.encoding}: {exc}') from None
