@@ -27,7 +27,8 @@ and its server decodes them (Pillow, to RGB arrays), as a policy needs them. Bot
 encodes.
 
 Figures per repeat: round trip p50/p99 with 1 robot (:data:`BLOCKS` alternating blocks of :data:`PER_BLOCK`
-round trips per system); p99 with :data:`FLEET` robots at :data:`RATE_HZ` requests/s each; client and server
+round trips per system); p99 with :data:`FLEET` robots at :data:`RATE_HZ` requests/s each (:data:`FLEET_ORDER`: the
+grpc floors too, so that the fleet's target has its floor beside it); client and server
 CPU per request (process CPU time / requests; ours: the worker and its deployment process together, and
 each). :data:`REPEATS` repeats, each alternating the systems' blocks, with the load average before and after.
 Ratios are ours / openpi per repeat and their median; the targets are :data:`TARGETS`.
@@ -183,7 +184,10 @@ async def main():
     parent.setblocking(False)
 
     def readable():
-        data = parent.recv(1 << 16)
+        try:
+            data = parent.recv(1 << 16)
+        except BlockingIOError:             # woken with nothing to read after all
+            return
         if not data:
             os._exit(1)
         got.extend(data)
@@ -523,7 +527,7 @@ def _systems() -> dict[str, System]:
 #: Each repeat's single-robot blocks, in this order, :data:`BLOCKS` times (raw, then JPEG).
 SINGLE_ORDER = ('ours', 'openpi', 'ours (none)', 'floor (stream)', 'floor (unary)', 'floor + hop', 'ours jpeg',
                 'openpi jpeg', 'ours (none) jpeg')
-FLEET_ORDER = ('ours', 'openpi', 'ours (none)')
+FLEET_ORDER = ('ours', 'openpi', 'ours (none)', 'floor (stream)', 'floor + hop')
 
 
 def _repeat(systems: dict[str, System], quiet_wait_s: float = 0.0) -> dict[str, Any]:
@@ -574,6 +578,10 @@ def _repeat(systems: dict[str, System], quiet_wait_s: float = 0.0) -> dict[str, 
               'floor_unary_p50': _ratio(rows['floor (unary)']['rtt_p50_ms'], base['rtt_p50_ms']),
               'floor_hop_p50': _ratio(rows['floor + hop']['rtt_p50_ms'], base['rtt_p50_ms']),
               'ours_over_floor_hop_p50': _ratio(rows['ours']['rtt_p50_ms'], rows['floor + hop']['rtt_p50_ms']),
+              'floor_stream_fleet_p99': _ratio(rows['floor (stream)']['fleet_p99_ms'], base['fleet_p99_ms']),
+              'floor_hop_fleet_p99': _ratio(rows['floor + hop']['fleet_p99_ms'], base['fleet_p99_ms']),
+              'ours_over_floor_hop_fleet_p99': _ratio(rows['ours']['fleet_p99_ms'],
+                                                      rows['floor + hop']['fleet_p99_ms']),
               'floor_stream_client_cpu': _ratio(rows['floor (stream)']['client_cpu_ms'], base['client_cpu_ms']),
               'floor_unary_client_cpu': _ratio(rows['floor (unary)']['client_cpu_ms'], base['client_cpu_ms']),
               'floor_stream_server_cpu': _ratio(rows['floor (stream)']['server_cpu_ms'], base['server_cpu_ms'])}
@@ -603,6 +611,9 @@ RATIO_LABELS = {'p50_raw': 'round trip p50, raw', 'p50_jpeg': 'round trip p50, J
                 'floor_unary_p50': 'grpc floor / openpi: p50 (unary)',
                 'floor_hop_p50': 'grpc floor + process hop / openpi: p50',
                 'ours_over_floor_hop_p50': 'ours / (grpc floor + process hop): p50',
+                'floor_stream_fleet_p99': f'grpc floor / openpi: p99, {FLEET} robots (stream)',
+                'floor_hop_fleet_p99': f'grpc floor + process hop / openpi: p99, {FLEET} robots',
+                'ours_over_floor_hop_fleet_p99': f'ours / (grpc floor + process hop): p99, {FLEET} robots',
                 'floor_stream_client_cpu': 'grpc floor / openpi: client CPU (stream)',
                 'floor_unary_client_cpu': 'grpc floor / openpi: client CPU (unary)',
                 'floor_stream_server_cpu': 'grpc floor / openpi: server CPU (stream)'}

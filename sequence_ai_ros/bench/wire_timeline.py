@@ -187,8 +187,10 @@ def run(n: int = 1500, isolation: str = 'process') -> dict[str, dict[str, float]
     proc, port = bw.start_server(WORKER, str(bw.POLICY), isolation, str(out))
     try:
         robot: Any = bw.Ours(port)
-        result['ours'] = _rounds(robot, client, n, OURS_ORDER, lambda: _worker_points(out))
-        robot.close()
+        try:
+            result['ours'] = _rounds(robot, client, n, OURS_ORDER, lambda: _worker_points(out))
+        finally:
+            robot.close()
     finally:
         proc.kill()
         proc.wait(10)
@@ -196,9 +198,11 @@ def run(n: int = 1500, isolation: str = 'process') -> dict[str, dict[str, float]
         proc, port = bw.start_server(code)
         try:
             robot = bw.FloorStream(port, mark=client.mark)
-            result[name] = _rounds(robot, client, n, FLOOR_ORDER, list)
+            try:
+                result[name] = _rounds(robot, client, n, FLOOR_ORDER, list)
+            finally:
+                robot.close()
             result[name].pop('reply read', None)       # both transits and the server: WIRE_AND_SERVER
-            robot.close()
         finally:
             proc.kill()
             proc.wait(10)
