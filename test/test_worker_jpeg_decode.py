@@ -189,3 +189,34 @@ def test_unpack_observation_checks_the_whole_request_before_asking_for_any_encod
     assert int(inp.observation.images['right'].mean()) == 6
     plain = messages.unpack_observation(req, contract)
     assert int(plain.observation.images['left'].mean()) == 5 and int(plain.history[0].images['left'].mean()) == 3
+
+
+def test_an_episode_end_that_comes_while_a_requests_frames_decode_is_answered_at_once(means, monkeypatch):
+    """EpisodeEnded comes while the request's frames are still held in their decode; the request is dropped unanswered.
+
+    The decode is left to finish on its threads: once released, the runs it held are free again, and no chunk is sent.
+    """
+    stub, runtime = means
+    release, decoding = threading.Event(), threading.Event()
+    decode = codec.decode_image
+
+    def hold(image: pb.Image, **kwargs):
+        decoding.set()
+        release.wait(30)
+        return decode(image, **kwargs)
+
+    monkeypatch.setattr(codec, 'decode_image', hold)
+    before = runtime.end_stats()['requests_dropped_at_end']
+    stream = Stream(stub, 'means', 'end-while-decoding')
+    try:
+        assert stream.start().HasField('started')
+        stream.send(observation=state_request(1, [0, 0], NAMES, images=_images(30, 40)))
+        assert decoding.wait(30), 'the frames never began to decode'
+        reply = stream.end()
+        assert reply is not None and reply.HasField('ended'), reply
+        assert not release.is_set()               # answered while the decode still held its frames
+        assert runtime.end_stats()['requests_dropped_at_end'] == before + 1
+    finally:
+        release.set()
+    assert stream.recv() is None                  # the stream closed: the request never got a chunk
+    wait_for(lambda: episode_call._DECODING.runs == 0, what='the decode runs given back')

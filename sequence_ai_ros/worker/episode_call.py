@@ -9,8 +9,9 @@ estimated time left: the robot holds and sends a newer observation then, so the 
 what the robot sees when the policy is ready, not when the episode began.
 
 EpisodeEnd is acted on the moment it arrives, never after an inference: the episode's queued requests are
-dropped (those still unread behind it on the stream too, unanswered), an inference already running is left
-to finish and its chunk is discarded (neither sent nor captured), and EpisodeEnded follows at once
+dropped (those still unread behind it on the stream too, unanswered, and one whose JPEG/PNG frames are still
+decoding), an inference already running is left to finish and its chunk is discarded (neither sent nor
+captured), and EpisodeEnded follows at once
 (:meth:`~sequence_ai_ros.worker.runtime.DeploymentRuntime.end_stats` counts all three).
 
 The episode ends exactly once (:meth:`ActiveEpisode.end`) with reason:
@@ -298,8 +299,15 @@ class _Frame:
 
 
 def _decode_run(images: list[pb.Image]) -> list[Any]:
-    """Decode ``images`` in order, as :func:`~sequence_ai_ros.protocol.messages.unpack_observation` does."""
-    return [codec.decode_image(image, max_pixels=messages.MAX_PIXELS) for image in images]
+    """Decode ``images`` in order, as :func:`~sequence_ai_ros.protocol.messages.unpack_observation` does.
+
+    The run is then given back (:data:`_DECODING`), here on its thread: a request no longer waiting for it
+    (its episode ended) still counts it until it is done.
+    """
+    try:
+        return [codec.decode_image(image, max_pixels=messages.MAX_PIXELS) for image in images]
+    finally:
+        _DECODING.give_back(1)
 
 
 def _error(exc: BaseException, request_id: int = 0) -> pb.EpisodeReply:
@@ -628,8 +636,11 @@ class EpisodeCallHandler:
         :data:`FRAME_JOBS` runs side by side while the cores have room (decoding releases the GIL: two cameras cost
         one camera's time on two cores), else in one run, as when other robots' frames keep the cores busy.
 
+        The episode's EpisodeEnd ends the wait at once: the request is dropped unanswered, its decode left to finish.
+
         :raises ContractViolation: for a request the contract refuses, or the first frame, in the request's order,
             that does not decode.
+        :raises _EndArrived: when the episode's EpisodeEnd arrives first.
         """
         frames: list[tuple[pb.Image, _Frame]] = []
 
@@ -641,13 +652,25 @@ class EpisodeCallHandler:
         inp = self.runtime.decode(req, nbytes, decode=later)
         n = len(frames)
         jobs = _DECODING.take(min(FRAME_JOBS, n))
+        runs = [frames[k * n // jobs:(k + 1) * n // jobs] for k in range(jobs)]
+        started: list[asyncio.Future] = []
         try:
-            runs = [frames[k * n // jobs:(k + 1) * n // jobs] for k in range(jobs)]
-            done = await asyncio.gather(*(self._loop.run_in_executor(self._decoder, _decode_run,
-                                                                     [im for im, _ in run]) for run in runs),
-                                        return_exceptions=True)
-        finally:
-            _DECODING.give_back(jobs)
+            for run in runs:     # each run counts until its thread is done with it (_decode_run)
+                started.append(self._loop.run_in_executor(self._decoder, _decode_run, [im for im, _ in run]))
+        except BaseException:
+            _DECODING.give_back(jobs - len(started))
+            raise
+        decoding = asyncio.gather(*started, return_exceptions=True)
+        decoding.add_done_callback(lambda _: self._wake())
+        while not (decoding.done() or self._end_seen.is_set()):   # EpisodeEnded is never held behind a decode
+            self._waiter = waiter = self._loop.create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+        if self._end_seen.is_set():     # its decode finishes on its threads, unused
+            raise _EndArrived(started=False)
+        done = decoding.result()
         for run, got in zip(runs, done, strict=True):    # in the request's order: the earliest failure first
             if isinstance(got, BaseException):
                 raise got
