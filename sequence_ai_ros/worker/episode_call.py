@@ -195,14 +195,15 @@ class _Inbox:
         self._waiter: asyncio.Future | None = None
         self._deadline = _Deadline(loop, self._expire)
 
-    def put(self, item: Any) -> None:
-        """Queue ``item`` (or hand it to the waiting consumer)."""
+    def put(self, item: Any) -> bool:
+        """Queue ``item`` (or hand it to the waiting consumer); True when handed over (the consumer runs next)."""
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             self._waiter = None
             waiter.set_result(item)
-        else:
-            self._items.append(item)
+            return True
+        self._items.append(item)
+        return False
 
     async def get(self, timeout: float) -> Any:
         """Return the next item; wait up to ``timeout`` (s) for one.
@@ -420,7 +421,10 @@ class EpisodeCallHandler:
                     return
                 if item[0].WhichOneof('kind') == 'end':
                     self._end_arrived(item[0].end)
-                self._inbox.put(item)
+                if self._inbox.put(item):
+                    # the consumer, waiting, takes it in the loop's next pass: this stream's next read starts
+                    # after that (its request sent to the policy), off the round trip
+                    await asyncio.sleep(0)
         except Exception as exc:  # grpc raises when the call is cancelled or the peer drops
             LOG.debug('episode %s: request stream ended: %s', self.episode_id, exc)
         finally:
