@@ -220,3 +220,42 @@ def test_an_episode_end_that_comes_while_a_requests_frames_decode_is_answered_at
         release.set()
     assert stream.recv() is None                  # the stream closed: the request never got a chunk
     wait_for(lambda: episode_call._DECODING.runs == 0, what='the decode runs given back')
+
+
+def test_frames_queued_for_a_request_whose_episode_ended_decode_nothing(means, monkeypatch):
+    """A robot ends episode after episode while its frames wait for a decode thread: those runs decode nothing.
+
+    Every ``seq-decode`` thread is held in a frame; 4 more requests' runs wait behind them, each ended at once.
+    Released, the held runs finish their 2 frames each and the 4 queued ones decode none, so other robots' frames
+    never wait behind a dropped request's decoding.
+    """
+    from sequence_ai_ros.worker.server import DECODE_THREADS
+
+    stub, runtime = means
+    monkeypatch.setattr(episode_call, '_CORES', 1)        # one run (2 frames) per request
+    release, lock, calls = threading.Event(), threading.Lock(), [0]
+    decode = codec.decode_image
+
+    def hold(image: pb.Image, **kwargs):
+        with lock:
+            calls[0] += 1
+        release.wait(30)
+        return decode(image, **kwargs)
+
+    monkeypatch.setattr(codec, 'decode_image', hold)
+    before = runtime.end_stats()['requests_dropped_at_end']
+    cycles = DECODE_THREADS + 4
+    try:
+        for k in range(cycles):
+            stream = Stream(stub, 'means', f'cycle-{k}')
+            assert stream.start().HasField('started')
+            stream.send(observation=state_request(1, [0, 0], NAMES, images=_images(k, k)))
+            reply = stream.end()
+            assert reply is not None and reply.HasField('ended'), reply
+            assert stream.recv() is None
+        wait_for(lambda: calls[0] == DECODE_THREADS, what='every decode thread holding a frame')
+        assert runtime.end_stats()['requests_dropped_at_end'] == before + cycles
+    finally:
+        release.set()
+    wait_for(lambda: episode_call._DECODING.runs == 0, what='the decode runs given back')
+    assert calls[0] == 2 * DECODE_THREADS          # the held runs' two frames each; the queued runs' none

@@ -299,13 +299,25 @@ class _Frame:
         self.array: Any = None
 
 
-def _decode_run(images: list[pb.Image]) -> list[Any]:
+class _Wanted:
+    """Whether a request still waits for its frames (False once its episode ended or its stream went)."""
+
+    __slots__ = ('yes',)
+
+    def __init__(self) -> None:
+        self.yes = True
+
+
+def _decode_run(images: list[pb.Image], wanted: _Wanted) -> list[Any]:
     """Decode ``images`` in order, as :func:`~sequence_ai_ros.protocol.messages.unpack_observation` does.
 
-    The run is then given back (:data:`_DECODING`), here on its thread: a request no longer waiting for it
-    (its episode ended) still counts it until it is done.
+    A run whose request no longer waits when its turn comes decodes nothing: a robot that ends episode after
+    episode while its frames are queued leaves no decoding behind it for the other robots to wait on. The run
+    is given back (:data:`_DECODING`) here, on its thread, once done.
     """
     try:
+        if not wanted.yes:
+            return []
         return [codec.decode_image(image, max_pixels=messages.MAX_PIXELS) for image in images]
     finally:
         _DECODING.give_back(1)
@@ -658,21 +670,28 @@ class EpisodeCallHandler:
         jobs = _DECODING.take(min(FRAME_JOBS, n))
         runs = [frames[k * n // jobs:(k + 1) * n // jobs] for k in range(jobs)]
         started: list[asyncio.Future] = []
+        wanted = _Wanted()
         try:
             for run in runs:     # each run counts until its thread is done with it (_decode_run)
-                started.append(self._loop.run_in_executor(self._decoder, _decode_run, [im for im, _ in run]))
+                started.append(self._loop.run_in_executor(self._decoder, _decode_run, [im for im, _ in run],
+                                                          wanted))
         except BaseException:
             _DECODING.give_back(jobs - len(started))
+            wanted.yes = False
             raise
         decoding = asyncio.gather(*started, return_exceptions=True)
         decoding.add_done_callback(lambda _: self._wake())
-        while not (decoding.done() or self._end_seen.is_set()):   # EpisodeEnded is never held behind a decode
-            self._waiter = waiter = self._loop.create_future()
-            try:
-                await waiter
-            finally:
-                self._waiter = None
-        if self._end_seen.is_set():     # its decode finishes on its threads, unused
+        try:
+            while not (decoding.done() or self._end_seen.is_set()):   # the robot's EpisodeEnd never waits for it
+                self._waiter = waiter = self._loop.create_future()
+                try:
+                    await waiter
+                finally:
+                    self._waiter = None
+        finally:
+            if not decoding.done():      # the episode ended, or the stream went: runs not begun decode nothing
+                wanted.yes = False
+        if self._end_seen.is_set():     # the runs already decoding finish on their threads, unused
             raise _EndArrived(started=False)
         done = decoding.result()
         for run, got in zip(runs, done, strict=True):    # in the request's order: the earliest failure first
