@@ -323,3 +323,41 @@ def test_a_request_over_its_contracts_size_is_refused_in_stream_by_its_size_on_t
         reply = stream.ask(stuck_req(2))                     # the stream goes on
         assert reply.HasField('chunk') and reply.chunk.request_id == 2
         assert stream.end().HasField('ended') and stream.error is None
+
+
+@pytest.mark.parametrize('isolation', ['none', 'process'])
+def test_a_stop_cuts_an_episode_at_once_while_its_request_waits_for_the_policy(isolation):
+    """The robot gets the cut's NOT_READY and EpisodeEnded while its request's inference still hangs.
+
+    Its chunk is never sent, and the result is counted discarded. The cut used to wait in the stream behind the
+    inference: past the stop's grace the robot got no EpisodeEnded, only the call's UNAVAILABLE.
+    """
+    server = serve_policy_file(STUCK, 'stuck', host='127.0.0.1', port=0, isolation=isolation)
+    ch = channel(server.port)
+    stopping = threading.Thread(target=server.stop, kwargs={'grace': 5.0})
+    try:
+        stub = pb_grpc.PolicyServiceStub(ch)
+        assert wait_ready(stub, 'stuck').ready
+        runtime = server.runtimes['stuck']
+        stream = Stream(stub, 'stuck', 'cut-while-inferring')
+        assert stream.start().HasField('started')
+        stream.send(observation=stuck_req(1, hang='30'))
+
+        def inferring() -> bool:
+            return any(s.active is not None and s.active.live.in_flight for s in server.servicer.episode_streams())
+
+        wait_for(inferring, timeout=30, what='the request in its inference')
+        stopping.start()
+        reply = stream.recv(timeout=20)           # well inside the 30 s hang
+        assert reply is not None and reply.HasField('error'), reply
+        assert reply.error.code == pb.NOT_READY and 'shutting down' in reply.error.message
+        ended = stream.recv(timeout=20)
+        assert ended is not None and ended.HasField('ended') and ended.ended.episode_id == 'cut-while-inferring'
+    finally:
+        release(server)
+        if stopping.ident is None:
+            stopping.start()
+        stopping.join(30)
+        ch.close()
+    # a deployment process's call is counted as its answer (here: the process closed with the worker) comes
+    wait_for(lambda: runtime.end_stats()['results_discarded_at_end'] == 1, what='the discarded result counted')

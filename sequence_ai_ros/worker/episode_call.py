@@ -26,9 +26,11 @@ The episode ends exactly once (:meth:`ActiveEpisode.end`) with reason:
   so idle streams cannot hold the worker's stream slots (admission);
 - ``shutdown`` when the worker stops (an Error and EpisodeEnded are sent), ``drain_timeout`` when it stops on
   SIGTERM and the episode outlived the drain timeout (likewise), ``rollout`` when a new version that cannot
-  load beside the running one replaces it at once (``seq serve --rollout cut``; likewise). After such a cut
-  the call ends once the robot has closed its side (at most :data:`~sequence_ai_ros.worker.drain.LINGER_S`),
-  as after a refusal: a balancer resets a call the server ends while the robot still sends.
+  load beside the running one replaces it at once (``seq serve --rollout cut``; likewise). A cut is acted on
+  the moment it comes, as EpisodeEnd is: a request waiting for its inference or its decode gets no answer.
+  After such a cut the call ends once the robot has closed its side (at most
+  :data:`~sequence_ai_ros.worker.drain.LINGER_S`), as after a refusal: a balancer resets a call the server ends
+  while the robot still sends.
 
 Threads: none of its own. :meth:`EpisodeCallHandler.replies` is a coroutine on the worker's event loop
 (``seq-grpc-loop``, gRPC asyncio); a reader *task* moves incoming messages into an inbox (:class:`_Inbox`) so that
@@ -407,9 +409,19 @@ class EpisodeCallHandler:
         self._trace: tracing.WorkerTrace | None = None   # the episode's spans, when the worker traces
 
     def shutdown(self, reason: str = 'shutdown') -> None:
-        """Ask the stream to end its episode (:data:`CUT_WHY`'s reasons) and close; at once; any thread."""
+        """Ask the stream to end its episode (:data:`CUT_WHY`'s reasons) and close; at once; any thread.
+
+        At once, as at the robot's EpisodeEnd: a request waiting for its inference or its frames' decode is not
+        answered (the inference is left to finish, its chunk discarded), those queued never start, and the
+        robot gets the cut's error and EpisodeEnded without waiting for them.
+        """
         self._cut = reason
-        self._loop.call_soon_threadsafe(self._inbox.put, _SHUTDOWN)
+        self._loop.call_soon_threadsafe(self._cut_now)
+
+    def _cut_now(self) -> None:
+        """The worker cuts the episode (loop thread): no request of it starts or is answered; the stream ends it."""
+        self._end_arrived()
+        self._inbox.put(_SHUTDOWN)
 
     def on_done(self) -> None:
         """The call ended: end the episode as ``disconnect`` if still running (in the background).
@@ -443,17 +455,19 @@ class EpisodeCallHandler:
             self._inbox.put(_CLOSED)
 
     def _end_arrived(self, end: pb.EpisodeEnd | None = None) -> None:
-        """EpisodeEnd came in: no request of this episode starts from now on; the consumer is woken.
+        """EpisodeEnd came in, or the worker cuts the episode (``end`` None): no request of it starts from now on.
+
+        The consumer is woken.
 
         With ``capture_error`` (the robot stopped its capture) none of the episode is kept, decided here: a
         stream cut before the end is handled keeps none of it either.
         """
+        if end is not None and end.capture_error and self.active is not None:   # also after the worker's cut
+            self.active.recorder.drop(_dropped_why(end))
         if self._end_seen.is_set():
             return
         self._end_seen.set()
         if self.active is not None:
-            if end is not None and end.capture_error:
-                self.active.recorder.drop(_dropped_why(end))
             self._end_dropped = self.active.end_arrived()
         self._wake()
 
