@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -186,6 +187,62 @@ def test_with_rollout_cut_the_old_versions_episodes_are_cut_typed_and_the_switch
     switched = [r.getMessage() for r in caplog.records if 'new episodes get version 2' in r.getMessage()]
     assert switched == ['deployment arm: new episodes get version 2; its 1 running episodes on version 1 are cut '
                         '(--rollout cut)'], switched     # the log says what happens to them: no "finish"
+
+
+#: A version whose inference holds while its robot's request says ``gate`` and the gate file exists, and whose
+#: end hook leaves a file behind: the old version's last call and hook, seen from the test.
+GATED = POLICY.replace("""    def infer(self, inp, episode):""", """    def infer(self, inp, episode):
+        if 'gate' in inp.observation.params:
+            gate = inp.observation.params['gate']
+            open(gate + '.in', 'w').close()
+            deadline = time.monotonic() + 30
+            while os.path.exists(gate) and time.monotonic() < deadline:
+                time.sleep(0.01)""") + """
+    @seq.on_episode
+    def ended(self, episode):
+        with open(CALLS, 'a') as f:
+            f.write('hook:' + episode.id + chr(10))
+"""
+
+
+@pytest.mark.slow
+def test_a_rollout_cut_unloads_the_old_version_once_its_running_inference_and_end_hook_ran(tmp_path, seq_home):
+    """The cut reaches the robot at once; the old version's deployment process is closed only afterwards.
+
+    Only once the inference it was running when the cut came, and the cut episode's end hook behind it, have run.
+    """
+    gate, marker = tmp_path / 'gate', tmp_path / 'memory-taken'
+    policy = tmp_path / 'arm' / 'policy.py'
+    policy.parent.mkdir(parents=True)
+    calls = tmp_path / 'v1-calls.log'
+    policy.write_text(GATED.format(value=1.0, marker='', wait_s=0.0, calls=str(calls)))
+    deploy(policy)
+    with create_server(['arm'], home=seq_home, rollout='cut', isolation='process') as server, \
+            channel(server.port) as ch:
+        stub = pb_grpc.PolicyServiceStub(ch)
+        assert wait_ready(stub, 'arm', timeout=60).ready
+        old = server.runtimes['arm']
+        robot = Stream(stub, 'arm', 'gated')
+        assert robot.start().HasField('started') and ask(robot, 1) == 1.0
+        gate.write_text('held')
+        robot.send(observation=state_request(2, [0.0, 0.0], ['a', 'b'], params={'gate': str(gate)}))
+        wait_for(lambda: Path(f'{gate}.in').exists(), what='the inference held at the gate')
+        policy.write_text(GATED.format(value=2.0, marker=str(marker), wait_s=2.0, calls=str(tmp_path / 'v2.log')))
+        deploy(policy)                       # version 2 cannot load beside version 1: the episode is cut
+        marker.write_text('version 1 is loaded')
+        stub.Ready(pb.ReadyRequest(deployment='arm'), timeout=5)
+        cut = robot.recv(timeout=30)
+        assert cut is not None and '(rollout)' in cut.error.message, cut
+        assert robot.recv(timeout=10).HasField('ended')
+        wait_for(lambda: server._rollouts.cuts == [('arm', 1, 1)], timeout=10, what='the cut to be recorded')
+        deadline = time.monotonic() + 1.0      # the inference still runs: version 1 is not being closed
+        while time.monotonic() < deadline:
+            assert old.scheduler.running and server._rollouts.unloaded == []
+            time.sleep(0.02)
+        gate.unlink()
+        marker.unlink()
+        wait_for(lambda: server._rollouts.unloaded == [('arm', 1)], timeout=30, what='version 1 to be unloaded')
+    assert 'hook:gated' in calls.read_text().split()          # the cut episode's hook ran on version 1
 
 
 def test_a_rollout_under_process_isolation_loads_the_new_version_in_its_own_process(tmp_path, seq_home):

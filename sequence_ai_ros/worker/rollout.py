@@ -43,8 +43,9 @@ from sequence_ai_ros.worker.runtime import DeploymentRuntime, describe
 LOG = logging.getLogger(__name__)
 #: How often (s) a rollout checks whether the old version's episodes have ended.
 POLL_S = 0.2
-#: With ``--rollout cut``: how long (s) the cut episodes may take to end (their end hook, capture commit)
-#: before the old version is unloaded anyway (which ends what is left with reason ``shutdown``).
+#: With ``--rollout cut``: how long (s) the cut episodes may take to end (their end hook, capture commit, the
+#: inference still running when the cut came) before the old version is unloaded anyway (which ends what is
+#: left with reason ``shutdown``).
 CUT_WAIT_S = 10.0
 #: Exception types that ran out of memory, matched by name so that the worker never imports torch: Python's
 #: ``MemoryError`` and torch's ``OutOfMemoryError`` (``torch.OutOfMemoryError``, ``torch.cuda.OutOfMemoryError``).
@@ -209,7 +210,8 @@ class Rollouts:
             assert self._cut is not None
             cut = self._cut(old, 'rollout')
             self.cuts.append((name, old.version, cut))
-            self._wait_idle(old, CUT_WAIT_S)
+            # the cut episodes end at once; their end hooks run behind the inference still running: both first
+            self._wait_idle(old, CUT_WAIT_S, work=True)
             self._unload(old)
         else:
             self.state[name] = 'waiting'
@@ -300,10 +302,13 @@ class Rollouts:
                  len(old.running_episodes()), old.version)
         return True
 
-    def _wait_idle(self, runtime: DeploymentRuntime, timeout_s: float = float('inf')) -> bool:
-        """Wait until ``runtime`` runs no episode; False when the worker stops or ``timeout_s`` passes first."""
+    def _wait_idle(self, runtime: DeploymentRuntime, timeout_s: float = float('inf'), work: bool = False) -> bool:
+        """Wait until ``runtime`` runs no episode; False when the worker stops or ``timeout_s`` passes first.
+
+        :param work: also until its policy has nothing to run (an inference, an ended episode's hook).
+        """
         deadline = time.monotonic() + timeout_s
-        while runtime.running_episodes():
+        while runtime.running_episodes() or (work and not runtime.scheduler.idle):
             if self._stopping.wait(POLL_S) or self._held_now() or time.monotonic() > deadline:
                 return False
         return True

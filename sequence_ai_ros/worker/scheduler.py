@@ -142,6 +142,12 @@ class InferenceScheduler:
         with self._lock:
             return bool(self._borrowed) or (bool(self._current) and self._current[0].key is not None)
 
+    @property
+    def idle(self) -> bool:
+        """True when nothing runs, is pipelined or waits: no request, batch or control job (an episode's end hook)."""
+        with self._lock:
+            return not (self._current or self._borrowed or self._jobs or self._control)
+
     def runs_next(self, future: Future) -> bool:
         """True when ``future``'s control job (from :meth:`control`) ran, runs, or is the next to run.
 
