@@ -353,6 +353,10 @@ def test_a_stop_cuts_an_episode_at_once_while_its_request_waits_for_the_policy(i
         assert reply.error.code == pb.NOT_READY and 'shutting down' in reply.error.message
         ended = stream.recv(timeout=20)
         assert ended is not None and ended.HasField('ended') and ended.ended.episode_id == 'cut-while-inferring'
+        for rid in (2, 3):            # sent after the cut, before the robot closes its side: counted, never run
+            stream.send(observation=stuck_req(rid))
+        stream.close()
+        assert stream.recv(timeout=20) is None
     finally:
         release(server)
         if stopping.ident is None:
@@ -361,3 +365,5 @@ def test_a_stop_cuts_an_episode_at_once_while_its_request_waits_for_the_policy(i
         ch.close()
     # a deployment process's call is counted as its answer (here: the process closed with the worker) comes
     wait_for(lambda: runtime.end_stats()['results_discarded_at_end'] == 1, what='the discarded result counted')
+    assert runtime.end_stats()['requests_dropped_at_end'] == 2
+    assert runtime.end_stats()['inferences_started_after_end'] == 0

@@ -576,14 +576,21 @@ class EpisodeCallHandler:
             self.on_done()
 
     async def _linger(self, linger_s: float = LINGER_S) -> None:
-        """After a refusal or a cut: wait up to ``linger_s`` for the robot to close its side, ignoring what it sends."""
+        """After a refusal or a cut: wait up to ``linger_s`` for the robot to close its side, ignoring what it sends.
+
+        A request of the cut episode read meanwhile never starts: it is counted as dropped at the episode's end.
+        """
         deadline = time.monotonic() + linger_s
         while (left := deadline - time.monotonic()) > 0:
             try:
-                if await self._inbox.get(left) is _CLOSED:
-                    return
+                item = await self._inbox.get(left)
             except asyncio.TimeoutError:
                 return
+            if item is _CLOSED:
+                return
+            if (self.active is not None and type(item) is tuple
+                    and item[0].WhichOneof('kind') == 'observation'):
+                self.runtime.count_at_end(dropped=1)
 
     async def _close(self, reason: str, why: str) -> AsyncIterator[pb.EpisodeReply]:
         eid = self.active.episode.id if self.active is not None else self.episode_id
