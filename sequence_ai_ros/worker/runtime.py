@@ -523,7 +523,8 @@ class DeploymentRuntime:
         """Return the counts of what episode ends cut short, since the worker started.
 
         - ``requests_dropped_at_end``: observation requests never started because their episode ended first
-          (queued for the inference thread, or still unread on the stream behind the EpisodeEnd);
+          (queued for the inference thread, or still unread on the stream behind the EpisodeEnd or the worker's
+          cut, or sent after the cut);
         - ``results_discarded_at_end``: inferences running when their episode ended: left to finish, their
           chunk never sent nor captured;
         - ``inferences_started_after_end``: inferences started for an episode whose end had arrived (0).
