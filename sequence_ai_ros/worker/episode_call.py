@@ -400,7 +400,7 @@ class EpisodeCallHandler:
         self._to_capture: EpisodeRecorder | None = None   # holds the request answered last, written after its reply
         self._end_seen = asyncio.Event()   # the robot's EpisodeEnd has arrived (it may still wait in the inbox)
         self._end_dropped = 0              # queued requests the scheduler dropped when it arrived
-        self._waiter: asyncio.Future | None = None   # what _await_inference sleeps on (loop thread)
+        self._waiter: asyncio.Future | None = None   # what _woken sleeps on (loop thread)
         self._slice = _Deadline(self._loop, self._wake)   # the end of _await_inference's wait slice
         self._cut = 'shutdown'             # the reason of a cut by the worker (shutdown, drain_timeout, rollout)
         self._started_at: float | None = None   # when EpisodeStart came (monotonic s): time to first chunk
@@ -704,11 +704,7 @@ class EpisodeCallHandler:
         decoding.add_done_callback(lambda _: self._wake())
         try:
             while not (decoding.done() or self._end_seen.is_set()):   # the robot's EpisodeEnd never waits for it
-                self._waiter = waiter = self._loop.create_future()
-                try:
-                    await waiter
-                finally:
-                    self._waiter = None
+                await self._woken()
         finally:
             if not decoding.done():      # the episode ended, or the stream went: runs not begun decode nothing
                 wanted.yes = False
@@ -759,18 +755,24 @@ class EpisodeCallHandler:
                 except SequenceAIError as exc:
                     runtime.on_failure(exc)
                     raise
-            self._waiter = waiter = loop.create_future()
             self._slice.set(runtime.wait_slice_s)
             try:
-                await waiter
+                await self._woken()
             finally:
                 self._slice.clear()
-                self._waiter = None
             if not (future.done() or self._end_seen.is_set()):
                 runtime.check_wait(active, req)
 
+    async def _woken(self) -> None:
+        """Sleep until :meth:`_wake` (loop thread): the wait for an inference or for a request's frames."""
+        self._waiter = waiter = self._loop.create_future()
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+
     def _wake(self) -> None:
-        """Wake :meth:`_await_inference` (loop thread): its inference is done, its episode ended or a slice passed."""
+        """Wake :meth:`_woken` (loop thread): an inference or a decode is done, the episode ended or a slice passed."""
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
